@@ -1,0 +1,3 @@
+"""dispatcher: a durable delayed-job dispatcher for PostgreSQL."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,272 @@
+"""Configuration: a TOML file plus `DISPATCHER_*` environment overrides, validated once at start.
+
+Every setting has a default. Top-level settings are overridden by `DISPATCHER_<NAME>`; nested
+ones by `DISPATCHER_<SECTION>__<KEY>__<NAME>` (for example `DISPATCHER_QUEUES__DEFAULT__RATE_PER_S`).
+List settings take comma-separated values from the environment. A bad value stops the daemon with
+one line per problem naming the setting, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from dispatcher.errors import ConfigError
+
+ENV_PREFIX = "DISPATCHER_"
+NAME_PATTERN = r"^[a-z][a-z0-9_.-]{0,62}$"
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class QueueSettings(_Strict):
+    """Limits and retry policy of one queue. Starts obey the token bucket, running jobs the cap."""
+
+    rate_per_s: PositiveFloat = 1000.0
+    burst: int = Field(1000, ge=1)
+    max_inflight: int = Field(200, ge=1, le=100_000)
+    max_attempts: int = Field(10, ge=1)
+    max_retry_age_s: int = Field(86_400, ge=0)
+    backoff_base_s: PositiveFloat = 1.0
+    backoff_cap_s: PositiveFloat = 3600.0
+    claim_batch: int = Field(500, ge=1, le=10_000)
+
+
+class HandlerSettings(_Strict):
+    """A named effect: `python` runs `module:function`, `sql` runs a configured statement."""
+
+    kind: Literal["python", "sql"]
+    function: str | None = Field(None, pattern=r"^[\w.]+:\w+$")
+    # python: run inside the transaction that records completion (effect and completion atomic)
+    transactional: bool = True
+    statement: str | None = None
+    params: list[str] = []
+    page_size: int = Field(1000, ge=1, le=1_000_000)
+    timeout_s: PositiveFloat = 300.0
+    version: int = Field(1, ge=1)
+    accepts_versions: list[int] = []
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> HandlerSettings:
+        if self.kind == "python" and not self.function:
+            raise ValueError('a python handler needs function = "module:function"')
+        if self.kind == "sql" and not self.statement:
+            raise ValueError("a sql handler needs statement = '...' (parameters $1..$n)")
+        if self.kind == "sql":
+            used = {int(n) for n in re.findall(r"\$(\d+)", self.statement or "")}
+            if used != set(range(1, len(self.params) + 1)):
+                raise ValueError(
+                    f"statement uses parameters {sorted(used)} but params names "
+                    f"{len(self.params)}: list one payload key (or 'page_size') per $n"
+                )
+        return self
+
+    def runnable_versions(self) -> list[int]:
+        return sorted(set(self.accepts_versions) | {self.version})
+
+
+class HttpSettings(_Strict):
+    """The HTTP push effect."""
+
+    signing_secret: SecretStr | None = None
+    signing_secret_file: Path | None = None
+    default_timeout_s: PositiveFloat = 30.0
+    max_timeout_s: PositiveFloat = 900.0
+    max_connections: int = Field(100, ge=1)
+    response_excerpt_bytes: int = Field(512, ge=0, le=65_536)
+    user_agent: str = "dispatcher"
+
+    @field_validator("signing_secret")
+    @classmethod
+    def _secret_format(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().startswith("whsec_"):
+            raise ValueError("a signing secret is 'whsec_' followed by base64 (Standard Webhooks)")
+        return value
+
+
+class Settings(_Strict):
+    """The daemon's whole configuration."""
+
+    database_url: SecretStr | None = None
+    state_dir: Path = Path("var")
+    listen: str = "127.0.0.1:8080"
+    api_tokens: list[SecretStr] = []
+    api_tokens_file: Path | None = None
+    target_allow_cidrs: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+    target_allow_http: bool = False
+    drain_timeout_s: float = Field(30.0, ge=0)
+    auto_migrate: bool = True
+    body_limit_bytes: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024)
+    due_at_past_tolerance_s: float = Field(300.0, ge=0)
+    lease_s: PositiveFloat = 60.0
+    scan_interval_s: PositiveFloat = 1.0
+    scan_batch: int = Field(2000, ge=1, le=100_000)
+    db_pool_size: int = Field(10, ge=2, le=500)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["auto", "json", "text"] = "auto"
+    instance_name: str | None = None
+    queues: dict[str, QueueSettings] = {"default": QueueSettings()}
+    handlers: dict[str, HandlerSettings] = {}
+    http: HttpSettings = HttpSettings()
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_format(cls, value: str) -> str:
+        host_port(value)
+        return value
+
+    @field_validator("queues", "handlers")
+    @classmethod
+    def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            if not re.match(NAME_PATTERN, name):
+                raise ValueError(f"name {name!r} must match {NAME_PATTERN}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if "default" not in self.queues:
+            raise ValueError("queues must include 'default' (jobs without a queue go there)")
+        if "http" in self.handlers:
+            raise ValueError("'http' is the built-in HTTP push handler; name yours differently")
+        host, _ = host_port(self.listen)
+        if not is_loopback_host(host) and not self.all_api_tokens():
+            raise ValueError(
+                f"listen = {self.listen!r} is not loopback, so API tokens are required: set "
+                "DISPATCHER_API_TOKENS or api_tokens_file (or listen on 127.0.0.1)"
+            )
+        return self
+
+    def all_api_tokens(self) -> list[str]:
+        tokens = [t.get_secret_value() for t in self.api_tokens]
+        if self.api_tokens_file is not None:
+            tokens += read_secret_lines(self.api_tokens_file, "api_tokens_file")
+        return [t for t in tokens if t]
+
+    def signing_secret(self) -> str | None:
+        if self.http.signing_secret is not None:
+            return self.http.signing_secret.get_secret_value()
+        if self.http.signing_secret_file is not None:
+            lines = read_secret_lines(self.http.signing_secret_file, "http.signing_secret_file")
+            return lines[0] if lines else None
+        return None
+
+    def public_view(self) -> dict[str, Any]:
+        """The effective configuration with every secret masked (for `check-config`)."""
+        view = self.model_dump(mode="json")
+        if self.database_url is not None:
+            view["database_url"] = mask_url(self.database_url.get_secret_value())
+        return view
+
+
+def host_port(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{listen!r} must be host:port, e.g. 127.0.0.1:8080")
+    return host.strip("[]"), int(port)
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def read_secret_lines(path: Path, setting: str) -> list[str]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"{setting}: cannot read {path}: {exc.strerror}") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def mask_url(url: str) -> str:
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1*****@", url)
+
+
+def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Read the TOML file (if any), apply environment overrides, validate; raise ConfigError."""
+    environ = os.environ if environ is None else environ
+    path = path or environ.get(ENV_PREFIX + "CONFIG") or None
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"config file {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path}: invalid TOML: {exc}") from None
+    _apply_env(raw, environ)
+    try:
+        return Settings.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, raw)) from None
+
+
+_LIST_SETTINGS = {"api_tokens", "target_allow_cidrs", "params", "accepts_versions"}
+_SECRET_SETTINGS = {"api_tokens", "database_url", "signing_secret"}
+
+
+def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+            continue
+        path = name[len(ENV_PREFIX) :].lower().split("__")
+        if not all(path):
+            raise ConfigError(f"{name}: empty section name (use single words joined by __)")
+        node = raw
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{name}: {part} is not a section")
+        leaf = path[-1]
+        node[leaf] = [v.strip() for v in value.split(",") if v.strip()] if leaf in _LIST_SETTINGS else value
+
+
+def _describe(exc: ValidationError, raw: dict[str, Any]) -> str:
+    lines = []
+    for error in exc.errors():
+        location = ".".join(str(part) for part in error["loc"])
+        secret = any(str(part) in _SECRET_SETTINGS for part in error["loc"])
+        value = "*****" if secret else _lookup(raw, error["loc"])
+        env = ENV_PREFIX + "__".join(str(p) for p in error["loc"] if not isinstance(p, int)).upper()
+        shown = f" = {value!r}" if value is not _MISSING else ""
+        message = error["msg"].removeprefix("Value error, ")
+        lines.append(f"setting {location or '(top)'}{shown}: {message} (env {env})")
+    return "\n".join(lines)
+
+
+_MISSING = object()
+
+
+def _lookup(raw: Any, loc: tuple[Any, ...]) -> Any:
+    node = raw
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            return _MISSING
+    return node

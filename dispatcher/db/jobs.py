@@ -1,0 +1,145 @@
+"""The jobs repository: one typed method per named query. Callers never see SQL or asyncpg."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from dispatcher.db.queries import query
+from dispatcher.model import EnqueueResult, Job, NewJob
+
+# Query texts resolved once; the hot paths look them up per call otherwise.
+_CLAIM = query("claim_ready")
+_COMPLETE = query("complete_succeeded")
+
+
+class JobRepository:
+    """All reads and writes of jobs and the outbox. The database clock decides every time."""
+
+    def __init__(self, pool: asyncpg.Pool):
+        self.pool = pool
+
+    # intake -------------------------------------------------------------------------------
+    async def enqueue_many(
+        self, items: Sequence[NewJob], conn: asyncpg.Connection | None = None
+    ) -> list[EnqueueResult]:
+        args = (
+            [i.key for i in items],
+            [i.handler for i in items],
+            [i.payload for i in items],
+            [i.due_at for i in items],
+            [i.queue for i in items],
+            [i.tenant for i in items],
+            [i.target for i in items],
+            [i.max_attempts for i in items],
+            [i.max_retry_age_s for i in items],
+            [i.run_key for i in items],
+        )
+        executor = conn if conn is not None else self.pool
+        rows = await executor.fetch(query("enqueue_many"), *args)
+        results = [None] * len(items)
+        for r in rows:
+            results[r["ord"] - 1] = EnqueueResult(
+                r["id"], r["key"], r["state"], r["due_at"], r["created_at"], r["outcome"]
+            )
+        return results  # type: ignore[return-value]
+
+    # scanning and rescue ------------------------------------------------------------------
+    async def scan_due(self, batch: int) -> int:
+        status = await self.pool.execute(query("scan_due"), batch)
+        return int(status.rsplit(" ", 1)[-1])
+
+    async def seconds_to_next_due(self) -> float | None:
+        return await self.pool.fetchval(query("seconds_to_next_due"))
+
+    async def rescue_expired_leases(self, batch: int) -> dict[str, int]:
+        rows = await self.pool.fetch(query("rescue_expired_leases"), batch)
+        return {r["state"]: r["n"] for r in rows}
+
+    # the hot path -------------------------------------------------------------------------
+    async def claim(
+        self, queue: str, limit: int, capabilities: list[str], owner: str, lease_s: float
+    ) -> tuple[list[Job], int]:
+        """Claim up to `limit` jobs; return them and the number of outbox rows consumed."""
+        rows = await self.pool.fetch(_CLAIM, queue, limit, capabilities, owner, lease_s)
+        if not rows:
+            return [], 0
+        taken = rows[0]["taken_count"]
+        jobs = [Job(*r[:14]) for r in rows if r[0] is not None]
+        return jobs, taken
+
+    async def complete(
+        self, ids: list[int], attempts: list[int], results: list[Any], owner: str
+    ) -> set[int]:
+        rows = await self.pool.fetch(_COMPLETE, ids, attempts, results, owner)
+        return {r[0] for r in rows}
+
+    async def complete_in(self, conn: asyncpg.Connection, job: Job, result: Any, owner: str) -> bool:
+        rows = await conn.fetch(_COMPLETE, [job.id], [job.attempt], [result], owner)
+        return bool(rows)
+
+    async def record_failure(
+        self, job: Job, owner: str, *, permanent: bool, delay_s: float, error: str,
+        reason: str | None,
+    ) -> tuple[str, str | None] | None:
+        row = await self.pool.fetchrow(
+            query("record_failure"), job.id, job.attempt, owner, permanent, delay_s, error, reason
+        )
+        return (row["state"], row["dead_reason"]) if row else None
+
+    async def save_progress(
+        self, conn: asyncpg.Connection, job: Job, owner: str, progress: dict[str, Any]
+    ) -> bool:
+        status = await conn.execute(query("save_progress"), job.id, job.attempt, owner, progress)
+        return status.endswith(" 1")
+
+    async def extend_leases(self, ids: list[int], owner: str, lease_s: float) -> int:
+        status = await self.pool.execute(query("extend_leases"), ids, owner, lease_s)
+        return int(status.rsplit(" ", 1)[-1])
+
+    async def release_leases(self, ids: list[int], owner: str) -> int:
+        return await self.pool.fetchval(query("release_leases"), ids, owner)
+
+    # status and operators -----------------------------------------------------------------
+    async def get(self, job_id: int) -> dict[str, Any] | None:
+        row = await self.pool.fetchrow(query("get_job"), job_id)
+        return dict(row) if row else None
+
+    async def get_by_key(self, key: str) -> dict[str, Any] | None:
+        row = await self.pool.fetchrow(query("get_job_by_key"), key)
+        return dict(row) if row else None
+
+    async def list(
+        self, *, state: str | None, queue: str | None, before_id: int | None, limit: int
+    ) -> list[dict[str, Any]]:
+        rows = await self.pool.fetch(query("list_jobs"), state, queue, before_id, limit)
+        return [dict(r) for r in rows]
+
+    async def retry(self, job_id: int) -> dict[str, Any] | None:
+        row = await self.pool.fetchrow(query("retry_job"), job_id)
+        if row:
+            await self.pool.execute("SELECT pg_notify('dispatcher_wake', '')")
+        return dict(row) if row else None
+
+    async def cancel(self, job_id: int) -> dict[str, Any] | None:
+        row = await self.pool.fetchrow(query("cancel_job"), job_id)
+        return dict(row) if row else None
+
+    async def counts_by_state(self) -> list[tuple[str, str, int]]:
+        rows = await self.pool.fetch(query("count_by_state"))
+        return [(r["queue"], r["state"], r["n"]) for r in rows]
+
+    async def oldest_ready_age(self) -> dict[str, float]:
+        rows = await self.pool.fetch(query("oldest_ready_age"))
+        return {r["queue"]: r["age_s"] for r in rows}
+
+    async def sync_registry(
+        self, queues: dict[str, tuple[int, int]], handlers: dict[str, tuple[str, int]]
+    ) -> None:
+        async with self.pool.acquire() as conn, conn.transaction():
+            for name, (max_attempts, max_retry_age_s) in queues.items():
+                await conn.execute(query("upsert_queue"), name, max_attempts, max_retry_age_s)
+            for name, (kind, version) in handlers.items():
+                await conn.execute(query("upsert_handler"), name, kind, version)

@@ -1,0 +1,238 @@
+-- Every statement the dispatcher runs, by name. The first comment line under a name says what
+-- it is for. Time always comes from the database clock (now()), never from the application.
+
+-- name: enqueue_many
+-- Accept a batch of intents through the same function the SQL door offers.
+SELECT ord, id, key, state, due_at, created_at, outcome
+  FROM dispatcher.enqueue_many($1::text[], $2::text[], $3::jsonb[], $4::timestamptz[], $5::text[],
+                               $6::text[], $7::jsonb[], $8::integer[], $9::integer[], $10::text[]);
+
+-- name: scan_due
+-- Move due scheduled jobs to ready and write their outbox rows, in one statement.
+WITH due AS (
+    SELECT id FROM dispatcher.jobs
+     WHERE state = 'scheduled' AND due_at <= now()
+     ORDER BY due_at
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE dispatcher.jobs j SET state = 'ready'
+      FROM due WHERE j.id = due.id
+    RETURNING j.id, j.queue, j.tenant, j.handler, j.handler_version
+)
+INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
+SELECT id, queue, tenant, handler || ':' || handler_version FROM moved;
+
+-- name: seconds_to_next_due
+-- How long until the earliest scheduled job is due (NULL when none is waiting).
+SELECT greatest(0, extract(epoch FROM min(due_at) - now()))::float8
+  FROM dispatcher.jobs WHERE state = 'scheduled';
+
+-- name: rescue_expired_leases
+-- Put running jobs whose lease expired back to ready (the attempt counts), or dead when it was
+-- the last attempt, or cancelled when an operator asked.
+WITH expired AS (
+    SELECT id FROM dispatcher.jobs
+     WHERE state = 'running' AND lease_expires_at < now()
+     ORDER BY lease_expires_at
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+), rescued AS (
+    UPDATE dispatcher.jobs j
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
+                        WHEN j.attempt >= j.max_attempts THEN 'dead'
+                        ELSE 'ready' END,
+           dead_reason = CASE WHEN NOT j.cancel_requested AND j.attempt >= j.max_attempts
+                              THEN 'lease_expired' END,
+           last_error = 'lease of ' || j.lease_owner || ' expired during attempt ' || j.attempt,
+           finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts
+                              THEN now() END,
+           lease_owner = NULL, lease_expires_at = NULL
+      FROM expired WHERE j.id = expired.id
+    RETURNING j.id, j.state, j.queue, j.tenant, j.handler, j.handler_version
+), outboxed AS (
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
+    SELECT id, queue, tenant, handler || ':' || handler_version FROM rescued WHERE state = 'ready'
+)
+SELECT state, count(*)::int AS n FROM rescued GROUP BY state;
+
+-- name: claim_ready
+-- Claim up to $2 ready jobs of queue $1 that this worker can run ($3 = handler:version list),
+-- fairly across tenants (round-robin by rank within each tenant), take their outbox rows and
+-- lease them to owner $4 for $5 seconds. Outbox rows whose job is not ready are duplicates.
+WITH RECURSIVE tenants AS (
+    (SELECT o.tenant FROM dispatcher.outbox o WHERE o.queue = $1 ORDER BY o.tenant LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.tenant FROM dispatcher.outbox o
+             WHERE o.queue = $1 AND o.tenant > t.tenant ORDER BY o.tenant LIMIT 1)
+      FROM tenants t
+     WHERE t.tenant IS NOT NULL
+), tenant_list AS MATERIALIZED (
+    SELECT tenant FROM tenants WHERE tenant IS NOT NULL LIMIT $2
+), per_tenant AS (
+    SELECT ceil($2::float8 / greatest(1, (SELECT count(*) FROM tenant_list)))::int AS n
+), candidates AS (
+    SELECT c.id, c.job_id, c.rank
+      FROM tenant_list t
+     CROSS JOIN LATERAL (
+           SELECT l.id, l.job_id, row_number() OVER (ORDER BY l.id) AS rank
+             FROM (SELECT o.id, o.job_id FROM dispatcher.outbox o
+                    WHERE o.queue = $1 AND o.tenant = t.tenant AND o.capability = ANY ($3::text[])
+                    ORDER BY o.id
+                    LIMIT (SELECT n FROM per_tenant)
+                      FOR UPDATE SKIP LOCKED) l
+           ) c
+     ORDER BY c.rank, c.id
+     LIMIT $2
+), taken AS (
+    DELETE FROM dispatcher.outbox o USING candidates c WHERE o.id = c.id
+    RETURNING o.job_id
+), claimed AS (
+    UPDATE dispatcher.jobs j
+       SET state = 'running', attempt = j.attempt + 1, lease_owner = $4,
+           lease_expires_at = now() + make_interval(secs => $5), started_at = now()
+      FROM taken WHERE j.id = taken.job_id AND j.state = 'ready'
+    RETURNING j.id, j.key, j.queue, j.tenant, j.handler, j.handler_version, j.target, j.payload,
+              j.attempt, j.max_attempts, j.due_at, j.progress, j.run_key,
+              extract(epoch FROM now() - j.due_at)::float8 AS due_to_start_s
+)
+SELECT c.*, (SELECT count(*) FROM taken)::int AS taken_count FROM claimed c
+UNION ALL
+-- one marker row so the caller learns how many duplicates were dropped even if none was claimed
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       (SELECT count(*) FROM taken)::int
+ WHERE NOT EXISTS (SELECT 1 FROM claimed) AND EXISTS (SELECT 1 FROM taken);
+
+-- name: complete_succeeded
+-- Record successful attempts in one statement; only the current lease holder may complete.
+UPDATE dispatcher.jobs j
+   SET state = 'succeeded', finished_at = now(), result = r.result,
+       lease_owner = NULL, lease_expires_at = NULL, last_error = NULL
+  FROM unnest($1::bigint[], $2::integer[], $3::jsonb[]) AS r(id, attempt, result)
+ WHERE j.id = r.id AND j.attempt = r.attempt AND j.state = 'running' AND j.lease_owner = $4
+RETURNING j.id;
+
+-- name: record_failure
+-- Record a failed attempt: retry later ('scheduled' at now + $5 s) while attempts and retry age
+-- allow, else 'dead'; a permanent failure ($4, reason $7) or a cancel request ends it at once.
+WITH failed AS (
+    SELECT j.id,
+           CASE WHEN j.cancel_requested THEN NULL
+                WHEN $4::boolean THEN $7::text
+                WHEN j.attempt >= j.max_attempts THEN 'max_attempts'
+                WHEN now() + make_interval(secs => $5) > j.budget_started_at
+                                                         + make_interval(secs => j.max_retry_age_s)
+                THEN 'max_retry_age'
+           END AS dead_reason,
+           j.cancel_requested
+      FROM dispatcher.jobs j
+     WHERE j.id = $1 AND j.attempt = $2 AND j.state = 'running' AND j.lease_owner = $3
+       FOR UPDATE
+)
+UPDATE dispatcher.jobs j
+   SET state = CASE WHEN f.cancel_requested THEN 'cancelled'
+                    WHEN f.dead_reason IS NOT NULL THEN 'dead'
+                    ELSE 'scheduled' END,
+       dead_reason = f.dead_reason,
+       due_at = CASE WHEN f.cancel_requested OR f.dead_reason IS NOT NULL THEN j.due_at
+                     ELSE now() + make_interval(secs => $5) END,
+       finished_at = CASE WHEN f.cancel_requested OR f.dead_reason IS NOT NULL THEN now() END,
+       last_error = $6, lease_owner = NULL, lease_expires_at = NULL
+  FROM failed f WHERE j.id = f.id
+RETURNING j.state, j.dead_reason;
+
+-- name: extend_leases
+-- Heartbeat: extend the leases this owner still holds.
+UPDATE dispatcher.jobs SET lease_expires_at = now() + make_interval(secs => $3)
+ WHERE id = ANY ($1::bigint[]) AND lease_owner = $2 AND state = 'running';
+
+-- name: release_leases
+-- Drain: hand unfinished jobs back (ready, attempt not counted) so another instance takes them.
+WITH released AS (
+    UPDATE dispatcher.jobs j
+       SET state = 'ready', attempt = greatest(0, j.attempt - 1),
+           lease_owner = NULL, lease_expires_at = NULL
+     WHERE j.id = ANY ($1::bigint[]) AND j.lease_owner = $2 AND j.state = 'running'
+    RETURNING j.id, j.queue, j.tenant, j.handler, j.handler_version
+), outboxed AS (
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
+    SELECT id, queue, tenant, handler || ':' || handler_version FROM released
+)
+SELECT count(*)::int FROM released;
+
+-- name: save_progress
+-- Commit a page of work together with the job's progress (inside the effect's transaction).
+UPDATE dispatcher.jobs SET progress = $4::jsonb
+ WHERE id = $1 AND attempt = $2 AND lease_owner = $3 AND state = 'running';
+
+-- name: get_job
+-- The status resource of one job.
+SELECT * FROM dispatcher.jobs WHERE id = $1;
+
+-- name: get_job_by_key
+-- The status resource of one job, by its key.
+SELECT * FROM dispatcher.jobs WHERE key = $1;
+
+-- name: list_jobs
+-- Operator listing, newest first, keyset-paginated by id; NULL filters match everything.
+SELECT * FROM dispatcher.jobs
+ WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
+   AND ($3::bigint IS NULL OR id < $3)
+ ORDER BY id DESC
+ LIMIT $4;
+
+-- name: retry_job
+-- Operator retry of a dead (or cancelled) job: ready now, with a fresh attempt budget.
+WITH retried AS (
+    UPDATE dispatcher.jobs j
+       SET state = 'ready', attempt = 0, due_at = now(), budget_started_at = now(),
+           finished_at = NULL, dead_reason = NULL, cancel_requested = false
+     WHERE j.id = $1 AND j.state IN ('dead', 'cancelled')
+    RETURNING j.*
+), outboxed AS (
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
+    SELECT id, queue, tenant, handler || ':' || handler_version FROM retried
+)
+SELECT * FROM retried;
+
+-- name: cancel_job
+-- Cancel a waiting job at once; a running one finishes its attempt and is then not retried.
+WITH target AS (
+    SELECT id, state FROM dispatcher.jobs WHERE id = $1 FOR UPDATE
+), cancelled AS (
+    UPDATE dispatcher.jobs j
+       SET state = CASE WHEN t.state IN ('scheduled', 'ready') THEN 'cancelled' ELSE j.state END,
+           finished_at = CASE WHEN t.state IN ('scheduled', 'ready') THEN now() ELSE j.finished_at END,
+           cancel_requested = (t.state = 'running')
+      FROM target t WHERE j.id = t.id AND t.state IN ('scheduled', 'ready', 'running')
+    RETURNING j.*
+), unqueued AS (
+    DELETE FROM dispatcher.outbox o USING cancelled c WHERE o.job_id = c.id
+)
+SELECT * FROM cancelled;
+
+-- name: upsert_queue
+-- Keep the queue registry (defaults the SQL door applies) in step with the configuration.
+INSERT INTO dispatcher.queues (name, max_attempts, max_retry_age_s) VALUES ($1, $2, $3)
+    ON CONFLICT (name) DO UPDATE
+   SET max_attempts = excluded.max_attempts, max_retry_age_s = excluded.max_retry_age_s;
+
+-- name: upsert_handler
+-- Register a handler; the current version only moves forward, so old and new releases agree.
+INSERT INTO dispatcher.handlers (name, kind, current_version) VALUES ($1, $2, $3)
+    ON CONFLICT (name) DO UPDATE
+   SET kind = excluded.kind,
+       current_version = greatest(dispatcher.handlers.current_version, excluded.current_version);
+
+-- name: count_by_state
+-- Jobs per queue and state, for metrics and the status view.
+SELECT queue, state, count(*)::bigint AS n FROM dispatcher.jobs GROUP BY queue, state;
+
+-- name: oldest_ready_age
+-- Age of the oldest undelivered outbox row per queue (how long ready work has waited).
+SELECT queue, extract(epoch FROM now() - min(created_at))::float8 AS age_s
+  FROM dispatcher.outbox GROUP BY queue;
+
+-- name: now
+-- The database clock.
+SELECT now();

@@ -1,0 +1,66 @@
+"""Plain data shared across layers: the intake item, the enqueue result, a claimed job."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+STATES = ("scheduled", "ready", "running", "succeeded", "dead", "cancelled")
+TERMINAL_STATES = ("succeeded", "dead", "cancelled")
+
+
+@dataclass(slots=True, frozen=True)
+class NewJob:
+    """One validated intake request (HTTP, batch item, cron unit)."""
+
+    key: str
+    handler: str
+    payload: dict[str, Any]
+    due_at: datetime | None = None
+    queue: str | None = None
+    tenant: str | None = None
+    target: dict[str, Any] | None = None
+    max_attempts: int | None = None
+    max_retry_age_s: int | None = None
+    run_key: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class EnqueueResult:
+    """What intake made of one item: `created`, `existing` (same request) or `conflict`."""
+
+    id: int
+    key: str
+    state: str
+    due_at: datetime
+    created_at: datetime
+    outcome: str
+
+
+@dataclass(slots=True)
+class Job:
+    """A job claimed by this process for one attempt. `attempt` is 1-based and fences writes."""
+
+    id: int
+    key: str
+    queue: str
+    tenant: str
+    handler: str
+    handler_version: int
+    target: dict[str, Any] | None
+    payload: dict[str, Any]
+    attempt: int
+    max_attempts: int
+    due_at: datetime
+    progress: dict[str, Any] | None
+    run_key: str | None
+    due_to_start_s: float
+    log_fields: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.log_fields = {
+            "job_id": self.id, "job_key": self.key, "queue": self.queue, "attempt": self.attempt,
+        }
+        if self.run_key:
+            self.log_fields["run_key"] = self.run_key

@@ -1,0 +1,81 @@
+"""Shared fixtures: a real PostgreSQL (embedded unless DATABASE_URL is set), a migrated template
+database, and a fresh clone of it for every test that asks for one."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from dispatcher.db import migrations
+from dispatcher.db.jobs import JobRepository
+from dispatcher.db.pool import connect, create_pool
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+
+
+@pytest.fixture(scope="session")
+def server_url() -> Iterator[str]:
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        yield url
+        return
+    from dispatcher.db.embedded import EmbeddedPostgres
+
+    state = tempfile.mkdtemp(prefix="dispatcher-test-")
+    embedded = EmbeddedPostgres(__import__("pathlib").Path(state))
+    yield embedded.start()
+    embedded.stop()
+    shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+async def template_url(server_url: str) -> AsyncIterator[str]:
+    name = f"dispatcher_template_{os.getpid()}"
+    admin = await asyncpg.connect(server_url)
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    url = with_database(server_url, name)
+    conn = await connect(url)
+    await migrations.migrate(conn)
+    await conn.close()
+    yield url
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin.close()
+
+
+_counter = itertools.count()
+
+
+@pytest.fixture
+async def db_url(server_url: str, template_url: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for one test (cloned from the template)."""
+    template = urlsplit(template_url).path.lstrip("/")
+    name = f"dispatcher_t{os.getpid()}_{next(_counter)}"
+    admin = await asyncpg.connect(server_url)
+    await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    yield with_database(server_url, name)
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin.close()
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
+    p = await create_pool(db_url, size=10)
+    yield p
+    await asyncio.wait_for(p.close(), 10)
+
+
+@pytest.fixture
+async def repo(pool: asyncpg.Pool) -> JobRepository:
+    return JobRepository(pool)

@@ -1,0 +1,42 @@
+"""The schema: migrations are idempotent, every named query prepares, the SQL door validates."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from dispatcher.db import migrations
+from dispatcher.db.queries import all_queries
+
+
+async def test_migrations_applied_twice_are_a_noop(db_url: str) -> None:
+    conn = await asyncpg.connect(db_url)
+    try:
+        assert await migrations.migrate(conn) == []
+        assert await migrations.current_version(conn) == migrations.latest_version()
+        await migrations.check_current(conn)
+    finally:
+        await conn.close()
+
+
+async def test_fresh_database_gets_every_migration(server_url: str) -> None:
+    from tests.conftest import with_database
+
+    admin = await asyncpg.connect(server_url)
+    await admin.execute("DROP DATABASE IF EXISTS dispatcher_fresh")
+    await admin.execute("CREATE DATABASE dispatcher_fresh")
+    try:
+        conn = await asyncpg.connect(with_database(server_url, "dispatcher_fresh"))
+        applied = await migrations.migrate(conn)
+        assert applied == [name for _, name, _ in migrations.available()]
+        assert await migrations.migrate(conn) == []
+        await conn.close()
+    finally:
+        await admin.execute("DROP DATABASE dispatcher_fresh WITH (FORCE)")
+        await admin.close()
+
+
+@pytest.mark.parametrize("name", sorted(all_queries()))
+async def test_every_named_query_prepares(pool: asyncpg.Pool, name: str) -> None:
+    async with pool.acquire() as conn:
+        await conn.prepare(all_queries()[name])
