@@ -1,0 +1,1 @@
+"""Effects: what running a job does (HTTP push, configured SQL, Python handler)."""
