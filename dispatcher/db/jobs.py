@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -143,3 +144,13 @@ class JobRepository:
                 await conn.execute(query("upsert_queue"), name, max_attempts, max_retry_age_s)
             for name, (kind, version) in handlers.items():
                 await conn.execute(query("upsert_handler"), name, kind, version)
+
+    async def lock_running(self, conn: asyncpg.Connection, job: Job, owner: str) -> bool:
+        """Inside a transaction: lock the job if this owner still holds its lease."""
+        return await conn.fetchval(query("lock_running_job"), job.id, job.attempt, owner) == 1
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection inside a transaction (commits unless the block raises)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            yield conn

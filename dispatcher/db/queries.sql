@@ -236,3 +236,9 @@ SELECT queue, extract(epoch FROM now() - min(created_at))::float8 AS age_s
 -- name: now
 -- The database clock.
 SELECT now();
+
+-- name: lock_running_job
+-- Lock the job row for an in-database effect; no row means the lease is no longer ours.
+SELECT 1 FROM dispatcher.jobs
+ WHERE id = $1 AND attempt = $2 AND lease_owner = $3 AND state = 'running'
+   FOR UPDATE;

@@ -1,0 +1,1 @@
+"""The HTTP API (aiohttp): intake, status, operator actions, health, metrics."""

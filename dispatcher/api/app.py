@@ -1,0 +1,331 @@
+"""The aiohttp application: routes, authentication, problem responses, health and metrics."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+
+from dispatcher import metrics
+from dispatcher.api.openapi import openapi_document
+from dispatcher.api.problems import Problem, problem
+from dispatcher.api.schemas import (
+    MAX_BATCH,
+    BatchItem,
+    BatchRequest,
+    JobRequest,
+    describe,
+    summary,
+    valid_key,
+)
+from dispatcher.db.jobs import JobRepository
+from dispatcher.intake import Intake, Rejected
+from dispatcher.model import STATES, EnqueueResult
+
+log = logging.getLogger(__name__)
+
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
+Readiness = Callable[[], Awaitable[tuple[bool, str]]]
+
+REPO = web.AppKey("repo", JobRepository)
+INTAKE = web.AppKey("intake", Intake)
+READINESS = web.AppKey("readiness", object)
+TOKENS = web.AppKey("tokens", list)
+SCHEDULES = web.AppKey("schedules", object)
+
+
+def create_app(
+    *,
+    repo: JobRepository,
+    intake: Intake,
+    readiness: Readiness,
+    tokens: list[str],
+    body_limit_bytes: int,
+    schedules: Any = None,
+) -> web.Application:
+    app = web.Application(
+        client_max_size=body_limit_bytes, middlewares=[problem_middleware, auth_middleware]
+    )
+    app[REPO] = repo
+    app[INTAKE] = intake
+    app[READINESS] = readiness
+    app[TOKENS] = [t.encode() for t in tokens]
+    app[SCHEDULES] = schedules
+    app.router.add_post("/v1/jobs", post_job)
+    app.router.add_post("/v1/jobs/batch", post_batch)
+    app.router.add_get("/v1/jobs", list_jobs)
+    app.router.add_get("/v1/jobs/{id}", get_job)
+    app.router.add_post("/v1/jobs/{id}/retry", retry_job)
+    app.router.add_post("/v1/jobs/{id}/cancel", cancel_job)
+    app.router.add_get("/v1/schedules", list_schedules)
+    app.router.add_post("/v1/schedules/{name}/trigger", trigger_schedule)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_endpoint)
+    app.router.add_get("/openapi.json", openapi)
+    return app
+
+
+# middlewares -------------------------------------------------------------------------------
+@web.middleware
+async def problem_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except Problem as exc:
+        return exc.response()
+    except web.HTTPRequestEntityTooLarge as exc:
+        return problem(413, f"body exceeds the limit of {exc.max_size} bytes; split the work "
+                            "into smaller requests (or raise body_limit_bytes)")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return problem(exc.status, exc.reason, headers={
+            k: v for k, v in exc.headers.items() if k.lower() == "allow"})
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return problem(500, "internal error; the request may be retried with the same key")
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    tokens: list[bytes] = request.app[TOKENS]
+    if tokens and request.path not in PUBLIC_PATHS:
+        header = request.headers.get("Authorization", "")
+        scheme, _, presented = header.partition(" ")
+        given = presented.strip().encode()
+        # compare against every token so timing reveals neither which nor how much matched
+        matched = False
+        for token in tokens:
+            matched |= hmac.compare_digest(given, token)
+        if scheme.lower() != "bearer" or not matched:
+            return problem(401, "missing or invalid bearer token: send 'Authorization: Bearer "
+                                "<token>' with a token from DISPATCHER_API_TOKENS",
+                           headers={"WWW-Authenticate": 'Bearer realm="dispatcher"'})
+    return await handler(request)
+
+
+# intake ------------------------------------------------------------------------------------
+async def read_json(request: web.Request) -> Any:
+    body = await request.read()
+    try:
+        return json.loads(body)
+    except UnicodeDecodeError:
+        raise Problem(400, "body is not valid UTF-8; send JSON encoded as UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise Problem(400, f"body is not valid JSON: {exc.msg} at line {exc.lineno} column "
+                           f"{exc.colno}") from None
+    except RecursionError:
+        raise Problem(400, "body nests JSON too deeply") from None
+
+
+def parse(model: type[JobRequest], data: Any) -> JobRequest:
+    if not isinstance(data, dict):
+        raise Problem(422, "body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = describe(exc)
+        raise Problem(422, summary(errors), errors=errors) from None
+
+
+def accepted_view(result: EnqueueResult) -> dict[str, Any]:
+    return {"id": result.id, "key": result.key, "state": result.state,
+            "due_at": result.due_at.isoformat(), "created_at": result.created_at.isoformat()}
+
+
+async def post_job(request: web.Request) -> web.Response:
+    key = request.headers.get("Idempotency-Key")
+    if not valid_key(key):
+        raise Problem(400, "header Idempotency-Key is required: 1 to 255 printable ASCII "
+                           "characters naming this unit of work (reuse it when you retry)")
+    job = parse(JobRequest, await read_json(request))
+    (result,) = await request.app[INTAKE].accept([(key, job)])  # type: ignore[list-item]
+    if isinstance(result, Rejected):
+        raise Problem(result.status, result.detail)
+    if result.outcome == "conflict":
+        raise Problem(409, f"Idempotency-Key {key!r} already names job {result.id} with a "
+                           "different request; resend the original body or use a new key",
+                      job_id=result.id)
+    headers = {"Location": f"/v1/jobs/{result.id}"}
+    if result.outcome == "existing":
+        headers["Idempotent-Replayed"] = "true"
+    return web.json_response(accepted_view(result), status=202, headers=headers)
+
+
+async def post_batch(request: web.Request) -> web.Response:
+    data = await read_json(request)
+    try:
+        batch = BatchRequest.model_validate(data if isinstance(data, dict) else {"jobs": data})
+    except ValidationError as exc:
+        errors = describe(exc)
+        raise Problem(422, f"{summary(errors)} (a batch is {{\"jobs\": [...]}} with 1 to "
+                           f"{MAX_BATCH} items)", errors=errors) from None
+    parsed: list[tuple[str, JobRequest] | Rejected] = []
+    for item in batch.jobs:
+        try:
+            model = BatchItem.model_validate(item)
+            if not valid_key(model.idempotency_key):
+                raise Problem(422, "idempotency_key: 1 to 255 printable ASCII characters")
+            fields = model.model_dump(exclude={"idempotency_key"}, exclude_unset=True)
+            parsed.append((model.idempotency_key, JobRequest.model_validate(fields)))
+        except ValidationError as exc:
+            parsed.append(Rejected(422, summary(describe(exc))))
+        except Problem as exc:
+            parsed.append(Rejected(exc.status, exc.detail))
+    valid = [p for p in parsed if not isinstance(p, Rejected)]
+    stored = iter(await request.app[INTAKE].accept(valid))
+    results = []
+    for index, entry in enumerate(parsed):
+        outcome = entry if isinstance(entry, Rejected) else next(stored)
+        results.append(batch_result(index, outcome))
+    return web.json_response({"results": results})
+
+
+def batch_result(index: int, outcome: EnqueueResult | Rejected) -> dict[str, Any]:
+    if isinstance(outcome, Rejected):
+        return {"index": index, "status": "rejected", "error": outcome.detail}
+    if outcome.outcome == "conflict":
+        return {"index": index, "status": "conflict", "id": outcome.id,
+                "error": "key already names a job with a different request"}
+    status = "accepted" if outcome.outcome == "created" else "existing"
+    return {"index": index, "status": status, **accepted_view(outcome)}
+
+
+# status and operator actions ---------------------------------------------------------------
+def job_id(request: web.Request) -> int:
+    raw = request.match_info["id"]
+    if not raw.isdigit() or len(raw) > 18:
+        raise Problem(404, f"no job {raw!r}: job ids are positive integers")
+    return int(raw)
+
+
+def job_view(row: dict[str, Any]) -> dict[str, Any]:
+    def ts(value: datetime | None) -> str | None:
+        return value.isoformat() if value else None
+
+    target = row.get("target") or None
+    return {
+        "id": row["id"], "key": row["key"], "state": row["state"], "queue": row["queue"],
+        "tenant": row["tenant"] or None, "handler": row["handler"],
+        "handler_version": row["handler_version"],
+        "target_url": target.get("url") if isinstance(target, dict) else None,
+        "attempt": row["attempt"], "max_attempts": row["max_attempts"],
+        "max_retry_age_s": row["max_retry_age_s"],
+        "due_at": ts(row["due_at"]), "created_at": ts(row["created_at"]),
+        "started_at": ts(row["started_at"]), "finished_at": ts(row["finished_at"]),
+        "last_error": row["last_error"], "dead_reason": row["dead_reason"],
+        "cancel_requested": row["cancel_requested"], "result": row["result"],
+        "progress": row["progress"], "run_key": row["run_key"],
+    }
+
+
+async def get_job(request: web.Request) -> web.Response:
+    row = await request.app[REPO].get(job_id(request))
+    if row is None:
+        raise Problem(404, f"no job {request.match_info['id']}")
+    return web.json_response(job_view(row))
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    q = request.query
+    state = q.get("state") or None
+    if state is not None and state not in STATES:
+        raise Problem(422, f"state: must be one of {', '.join(STATES)}")
+    limit_raw = q.get("limit", "100")
+    if not limit_raw.isdigit() or not 1 <= int(limit_raw) <= 1000:
+        raise Problem(422, "limit: an integer from 1 to 1000")
+    cursor = q.get("cursor") or None
+    if cursor is not None and not cursor.isdigit():
+        raise Problem(422, "cursor: pass the next_cursor of the previous page")
+    rows = await request.app[REPO].list(
+        state=state, queue=q.get("queue") or None,
+        before_id=int(cursor) if cursor else None, limit=int(limit_raw),
+    )
+    next_cursor = str(rows[-1]["id"]) if len(rows) == int(limit_raw) else None
+    return web.json_response({"items": [job_view(r) for r in rows], "next_cursor": next_cursor})
+
+
+async def retry_job(request: web.Request) -> web.Response:
+    repo = request.app[REPO]
+    row = await repo.retry(job_id(request))
+    if row is None:
+        current = await repo.get(job_id(request))
+        if current is None:
+            raise Problem(404, f"no job {request.match_info['id']}")
+        raise Problem(409, f"job is {current['state']}; only dead or cancelled jobs can be retried")
+    request.app[INTAKE].notify_accepted()
+    return web.json_response(job_view(row))
+
+
+async def cancel_job(request: web.Request) -> web.Response:
+    repo = request.app[REPO]
+    row = await repo.cancel(job_id(request))
+    if row is None:
+        current = await repo.get(job_id(request))
+        if current is None:
+            raise Problem(404, f"no job {request.match_info['id']}")
+        raise Problem(409, f"job is already {current['state']}; nothing to cancel")
+    if row["state"] == "cancelled":
+        metrics.JOBS_COMPLETED.labels(row["queue"], "cancelled").inc()
+    return web.json_response(job_view(row))
+
+
+# schedules (filled in by the cron service) ----------------------------------------------------
+async def list_schedules(request: web.Request) -> web.Response:
+    service = request.app[SCHEDULES]
+    if service is None:
+        return web.json_response({"schedules": []})
+    return web.json_response({"schedules": await service.status()}, dumps=_dumps)
+
+
+async def trigger_schedule(request: web.Request) -> web.Response:
+    service = request.app[SCHEDULES]
+    name = request.match_info["name"]
+    if service is None or name not in service.names():
+        raise Problem(404, f"no schedule {name!r}; GET /v1/schedules lists them")
+    data = await read_json(request)
+    if not isinstance(data, dict) or set(data) != {"period_start"} or not isinstance(
+        data["period_start"], str
+    ):
+        raise Problem(422, 'body must be {"period_start": "<RFC 3339 time of the period>"}')
+    try:
+        period = datetime.fromisoformat(data["period_start"].replace("Z", "+00:00"))
+    except ValueError:
+        raise Problem(422, "period_start: not an RFC 3339 timestamp") from None
+    if period.tzinfo is None:
+        raise Problem(422, "period_start: needs a UTC offset, e.g. 2026-05-31T02:00:00Z")
+    try:
+        receipt = await service.trigger(name, period)
+    except ValueError as exc:
+        raise Problem(422, str(exc)) from None
+    return web.json_response(receipt, status=202, dumps=_dumps)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, default=lambda v: v.isoformat() if hasattr(v, "isoformat") else str(v))
+
+
+# health, metrics, description ----------------------------------------------------------------
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "alive"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    ready, reason = await request.app[READINESS]()  # type: ignore[operator]
+    return web.json_response({"ready": ready, "reason": reason}, status=200 if ready else 503)
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(metrics.REGISTRY),
+                        headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document())

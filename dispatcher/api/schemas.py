@@ -1,0 +1,64 @@
+"""Request schemas of the intake API. Unknown fields are rejected; every error names its field."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+KEY_PATTERN = re.compile(r"^[ -~]{1,255}$")
+RFC3339 = re.compile(
+    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
+)
+MAX_BATCH = 1000
+
+
+class JobRequest(BaseModel):
+    """One job to accept. `handler` is "http" or a handler name from the configuration."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    handler: str = Field(min_length=1, max_length=63)
+    target: dict[str, Any] | None = None
+    payload: dict[str, Any] = Field(default_factory=dict)
+    queue: str | None = Field(None, min_length=1, max_length=63)
+    tenant: str | None = Field(None, max_length=255)
+    due_at: datetime | None = Field(None, description="RFC 3339 with offset; omitted = now")
+    max_attempts: Annotated[int, Field(ge=1, le=1000)] | None = None
+    max_retry_age_s: Annotated[int, Field(ge=0, le=10 * 365 * 86400)] | None = None
+
+    @field_validator("due_at", mode="before")
+    @classmethod
+    def _rfc3339(cls, value: Any) -> Any:
+        if value is not None and (not isinstance(value, str) or not RFC3339.match(value)):
+            raise ValueError("must be an RFC 3339 timestamp with offset, e.g. 2026-05-31T00:00:00Z")
+        return value
+
+
+class BatchItem(JobRequest):
+    idempotency_key: str = Field(min_length=1, max_length=255)
+
+
+class BatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    jobs: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+def valid_key(key: str | None) -> bool:
+    return key is not None and bool(KEY_PATTERN.match(key))
+
+
+def describe(exc: ValidationError) -> list[dict[str, str]]:
+    """Field-level errors, e.g. [{"field": "due_at", "message": "..."}]."""
+    return [
+        {"field": ".".join(str(p) for p in e["loc"]) or "(body)",
+         "message": e["msg"].removeprefix("Value error, ")}
+        for e in exc.errors()
+    ]
+
+
+def summary(errors: list[dict[str, str]]) -> str:
+    return "; ".join(f"{e['field']}: {e['message']}" for e in errors)

@@ -1,0 +1,200 @@
+"""The `dispatcher` command: run the daemon, migrate, check the configuration, operate jobs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+from dispatcher import __version__, logs
+from dispatcher.config import Settings, load_settings
+from dispatcher.errors import DispatcherError
+
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+DESCRIPTION = """\
+A durable delayed-job dispatcher for PostgreSQL. Jobs arrive over HTTP (POST /v1/jobs), from the
+SQL function dispatcher.enqueue(...) inside your own transaction, or from cron schedules; each is
+delivered at least once to an HTTPS target, a configured SQL statement or a Python handler, within
+per-queue rate and concurrency limits.
+
+Without DISPATCHER_DATABASE_URL the daemon runs its own PostgreSQL in DISPATCHER_STATE_DIR
+(default ./var). Every setting comes from --config FILE (TOML) and DISPATCHER_* variables."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dispatcher", description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"dispatcher {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--config", metavar="FILE",
+                       help="TOML configuration file (default: $DISPATCHER_CONFIG, else built-in)")
+        return p
+
+    command("run", "run the daemon until SIGTERM/SIGINT (then drain gracefully)")
+    command("migrate", "apply pending database migrations and exit")
+    command("check-config", "validate the configuration and print it with secrets masked")
+
+    jobs = command("jobs", "inspect and operate jobs (works whether the daemon runs or not)")
+    jobs_sub = jobs.add_subparsers(dest="action", metavar="ACTION", required=True)
+    listing = jobs_sub.add_parser("list", help="list jobs, newest first")
+    listing.add_argument("--state", choices=["scheduled", "ready", "running", "succeeded", "dead",
+                                             "cancelled"])
+    listing.add_argument("--queue")
+    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--json", action="store_true", help="one JSON document for scripts")
+    for action, help_text in (("show", "show one job"),
+                              ("retry", "retry a dead or cancelled job with a new attempt budget"),
+                              ("cancel", "cancel a waiting job (a running one is not retried)")):
+        p = jobs_sub.add_parser(action, help=help_text)
+        p.add_argument("id", type=int)
+        p.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings(args.config)
+    except DispatcherError as exc:
+        print(f"dispatcher: configuration error:\n{exc}", file=sys.stderr)
+        return EXIT_USAGE
+    logs.configure(settings.log_level, settings.log_format)
+    handler = COMMANDS[args.command]
+    try:
+        return handler(settings, args)
+    except DispatcherError as exc:
+        print(f"dispatcher: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130
+
+
+def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
+    from dispatcher.daemon import Daemon
+
+    try:
+        import uvloop
+
+        runner: Callable[[Awaitable[int]], int] = uvloop.run  # type: ignore[assignment]
+    except ImportError:  # pragma: no cover - uvloop is a dependency; fall back if unavailable
+        runner = asyncio.run  # type: ignore[assignment]
+
+    async def run() -> int:
+        return await Daemon(settings).run()
+
+    return runner(run())
+
+
+@asynccontextmanager
+async def database(settings: Settings) -> AsyncIterator[Any]:
+    """A pool on the configured or embedded database, for one-shot commands."""
+    from contextlib import AsyncExitStack
+
+    from dispatcher.daemon import resolve_database
+    from dispatcher.db.pool import create_pool, wait_for_database
+
+    async with AsyncExitStack() as stack:
+        dsn = await resolve_database(settings, stack)
+        await wait_for_database(dsn, timeout_s=15)
+        pool = await create_pool(dsn, size=2, application_name="dispatcher-cli")
+        stack.push_async_callback(pool.close)
+        yield dsn, pool
+
+
+def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
+    from dispatcher.db import migrations
+
+    async def run() -> int:
+        async with database(settings) as (_dsn, pool), pool.acquire() as conn:
+            applied = await migrations.migrate(conn)
+        print("applied: " + ", ".join(applied) if applied else "schema is current")
+        return 0
+
+    return asyncio.run(run())
+
+
+def cmd_check_config(settings: Settings, args: argparse.Namespace) -> int:
+    print(json.dumps(settings.public_view(), indent=2, default=str))
+    return 0
+
+
+def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
+    from dispatcher.api.app import job_view
+    from dispatcher.db import migrations
+    from dispatcher.db.jobs import JobRepository
+
+    async def run() -> int:
+        async with database(settings) as (_dsn, pool):
+            async with pool.acquire() as conn:
+                await migrations.check_current(conn)
+            repo = JobRepository(pool)
+            if args.action == "list":
+                rows = await repo.list(state=args.state, queue=args.queue, before_id=None,
+                                       limit=args.limit)
+                print_jobs([job_view(r) for r in rows], as_json=args.json)
+                return 0
+            operation = {"show": repo.get, "retry": repo.retry, "cancel": repo.cancel}[args.action]
+            row = await operation(args.id)
+            if row is None:
+                current = await repo.get(args.id)
+                if current is None:
+                    print(f"dispatcher: no job {args.id}", file=sys.stderr)
+                else:
+                    print(f"dispatcher: job {args.id} is {current['state']}; cannot {args.action}",
+                          file=sys.stderr)
+                return EXIT_FAILURE
+            view = job_view(row)
+            print(json.dumps(view, indent=2) if args.json else format_job(view))
+            return 0
+
+    return asyncio.run(run())
+
+
+def print_jobs(views: list[dict[str, Any]], *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(views, indent=2))
+        return
+    print(f"{'ID':>8}  {'STATE':<10} {'QUEUE':<12} {'ATTEMPT':>7}  {'DUE':<25} KEY")
+    for v in views:
+        print(f"{v['id']:>8}  {v['state']:<10} {v['queue']:<12} {v['attempt']:>7}  "
+              f"{v['due_at']:<25} {v['key']}")
+        if v["state"] == "dead" and v["last_error"]:
+            print(f"{'':>10}{v['dead_reason']}: {v['last_error'][:100]}")
+
+
+def format_job(view: dict[str, Any]) -> str:
+    width = max(len(k) for k in view)
+    return "\n".join(f"{k:<{width}}  {_plain(v)}" for k, v in view.items())
+
+
+def _plain(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
+    "run": cmd_run,
+    "migrate": cmd_migrate,
+    "check-config": cmd_check_config,
+    "jobs": cmd_jobs,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""The composition root: builds every component in order, runs until a signal, drains, tears down.
+
+Read top to bottom, `Daemon.run` is the architecture: database → schema → repository → effects →
+completer → worker pool → due-scan → wake-up listener → scheduler (interval scan, metric
+sampling, cron) → HTTP API → READY. A signal only sets an event; the drain happens here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import uuid
+from contextlib import AsyncExitStack
+from datetime import UTC
+
+from aiohttp import web
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from dispatcher import metrics, sdnotify
+from dispatcher.api.app import create_app
+from dispatcher.config import Settings, host_port
+from dispatcher.db import migrations
+from dispatcher.db.embedded import EmbeddedPostgres
+from dispatcher.db.jobs import JobRepository
+from dispatcher.db.notifications import WakeListener
+from dispatcher.db.pool import connect, create_pool, wait_for_database
+from dispatcher.effects.base import Effect
+from dispatcher.effects.http import HttpEffect
+from dispatcher.effects.python import PythonEffect
+from dispatcher.effects.sql import SqlEffect
+from dispatcher.intake import Intake
+from dispatcher.scheduling.due_scan import DueScanner
+from dispatcher.scheduling.sampler import MetricsSampler
+from dispatcher.work.completer import Completer
+from dispatcher.work.executor import Executor
+from dispatcher.work.pool import QueueWorker, WorkerPool
+
+log = logging.getLogger("dispatcher")
+
+DATABASE_WAIT_S = 60.0
+RELEASE_TIMEOUT_S = 5.0
+
+
+def instance_owner(settings: Settings) -> str:
+    """A lease owner unique to this process: readable host/pid plus a random suffix."""
+    name = settings.instance_name or socket.gethostname()
+    return f"{name}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+async def resolve_database(settings: Settings, stack: AsyncExitStack) -> str:
+    """The configured URL, or the embedded server's (started now, stopped at exit)."""
+    if settings.database_url is not None:
+        log.info("using PostgreSQL from DISPATCHER_DATABASE_URL")
+        return settings.database_url.get_secret_value()
+    embedded = EmbeddedPostgres(settings.state_dir)
+    dsn = await asyncio.to_thread(embedded.start)
+    stack.callback(embedded.stop)
+    return dsn
+
+
+async def prepare_schema(dsn: str, settings: Settings) -> None:
+    conn = await connect(dsn)
+    try:
+        if settings.auto_migrate:
+            await migrations.migrate(conn)
+        else:
+            await migrations.check_current(conn)
+    finally:
+        await conn.close()
+
+
+def build_effects(settings: Settings, repo: JobRepository, owner: str) -> dict[str, Effect]:
+    effects: dict[str, Effect] = {"http": HttpEffect(settings)}
+    for name, handler in settings.handlers.items():
+        kind = PythonEffect if handler.kind == "python" else SqlEffect
+        effects[name] = kind(name, handler, repo, owner)
+    return effects
+
+
+def capabilities(settings: Settings) -> list[str]:
+    """`handler:version` pairs this process can run (rolling releases share one database)."""
+    caps = ["http:1"]
+    for name, handler in settings.handlers.items():
+        caps += [f"{name}:{v}" for v in handler.runnable_versions()]
+    return caps
+
+
+class Daemon:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.owner = instance_owner(settings)
+        self.stop_requested = asyncio.Event()
+        self.force_requested = asyncio.Event()
+        self.draining = False
+        self._repo: JobRepository | None = None
+
+    def request_stop(self) -> None:
+        if self.stop_requested.is_set():
+            log.warning("second stop signal: cancelling running attempts now")
+            self.force_requested.set()
+        else:
+            log.info("stop signal: draining (up to %.0f s)", self.settings.drain_timeout_s)
+            self.stop_requested.set()
+
+    async def readiness(self) -> tuple[bool, str]:
+        if self.draining:
+            return False, "draining"
+        if self._repo is None:
+            return False, "starting"
+        try:
+            async with asyncio.timeout(2):
+                async with self._repo.pool.acquire() as conn:
+                    await migrations.check_current(conn)
+        except Exception as exc:
+            return False, f"database: {type(exc).__name__}: {exc}"
+        return True, "ok"
+
+    async def run(self) -> int:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.request_stop)
+        async with AsyncExitStack() as stack:
+            dsn = await resolve_database(s, stack)
+            await wait_for_database(dsn, timeout_s=DATABASE_WAIT_S)
+            await prepare_schema(dsn, s)
+            pool = await create_pool(dsn, size=s.db_pool_size)
+            stack.push_async_callback(pool.close)
+            repo = self._repo = JobRepository(pool)
+            await repo.sync_registry(
+                {q: (c.max_attempts, c.max_retry_age_s) for q, c in s.queues.items()},
+                {n: (h.kind, h.version) for n, h in s.handlers.items()},
+            )
+
+            effects = build_effects(s, repo, self.owner)
+            for effect in effects.values():
+                await effect.start()
+                stack.push_async_callback(effect.stop)
+            completer = Completer(repo, self.owner)
+            await completer.start()
+            stack.push_async_callback(completer.stop)
+
+            scanner_wake: list[DueScanner] = []
+            timeouts = {n: h.timeout_s for n, h in s.handlers.items()}
+            workers = WorkerPool(
+                [
+                    QueueWorker(
+                        q, qs, repo,
+                        Executor(q, qs, effects, repo, completer, self.owner, timeouts,
+                                 on_rescheduled=lambda: scanner_wake[0].wake()),
+                        owner=self.owner, capabilities=capabilities(s), lease_s=s.lease_s,
+                        idle_poll_s=s.scan_interval_s,
+                    )
+                    for q, qs in s.queues.items()
+                ],
+                repo, self.owner, s.lease_s,
+            )
+            await workers.start()
+            stack.push_async_callback(workers.stop)
+
+            scanner = DueScanner(repo, batch=s.scan_batch, interval_s=s.scan_interval_s,
+                                 on_ready=workers.wake)
+            scanner_wake.append(scanner)
+            await scanner.start()
+            stack.push_async_callback(scanner.stop)
+
+            def wake_all() -> None:
+                workers.wake()
+                scanner.wake()
+
+            listener = WakeListener(dsn, wake_all)
+            await listener.start()
+            stack.push_async_callback(listener.stop)
+
+            scheduler = AsyncIOScheduler(timezone=UTC)
+            scheduler.add_job(scanner.wake, "interval", seconds=s.scan_interval_s,
+                              max_instances=1, coalesce=True, id="due-scan")
+            sampler = MetricsSampler(repo)
+            scheduler.add_job(sampler.run_once, "interval", seconds=5, max_instances=1,
+                              coalesce=True, id="metrics-sampler")
+            scheduler.start()
+            stack.callback(lambda: scheduler.running and scheduler.shutdown(wait=False))
+
+            intake = Intake(s, repo, lambda t: HttpEffect.validate_target(t, s), wake_all)
+            app = create_app(repo=repo, intake=intake, readiness=self.readiness,
+                             tokens=s.all_api_tokens(), body_limit_bytes=s.body_limit_bytes)
+            runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                                   shutdown_timeout=5)
+            await runner.setup()
+            stack.push_async_callback(runner.cleanup)
+            host, port = host_port(s.listen)
+            await web.TCPSite(runner, host, port, backlog=1024).start()
+
+            watchdog = sdnotify.Watchdog()
+            await watchdog.start()
+            stack.push_async_callback(watchdog.stop)
+            sdnotify.notify("READY=1")
+            log.info("dispatcher ready on %s as %s (queues: %s)", s.listen, self.owner,
+                     ", ".join(s.queues))
+
+            await self.stop_requested.wait()
+            sdnotify.notify("STOPPING=1")
+            self.draining = True
+            if scheduler.running:
+                scheduler.shutdown(wait=False)
+            await scanner.stop()
+            await listener.stop()
+            await self._drain(workers, completer, repo)
+        log.info("dispatcher stopped")
+        return 0
+
+    async def _drain(self, workers: WorkerPool, completer: Completer, repo: JobRepository) -> None:
+        """Stop starting, let running attempts finish (bounded), hand the rest back."""
+        await workers.stop_claiming()
+        running = workers.inflight()
+        if running:
+            log.info("waiting for %d running attempts", running)
+        unfinished = await workers.drain(self.settings.drain_timeout_s, self.force_requested)
+        await completer.stop()
+        if unfinished:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(RELEASE_TIMEOUT_S):
+                    released = await repo.release_leases(unfinished, self.owner)
+                    log.warning("released %d unfinished jobs back to ready", released)
+        metrics.INFLIGHT.clear()

@@ -1,0 +1,54 @@
+"""LISTEN for wake-ups from other instances and from the SQL door (channel `dispatcher_wake`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import asyncpg
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "dispatcher_wake"
+
+
+class WakeListener:
+    """Holds one connection LISTENing; reconnects when it drops. Calls `on_wake` per notice."""
+
+    def __init__(self, dsn: str, on_wake: Callable[[], None], reconnect_s: float = 1.0):
+        self._dsn = dsn
+        self._on_wake = on_wake
+        self._reconnect_s = reconnect_s
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="wake-listener")
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        task, self._task = self._task, None
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def _run(self) -> None:
+        while True:
+            conn = None
+            try:
+                conn = await asyncpg.connect(self._dsn)
+                lost = asyncio.Event()
+                conn.add_termination_listener(lambda _c: lost.set())
+                await conn.add_listener(CHANNEL, lambda *_args: self._on_wake())
+                self._on_wake()  # notices sent while we were not listening are lost: look now
+                await lost.wait()
+                log.warning("wake-up listener connection lost; reconnecting")
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("wake-up listener cannot connect: %s", exc)
+            finally:
+                if conn is not None and not conn.is_closed():
+                    with contextlib.suppress(Exception):
+                        await conn.close(timeout=2)
+            await asyncio.sleep(self._reconnect_s)

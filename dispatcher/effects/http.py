@@ -1,0 +1,301 @@
+"""The `http` effect: push a job's payload as JSON to its target URL, signed, and classify
+the response into success, retry later or reject.
+
+Every attempt of a job sends the same `Idempotency-Key` and `webhook-id` (the job key), so a
+receiver can drop the duplicates that at-least-once delivery produces. Redirects are never
+followed (the redirect target was not checked by the SSRF guard and may not be idempotent).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import ssl
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC
+from email.utils import parsedate_to_datetime
+from typing import Any, NoReturn
+
+import aiohttp
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from dispatcher.config import Settings
+from dispatcher.effects.signing import decode_secret, webhook_headers
+from dispatcher.effects.ssrf import GuardedResolver, TargetPolicy, TargetRefused
+from dispatcher.errors import Reject, RetryLater
+from dispatcher.metrics import HTTP_RESPONSES
+from dispatcher.model import Job
+
+METHODS = ("POST", "PUT", "PATCH")
+TARGET_KEYS = ("url", "method", "headers", "timeout_s")
+# Headers the effect owns: overriding them would break framing, signing or deduplication.
+RESERVED_HEADERS = frozenset(
+    {"content-type", "content-length", "host", "idempotency-key", "transfer-encoding", "connection"}
+)
+RESERVED_HEADER_PREFIX = "webhook-"
+MAX_TARGET_HEADERS = 32
+MAX_HEADER_VALUE_CHARS = 8192
+MAX_URL_CHARS = 4096
+MAX_RETRY_AFTER_S = 86_400.0
+MAX_LOCATION_CHARS = 512
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_SIGNED_INTEGER = re.compile(r"^-?[0-9]+$")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+Response = tuple[int, CIMultiDictProxy[str], str]
+
+
+class HttpEffect:
+    """Pushes jobs over one pooled aiohttp session.
+
+    Invariants: the session only connects through the SSRF-guarded resolver, keeps no cookies
+    and ignores proxy environment variables, so one job can never influence another's request.
+    """
+
+    completes_in_transaction = False
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._settings = settings
+        self._policy = TargetPolicy.from_settings(settings)
+        self._secret = settings.signing_secret()
+        if self._secret is not None:
+            decode_secret(self._secret)  # fail at start, not on the first job
+        self._ssl_context = ssl_context
+        self._clock = clock
+        self._session: aiohttp.ClientSession | None = None
+        self._resolver: GuardedResolver | None = None
+
+    async def start(self) -> None:
+        if self._session is not None:
+            return
+        self._resolver = GuardedResolver(self._policy)
+        connector = aiohttp.TCPConnector(
+            limit=self._settings.http.max_connections,
+            resolver=self._resolver,
+            ssl=self._ssl_context if self._ssl_context is not None else True,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False
+        )
+
+    async def stop(self) -> None:
+        session, resolver = self._session, self._resolver
+        self._session = self._resolver = None
+        if session is not None:
+            await session.close()
+        if resolver is not None:
+            await resolver.close()
+
+    async def run(self, job: Job, complete: Any) -> dict[str, Any]:
+        """One attempt. `complete` is unused: the executor records completion afterwards."""
+        del complete
+        target = self._target(job)
+        try:
+            status, headers, excerpt = await self._send(job, target)
+        except TargetRefused as exc:  # from the resolver: a name resolved to a refused address
+            _count(job, "error")
+            raise Reject(f"target refused: {exc}", code="target_refused") from None
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            _count(job, "error")
+            _raise_transport_failure(exc, target["timeout_s"])
+        _count(job, _status_class(status))
+        return classify(status, headers, excerpt, self._clock())
+
+    def _target(self, job: Job) -> dict[str, Any]:
+        # Checked again on every attempt: the policy may have changed since intake.
+        try:
+            return normalize_target(job.target, self._settings, self._policy)
+        except TargetRefused as exc:
+            _count(job, "error")
+            raise Reject(f"target refused: {exc}", code="target_refused") from None
+        except ValueError as exc:
+            _count(job, "error")
+            raise Reject(f"invalid target: {exc}", code="invalid_target") from None
+
+    async def _send(self, job: Job, target: Mapping[str, Any]) -> Response:
+        if self._session is None:
+            raise RuntimeError("HttpEffect.start() must be awaited before run()")
+        body = json.dumps(job.payload, separators=(",", ":")).encode()
+        async with self._session.request(
+            target["method"],
+            URL(target["url"]),
+            data=body,
+            headers=self._headers(job, target["headers"], body),
+            timeout=aiohttp.ClientTimeout(total=target["timeout_s"]),
+            allow_redirects=False,
+        ) as response:
+            excerpt = await _read_excerpt(response, self._settings.http.response_excerpt_bytes)
+            return response.status, response.headers, excerpt
+
+    def _headers(self, job: Job, own: Mapping[str, str], body: bytes) -> CIMultiDict[str]:
+        headers: CIMultiDict[str] = CIMultiDict({"User-Agent": self._settings.http.user_agent})
+        headers.update(own)  # may replace User-Agent; reserved names were refused earlier
+        headers["Content-Type"] = "application/json"
+        headers["Idempotency-Key"] = job.key
+        timestamp = int(self._clock())
+        headers.update(webhook_headers(self._secret, job.key, timestamp, body))
+        return headers
+
+    @staticmethod
+    def validate_target(target: Any, settings: Settings) -> dict[str, Any]:
+        """The normalized target for intake; ValueError (TargetRefused for SSRF) says what
+        to fix."""
+        return normalize_target(target, settings, TargetPolicy.from_settings(settings))
+
+
+def normalize_target(target: Any, settings: Settings, policy: TargetPolicy) -> dict[str, Any]:
+    """Check an http job's target and fill in defaults: {url, method, headers, timeout_s}."""
+    if not isinstance(target, Mapping):
+        raise ValueError('an http job needs target = {"url": "https://..."}')
+    unknown = sorted(str(key) for key in target if key not in TARGET_KEYS)
+    if unknown:
+        raise ValueError(f"target has unknown keys {unknown}; allowed: {list(TARGET_KEYS)}")
+    return {
+        "url": _url(target.get("url"), policy),
+        "method": _method(target.get("method", "POST")),
+        "headers": _own_headers(target.get("headers", {})),
+        "timeout_s": _timeout(target.get("timeout_s"), settings),
+    }
+
+
+def _url(value: Any, policy: TargetPolicy) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError('target.url is required: a string like "https://host/path"')
+    if len(value) > MAX_URL_CHARS:
+        raise ValueError(f"target.url is longer than {MAX_URL_CHARS} characters")
+    try:
+        policy.check_url(value)
+    except TargetRefused as exc:
+        raise TargetRefused(f"target.url: {exc}") from None
+    return value
+
+
+def _method(value: Any) -> str:
+    method = value.upper() if isinstance(value, str) else value
+    if method not in METHODS:
+        raise ValueError(f"target.method {value!r} is not allowed; use one of {list(METHODS)}")
+    return str(method)
+
+
+def _own_headers(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        raise ValueError('target.headers must be an object of strings, like {"X-Team": "a"}')
+    if len(value) > MAX_TARGET_HEADERS:
+        raise ValueError(f"target.headers has more than {MAX_TARGET_HEADERS} entries")
+    for name, header_value in value.items():
+        _check_header(name, header_value)
+    return dict(value)
+
+
+def _check_header(name: Any, value: Any) -> None:
+    if not isinstance(name, str) or not _TOKEN.match(name):
+        raise ValueError(f"target.headers: {name!r} is not a valid header name")
+    lowered = name.lower()
+    if lowered in RESERVED_HEADERS or lowered.startswith(RESERVED_HEADER_PREFIX):
+        raise ValueError(
+            f"target.headers: {name} is set by the dispatcher and cannot be overridden "
+            f"(reserved: {sorted(RESERVED_HEADERS)} and {RESERVED_HEADER_PREFIX}*)"
+        )
+    if not isinstance(value, str):
+        raise ValueError(f"target.headers.{name} must be a string")
+    if len(value) > MAX_HEADER_VALUE_CHARS or _CONTROL.search(value):
+        raise ValueError(
+            f"target.headers.{name} must be at most {MAX_HEADER_VALUE_CHARS} characters "
+            "without control characters (no line breaks)"
+        )
+
+
+def _timeout(value: Any, settings: Settings) -> float:
+    if value is None:
+        return settings.http.default_timeout_s
+    limit = settings.http.max_timeout_s
+    # bool is an int subclass; `true` as a timeout is a mistake, not 1 second.
+    valid = isinstance(value, int | float) and not isinstance(value, bool)
+    if not valid or not 0 < value <= limit:
+        raise ValueError(f"target.timeout_s must be a number of seconds > 0 and <= {limit:g}")
+    return float(value)
+
+
+async def _read_excerpt(response: aiohttp.ClientResponse, limit: int) -> str:
+    """Up to `limit` bytes of the body, for the error text; reading fails soft (it is only
+    a diagnostic, and the status already decided the outcome)."""
+    if limit <= 0:
+        return ""
+    data = bytearray()
+    try:
+        # Read one byte past the limit to know whether the excerpt is truncated.
+        while len(data) <= limit:
+            chunk = await response.content.read(limit + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except (TimeoutError, aiohttp.ClientError):
+        pass
+    text = bytes(data[:limit]).decode("utf-8", errors="replace")
+    return text + "…" if len(data) > limit else text
+
+
+def classify(status: int, headers: Mapping[str, str], excerpt: str, now: float) -> dict[str, Any]:
+    """Success summary for 2xx; otherwise raise RetryLater or Reject with the status and body."""
+    if 200 <= status < 300:
+        return {"status": status}
+    reason = f"HTTP {status}" + (f": {excerpt}" if excerpt else "")
+    if 300 <= status < 400:
+        location = headers.get("Location", "(no Location header)")[:MAX_LOCATION_CHARS]
+        raise Reject(
+            f"HTTP {status}: redirect to {location} not followed; point the job at the final "
+            "URL" + (f"; response: {excerpt}" if excerpt else ""),
+            code="http_3xx",
+        )
+    if status in (429, 503):
+        delay_s = parse_retry_after(headers.get("Retry-After"), now)
+        raise RetryLater(reason, delay_s, rate_limited=True)
+    if status == 408 or 500 <= status < 600:
+        raise RetryLater(reason)
+    if 400 <= status < 500:
+        raise Reject(reason, code="http_4xx")
+    raise RetryLater(f"unexpected {reason}")
+
+
+def parse_retry_after(value: str | None, now: float) -> float | None:
+    """Seconds to wait from a Retry-After value (seconds or HTTP date), clamped to
+    [0, 1 day]; None when absent or unreadable."""
+    if value is None:
+        return None
+    value = value.strip()
+    if _SIGNED_INTEGER.match(value):
+        delay_s = float(value)
+    else:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:  # "-0000" zone; HTTP dates are always GMT
+            when = when.replace(tzinfo=UTC)
+        delay_s = when.timestamp() - now
+    if math.isnan(delay_s):
+        return None
+    return min(max(delay_s, 0.0), MAX_RETRY_AFTER_S)
+
+
+def _raise_transport_failure(exc: BaseException, timeout_s: float) -> NoReturn:
+    if isinstance(exc, TimeoutError):
+        raise RetryLater(f"no response within {timeout_s:g} s (timeout)") from exc
+    raise RetryLater(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _status_class(status: int) -> str:
+    return f"{status // 100}xx" if 200 <= status < 600 else "error"
+
+
+def _count(job: Job, status_class: str) -> None:
+    HTTP_RESPONSES.labels(job.queue, status_class).inc()

@@ -1,0 +1,75 @@
+"""Python handlers named `module:function` in config: `async def handler(job, ctx)`.
+
+A transactional handler (the default) gets `ctx.connection`, the connection of the transaction
+that also records the job's completion: its database writes and `succeeded` commit together or
+not at all, so a redelivery after a crash finds either nothing done or everything done.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from dispatcher.config import HandlerSettings
+from dispatcher.db.jobs import JobRepository
+from dispatcher.effects.base import CompleteInTransaction, LeaseLost
+from dispatcher.errors import ConfigError, Reject, RetryLater
+from dispatcher.model import Job
+
+Handler = Callable[[Job, "HandlerContext"], Awaitable[Any]]
+
+
+@dataclass(slots=True)
+class HandlerContext:
+    """What a handler gets besides the job."""
+
+    connection: Any  # asyncpg connection in the completion's transaction; None if not transactional
+    handler: str
+
+    @staticmethod
+    def retry_later(reason: str, delay_s: float | None = None) -> NoReturn:
+        raise RetryLater(reason, delay_s)
+
+    @staticmethod
+    def reject(reason: str) -> NoReturn:
+        raise Reject(reason, code="rejected_by_handler")
+
+
+def load_handler(name: str, spec: str) -> Handler:
+    module_name, _, attr = spec.partition(":")
+    try:
+        function = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"setting handlers.{name}.function = {spec!r}: cannot load ({exc})")
+    if not inspect.iscoroutinefunction(function):
+        raise ConfigError(f"setting handlers.{name}.function = {spec!r}: must be `async def`")
+    return function  # type: ignore[no-any-return]
+
+
+class PythonEffect:
+    def __init__(self, name: str, settings: HandlerSettings, repo: JobRepository, owner: str):
+        self.name = name
+        self.completes_in_transaction = settings.transactional
+        self._handler = load_handler(name, settings.function or "")
+        self._repo = repo
+        self._owner = owner
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def run(self, job: Job, complete: CompleteInTransaction) -> Any:
+        if not self.completes_in_transaction:
+            return await self._handler(job, HandlerContext(None, self.name))
+        async with self._repo.transaction() as conn:
+            if not await self._repo.lock_running(conn, job, self._owner):
+                raise LeaseLost(f"job {job.id} attempt {job.attempt} is no longer ours")
+            result = await self._handler(job, HandlerContext(conn, self.name))
+            if not await complete(conn, job, result):
+                raise LeaseLost(f"job {job.id} attempt {job.attempt} is no longer ours")
+            return result

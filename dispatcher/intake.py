@@ -1,0 +1,108 @@
+"""Intake: semantic validation of job requests and their durable, idempotent acceptance.
+
+Shape validation happens in `api.schemas`; here we check what needs the configuration (known
+handler and queue, a safe target, a due time not in the past) and then hand valid items to the
+same SQL function applications call, so both doors share one set of idempotency rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from dispatcher import metrics
+from dispatcher.api.schemas import JobRequest
+from dispatcher.config import Settings
+from dispatcher.db.jobs import JobRepository
+from dispatcher.model import EnqueueResult, NewJob
+
+TargetValidator = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(slots=True, frozen=True)
+class Rejected:
+    """A request that changed nothing: HTTP status and what to fix."""
+
+    status: int
+    detail: str
+
+
+class Intake:
+    def __init__(
+        self,
+        settings: Settings,
+        repo: JobRepository,
+        validate_target: TargetValidator,
+        on_accepted: Callable[[], None] = lambda: None,
+    ):
+        self._settings = settings
+        self._repo = repo
+        self._validate_target = validate_target
+        self._on_accepted = on_accepted
+        self._handlers = {"http", *settings.handlers}
+        self._m_accepted = {q: metrics.JOBS_ACCEPTED.labels(q, "api") for q in settings.queues}
+
+    def notify_accepted(self) -> None:
+        """Tell the workers that jobs became ready outside `accept` (e.g. an operator retry)."""
+        self._on_accepted()
+
+    def check(self, key: str, request: JobRequest, now: datetime) -> NewJob | Rejected:
+        """Validate against the configuration; return the job to store or why it is refused."""
+        if request.handler not in self._handlers:
+            known = ", ".join(sorted(self._handlers))
+            return Rejected(422, f"handler: unknown handler {request.handler!r}; known: {known}")
+        queue = request.queue or "default"
+        if queue not in self._settings.queues:
+            known = ", ".join(sorted(self._settings.queues))
+            return Rejected(422, f"queue: unknown queue {queue!r}; configured: {known}")
+        target = request.target
+        if request.handler == "http":
+            if target is None:
+                return Rejected(422, 'target: required for handler "http", e.g. {"url": "https://..."}')
+            try:
+                target = self._validate_target(target)
+            except ValueError as exc:
+                return Rejected(422, f"target: {exc}")
+        elif target is not None:
+            return Rejected(422, f"target: only handler \"http\" takes a target, not {request.handler!r}")
+        due_at = request.due_at
+        if due_at is not None:
+            if due_at.tzinfo is None:
+                return Rejected(422, "due_at: needs a UTC offset, e.g. 2026-05-31T00:00:00Z")
+            tolerance = timedelta(seconds=self._settings.due_at_past_tolerance_s)
+            if due_at < now - tolerance:
+                return Rejected(
+                    422,
+                    f"due_at: {due_at.isoformat()} is more than {tolerance.total_seconds():.0f} s "
+                    "in the past; omit due_at to run now",
+                )
+        return NewJob(
+            key=key, handler=request.handler, payload=request.payload, due_at=due_at,
+            queue=request.queue, tenant=request.tenant, target=target,
+            max_attempts=request.max_attempts, max_retry_age_s=request.max_retry_age_s,
+        )
+
+    async def accept(
+        self, items: Sequence[tuple[str, JobRequest]]
+    ) -> list[EnqueueResult | Rejected]:
+        """Accept many; a bad item never rejects the others. Order of results = order of items."""
+        now = datetime.now(UTC)
+        checked = [self.check(key, request, now) for key, request in items]
+        valid = [c for c in checked if isinstance(c, NewJob)]
+        stored = iter(await self._repo.enqueue_many(valid) if valid else [])
+        results: list[EnqueueResult | Rejected] = []
+        created = 0
+        for c in checked:
+            if isinstance(c, Rejected):
+                results.append(c)
+                continue
+            result = next(stored)
+            if result.outcome == "created":
+                created += 1
+                self._m_accepted[c.queue or "default"].inc()
+            results.append(result)
+        if created:
+            self._on_accepted()
+        return results

@@ -1,0 +1,1 @@
+"""Time-driven work: the due-scan, lease rescue, cron schedules, metric sampling."""

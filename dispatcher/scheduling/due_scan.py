@@ -1,0 +1,82 @@
+"""The due-scan: moves due jobs to ready (with their outbox rows) and rescues expired leases.
+
+It runs when woken (intake of a future job, a retry, a NOTIFY from another instance), at the
+next due time it computed, and at least every `interval_s` (an APScheduler interval job), so a
+job due now starts within milliseconds and a missed wake-up costs at most one interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from dispatcher import metrics
+from dispatcher.db.jobs import JobRepository
+
+log = logging.getLogger(__name__)
+
+
+class DueScanner:
+    def __init__(
+        self,
+        repo: JobRepository,
+        *,
+        batch: int,
+        interval_s: float,
+        on_ready: Callable[[], None],
+    ):
+        self._repo = repo
+        self._batch = batch
+        self._interval_s = interval_s
+        self._on_ready = on_ready
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="due-scan")
+
+    async def stop(self) -> None:
+        """Idempotent; returns once the loop has ended."""
+        if self._task is None:
+            return
+        task, self._task = self._task, None
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run_once(self) -> int:
+        """Move every due job (in batches) and rescue expired leases; return jobs made ready."""
+        moved = 0
+        while True:
+            n = await self._repo.scan_due(self._batch)
+            moved += n
+            if n:
+                self._on_ready()  # let workers start on the first batch while we move the next
+            if n < self._batch:
+                break
+        rescued = await self._repo.rescue_expired_leases(self._batch)
+        for state, n in rescued.items():
+            metrics.LEASES_RESCUED.labels(state).inc(n)
+            log.warning("rescued %d jobs with expired leases -> %s", n, state)
+        if rescued.get("ready"):
+            self._on_ready()
+        metrics.SCAN_MOVED.inc(moved)
+        return moved
+
+    async def _loop(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await self.run_once()
+                next_due = await self._repo.seconds_to_next_due()
+            except Exception as exc:  # the database may be restarting: try again next interval
+                log.error("due-scan failed: %s", exc)
+                next_due = None
+            timeout = self._interval_s if next_due is None else min(self._interval_s, next_due)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)

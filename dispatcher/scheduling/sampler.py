@@ -1,0 +1,34 @@
+"""Samples gauges from the database (jobs per state, oldest ready age, outbox lag).
+
+State counts come from the database, not from memory, so every instance reports the same truth
+and a restart does not reset them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from dispatcher import metrics
+from dispatcher.db.jobs import JobRepository
+from dispatcher.model import STATES
+
+log = logging.getLogger(__name__)
+
+
+class MetricsSampler:
+    def __init__(self, repo: JobRepository):
+        self._repo = repo
+
+    async def run_once(self) -> None:
+        try:
+            counts = await self._repo.counts_by_state()
+            ages = await self._repo.oldest_ready_age()
+        except Exception as exc:
+            log.warning("metric sampling failed: %s", exc)
+            return
+        seen: dict[tuple[str, str], int] = {(q, s): n for q, s, n in counts}
+        for queue in {q for q, _ in seen} | set(ages):
+            for state in STATES:
+                metrics.JOBS_BY_STATE.labels(queue, state).set(seen.get((queue, state), 0))
+            metrics.READY_OLDEST_AGE.labels(queue).set(ages.get(queue, 0.0))
+        metrics.OUTBOX_LAG.set(max(ages.values(), default=0.0))

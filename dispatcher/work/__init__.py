@@ -1,0 +1,1 @@
+"""Running jobs: limits (token bucket, in-flight cap), retry policy, the worker pool."""

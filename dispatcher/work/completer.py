@@ -1,0 +1,74 @@
+"""Batched completion: successful attempts are recorded many per statement.
+
+Callers `await record(job, result)`; a single writer task flushes everything queued so far in one
+UPDATE, so batching grows with load and costs nothing when idle (no timer, no added latency).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from dispatcher.db.jobs import JobRepository
+from dispatcher.model import Job
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 2000
+
+
+class Completer:
+    """Owns the write of `succeeded`. `record` returns True when this lease still held the job."""
+
+    def __init__(self, repo: JobRepository, owner: str):
+        self._repo = repo
+        self._owner = owner
+        self._pending: list[tuple[Job, Any, asyncio.Future[bool]]] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="completer")
+
+    async def stop(self) -> None:
+        """Flush what is queued, then stop. Idempotent."""
+        if self._task is None:
+            return
+        self._stopping = True
+        self._wake.set()
+        task, self._task = self._task, None
+        await task
+
+    def record(self, job: Job, result: Any) -> asyncio.Future[bool]:
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._pending.append((job, result, future))
+        self._wake.set()
+        return future
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+                await self._flush(batch)
+            if self._stopping:
+                return
+
+    async def _flush(self, batch: list[tuple[Job, Any, asyncio.Future[bool]]]) -> None:
+        try:
+            done = await self._repo.complete(
+                [j.id for j, _, _ in batch], [j.attempt for j, _, _ in batch],
+                [r for _, r, _ in batch], self._owner,
+            )
+        except Exception as exc:  # the lease will expire and the job is retried: never lost
+            log.error("could not record %d completions: %s", len(batch), exc)
+            for _, _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for job, _, future in batch:
+            if not future.done():
+                future.set_result(job.id in done)

@@ -1,0 +1,127 @@
+"""The sidecar examples: the grace period outlasts the drain, probes and secrets are wired, and
+the environment they give the daemon is a configuration it accepts."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatcher.config import Settings, load_settings
+
+yaml = pytest.importorskip("yaml", reason="PyYAML is absent: pip install pyyaml")
+
+SIDECAR = Path(__file__).resolve().parents[2] / "config" / "sidecar"
+STOP_MARGIN_S = 10
+
+
+def drain_timeout_s(env: dict[str, str]) -> float:
+    return float(env.get("DISPATCHER_DRAIN_TIMEOUT_S", Settings().drain_timeout_s))
+
+
+def duration_s(text: str) -> float:
+    """A compose duration such as `45s` or `1m30s`."""
+    parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text)
+    assert parts is not None and text, f"not a duration: {text!r}"
+    hours, minutes, seconds = (int(p or 0) for p in parts.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+def accepted_by_the_daemon(env: dict[str, str], tmp_path: Path) -> None:
+    """Load the settings from this environment, with the token file standing in locally."""
+    tokens = tmp_path / "api-tokens"
+    tokens.write_text("example-token\n")
+    local = {k: v for k, v in env.items() if k.startswith("DISPATCHER_")}
+    local["DISPATCHER_API_TOKENS_FILE"] = str(tokens)
+    settings = load_settings(environ=local)
+    assert settings.all_api_tokens() == ["example-token"]
+
+
+# docker compose
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((SIDECAR / "docker-compose.yml").read_text())
+
+
+def test_compose_grace_period_outlasts_the_drain(compose: dict[str, Any]) -> None:
+    dispatcher = compose["services"]["dispatcher"]
+    grace_s = duration_s(dispatcher["stop_grace_period"])
+    assert grace_s >= drain_timeout_s(dispatcher["environment"]) + STOP_MARGIN_S
+    assert dispatcher["stop_signal"] == "SIGTERM"
+
+
+def test_compose_database_outlives_the_drain(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert "postgres" in services["dispatcher"]["depends_on"]  # stopped after the dispatcher
+    assert "dispatcher" in services["app"]["depends_on"]  # stopped before it
+    assert "@postgres:" in services["dispatcher"]["environment"]["DISPATCHER_DATABASE_URL"]
+
+
+def test_compose_tokens_come_from_a_secret(compose: dict[str, Any], tmp_path: Path) -> None:
+    dispatcher = compose["services"]["dispatcher"]
+    env = dispatcher["environment"]
+    (secret,) = dispatcher["secrets"]
+    assert secret in compose["secrets"]
+    assert env["DISPATCHER_API_TOKENS_FILE"] == f"/run/secrets/{secret}"
+    accepted_by_the_daemon(env, tmp_path)
+
+
+# Kubernetes
+
+
+@pytest.fixture(scope="module")
+def pod() -> dict[str, Any]:
+    documents = list(yaml.safe_load_all((SIDECAR / "kubernetes.yaml").read_text()))
+    (deployment,) = [d for d in documents if d and d["kind"] == "Deployment"]
+    spec: dict[str, Any] = deployment["spec"]["template"]["spec"]
+    return spec
+
+
+@pytest.fixture(scope="module")
+def sidecar(pod: dict[str, Any]) -> dict[str, Any]:
+    containers = pod.get("initContainers", []) + pod["containers"]
+    (found,) = [c for c in containers if c["name"] == "dispatcher"]
+    return found
+
+
+def container_env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
+
+
+def test_kubernetes_grace_period_outlasts_the_drain(
+    pod: dict[str, Any], sidecar: dict[str, Any]
+) -> None:
+    grace_s = pod["terminationGracePeriodSeconds"]
+    assert grace_s >= drain_timeout_s(container_env(sidecar)) + STOP_MARGIN_S
+
+
+def test_kubernetes_probes(sidecar: dict[str, Any]) -> None:
+    assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    port_names = {p["name"] for p in sidecar["ports"]}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert sidecar[probe]["httpGet"]["port"] in port_names
+
+
+def test_kubernetes_secrets_come_from_a_secret(
+    pod: dict[str, Any], sidecar: dict[str, Any], tmp_path: Path
+) -> None:
+    env = container_env(sidecar)
+    secret_volumes = {v["name"] for v in pod["volumes"] if "secret" in v}
+    mounts = {m["mountPath"]: m["name"] for m in sidecar["volumeMounts"]}
+    directory = str(Path(env["DISPATCHER_API_TOKENS_FILE"]).parent)
+    assert mounts.get(directory) in secret_volumes
+    from_secret = {e["name"] for e in sidecar["env"] if "secretKeyRef" in e.get("valueFrom", {})}
+    assert "DISPATCHER_DATABASE_URL" in from_secret
+    accepted_by_the_daemon(env, tmp_path)
+
+
+def test_kubernetes_sidecar_is_unprivileged(pod: dict[str, Any], sidecar: dict[str, Any]) -> None:
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    context = sidecar["securityContext"]
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"]["drop"] == ["ALL"]
