@@ -93,12 +93,21 @@ class HttpSettings(_Strict):
     max_connections: int = Field(100, ge=1)
     response_excerpt_bytes: int = Field(512, ge=0, le=65_536)
     user_agent: str = "dispatcher"
+    # Extra CA bundle trusted for HTTPS targets (e.g. a private CA), on top of the system's.
+    ca_file: Path | None = None
 
     @field_validator("signing_secret")
     @classmethod
     def _secret_format(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not value.get_secret_value().startswith("whsec_"):
-            raise ValueError("a signing secret is 'whsec_' followed by base64 (Standard Webhooks)")
+        if value is not None:
+            from dispatcher.effects.signing import decode_secret
+
+            try:
+                decode_secret(value.get_secret_value())
+            except ValueError:
+                raise ValueError(
+                    "a signing secret is 'whsec_' followed by base64 (Standard Webhooks)"
+                ) from None
         return value
 
 

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import uuid
 from contextlib import AsyncExitStack
 from datetime import UTC
@@ -74,7 +75,11 @@ async def prepare_schema(dsn: str, settings: Settings) -> None:
 
 
 def build_effects(settings: Settings, repo: JobRepository, owner: str) -> dict[str, Effect]:
-    effects: dict[str, Effect] = {"http": HttpEffect(settings)}
+    ssl_context = None
+    if settings.http.ca_file is not None:
+        ssl_context = ssl.create_default_context()
+        ssl_context.load_verify_locations(cafile=str(settings.http.ca_file))
+    effects: dict[str, Effect] = {"http": HttpEffect(settings, ssl_context=ssl_context)}
     for name, handler in settings.handlers.items():
         kind = PythonEffect if handler.kind == "python" else SqlEffect
         effects[name] = kind(name, handler, repo, owner)
@@ -96,6 +101,7 @@ class Daemon:
         self.stop_requested = asyncio.Event()
         self.force_requested = asyncio.Event()
         self.draining = False
+        self.ready = asyncio.Event()
         self._repo: JobRepository | None = None
 
     def request_stop(self) -> None:
@@ -119,11 +125,12 @@ class Daemon:
             return False, f"database: {type(exc).__name__}: {exc}"
         return True, "ok"
 
-    async def run(self) -> int:
+    async def run(self, *, handle_signals: bool = True) -> int:
         s = self.settings
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self.request_stop)
+        if handle_signals:
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, self.request_stop)
         async with AsyncExitStack() as stack:
             dsn = await resolve_database(s, stack)
             await wait_for_database(dsn, timeout_s=DATABASE_WAIT_S)
@@ -199,6 +206,7 @@ class Daemon:
             await watchdog.start()
             stack.push_async_callback(watchdog.stop)
             sdnotify.notify("READY=1")
+            self.ready.set()
             log.info("dispatcher ready on %s as %s (queues: %s)", s.listen, self.owner,
                      ", ".join(s.queues))
 

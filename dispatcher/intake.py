@@ -64,7 +64,7 @@ class Intake:
             try:
                 target = self._validate_target(target)
             except ValueError as exc:
-                return Rejected(422, f"target: {exc}")
+                return Rejected(422, str(exc))
         elif target is not None:
             return Rejected(422, f"target: only handler \"http\" takes a target, not {request.handler!r}")
         due_at = request.due_at

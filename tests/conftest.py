@@ -14,6 +14,8 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
+os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
+
 from dispatcher.db import migrations
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import connect, create_pool

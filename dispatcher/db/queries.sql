@@ -58,8 +58,11 @@ SELECT state, count(*)::int AS n FROM rescued GROUP BY state;
 
 -- name: claim_ready
 -- Claim up to $2 ready jobs of queue $1 that this worker can run ($3 = handler:version list),
--- fairly across tenants (round-robin by rank within each tenant), take their outbox rows and
--- lease them to owner $4 for $5 seconds. Outbox rows whose job is not ready are duplicates.
+-- fairly across tenants, take their outbox rows and lease the jobs to owner $4 for $5 seconds.
+-- Fairness: every tenant with ready work offers its oldest rows; rows are taken by rank within
+-- their tenant (all first rows, then all second rows, ...), ties broken at random, so a tenant
+-- with 10,000 ready jobs and one with 1 get equal shares of each claim. Outbox rows whose job
+-- is no longer ready are duplicate deliveries: consumed without effect.
 WITH RECURSIVE tenants AS (
     (SELECT o.tenant FROM dispatcher.outbox o WHERE o.queue = $1 ORDER BY o.tenant LIMIT 1)
     UNION ALL
@@ -68,11 +71,11 @@ WITH RECURSIVE tenants AS (
       FROM tenants t
      WHERE t.tenant IS NOT NULL
 ), tenant_list AS MATERIALIZED (
-    SELECT tenant FROM tenants WHERE tenant IS NOT NULL LIMIT $2
+    SELECT tenant FROM tenants WHERE tenant IS NOT NULL LIMIT 1000
 ), per_tenant AS (
     SELECT ceil($2::float8 / greatest(1, (SELECT count(*) FROM tenant_list)))::int AS n
 ), candidates AS (
-    SELECT c.id, c.job_id, c.rank
+    SELECT c.id, c.job_id
       FROM tenant_list t
      CROSS JOIN LATERAL (
            SELECT l.id, l.job_id, row_number() OVER (ORDER BY l.id) AS rank
@@ -82,7 +85,7 @@ WITH RECURSIVE tenants AS (
                     LIMIT (SELECT n FROM per_tenant)
                       FOR UPDATE SKIP LOCKED) l
            ) c
-     ORDER BY c.rank, c.id
+     ORDER BY c.rank, random()
      LIMIT $2
 ), taken AS (
     DELETE FROM dispatcher.outbox o USING candidates c WHERE o.id = c.id

@@ -1,0 +1,141 @@
+"""Test helpers: an in-process daemon on a test database, a recording loopback target, waits.
+
+Everything is real: the daemon's own components on real PostgreSQL, real HTTP on 127.0.0.1.
+Waits poll a condition until a deadline; none sleeps and hopes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from dispatcher.config import Settings
+from dispatcher.daemon import Daemon
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool] | bool], timeout_s: float = 20.0, interval_s: float = 0.02,
+    what: str = "condition",
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        outcome = predicate()
+        if asyncio.iscoroutine(outcome):
+            outcome = await outcome
+        if outcome:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(interval_s)
+
+
+def make_settings(db_url: str, **overrides: Any) -> Settings:
+    raw: dict[str, Any] = {
+        "database_url": db_url,
+        "listen": f"127.0.0.1:{free_port()}",
+        "target_allow_http": True,
+        "target_allow_cidrs": ["127.0.0.0/8"],
+        "scan_interval_s": 0.2,
+        "drain_timeout_s": 5,
+        "log_format": "text",
+    }
+    raw.update(overrides)
+    return Settings.model_validate(raw)
+
+
+@dataclass
+class RunningDaemon:
+    daemon: Daemon
+    base_url: str
+    session: aiohttp.ClientSession
+
+    async def post_job(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
+        async with self.session.post(
+            f"{self.base_url}/v1/jobs", json=body, headers={"Idempotency-Key": key}
+        ) as r:
+            assert r.status == 202, await r.text()
+            return await r.json()  # type: ignore[no-any-return]
+
+    async def get_job(self, job_id: int) -> dict[str, Any]:
+        async with self.session.get(f"{self.base_url}/v1/jobs/{job_id}") as r:
+            assert r.status == 200, await r.text()
+            return await r.json()  # type: ignore[no-any-return]
+
+
+@contextlib.asynccontextmanager
+async def running_daemon(settings: Settings) -> AsyncIterator[RunningDaemon]:
+    daemon = Daemon(settings)
+    task = asyncio.create_task(daemon.run(handle_signals=False))
+    ready = asyncio.create_task(daemon.ready.wait())
+    await asyncio.wait([task, ready], timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        task.result()  # raise the start-up error
+    assert daemon.ready.is_set(), "daemon did not become ready"
+    async with aiohttp.ClientSession() as session:
+        try:
+            yield RunningDaemon(daemon, f"http://{settings.listen}", session)
+        finally:
+            daemon.request_stop()
+            assert await asyncio.wait_for(task, 30) == 0
+
+
+@dataclass
+class Target:
+    """A loopback HTTP target that records every request and answers by a programmable rule."""
+
+    respond: Callable[[web.Request, int], Awaitable[web.StreamResponse]] | None = None
+    delay_s: float = 0.0
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    inflight: int = 0
+    max_inflight: int = 0
+    url: str = ""
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.inflight += 1
+        self.max_inflight = max(self.max_inflight, self.inflight)
+        try:
+            body = await request.read()
+            entry = {"key": request.headers.get("Idempotency-Key"), "at": time.monotonic(),
+                     "headers": dict(request.headers), "body": body, "path": request.path}
+            self.requests.append(entry)
+            count = sum(1 for r in self.requests if r["key"] == entry["key"])
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            if self.respond is not None:
+                return await self.respond(request, count)
+            return web.json_response({"ok": True})
+        finally:
+            self.inflight -= 1
+
+    def keys(self) -> list[str]:
+        return [r["key"] for r in self.requests]
+
+
+@contextlib.asynccontextmanager
+async def serve_target(target: Target, ssl_context: Any = None) -> AsyncIterator[Target]:
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", target._handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=ssl_context).start()
+    scheme = "https" if ssl_context else "http"
+    target.url = f"{scheme}://127.0.0.1:{port}/hook"
+    try:
+        yield target
+    finally:
+        await runner.cleanup()
