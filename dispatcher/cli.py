@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
     except DispatcherError as exc:
-        print(f"dispatcher: configuration error:\n{exc}", file=sys.stderr)
+        for problem in str(exc).splitlines():  # one line per bad setting, greppable in a journal
+            print(f"dispatcher: configuration error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     logs.configure(settings.log_level, settings.log_format)
     handler = COMMANDS[args.command]

@@ -14,7 +14,8 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -157,12 +158,27 @@ class Settings(_Strict):
         if "http" in self.handlers:
             raise ValueError("'http' is the built-in HTTP push handler; name yours differently")
         host, _ = host_port(self.listen)
-        if not is_loopback_host(host) and not self.all_api_tokens():
+        tokens = self.all_api_tokens()  # reads api_tokens_file now, not at the first request
+        self._check_signing_secret()
+        if not is_loopback_host(host) and not tokens:
             raise ValueError(
                 f"listen = {self.listen!r} is not loopback, so API tokens are required: set "
                 "DISPATCHER_API_TOKENS or api_tokens_file (or listen on 127.0.0.1)"
             )
         return self
+
+    def _check_signing_secret(self) -> None:
+        secret = self.signing_secret()  # reads signing_secret_file now, not at start of the effect
+        if secret is not None and self.http.signing_secret_file is not None:
+            from dispatcher.effects.signing import decode_secret
+
+            try:
+                decode_secret(secret)
+            except ValueError:
+                raise ValueError(
+                    "http.signing_secret_file: the secret is 'whsec_' followed by base64 "
+                    "(Standard Webhooks)"
+                ) from None
 
     def all_api_tokens(self) -> list[str]:
         tokens = [t.get_secret_value() for t in self.api_tokens]
@@ -211,7 +227,13 @@ def read_secret_lines(path: Path, setting: str) -> list[str]:
 
 
 def mask_url(url: str) -> str:
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1*****@", url)
+    """The URL with its password masked, in the userinfo and in a `password=` parameter."""
+    netloc = urlsplit(url).netloc
+    if "@" in netloc:
+        userinfo, _, hosts = netloc.rpartition("@")  # rpartition: a raw '@' in the password
+        user, colon, _ = userinfo.partition(":")
+        url = url.replace(netloc, f"{user}{':*****' if colon else ''}@{hosts}", 1)
+    return re.sub(r"(?i)([?&](?:ssl)?password=)[^&#]*", r"\1*****", url)
 
 
 def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
@@ -233,13 +255,15 @@ def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | N
         raise ConfigError(_describe(exc, raw)) from None
 
 
+# DISPATCHER_* variables that are not settings: the config path and the crash-test fault point.
+_NOT_SETTINGS = {ENV_PREFIX + "CONFIG", ENV_PREFIX + "FAULT"}
 _LIST_SETTINGS = {"api_tokens", "target_allow_cidrs", "params", "accepts_versions"}
 _SECRET_SETTINGS = {"api_tokens", "database_url", "signing_secret"}
 
 
 def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
     for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+        if not name.startswith(ENV_PREFIX) or name in _NOT_SETTINGS:
             continue
         path = name[len(ENV_PREFIX) :].lower().split("__")
         if not all(path):
@@ -254,16 +278,49 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
 
 
 def _describe(exc: ValidationError, raw: dict[str, Any]) -> str:
-    lines = []
+    """One line per bad setting: its name, its value (never a secret's), what is allowed."""
+    problems: dict[tuple[Any, ...], list[str]] = {}
     for error in exc.errors():
-        location = ".".join(str(part) for part in error["loc"])
-        secret = any(str(part) in _SECRET_SETTINGS for part in error["loc"])
-        value = "*****" if secret else _lookup(raw, error["loc"])
-        env = ENV_PREFIX + "__".join(str(p) for p in error["loc"] if not isinstance(p, int)).upper()
-        shown = f" = {value!r}" if value is not _MISSING else ""
+        # drop the tags pydantic adds for the members of a union, e.g. 'lax-or-strict[...]'
+        loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and "[" in p))
         message = error["msg"].removeprefix("Value error, ")
-        lines.append(f"setting {location or '(top)'}{shown}: {message} (env {env})")
+        if error["type"] == "extra_forbidden":
+            message = "unknown setting" + _known_names(loc)
+        messages = problems.setdefault(loc, [])
+        if message not in messages:
+            messages.append(message)
+    lines = []
+    for loc, messages in problems.items():
+        message = "; ".join(messages)
+        if not loc:  # a check across settings: its message names them (and no secret)
+            lines.append(message)
+            continue
+        value = _lookup(raw, loc)
+        if any(str(part) in _SECRET_SETTINGS for part in loc) and value is not _MISSING:
+            value = "*****"
+        # an unknown name may be a misspelt secret; a section's value is too long for one line
+        hidden = value is _MISSING or isinstance(value, dict) or message.startswith("unknown")
+        shown = "" if hidden else f" = {value!r}"
+        location = ".".join(str(part) for part in loc)
+        env = ENV_PREFIX + "__".join(str(p) for p in loc if not isinstance(p, int)).upper()
+        lines.append(f"setting {location}{shown}: {message} (env {env})")
     return "\n".join(lines)
+
+
+def _known_names(loc: tuple[Any, ...]) -> str:
+    """`; known: a, b, c` for the section holding `loc`, or "" if it cannot be told."""
+    node: Any = Settings
+    for part in loc[:-1]:
+        if isinstance(node, type) and issubclass(node, BaseModel):
+            field = node.model_fields.get(str(part))
+            node = field.annotation if field is not None else None
+        elif get_origin(node) is dict:
+            node = get_args(node)[1]
+        else:
+            return ""
+    if isinstance(node, type) and issubclass(node, BaseModel):
+        return "; known: " + ", ".join(node.model_fields)
+    return ""
 
 
 _MISSING = object()

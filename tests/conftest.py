@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
+os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="dispatcher-run-"))
 
 from dispatcher.db import migrations
 from dispatcher.db.jobs import JobRepository

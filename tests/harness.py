@@ -139,3 +139,62 @@ async def serve_target(target: Target, ssl_context: Any = None) -> AsyncIterator
         yield target
     finally:
         await runner.cleanup()
+
+
+class DaemonProcess:
+    """`dispatcher run` as a real child process, configured through the environment."""
+
+    def __init__(self, env: dict[str, str], port: int | None = None):
+        import os
+        import sys
+
+        self.port = port or free_port()
+        self.env = {**os.environ, "DISPATCHER_LISTEN": f"127.0.0.1:{self.port}",
+                    "DISPATCHER_LOG_FORMAT": "json", **env}
+        self.env.setdefault("PYTHONPATH", str(__import__("pathlib").Path(__file__).parent.parent))
+        self.argv = [sys.executable, "-m", "dispatcher.cli", "run"]
+        self.proc: asyncio.subprocess.Process | None = None
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        # a file, not a pipe: a chatty daemon must never block on a full pipe buffer
+        self.log_path = __import__("pathlib").Path(
+            __import__("tempfile").mkstemp(prefix="dispatcher-log-")[1])
+
+    async def start(self, wait_ready: bool = True) -> DaemonProcess:
+        with self.log_path.open("ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.argv, env=self.env, stdout=asyncio.subprocess.DEVNULL, stderr=log
+            )
+        if wait_ready:
+            await wait_until(self.is_ready, timeout_s=60, interval_s=0.05, what="daemon ready")
+        return self
+
+    async def is_ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.returncode is not None:
+            err = self.log_path.read_text()[-3000:]
+            raise AssertionError(f"daemon exited {self.proc.returncode}: {err}")
+        try:
+            async with aiohttp.ClientSession() as s, s.get(f"{self.base_url}/readyz") as r:
+                return r.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    def signal(self, signum: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+
+    async def wait(self, timeout_s: float = 30) -> int:
+        assert self.proc is not None
+        await asyncio.wait_for(self.proc.wait(), timeout_s)
+        return self.proc.returncode  # type: ignore[return-value]
+
+    def log_text(self) -> str:
+        return self.log_path.read_text()
+
+    async def stop(self) -> int:
+        import signal as signals
+
+        if self.proc is None or self.proc.returncode is not None:
+            return self.proc.returncode if self.proc else 0  # type: ignore[return-value]
+        self.signal(signals.SIGTERM)
+        return await self.wait()

@@ -1,0 +1,114 @@
+-- Cron runs, missed periods and per-schedule accounting. Same format as queries.sql: a name,
+-- then one line saying what the statement is for.
+
+-- name: lock_schedule
+-- Serialise the run-creating transactions of one schedule across every instance.
+SELECT pg_advisory_xact_lock(hashtextextended('dispatcher.cron:' || $1::text, 0));
+
+-- name: get_run
+-- One run receipt with its unit counters.
+SELECT * FROM dispatcher.run_receipts WHERE run_key = $1;
+
+-- name: latest_run
+-- The receipt of a schedule's latest period.
+SELECT * FROM dispatcher.run_receipts WHERE schedule = $1 ORDER BY period_start DESC LIMIT 1;
+
+-- name: insert_run
+-- Record a run receipt (in the transaction that creates its units, or queues them).
+INSERT INTO dispatcher.runs (run_key, schedule, period_start, via, unit_count, overlap_decision,
+                             overlap_with, queued_jobs, released_at, finished_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb,
+        CASE WHEN $8::jsonb IS NULL THEN now() END,
+        CASE WHEN $8::jsonb IS NULL AND $5 = 0 THEN now() END)
+ON CONFLICT DO NOTHING
+RETURNING run_key;
+
+-- name: finish_runs
+-- Mark the released runs of schedule $1 whose units are all terminal as finished, with counters.
+WITH done AS (
+    SELECT r.run_key
+      FROM dispatcher.runs r
+     WHERE r.schedule = $1 AND r.finished_at IS NULL AND r.released_at IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM dispatcher.jobs j
+                        WHERE j.run_key = r.run_key
+                          AND j.state NOT IN ('succeeded', 'dead', 'cancelled'))
+), counted AS (
+    SELECT d.run_key,
+           count(j.id) FILTER (WHERE j.state = 'succeeded')::int AS succeeded,
+           count(j.id) FILTER (WHERE j.state = 'dead')::int AS dead,
+           count(j.id) FILTER (WHERE j.state = 'cancelled')::int AS cancelled,
+           max(j.finished_at) AS last_finished
+      FROM done d LEFT JOIN dispatcher.jobs j ON j.run_key = d.run_key
+     GROUP BY d.run_key
+)
+UPDATE dispatcher.runs r
+   SET finished_at = greatest(r.released_at, coalesce(c.last_finished, r.released_at)),
+       succeeded = c.succeeded, dead = c.dead, cancelled = c.cancelled
+  FROM counted c
+ WHERE r.run_key = c.run_key AND r.finished_at IS NULL
+RETURNING r.run_key;
+
+-- name: unfinished_before
+-- The latest unfinished (or still queued) run of schedule $1 with a period before $2.
+SELECT run_key FROM dispatcher.runs
+ WHERE schedule = $1 AND period_start < $2 AND finished_at IS NULL
+ ORDER BY period_start DESC
+ LIMIT 1;
+
+-- name: first_queued_run
+-- The earliest queued run of schedule $1, the next to release.
+SELECT run_key, period_start, queued_jobs FROM dispatcher.runs
+ WHERE schedule = $1 AND released_at IS NULL
+ ORDER BY period_start
+ LIMIT 1;
+
+-- name: release_run
+-- Mark a queued run released (its units were enqueued in this transaction).
+UPDATE dispatcher.runs
+   SET released_at = now(), queued_jobs = NULL,
+       finished_at = CASE WHEN unit_count = 0 THEN now() END
+ WHERE run_key = $1 AND released_at IS NULL;
+
+-- name: count_queued_runs
+-- How many runs of schedule $1 wait for an earlier run to finish.
+SELECT count(*)::int FROM dispatcher.runs WHERE schedule = $1 AND released_at IS NULL;
+
+-- name: run_periods_between
+-- Period starts of schedule $1 that have a run, in ($2, $3].
+SELECT period_start FROM dispatcher.runs
+ WHERE schedule = $1 AND period_start > $2 AND period_start <= $3;
+
+-- name: ensure_schedule_state
+-- Start tracking schedule $1 at $3 unless already tracked; return its state before this call.
+INSERT INTO dispatcher.schedule_state AS s (schedule, enabled, checked_through)
+VALUES ($1, $2, $3)
+ON CONFLICT (schedule) DO UPDATE SET schedule = s.schedule
+RETURNING s.enabled, s.checked_through, s.tracked_since;
+
+-- name: get_schedule_state
+-- How far schedule $1 has been accounted for (no row: never started).
+SELECT enabled, checked_through, tracked_since FROM dispatcher.schedule_state WHERE schedule = $1;
+
+-- name: advance_schedule_state
+-- Every period of schedule $1 up to $2 is accounted for; $3 is its configured enablement.
+UPDATE dispatcher.schedule_state
+   SET checked_through = greatest(checked_through, $2), enabled = $3, updated_at = now()
+ WHERE schedule = $1;
+
+-- name: record_missed
+-- Record missed periods of schedule $1 ($2 starts, $3 reasons); return the newly recorded ones.
+INSERT INTO dispatcher.missed_periods (schedule, period_start, reason)
+SELECT $1, m.period_start, m.reason
+  FROM unnest($2::timestamptz[], $3::text[]) AS m(period_start, reason)
+    ON CONFLICT DO NOTHING
+RETURNING period_start, reason;
+
+-- name: outstanding_missed
+-- Missed periods of schedule $1 that still have no run, newest first, at most $2, with the total.
+SELECT m.period_start, m.reason, m.detected_at, count(*) OVER ()::int AS total
+  FROM dispatcher.missed_periods m
+ WHERE m.schedule = $1
+   AND NOT EXISTS (SELECT 1 FROM dispatcher.runs r
+                    WHERE r.schedule = m.schedule AND r.period_start = m.period_start)
+ ORDER BY m.period_start DESC
+ LIMIT $2;

@@ -1,0 +1,13 @@
+"""Python handlers used by the end-to-end tests (loaded by the daemon as `module:function`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+async def record_effect(job: Any, ctx: Any) -> dict[str, Any]:
+    """An in-database business effect: one row per execution, committed with the completion."""
+    await ctx.connection.execute(
+        "INSERT INTO app_effects (job_key, payload) VALUES ($1, $2::jsonb)", job.key, job.payload
+    )
+    return {"recorded": job.key}
