@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from dispatcher.errors import ConfigError
+from dispatcher.scheduling.schedules import ScheduleSettings
 
 ENV_PREFIX = "DISPATCHER_"
 NAME_PATTERN = r"^[a-z][a-z0-9_.-]{0,62}$"
@@ -136,6 +137,7 @@ class Settings(_Strict):
     queues: dict[str, QueueSettings] = {"default": QueueSettings()}
     handlers: dict[str, HandlerSettings] = {}
     http: HttpSettings = HttpSettings()
+    schedules: list[ScheduleSettings] = []
 
     @field_validator("listen")
     @classmethod
@@ -150,6 +152,22 @@ class Settings(_Strict):
             if not re.match(NAME_PATTERN, name):
                 raise ValueError(f"name {name!r} must match {NAME_PATTERN}")
         return value
+
+    @model_validator(mode="after")
+    def _schedules_consistent(self) -> Settings:
+        seen: set[str] = set()
+        for schedule in self.schedules:
+            where = f"schedule {schedule.name!r}"
+            if schedule.name in seen:
+                raise ValueError(f"{where} is defined twice; schedule names must be unique")
+            seen.add(schedule.name)
+            if schedule.queue not in self.queues:
+                raise ValueError(f"{where}: queue {schedule.queue!r} is not in [queues]")
+            if schedule.handler != "http" and schedule.handler not in self.handlers:
+                raise ValueError(
+                    f"{where}: handler {schedule.handler!r} is neither \"http\" nor in [handlers]"
+                )
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

@@ -55,3 +55,8 @@ HTTP_RESPONSES = Counter("dispatcher_http_responses", "Responses of HTTP targets
                          ["queue", "class"], registry=REGISTRY)
 SCAN_MOVED = Counter("dispatcher_scan_moved", "Due jobs moved to ready by the scan.",
                      registry=REGISTRY)
+CRON_RUNS = Counter("dispatcher_cron_runs", "Cron run triggers by outcome (created, existing, "
+                    "skipped, queued, failed).", ["schedule", "outcome"], registry=REGISTRY)
+CRON_MISSED = Counter("dispatcher_cron_missed_periods",
+                      "Schedule periods that passed without a run and were not backfilled.",
+                      ["schedule"], registry=REGISTRY)

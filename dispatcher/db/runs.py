@@ -279,11 +279,15 @@ class RunRepository:
         )
         return sorted(MissedPeriod(r["period_start"], r["reason"]) for r in rows)
 
-    async def outstanding_missed(self, schedule: str, limit: int) -> tuple[int, list[MissedPeriod]]:
-        """Missed periods still without a run: the total and the newest `limit`."""
+    async def outstanding_missed(
+        self, schedule: str, limit: int
+    ) -> tuple[int, datetime | None, list[MissedPeriod]]:
+        """Missed periods still without a run: the total, the oldest, and the newest `limit`."""
         rows = await self.pool.fetch(query("outstanding_missed"), schedule, limit)
-        total = rows[0]["total"] if rows else 0
-        return total, [MissedPeriod(r["period_start"], r["reason"], r["detected_at"]) for r in rows]
+        if not rows:
+            return 0, None, []
+        periods = [MissedPeriod(r["period_start"], r["reason"], r["detected_at"]) for r in rows]
+        return rows[0]["total"], rows[0]["oldest"], periods
 
 
 def _describe(exc: BaseException) -> str:

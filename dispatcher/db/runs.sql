@@ -104,8 +104,9 @@ SELECT $1, m.period_start, m.reason
 RETURNING period_start, reason;
 
 -- name: outstanding_missed
--- Missed periods of schedule $1 that still have no run, newest first, at most $2, with the total.
-SELECT m.period_start, m.reason, m.detected_at, count(*) OVER ()::int AS total
+-- Missed periods of schedule $1 still without a run, newest first, at most $2; total and oldest.
+SELECT m.period_start, m.reason, m.detected_at, count(*) OVER ()::int AS total,
+       min(m.period_start) OVER () AS oldest
   FROM dispatcher.missed_periods m
  WHERE m.schedule = $1
    AND NOT EXISTS (SELECT 1 FROM dispatcher.runs r

@@ -1,0 +1,465 @@
+"""The cron service: fires configured schedules on APScheduler and turns each scheduled period
+into exactly one run (a receipt plus one job per unit), however many instances fire it.
+
+Every path that creates runs goes through `trigger(name, period_start)`: the cron fire, a late
+fire within `misfire_grace_s` after a restart, `catch_up`, and the HTTP trigger. The run key is
+derived from the period's scheduled start, never from the clock at fire time, and the receipt is
+unique per key, so a repeat of any of them converges on the same run and the same unit keys.
+
+Accounting: for each schedule the database remembers up to which instant every period has been
+accounted for. On start, on each fire and on each housekeeping tick the service walks the
+periods since then: a period without a run that is still within `misfire_grace_s` fires late
+(only the latest one; earlier ones are `coalesced`), older ones are recorded as missed
+(`not_fired` or `disabled`), counted in `dispatcher_cron_missed_periods`, logged, and listed by
+`status()` until an operator creates their runs with `catch_up`. Nothing is backfilled silently.
+
+Timing follows the process clock (APScheduler's); identity never depends on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from apscheduler.jobstores.base import JobLookupError
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.base import BaseTrigger
+
+from dispatcher import metrics
+from dispatcher.db.jobs import JobRepository
+from dispatcher.db.runs import (
+    AfterUnitBatch,
+    MissedPeriod,
+    RunReceipt,
+    RunRepository,
+    RunRequest,
+    ScheduleState,
+    TriggerFailed,
+)
+from dispatcher.errors import DispatcherError
+from dispatcher.model import NewJob
+from dispatcher.scheduling.cron import CronSchedule, PeriodError, query_units, rfc3339, run_key
+from dispatcher.scheduling.schedules import QueryFanout, ScheduleSettings
+
+if TYPE_CHECKING:
+    import asyncpg
+
+__all__ = ["CronService", "PeriodError", "RunReceipt", "TriggerFailed", "UnknownSchedule"]
+
+log = logging.getLogger(__name__)
+
+# Periods further back than this are neither enumerated nor reported (a schedule that was off
+# for years does not make the daemon walk every minute of them).
+MAX_LOOKBACK = timedelta(days=366)
+MAX_CATCH_UP_PERIODS = 1000
+# A period start may lie this far ahead of this process's clock (the caller's clock may lead).
+FUTURE_TOLERANCE = timedelta(seconds=60)
+STATUS_MISSED_SHOWN = 20
+
+
+class UnknownSchedule(DispatcherError, LookupError):
+    """No schedule of that name is configured."""
+
+
+class _PeriodTrigger(BaseTrigger):
+    """An APScheduler trigger firing at the period starts `CronSchedule` computes, so the times
+    APScheduler waits for and the periods the service derives can never disagree."""
+
+    __slots__ = ("_schedule",)
+
+    def __init__(self, schedule: CronSchedule):
+        self._schedule = schedule
+
+    def get_next_fire_time(
+        self, previous_fire_time: datetime | None, now: datetime
+    ) -> datetime | None:
+        if previous_fire_time is None:
+            return self._schedule.next_after(now - timedelta(microseconds=1))
+        return self._schedule.next_after(previous_fire_time)
+
+    def __str__(self) -> str:
+        return f"cron[{self._schedule.expression}, {self._schedule.zone.key}]"
+
+
+class CronService:
+    """Owns the cron jobs on an APScheduler scheduler and the runs they create.
+
+    `start()` accounts for the periods that passed while no instance ran, then registers one
+    APScheduler job per enabled schedule (coalesce, one instance at a time, the schedule's grace)
+    and a housekeeping tick; `stop()` is idempotent, removes them, and waits (bounded) for fires
+    in progress. A scheduler passed in is owned by the caller (started and shut down there).
+    """
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        repo: JobRepository,
+        schedules: list[ScheduleSettings],
+        *,
+        scheduler: AsyncIOScheduler | None = None,
+        on_enqueued: Callable[[], None] | None = None,
+        clock: Callable[[], datetime] | None = None,
+        housekeeping_s: float = 30.0,
+        stop_timeout_s: float = 10.0,
+        unit_batch: int = 1000,
+        after_unit_batch: AfterUnitBatch | None = None,
+    ):
+        self._schedules = {s.name: s for s in schedules}
+        self._runs = RunRepository(
+            pool, repo, unit_batch=unit_batch, after_unit_batch=after_unit_batch
+        )
+        self._scheduler = scheduler
+        self._owns_scheduler = scheduler is None
+        self._on_enqueued = on_enqueued
+        self._clock = clock or (lambda: datetime.now(UTC))
+        self._housekeeping_s = housekeeping_s
+        self._stop_timeout_s = stop_timeout_s
+        self._job_ids: list[str] = []
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self._started = False
+        self._stopped = False
+
+    # lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Account for periods missed while down (late fires within grace), then schedule."""
+        self._started = True
+        await self.run_once()
+        if self._scheduler is None:
+            self._scheduler = AsyncIOScheduler(timezone=UTC)
+        for s in self._schedules.values():
+            if not s.enabled:
+                continue
+            job = self._scheduler.add_job(
+                self._fire_job,
+                trigger=_PeriodTrigger(s.schedule()),
+                args=[s.name],
+                id=f"dispatcher.cron:{s.name}",
+                name=f"cron {s.name}",
+                coalesce=True,
+                max_instances=1,
+                misfire_grace_time=max(1, math.ceil(s.misfire_grace_s)),
+                replace_existing=True,
+            )
+            self._job_ids.append(job.id)
+        if self._schedules:
+            job = self._scheduler.add_job(
+                self._housekeeping_job,
+                "interval",
+                seconds=self._housekeeping_s,
+                id="dispatcher.cron:housekeeping",
+                name="cron housekeeping",
+                coalesce=True,
+                max_instances=1,
+                replace_existing=True,
+            )
+            self._job_ids.append(job.id)
+        if self._owns_scheduler and not self._scheduler.running:
+            self._scheduler.start()
+        enabled = sum(s.enabled for s in self._schedules.values())
+        log.info("cron: %d schedules (%d enabled)", len(self._schedules), enabled)
+
+    async def stop(self) -> None:
+        """Idempotent: no new fires, fires in progress finish (or are cancelled at the timeout;
+        a cancelled trigger rolls back and converges when fired again)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._scheduler is not None:
+            for job_id in self._job_ids:
+                with contextlib.suppress(JobLookupError):
+                    self._scheduler.remove_job(job_id)
+        self._job_ids.clear()
+        if self._inflight:
+            _, pending = await asyncio.wait(set(self._inflight), timeout=self._stop_timeout_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self._owns_scheduler and self._scheduler is not None and self._scheduler.running:
+            self._scheduler.shutdown(wait=False)
+
+    def names(self) -> list[str]:
+        return list(self._schedules)
+
+    # creating runs ------------------------------------------------------------------------
+    async def trigger(self, name: str, period_start: datetime, *, via: str = "api") -> RunReceipt:
+        """Find or create the run of one period (idempotent). Raise UnknownSchedule,
+        PeriodError (not a period start of the schedule, or in the future) or TriggerFailed.
+
+        An explicit trigger (`api`, `catch_up`) under the `skip` policy queues behind an
+        unfinished earlier run instead of skipping: the operator asked for this period."""
+        s = self._schedule(name)
+        period = self._check_period(s, period_start)
+        overlap = s.overlap if via == "cron" or s.overlap != "skip" else "queue"
+        request = RunRequest(
+            schedule=s.name,
+            period_start=period,
+            run_key=run_key(s.name, period),
+            via=via,
+            overlap=overlap,
+            units_sql=s.fanout.sql if isinstance(s.fanout, QueryFanout) else None,
+        )
+        try:
+            receipt, created = await self._runs.create_run(request, self._planner(s, period))
+        except Exception:
+            metrics.CRON_RUNS.labels(s.name, "failed").inc()
+            raise
+        self._count_run(receipt)
+        if created:
+            self._notify()
+        if overlap == "queue":
+            await self._release(s.name)
+        return receipt
+
+    async def catch_up(self, name: str, start: datetime, end: datetime) -> list[RunReceipt]:
+        """Create the runs of every period starting in [start, end] that has none yet (the
+        receipts of all of them, `created` or `existing`); refuse a range reaching the future."""
+        s = self._schedule(name)
+        start, end = _utc(start, "from"), _utc(end, "to")
+        if end < start:
+            raise PeriodError(f"catch-up range ends ({rfc3339(end)}) before it starts")
+        if end > self._clock() + FUTURE_TOLERANCE:
+            raise PeriodError(
+                f"catch-up range ends in the future ({rfc3339(end)}); the schedule fires those "
+                "periods itself"
+            )
+        periods = list(islice(s.schedule().periods(start, end), MAX_CATCH_UP_PERIODS + 1))
+        if len(periods) > MAX_CATCH_UP_PERIODS:
+            raise PeriodError(
+                f"the range holds more than {MAX_CATCH_UP_PERIODS} periods of {name!r}; "
+                "catch up in smaller ranges"
+            )
+        receipts = [await self.trigger(name, p, via="catch_up") for p in periods]
+        created = sum(r.outcome == "created" for r in receipts)
+        log.info(
+            "cron catch-up of %s from %s to %s: %d periods, %d runs created",
+            name, rfc3339(start), rfc3339(end), len(periods), created,
+        )  # fmt: skip
+        return receipts
+
+    async def fire(self, name: str, now: datetime | None = None) -> RunReceipt | None:
+        """Account for the periods of one schedule up to `now` (default: the clock): fire the
+        latest unrun one if still within grace, record older ones as missed. The APScheduler
+        job calls this at each period start; tests call it with an injected time."""
+        return await self._account(self._schedule(name), _utc(now or self._clock(), "now"))
+
+    async def run_once(self, now: datetime | None = None) -> dict[str, RunReceipt | None]:
+        """Housekeeping for every schedule: release queued runs whose turn came, account for
+        periods (late fires within grace, missed ones recorded). Failures are logged per
+        schedule and retried at the next tick."""
+        now = _utc(now or self._clock(), "now")
+        fired: dict[str, RunReceipt | None] = {}
+        for s in self._schedules.values():
+            try:
+                await self._release(s.name)
+                fired[s.name] = await self._account(s, now)
+            except Exception as exc:
+                log.error("cron %s: accounting failed, retrying next tick: %s", s.name, exc)
+                fired[s.name] = None
+        return fired
+
+    # operator view ------------------------------------------------------------------------
+    async def status(self, now: datetime | None = None) -> list[dict[str, Any]]:
+        """One entry per configured schedule: next fire time, last run receipt, missed periods."""
+        now = _utc(now or self._clock(), "now")
+        return [await self._status_of(s, now) for s in self._schedules.values()]
+
+    async def _status_of(self, s: ScheduleSettings, now: datetime) -> dict[str, Any]:
+        schedule = s.schedule()
+        await self._runs.finish_runs(s.name)
+        latest = await self._runs.latest(s.name)
+        recorded_total, oldest, recorded = await self._runs.outstanding_missed(
+            s.name, STATUS_MISSED_SHOWN
+        )
+        state = await self._runs.get_state(s.name)
+        unrecorded = await self._unrecorded_missed(s, state, now) if state else []
+        missed = sorted(recorded + unrecorded, reverse=True)[:STATUS_MISSED_SHOWN]
+        next_fire = schedule.next_after(now) if s.enabled else None
+        return {
+            "name": s.name,
+            "cron": s.cron,
+            "timezone": s.timezone,
+            "enabled": s.enabled,
+            "handler": s.handler,
+            "queue": s.queue,
+            "overlap": s.overlap,
+            "misfire_grace_s": s.misfire_grace_s,
+            "fanout": s.describe_fanout(),
+            "next_fire_at": None if next_fire is None else rfc3339(next_fire),
+            "last_run": None if latest is None else latest.to_json(),
+            "queued_runs": await self._runs.count_queued(s.name),
+            "missed": {
+                "count": recorded_total + len(unrecorded),
+                "periods": [
+                    {"period_start": rfc3339(m.period_start), "reason": m.reason} for m in missed
+                ],
+                "catch_up": _catch_up_hint(s.name, recorded + unrecorded, oldest),
+            },
+        }
+
+    async def _unrecorded_missed(
+        self, s: ScheduleSettings, state: ScheduleState, now: datetime
+    ) -> list[MissedPeriod]:
+        """Periods past grace that no accounting has looked at yet (e.g. while disabled)."""
+        since = max(state.checked_through, now - MAX_LOOKBACK)
+        until = now - timedelta(seconds=s.misfire_grace_s)
+        if until <= since:
+            return []
+        periods = list(islice(s.schedule().periods(since, until, include_start=False), 10_000))
+        have = await self._runs.run_periods_between(s.name, since, until)
+        reason = "disabled" if not (s.enabled and state.enabled) else "not_fired"
+        return [MissedPeriod(p, reason) for p in periods if p not in have]
+
+    # internals ----------------------------------------------------------------------------
+    def _schedule(self, name: str) -> ScheduleSettings:
+        try:
+            return self._schedules[name]
+        except KeyError:
+            known = ", ".join(sorted(self._schedules)) or "none configured"
+            raise UnknownSchedule(f"no schedule {name!r} (known: {known})") from None
+
+    def _check_period(self, s: ScheduleSettings, period_start: datetime) -> datetime:
+        period = _utc(period_start, "period_start")
+        schedule = s.schedule()
+        if not schedule.is_period_start(period):
+            raise PeriodError(
+                f"{rfc3339(period)} is not a period start of schedule {s.name!r} "
+                f"({s.cron!r} in {s.timezone}); nearest: {schedule.describe_near(period)}"
+            )
+        if period > self._clock() + FUTURE_TOLERANCE:
+            raise PeriodError(
+                f"period {rfc3339(period)} of {s.name!r} is in the future; the schedule fires "
+                "it when it is due"
+            )
+        return period
+
+    @staticmethod
+    def _planner(
+        s: ScheduleSettings, period: datetime
+    ) -> Callable[[list[Any] | None], list[NewJob]]:
+        def plan(values: list[Any] | None) -> list[NewJob]:
+            if values is None:
+                units = s.static_units() or []
+            else:
+                limit = s.fanout.max_units if isinstance(s.fanout, QueryFanout) else 0
+                units = query_units(values, limit=limit)
+            return s.jobs_for(period, units)
+
+        return plan
+
+    async def _account(self, s: ScheduleSettings, now: datetime) -> RunReceipt | None:
+        state = await self._runs.ensure_state(s.name, s.enabled, now)
+        since = max(state.checked_through, now - MAX_LOOKBACK)
+        periods = list(s.schedule().periods(since, now, include_start=False))
+        have = await self._runs.run_periods_between(s.name, since, now) if periods else set()
+        missing = [p for p in periods if p not in have]
+        grace = timedelta(seconds=s.misfire_grace_s)
+        fire_period = None
+        # A period passed while the schedule was disabled (as last configured) is never fired.
+        if s.enabled and state.enabled and missing and now - missing[-1] <= grace:
+            fire_period = missing.pop()
+        missed = [MissedPeriod(p, self._missed_reason(s, state, now - p <= grace)) for p in missing]
+        await self._report_missed(s, await self._runs.record_missed(s.name, missed))
+        receipt = None
+        through = now
+        if fire_period is not None:
+            try:
+                receipt = await self.trigger(s.name, fire_period, via="cron")
+            except Exception:
+                # the fire did not happen: the next fire or tick retries it (or records it
+                # missed once it is past grace)
+                through = fire_period - timedelta(microseconds=1)
+                await self._runs.advance_state(s.name, through, s.enabled)
+                raise
+        await self._runs.advance_state(s.name, through, s.enabled)
+        return receipt
+
+    @staticmethod
+    def _missed_reason(s: ScheduleSettings, state: ScheduleState, within_grace: bool) -> str:
+        if not (s.enabled and state.enabled):
+            return "disabled"
+        return "coalesced" if within_grace else "not_fired"
+
+    async def _report_missed(self, s: ScheduleSettings, new: list[MissedPeriod]) -> None:
+        if not new:
+            return
+        metrics.CRON_MISSED.labels(s.name).inc(len(new))
+        reasons = sorted({m.reason for m in new})
+        log.warning(
+            "cron %s: %d period(s) missed (%s), first %s, last %s; not backfilled: %s",
+            s.name, len(new), ", ".join(reasons), rfc3339(new[0].period_start),
+            rfc3339(new[-1].period_start), _catch_up_hint(s.name, new),
+        )  # fmt: skip
+
+    async def _release(self, name: str) -> None:
+        released, created = await self._runs.release_queued(name)
+        for key in released:
+            log.info("cron run %s released (queued behind an earlier run)", key)
+        if created:
+            self._notify()
+
+    def _count_run(self, receipt: RunReceipt) -> None:
+        if receipt.outcome == "existing":
+            metrics.CRON_RUNS.labels(receipt.schedule, "existing").inc()
+            return
+        outcome = {"skipped": "skipped", "queued": "queued"}.get(
+            receipt.overlap_decision, "created"
+        )
+        metrics.CRON_RUNS.labels(receipt.schedule, outcome).inc()
+        log.info(
+            "cron run %s %s via %s: %d units, overlap %s%s",
+            receipt.run_key, outcome, receipt.via, receipt.unit_count, receipt.overlap_decision,
+            f" with {receipt.overlap_with}" if receipt.overlap_with else "",
+        )  # fmt: skip
+
+    def _notify(self) -> None:
+        if self._on_enqueued is not None:
+            try:
+                self._on_enqueued()
+            except Exception as exc:  # a wake-up is an optimisation; the due-scan covers it
+                log.warning("cron: on_enqueued hook failed: %s", exc)
+
+    async def _fire_job(self, name: str) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
+        try:
+            await self.fire(name)
+        except Exception as exc:
+            log.error("cron %s: fire failed, retrying at the next tick: %s", name, exc)
+        finally:
+            if task is not None:
+                self._inflight.discard(task)
+
+    async def _housekeeping_job(self) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
+        try:
+            await self.run_once()
+        finally:
+            if task is not None:
+                self._inflight.discard(task)
+
+
+def _utc(value: datetime, what: str) -> datetime:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise PeriodError(f"{what} {value.isoformat()} needs a UTC offset, e.g. ...T02:00:00Z")
+    return value.astimezone(UTC)
+
+
+def _catch_up_hint(
+    name: str, missed: list[MissedPeriod], oldest: datetime | None = None
+) -> str | None:
+    """The command that creates the runs of these missed periods (and of nothing else: every
+    period between them either has a run or was recorded missed too)."""
+    if not missed:
+        return None
+    first = min([m.period_start for m in missed] + ([oldest] if oldest else []))
+    last = max(m.period_start for m in missed)
+    return f"dispatcher catch-up {name} --from {rfc3339(first)} --to {rfc3339(last)}"
