@@ -39,6 +39,7 @@ INTAKE = web.AppKey("intake", Intake)
 READINESS = web.AppKey("readiness", object)
 TOKENS = web.AppKey("tokens", list)
 SCHEDULES = web.AppKey("schedules", object)
+BODY_LIMIT = web.AppKey("body_limit_bytes", int)
 
 
 def create_app(
@@ -58,6 +59,7 @@ def create_app(
     app[READINESS] = readiness
     app[TOKENS] = [t.encode() for t in tokens]
     app[SCHEDULES] = schedules
+    app[BODY_LIMIT] = body_limit_bytes
     app.router.add_post("/v1/jobs", post_job)
     app.router.add_post("/v1/jobs/batch", post_batch)
     app.router.add_get("/v1/jobs", list_jobs)
@@ -80,14 +82,19 @@ async def problem_middleware(request: web.Request, handler: Any) -> web.StreamRe
         return await handler(request)
     except Problem as exc:
         return exc.response()
-    except web.HTTPRequestEntityTooLarge as exc:
-        return problem(413, f"body exceeds the limit of {exc.max_size} bytes; split the work "
-                            "into smaller requests (or raise body_limit_bytes)")
+    except web.HTTPRequestEntityTooLarge:
+        return problem(413, f"body exceeds the limit of {request.app[BODY_LIMIT]} bytes; split "
+                            "the work into smaller requests (or raise body_limit_bytes)")
+    except web.HTTPMethodNotAllowed as exc:
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        return problem(405, f"{request.method} is not allowed on {request.path}; use {allowed}",
+                       headers={"Allow": ",".join(sorted(exc.allowed_methods))})
+    except web.HTTPNotFound:
+        return problem(404, f"no resource {request.path}; GET /openapi.json lists the API")
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return problem(exc.status, exc.reason, headers={
-            k: v for k, v in exc.headers.items() if k.lower() == "allow"})
+        return problem(exc.status, exc.reason)
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return problem(500, "internal error; the request may be retried with the same key")

@@ -26,8 +26,9 @@ class JobRequest(BaseModel):
     queue: str | None = Field(None, min_length=1, max_length=63)
     tenant: str | None = Field(None, max_length=255)
     due_at: datetime | None = Field(None, description="RFC 3339 with offset; omitted = now")
-    max_attempts: Annotated[int, Field(ge=1, le=1000)] | None = None
-    max_retry_age_s: Annotated[int, Field(ge=0, le=10 * 365 * 86400)] | None = None
+    # strict: a JSON integer only, not "5", 5.0 or true
+    max_attempts: Annotated[int, Field(ge=1, le=1000, strict=True)] | None = None
+    max_retry_age_s: Annotated[int, Field(ge=0, le=10 * 365 * 86400, strict=True)] | None = None
 
     @field_validator("due_at", mode="before")
     @classmethod

@@ -1,0 +1,432 @@
+"""Shared helpers of the benchmarks: a throw-away database, the daemon as a child process,
+CPU accounting, figures with targets, the printed table and the JSON results file.
+
+Every benchmark runs against a fresh database (`bench_<pid>_<n>`) on the server named by
+`DATABASE_URL`, else the local PostgreSQL on 127.0.0.1:5432, else an embedded pgserver; the
+database is dropped at the end. The database clock is the reference for every latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+import asyncpg
+
+from tests.harness import DaemonProcess, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS_DIR = Path(__file__).parent / "results"
+LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+# Queue limits raised so the limiter never binds: the benchmarks measure the engine itself.
+UNLIMITED_QUEUE_ENV = {
+    "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "1000000",
+    "DISPATCHER_QUEUES__DEFAULT__BURST": "100000",
+    "DISPATCHER_QUEUES__DEFAULT__MAX_INFLIGHT": "2000",
+    "DISPATCHER_QUEUES__DEFAULT__CLAIM_BATCH": "1000",
+}
+NOOP_HANDLER_ENV = {
+    "DISPATCHER_HANDLERS__NOOP__KIND": "python",
+    "DISPATCHER_HANDLERS__NOOP__FUNCTION": "tests.bench.handlers:noop",
+    "DISPATCHER_HANDLERS__NOOP__TRANSACTIONAL": "false",
+}
+LOOPBACK_HTTP_ENV = {
+    "DISPATCHER_TARGET_ALLOW_HTTP": "true",
+    "DISPATCHER_TARGET_ALLOW_CIDRS": "127.0.0.0/8",
+}
+
+
+# figures ----------------------------------------------------------------------------------
+@dataclass
+class Figure:
+    """One measured number, with its target when it has one (`at_least` or `at_most`)."""
+
+    workload: str
+    value: float
+    unit: str
+    at_least: float | None = None
+    at_most: float | None = None
+    note: str = ""
+
+    @property
+    def target(self) -> str:
+        if self.at_least is not None:
+            return f">= {_num(self.at_least)}"
+        if self.at_most is not None:
+            return f"<= {_num(self.at_most)}"
+        return ""
+
+    @property
+    def met(self) -> bool | None:
+        if self.at_least is not None:
+            return self.value >= self.at_least
+        if self.at_most is not None:
+            return self.value <= self.at_most
+        return None
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "target": self.target, "met": self.met}
+
+
+def _num(value: float) -> str:
+    if value == 0:
+        return "0"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    return f"{value:.4g}"
+
+
+def print_table(title: str, figures: Iterable[Figure]) -> None:
+    rows = [("workload", "figure", "unit", "target", "met?", "note")]
+    for f in figures:
+        met = {True: "yes", False: "NO", None: "-"}[f.met]
+        rows.append((f.workload, _num(f.value), f.unit, f.target or "-", met, f.note))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    print(f"\n== {title} ==")
+    for n, row in enumerate(rows):
+        cells = [c.rjust(w) if i == 1 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        print("  ".join(cells).rstrip())
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def save_results(name: str, machine: dict[str, Any], figures: list[Figure],
+                 extra: dict[str, Any] | None = None) -> Path:
+    """Append this run to `results/<name>.json` (a JSON list, one object per run)."""
+    RESULTS_DIR.mkdir(exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    runs: list[Any] = []
+    if path.exists():
+        with contextlib.suppress(ValueError):
+            runs = json.loads(path.read_text())
+    runs.append({"benchmark": name, "machine": machine,
+                 "figures": [f.as_json() for f in figures], **(extra or {})})
+    path.write_text(json.dumps(runs, indent=1, default=str) + "\n")
+    return path
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) by linear interpolation; NaN when empty."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+# machine ----------------------------------------------------------------------------------
+def machine_info(server_version: str, settings: dict[str, str]) -> dict[str, Any]:
+    meminfo = Path("/proc/meminfo").read_text()
+    mem_kb = int(re.search(r"MemTotal:\s+(\d+)", meminfo).group(1))  # type: ignore[union-attr]
+    cpu = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "dispatcher"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    return {
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu": cpu.group(1).strip() if cpu else platform.processor(),
+        "memory_gib": round(mem_kb / 1024 / 1024, 1),
+        "postgresql": server_version,
+        "pg_settings": settings,
+        "python": platform.python_version(),
+        "dispatcher_commit": commit + ("+dirty" if dirty else ""),
+        "loadavg_at_start": os.getloadavg()[0],
+    }
+
+
+def describe_machine(m: dict[str, Any]) -> str:
+    s = ", ".join(f"{k}={v}" for k, v in m["pg_settings"].items())
+    return (f"machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory_gib']} GiB RAM, "
+            f"load {m['loadavg_at_start']:.2f} at start; {m['postgresql']} ({s}); "
+            f"Python {m['python']}; dispatcher {m['dispatcher_commit']}")
+
+
+# database ---------------------------------------------------------------------------------
+class Server:
+    """The PostgreSQL server the benchmarks use; `database(name)` gives a URL on it."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.origin = ""
+        self._embedded: Any = None
+        self._tmp: str | None = None
+        self._counter = 0
+
+    async def open(self) -> Server:
+        candidates = [os.environ["DATABASE_URL"]] if os.environ.get("DATABASE_URL") else [LOCAL_SERVER]
+        for url in candidates:
+            try:
+                conn = await asyncpg.connect(url, timeout=3)
+            except (OSError, asyncpg.PostgresError, asyncio.TimeoutError):
+                continue
+            await conn.close()
+            self.url, self.origin = url, url.split("@")[-1]
+            return self
+        import pgserver  # the fallback: an embedded PostgreSQL in a temporary directory
+
+        self._tmp = tempfile.mkdtemp(prefix="bench-pg-")
+        self._embedded = pgserver.get_server(Path(self._tmp) / "pgdata", cleanup_mode="stop")
+        self.url, self.origin = self._embedded.get_uri(), "embedded pgserver"
+        return self
+
+    def close(self) -> None:
+        if self._embedded is not None:
+            self._embedded.cleanup()
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def database_url(self, name: str) -> str:
+        parts = urlsplit(self.url)
+        return urlunsplit(parts._replace(path="/" + name))
+
+    async def describe(self) -> tuple[str, dict[str, str]]:
+        conn = await asyncpg.connect(self.url)
+        try:
+            version = await conn.fetchval("SELECT split_part(version(), ' on ', 1)")
+            settings = {name: await conn.fetchval(f"SHOW {name}") for name in
+                        ("synchronous_commit", "fsync", "shared_buffers", "max_connections")}
+        finally:
+            await conn.close()
+        return version, settings
+
+    @contextlib.asynccontextmanager
+    async def database(self, migrate: bool = True) -> AsyncIterator[str]:
+        """A fresh database (migrated with `dispatcher migrate`), dropped on exit."""
+        self._counter += 1
+        name = f"bench_{os.getpid()}_{self._counter}"
+        admin = await asyncpg.connect(self.url)
+        try:
+            await admin.execute(f"CREATE DATABASE {name}")
+        finally:
+            await admin.close()
+        dsn = self.database_url(name)
+        try:
+            if migrate:
+                run_migrate(dsn)
+            yield dsn
+        finally:
+            admin = await asyncpg.connect(self.url)
+            try:
+                await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            finally:
+                await admin.close()
+
+
+def run_migrate(dsn: str) -> None:
+    env = {**os.environ, "DISPATCHER_DATABASE_URL": dsn, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "dispatcher.cli", "migrate"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"dispatcher migrate failed: {done.stderr[-2000:]}")
+
+
+async def register_handler(dsn: str, name: str, kind: str = "python") -> None:
+    """The SQL door only accepts known handlers; the daemon registers its own at start, so a
+    benchmark that enqueues before starting the daemon registers the handler itself."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ($1, $2) "
+                           "ON CONFLICT DO NOTHING", name, kind)
+    finally:
+        await conn.close()
+
+
+async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout_s: float,
+                   interval_s: float = 0.05, what: str = "condition") -> float:
+    """Poll until true; return the monotonic time it was first seen true."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if await predicate():
+            return time.monotonic()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        await asyncio.sleep(interval_s)
+
+
+async def count_state(conn: asyncpg.Connection, state: str) -> int:
+    return int(await conn.fetchval("SELECT count(*) FROM dispatcher.jobs WHERE state = $1", state))
+
+
+# processes --------------------------------------------------------------------------------
+@contextlib.asynccontextmanager
+async def daemon(dsn: str, env: dict[str, str], *, wait_ready: bool = True
+                 ) -> AsyncIterator[DaemonProcess]:
+    """`dispatcher run` as a child process on `dsn`; SIGTERM (then SIGKILL) on exit."""
+    proc = DaemonProcess({"DISPATCHER_DATABASE_URL": dsn, "PYTHONPATH": str(ROOT), **env})
+    await proc.start(wait_ready=wait_ready)
+    try:
+        yield proc
+    finally:
+        try:
+            await proc.stop()
+        except (TimeoutError, asyncio.TimeoutError):
+            assert proc.proc is not None
+            proc.proc.kill()
+            await proc.proc.wait()
+        errors = [line for line in proc.log_text().splitlines()
+                  if '"ERROR"' in line or "Traceback" in line]
+        if errors:
+            print(f"  daemon logged {len(errors)} error lines, first: {errors[0][:300]}")
+        proc.log_path.unlink(missing_ok=True)
+
+
+@contextlib.asynccontextmanager
+async def target_process() -> AsyncIterator[str]:
+    """A fast loopback HTTP target (aiohttp on uvloop) in its own process; yields its URL."""
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.bench.target_server", str(port),
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=asyncio.subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/hook"
+
+    async def up() -> bool:
+        try:
+            async with aiohttp.ClientSession() as s, s.post(url, json={}) as r:
+                return r.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    try:
+        await wait_for(up, 20, what="target server")
+        yield url
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+class CpuMeter:
+    """CPU use over an interval: whole machine (busy %) and named processes (% of one core)."""
+
+    def __init__(self, pids: dict[str, int]):
+        self.pids = pids
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def _machine(self) -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]
+        return sum(fields) - idle, sum(fields)
+
+    def _proc(self, pid: int) -> int:
+        try:
+            parts = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0
+        return int(parts[11]) + int(parts[12])  # utime + stime
+
+    def __enter__(self) -> CpuMeter:
+        self._t0 = time.monotonic()
+        self._m0 = self._machine()
+        self._p0 = {n: self._proc(p) for n, p in self.pids.items()}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = max(time.monotonic() - self._t0, 1e-9)
+        busy1, total1 = self._machine()
+        self.machine_busy_pct = 100.0 * (busy1 - self._m0[0]) / max(1, total1 - self._m0[1])
+        self.process_pct = {
+            n: 100.0 * (self._proc(p) - self._p0[n]) / self._tick / wall
+            for n, p in self.pids.items()
+        }
+
+    def summary(self) -> str:
+        procs = ", ".join(f"{n} {v:.0f}%" for n, v in self.process_pct.items())
+        return f"cpu: machine {self.machine_busy_pct:.0f}% busy; {procs}"
+
+
+# metrics ----------------------------------------------------------------------------------
+async def histogram(base_url: str, name: str, labels: str = "") -> dict[float, float]:
+    """Cumulative bucket counts {le: count} of a Prometheus histogram from /metrics."""
+    async with aiohttp.ClientSession() as s, s.get(f"{base_url}/metrics") as r:
+        text = await r.text()
+    buckets: dict[float, float] = {}
+    pattern = re.compile(rf'^{name}_bucket\{{(.*?)\}} ([0-9.e+-]+)$', re.M)
+    for match in pattern.finditer(text):
+        label_text, value = match.groups()
+        if labels and labels not in label_text:
+            continue
+        le = re.search(r'le="([^"]+)"', label_text).group(1)  # type: ignore[union-attr]
+        buckets[float("inf") if le == "+Inf" else float(le)] = float(value)
+    return buckets
+
+
+def histogram_quantile(q: float, before: dict[float, float], after: dict[float, float]) -> float:
+    """Prometheus-style quantile (linear within the bucket) of the observations in between."""
+    edges = sorted(after)
+    counts = [after[e] - before.get(e, 0.0) for e in edges]
+    if not counts or counts[-1] <= 0:
+        return float("nan")
+    rank = q * counts[-1]
+    prev_edge, prev_count = 0.0, 0.0
+    for edge, count in zip(edges, counts):
+        if count >= rank:
+            if edge == float("inf"):
+                return prev_edge
+            span = count - prev_count
+            return prev_edge + (edge - prev_edge) * ((rank - prev_count) / span if span else 1)
+        prev_edge, prev_count = edge, count
+    return edges[-1]
+
+
+def run(main: Callable[[], Awaitable[Any]]) -> Any:
+    """Run a benchmark's main coroutine on uvloop (as the daemon does)."""
+    try:
+        import uvloop
+
+        return uvloop.run(main())
+    except ImportError:  # pragma: no cover
+        return asyncio.run(main())
+
+
+@dataclass
+class Bench:
+    """What a benchmark run collects: the server, the machine, the figures, the details."""
+
+    name: str
+    server: Server = field(default_factory=Server)
+    machine: dict[str, Any] = field(default_factory=dict)
+    figures: list[Figure] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    async def open(self) -> Bench:
+        await self.server.open()
+        version, settings = await self.server.describe()
+        self.machine = machine_info(version, settings)
+        self.machine["server"] = self.server.origin
+        print(describe_machine(self.machine))
+        return self
+
+    def add(self, figure: Figure) -> None:
+        self.figures.append(figure)
+        target = f" (target {figure.target}: {'met' if figure.met else 'MISSED'})" \
+            if figure.met is not None else ""
+        note = f"  [{figure.note}]" if figure.note else ""
+        print(f"  {figure.workload}: {_num(figure.value)} {figure.unit}{target}{note}", flush=True)
+
+    def finish(self, title: str) -> None:
+        print_table(title, self.figures)
+        path = save_results(self.name, self.machine, self.figures, {"details": self.details})
+        print(f"\nresults appended to {path.relative_to(ROOT)}")
+        self.server.close()
