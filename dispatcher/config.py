@@ -113,6 +113,17 @@ class HttpSettings(_Strict):
         return value
 
 
+class RetentionSettings(_Strict):
+    """How long terminal jobs stay visible before the pruner deletes them (in bounded batches)."""
+
+    succeeded_s: int = Field(7 * 86400, ge=0)
+    cancelled_s: int = Field(7 * 86400, ge=0)
+    # Dead letters are what an operator must see: never pruned sooner than a day.
+    dead_s: int = Field(30 * 86400, ge=86400)
+    batch: int = Field(1000, ge=1, le=100_000)
+    interval_s: PositiveFloat = 60.0
+
+
 class Settings(_Strict):
     """The daemon's whole configuration."""
 
@@ -137,6 +148,9 @@ class Settings(_Strict):
     queues: dict[str, QueueSettings] = {"default": QueueSettings()}
     handlers: dict[str, HandlerSettings] = {}
     http: HttpSettings = HttpSettings()
+    retention: RetentionSettings = RetentionSettings()
+    # A job due longer ago than this and not terminal counts as overdue (the correctness SLI).
+    overdue_after_s: float = Field(300.0, gt=0)
     schedules: list[ScheduleSettings] = []
 
     @field_validator("listen")

@@ -35,6 +35,7 @@ from dispatcher.effects.python import PythonEffect
 from dispatcher.effects.sql import SqlEffect
 from dispatcher.intake import Intake
 from dispatcher.scheduling.due_scan import DueScanner
+from dispatcher.scheduling.pruning import Pruner
 from dispatcher.scheduling.sampler import MetricsSampler
 from dispatcher.work.completer import Completer
 from dispatcher.work.executor import Executor
@@ -186,9 +187,12 @@ class Daemon:
             scheduler = AsyncIOScheduler(timezone=UTC)
             scheduler.add_job(scanner.wake, "interval", seconds=s.scan_interval_s,
                               max_instances=1, coalesce=True, id="due-scan")
-            sampler = MetricsSampler(repo)
+            sampler = MetricsSampler(repo, s.overdue_after_s)
             scheduler.add_job(sampler.run_once, "interval", seconds=5, max_instances=1,
                               coalesce=True, id="metrics-sampler")
+            pruner = Pruner(repo, s.retention)
+            scheduler.add_job(pruner.run_once, "interval", seconds=s.retention.interval_s,
+                              max_instances=1, coalesce=True, id="retention")
             scheduler.start()
             stack.callback(lambda: scheduler.running and scheduler.shutdown(wait=False))
 

@@ -60,3 +60,8 @@ CRON_RUNS = Counter("dispatcher_cron_runs", "Cron run triggers by outcome (creat
 CRON_MISSED = Counter("dispatcher_cron_missed_periods",
                       "Schedule periods that passed without a run and were not backfilled.",
                       ["schedule"], registry=REGISTRY)
+OVERDUE = Gauge("dispatcher_overdue_jobs",
+                "Jobs due longer ago than overdue_after_s and not yet terminal.", ["queue"],
+                registry=REGISTRY)
+PRUNED = Counter("dispatcher_pruned_jobs", "Terminal jobs deleted by retention.", ["state"],
+                 registry=REGISTRY)

@@ -136,6 +136,14 @@ class JobRepository:
         rows = await self.pool.fetch(query("oldest_ready_age"))
         return {r["queue"]: r["age_s"] for r in rows}
 
+    async def count_overdue(self, overdue_after_s: float) -> dict[str, int]:
+        rows = await self.pool.fetch(query("count_overdue"), overdue_after_s)
+        return {r["queue"]: r["n"] for r in rows}
+
+    async def prune_terminal(self, state: str, older_than_s: float, batch: int) -> int:
+        status = await self.pool.execute(query("prune_terminal"), state, older_than_s, batch)
+        return int(status.rsplit(" ", 1)[-1])
+
     async def sync_registry(
         self, queues: dict[str, tuple[int, int]], handlers: dict[str, tuple[str, int]]
     ) -> None:

@@ -245,3 +245,21 @@ SELECT now();
 SELECT 1 FROM dispatcher.jobs
  WHERE id = $1 AND attempt = $2 AND lease_owner = $3 AND state = 'running'
    FOR UPDATE;
+
+-- name: count_overdue
+-- Jobs due more than $1 seconds ago that are still not terminal, per queue.
+SELECT queue, count(*)::bigint AS n FROM dispatcher.jobs
+ WHERE state IN ('scheduled', 'ready', 'running')
+   AND due_at < now() - make_interval(secs => $1)
+ GROUP BY queue;
+
+-- name: prune_terminal
+-- Delete up to $3 jobs in terminal state $1 finished more than $2 seconds ago.
+WITH doomed AS (
+    SELECT id FROM dispatcher.jobs
+     WHERE state = $1 AND finished_at < now() - make_interval(secs => $2)
+     ORDER BY finished_at
+     LIMIT $3
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM dispatcher.jobs j USING doomed WHERE j.id = doomed.id;

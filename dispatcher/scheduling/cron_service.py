@@ -182,6 +182,7 @@ class CronService:
             await asyncio.gather(*pending, return_exceptions=True)
         if self._owns_scheduler and self._scheduler is not None and self._scheduler.running:
             self._scheduler.shutdown(wait=False)
+            await asyncio.sleep(0)  # AsyncIOScheduler shuts down in a loop callback; let it run
 
     def names(self) -> list[str]:
         return list(self._schedules)

@@ -1,4 +1,4 @@
-"""Samples gauges from the database (jobs per state, oldest ready age, outbox lag).
+"""Samples gauges from the database: jobs per state, oldest ready age, outbox lag, overdue.
 
 State counts come from the database, not from memory, so every instance reports the same truth
 and a restart does not reset them.
@@ -16,19 +16,22 @@ log = logging.getLogger(__name__)
 
 
 class MetricsSampler:
-    def __init__(self, repo: JobRepository):
+    def __init__(self, repo: JobRepository, overdue_after_s: float):
         self._repo = repo
+        self._overdue_after_s = overdue_after_s
 
     async def run_once(self) -> None:
         try:
             counts = await self._repo.counts_by_state()
             ages = await self._repo.oldest_ready_age()
+            overdue = await self._repo.count_overdue(self._overdue_after_s)
         except Exception as exc:
             log.warning("metric sampling failed: %s", exc)
             return
         seen: dict[tuple[str, str], int] = {(q, s): n for q, s, n in counts}
-        for queue in {q for q, _ in seen} | set(ages):
+        for queue in {q for q, _ in seen} | set(ages) | set(overdue):
             for state in STATES:
                 metrics.JOBS_BY_STATE.labels(queue, state).set(seen.get((queue, state), 0))
             metrics.READY_OLDEST_AGE.labels(queue).set(ages.get(queue, 0.0))
+            metrics.OVERDUE.labels(queue).set(overdue.get(queue, 0))
         metrics.OUTBOX_LAG.set(max(ages.values(), default=0.0))

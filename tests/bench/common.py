@@ -353,7 +353,7 @@ class CpuMeter:
 
     def summary(self) -> str:
         procs = ", ".join(f"{n} {v:.0f}%" for n, v in self.process_pct.items())
-        return f"cpu: machine {self.machine_busy_pct:.0f}% busy; {procs}"
+        return f"cpu: machine {self.machine_busy_pct:.0f}% busy" + (f"; {procs}" if procs else "")
 
 
 # metrics ----------------------------------------------------------------------------------

@@ -1,0 +1,40 @@
+"""Retention deletes exactly the expired terminal rows, never live work or young dead letters."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from dispatcher.config import RetentionSettings
+from dispatcher.db.jobs import JobRepository
+from dispatcher.scheduling.pruning import Pruner
+
+
+async def seed(conn: asyncpg.Connection, state: str, n: int, finished_days_ago: float | None,
+               prefix: str) -> None:
+    await conn.execute(
+        """INSERT INTO dispatcher.jobs (key, request_hash, queue, handler, payload, state, due_at,
+               max_attempts, max_retry_age_s, budget_started_at, finished_at, lease_owner)
+           SELECT $1 || g, 'h', 'default', 'http', '{}', $2, now(), 3, 60, now(),
+                  now() - make_interval(days => $3::int), CASE WHEN $2 = 'running' THEN 'x' END
+             FROM generate_series(1, $4) g""",
+        prefix, state, finished_days_ago, n)
+
+
+async def test_pruning_deletes_exactly_the_expired_terminal_rows(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        await seed(conn, "succeeded", 2500, 8, "old-ok-")
+        await seed(conn, "succeeded", 30, 6, "young-ok-")
+        await seed(conn, "dead", 40, 31, "old-dead-")
+        await seed(conn, "dead", 50, 29, "young-dead-")
+        await seed(conn, "cancelled", 5, 8, "old-cancel-")
+        await seed(conn, "scheduled", 60, None, "waiting-")
+        await seed(conn, "running", 7, None, "running-")
+    pruner = Pruner(JobRepository(pool), RetentionSettings(batch=1000))
+    assert await pruner.run_once() == {"succeeded": 2500, "cancelled": 5, "dead": 40}
+    async with pool.acquire() as conn:
+        left = await conn.fetch(
+            r"SELECT regexp_replace(key, '\d+$', '') AS kind, count(*) AS n"
+            " FROM dispatcher.jobs GROUP BY 1")
+    assert {r["kind"]: r["n"] for r in left} == {
+        "young-ok-": 30, "young-dead-": 50, "waiting-": 60, "running-": 7}
+    assert await pruner.run_once() == {"succeeded": 0, "cancelled": 0, "dead": 0}
