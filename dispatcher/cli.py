@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     command("migrate", "apply pending database migrations and exit")
     command("check-config", "validate the configuration and print it with secrets masked")
 
+    status = command("status", "jobs per queue and state, oldest ready age, dead letters")
+    status.add_argument("--json", action="store_true", help="one JSON document for scripts")
+
     jobs = command("jobs", "inspect and operate jobs (works whether the daemon runs or not)")
     jobs_sub = jobs.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = jobs_sub.add_parser("list", help="list jobs, newest first")
@@ -99,11 +102,12 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
 
 
 @asynccontextmanager
-async def database(settings: Settings) -> AsyncIterator[Any]:
+async def database(settings: Settings, *, check_schema: bool = True) -> AsyncIterator[Any]:
     """A pool on the configured or embedded database, for one-shot commands."""
     from contextlib import AsyncExitStack
 
     from dispatcher.daemon import resolve_database
+    from dispatcher.db import migrations
     from dispatcher.db.pool import create_pool, wait_for_database
 
     async with AsyncExitStack() as stack:
@@ -111,6 +115,9 @@ async def database(settings: Settings) -> AsyncIterator[Any]:
         await wait_for_database(dsn, timeout_s=15)
         pool = await create_pool(dsn, size=2, application_name="dispatcher-cli")
         stack.push_async_callback(pool.close)
+        if check_schema:
+            async with pool.acquire() as conn:
+                await migrations.check_current(conn)
         yield dsn, pool
 
 
@@ -118,7 +125,7 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
     from dispatcher.db import migrations
 
     async def run() -> int:
-        async with database(settings) as (_dsn, pool), pool.acquire() as conn:
+        async with database(settings, check_schema=False) as (_dsn, pool), pool.acquire() as conn:
             applied = await migrations.migrate(conn)
         print("applied: " + ", ".join(applied) if applied else "schema is current")
         return 0
@@ -133,13 +140,10 @@ def cmd_check_config(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
     from dispatcher.api.app import job_view
-    from dispatcher.db import migrations
     from dispatcher.db.jobs import JobRepository
 
     async def run() -> int:
         async with database(settings) as (_dsn, pool):
-            async with pool.acquire() as conn:
-                await migrations.check_current(conn)
             repo = JobRepository(pool)
             if args.action == "list":
                 rows = await repo.list(state=args.state, queue=args.queue, before_id=None,
@@ -159,6 +163,36 @@ def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
             view = job_view(row)
             print(json.dumps(view, indent=2) if args.json else format_job(view))
             return 0
+
+    return asyncio.run(run())
+
+
+def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
+    from dispatcher.db.jobs import JobRepository
+    from dispatcher.model import STATES
+
+    async def run() -> int:
+        async with database(settings) as (_dsn, pool):
+            repo = JobRepository(pool)
+            counts = await repo.counts_by_state()
+            ages = await repo.oldest_ready_age()
+            overdue = await repo.count_overdue(settings.overdue_after_s)
+        queues: dict[str, dict[str, Any]] = {}
+        for queue in sorted({q for q, _, _ in counts} | set(settings.queues)):
+            queues[queue] = {state: 0 for state in STATES}
+            queues[queue]["oldest_ready_age_s"] = round(ages.get(queue, 0.0), 3)
+            queues[queue]["overdue"] = overdue.get(queue, 0)
+        for queue, state, n in counts:
+            queues[queue][state] = n
+        if args.json:
+            print(json.dumps({"queues": queues}, indent=2))
+            return 0
+        header = f"{'QUEUE':<16}" + "".join(f"{s.upper():>11}" for s in STATES)
+        print(header + f"{'OLDEST READY':>14}{'OVERDUE':>9}")
+        for queue, row in queues.items():
+            cells = "".join(f"{row[s]:>11}" for s in STATES)
+            print(f"{queue:<16}{cells}{row['oldest_ready_age_s']:>13.1f}s{row['overdue']:>9}")
+        return 0
 
     return asyncio.run(run())
 
@@ -195,6 +229,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "migrate": cmd_migrate,
     "check-config": cmd_check_config,
     "jobs": cmd_jobs,
+    "status": cmd_status,
 }
 
 if __name__ == "__main__":

@@ -44,7 +44,9 @@ async def enqueue(
     now. `target` is required for handler "http" and refused for the others.
     """
     if due_at is not None and due_at.tzinfo is None:
-        raise ValueError("due_at needs a timezone (e.g. datetime.now(UTC)); naive times are ambiguous")
+        raise ValueError(
+            "due_at needs a timezone (e.g. datetime.now(UTC)); naive times are ambiguous"
+        )
     job_id: int = await conn.fetchval(
         _ENQUEUE,
         key,

@@ -177,11 +177,13 @@ async def post_batch(request: web.Request) -> web.Response:
     parsed: list[tuple[str, JobRequest] | Rejected] = []
     for item in batch.jobs:
         try:
+            if not isinstance(item, dict):
+                raise Problem(422, "item must be a JSON object with an idempotency_key")
             model = BatchItem.model_validate(item)
             if not valid_key(model.idempotency_key):
                 raise Problem(422, "idempotency_key: 1 to 255 printable ASCII characters")
-            fields = model.model_dump(exclude={"idempotency_key"}, exclude_unset=True)
-            parsed.append((model.idempotency_key, JobRequest.model_validate(fields)))
+            # a BatchItem is a JobRequest: validating it again would re-parse due_at as a string
+            parsed.append((model.idempotency_key, model))
         except ValidationError as exc:
             parsed.append(Rejected(422, summary(describe(exc))))
         except Problem as exc:

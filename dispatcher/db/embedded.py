@@ -22,10 +22,13 @@ class EmbeddedPostgres:
         self._server: Any = None
 
     def start(self) -> str:
-        import pgserver  # imported late: it is heavy and unused with an external database
-
-        os.environ.setdefault("XDG_RUNTIME_DIR", str(self.data_dir.parent))
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        if "XDG_RUNTIME_DIR" not in os.environ:  # pgserver keeps its lock file there
+            runtime = self.data_dir.parent / "run"
+            runtime.mkdir(mode=0o700, exist_ok=True)
+            os.environ["XDG_RUNTIME_DIR"] = str(runtime)
+        import pgserver  # imported late (and after XDG_RUNTIME_DIR): unused with an external URL
+
         self._server = pgserver.get_server(self.data_dir, cleanup_mode=None)
         uri: str = self._server.get_uri()
         log.info("using embedded PostgreSQL in %s", self.data_dir)

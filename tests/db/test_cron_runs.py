@@ -273,13 +273,19 @@ async def test_missed_periods_are_reported_and_caught_up_exactly_once(
     receipts = await svc.catch_up("hourly-missed", utc(2025, 6, 1, 10), utc(2025, 6, 1, 12))
     assert [r.outcome for r in receipts] == ["created"] * 3
     assert {r.via for r in receipts} == {"catch_up"}
+    # the default overlap policy (skip) queues explicit periods behind the unfinished earlier one
+    assert [r.overlap_decision for r in receipts] == ["none", "queued", "queued"]
     assert await run_count(pool, "hourly-missed") == 3
-    assert await unit_count(pool, "hourly-missed") == 3
+    assert await unit_count(pool, "hourly-missed") == 1
 
     rerun = await svc.catch_up("hourly-missed", utc(2025, 6, 1, 10), utc(2025, 6, 1, 12))
     assert [r.outcome for r in rerun] == ["existing"] * 3
     assert await run_count(pool, "hourly-missed") == 3
+    assert await unit_count(pool, "hourly-missed") == 1
+    while await finish_units(registry):  # workers drain; the queued runs follow one by one
+        await svc.run_once(now=start + timedelta(hours=3, minutes=2))
     assert await unit_count(pool, "hourly-missed") == 3
+    assert await run_count(pool, "hourly-missed") == 3
     (view,) = await svc.status(now=start + timedelta(hours=3))
     assert view["missed"] == {"count": 0, "periods": [], "catch_up": None}
 
@@ -290,12 +296,12 @@ async def test_late_fire_within_grace_runs_and_older_periods_are_missed(
     s = make_schedule("ten-minutes", cron="*/10 * * * *", misfire_grace_s=1200)
     svc = service(pool, registry, s)
     await svc.run_once(now=utc(2025, 6, 1, 10, 1))
-    # down from 10:01 to 10:33: 10:30 is 3 minutes late (within grace) and fires now;
-    # 10:10 and 10:20 are within grace too but only the latest fires (coalesced)
+    # down from 10:01 to 10:33 with 20 minutes of grace: 10:30 (3 minutes late) fires now,
+    # 10:20 was within grace too but only the latest fires (coalesced), 10:10 is beyond grace
     fired = await svc.fire("ten-minutes", now=utc(2025, 6, 1, 10, 33))
     assert fired is not None and fired.run_key == "ten-minutes:2025-06-01T10:30:00Z"
     assert fired.via == "cron" and fired.outcome == "created"
-    # down again from 10:33 to 11:05: 10:40 is 25 minutes late, beyond grace
+    # down again from 10:33 to 11:05: 11:00 fires, 10:50 is coalesced, 10:40 beyond grace
     fired = await svc.fire("ten-minutes", now=utc(2025, 6, 1, 11, 5))
     assert fired is not None and fired.run_key == "ten-minutes:2025-06-01T11:00:00Z"
     rows = await pool.fetch(
@@ -303,7 +309,7 @@ async def test_late_fire_within_grace_runs_and_older_periods_are_missed(
         "FROM dispatcher.missed_periods ORDER BY period_start"
     )
     assert [(r["at"], r["reason"]) for r in rows] == [
-        ("10:10", "coalesced"),
+        ("10:10", "not_fired"),
         ("10:20", "coalesced"),
         ("10:40", "not_fired"),
         ("10:50", "coalesced"),

@@ -31,9 +31,7 @@ async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
 @pytest.fixture
 async def registry(repo: JobRepository) -> None:
     """What a daemon with a `bulk` queue and a python handler `report` registers at start."""
-    await repo.sync_registry(
-        {"default": (10, 86_400), "bulk": (3, 600)}, {"report": ("python", 1)}
-    )
+    await repo.sync_registry({"default": (10, 86_400), "bulk": (3, 600)}, {"report": ("python", 1)})
 
 
 async def jobs_and_outbox(conn: asyncpg.Connection) -> tuple[int, int]:
@@ -72,9 +70,10 @@ async def test_enqueue_rolled_back_with_the_callers_transaction_leaves_nothing(
             await conn.execute("INSERT INTO orders VALUES (1)")
             job_id = await sql_enqueue(conn, "order-1:confirm", payload={"order": 1})
             # inside the transaction the job and its outbox row exist...
-            assert await conn.fetchval(
-                "SELECT state FROM dispatcher.jobs WHERE id = $1", job_id
-            ) == "ready"
+            assert (
+                await conn.fetchval("SELECT state FROM dispatcher.jobs WHERE id = $1", job_id)
+                == "ready"
+            )
             assert await jobs_and_outbox(conn) == (1, 1)
             raise BusinessFailure
 
@@ -110,7 +109,10 @@ async def test_committed_enqueue_due_now_is_ready_with_one_outbox_row(
         job_id,
     )
     assert (row["state"], row["queue"], row["handler"], row["due"]) == (
-        "ready", "default", "http", True,
+        "ready",
+        "default",
+        "http",
+        True,
     )
     assert json.loads(row["payload"]) == {"n": 1}
     outbox = await conn.fetch("SELECT job_id, queue, capability FROM dispatcher.outbox")
@@ -156,7 +158,8 @@ async def test_same_key_and_same_arguments_return_the_same_job(conn: asyncpg.Con
     second = await conn.fetchval(
         "SELECT dispatcher.enqueue('same-1', 'http', '{\"b\": [1, 2], \"a\": 1}'::jsonb, $1,"
         " target => $2::text::jsonb)",
-        due, json.dumps(TARGET),
+        due,
+        json.dumps(TARGET),
     )
     assert second == first
     assert await jobs_and_outbox(conn) == (1, 0)
@@ -195,15 +198,25 @@ async def test_helper_is_idempotent_and_raises_on_conflict(pool: asyncpg.Pool) -
         assert again == first
         with pytest.raises(asyncpg.UniqueViolationError, match="different request"):
             await client.enqueue(conn, "h-1", "http", {"x": 2}, target=TARGET, tenant="t1")
-        row = await conn.fetchrow("SELECT payload, tenant FROM dispatcher.jobs WHERE id = $1", first)
+        row = await conn.fetchrow(
+            "SELECT payload, tenant FROM dispatcher.jobs WHERE id = $1", first
+        )
     assert (row["payload"], row["tenant"]) == ({"x": 1}, "t1")
 
 
 async def test_helper_passes_every_argument(conn: asyncpg.Connection, registry: None) -> None:
     due = datetime(2031, 2, 3, 4, 5, 6, tzinfo=UTC)
     job_id = await client.enqueue(
-        conn, "all-args", "http", {"deep": {"list": [1, "two", None]}}, due_at=due, queue="bulk",
-        tenant="property-17", target=TARGET, max_attempts=4, max_retry_age_s=120,
+        conn,
+        "all-args",
+        "http",
+        {"deep": {"list": [1, "two", None]}},
+        due_at=due,
+        queue="bulk",
+        tenant="property-17",
+        target=TARGET,
+        max_attempts=4,
+        max_retry_age_s=120,
     )
     row = await conn.fetchrow(
         "SELECT payload::text, due_at, queue, tenant, target::text, max_attempts, max_retry_age_s,"
@@ -218,7 +231,10 @@ async def test_helper_passes_every_argument(conn: asyncpg.Connection, registry: 
 
 async def test_helper_defaults_payload_to_an_empty_object(conn: asyncpg.Connection) -> None:
     job_id = await client.enqueue(conn, "empty", "http", target=TARGET)
-    assert await conn.fetchval("SELECT payload::text FROM dispatcher.jobs WHERE id = $1", job_id) == "{}"
+    assert (
+        await conn.fetchval("SELECT payload::text FROM dispatcher.jobs WHERE id = $1", job_id)
+        == "{}"
+    )
 
 
 async def test_helper_refuses_a_naive_due_at(conn: asyncpg.Connection) -> None:
@@ -276,7 +292,8 @@ async def test_concurrent_enqueue_of_one_key_waits_for_the_first_transaction(
         ({"payload": None}, "payload must be a JSON object"),
         ({"target": None}, 'handler "http" needs target'),
         pytest.param(
-            {"target": {"method": "POST"}}, 'handler "http" needs target',
+            {"target": {"method": "POST"}},
+            'handler "http" needs target',
             marks=pytest.mark.xfail(
                 strict=True,
                 reason="bug in 002_enqueue.sql: the target check is NULL (not true) when the "
@@ -286,7 +303,9 @@ async def test_concurrent_enqueue_of_one_key_waits_for_the_first_transaction(
         ({"max_attempts": 0}, "max_attempts must be >= 1"),
         ({"max_retry_age_s": -1}, "max_retry_age_s >= 0"),
     ],
-    ids=lambda v: v if isinstance(v, str) else next(iter(v)) + "=" + json.dumps(next(iter(v.values()))),
+    ids=lambda v: (
+        v if isinstance(v, str) else next(iter(v)) + "=" + json.dumps(next(iter(v.values())))
+    ),
 )
 async def test_invalid_request_raises_22023_naming_the_problem(
     conn: asyncpg.Connection, args: dict[str, Any], message: str
@@ -299,7 +318,9 @@ async def test_invalid_request_raises_22023_naming_the_problem(
 
 
 @pytest.mark.parametrize(
-    "key", ["", "x" * 256, "tab\there", "new\nline", "caf\u00e9"], ids=["empty", "256", "tab", "nl", "utf8"]
+    "key",
+    ["", "x" * 256, "tab\there", "new\nline", "caf\u00e9"],
+    ids=["empty", "256", "tab", "nl", "utf8"],
 )
 async def test_bad_key_raises_22023(conn: asyncpg.Connection, key: str) -> None:
     with pytest.raises(asyncpg.InvalidParameterValueError, match="invalid key") as raised:
@@ -336,8 +357,13 @@ async def test_enqueue_many_takes_1000_rows_in_one_call(conn: asyncpg.Connection
     keys = [f"grant-{i:04d}" for i in range(n)]
     future = datetime.now(UTC) + timedelta(hours=2)
     due = [None if i % 2 == 0 else future for i in range(n)]  # half due now, half later
-    args = (keys, ["http"] * n, [json.dumps({"grant": i}) for i in range(n)], due,
-            [json.dumps(TARGET)] * n)
+    args = (
+        keys,
+        ["http"] * n,
+        [json.dumps({"grant": i}) for i in range(n)],
+        due,
+        [json.dumps(TARGET)] * n,
+    )
 
     rows = sorted(await conn.fetch(ENQUEUE_MANY, *args), key=lambda r: r["ord"])
     assert [r["ord"] for r in rows] == list(range(1, n + 1))
@@ -358,11 +384,15 @@ async def test_enqueue_many_resolves_duplicates_and_conflicts_within_one_call(
 ) -> None:
     keys = ["a", "b", "a", "b"]
     payloads = [json.dumps(p) for p in ({"v": 1}, {"v": 1}, {"v": 1}, {"v": 2})]
-    rows = await conn.fetch(ENQUEUE_MANY, keys, ["http"] * 4, payloads, None,
-                            [json.dumps(TARGET)] * 4)
+    rows = await conn.fetch(
+        ENQUEUE_MANY, keys, ["http"] * 4, payloads, None, [json.dumps(TARGET)] * 4
+    )
     rows = sorted(rows, key=lambda r: r["ord"])  # `ord` gives the order; rows may come in any
     assert [(r["key"], r["outcome"]) for r in rows] == [
-        ("a", "created"), ("b", "created"), ("a", "existing"), ("b", "conflict"),
+        ("a", "created"),
+        ("b", "created"),
+        ("a", "existing"),
+        ("b", "conflict"),
     ]
     assert rows[2]["id"] == rows[0]["id"]
     assert rows[3]["id"] == rows[1]["id"]
@@ -376,6 +406,12 @@ async def test_enqueue_many_refuses_arrays_of_different_lengths(conn: asyncpg.Co
 
 async def test_enqueue_many_with_one_bad_item_enqueues_nothing(conn: asyncpg.Connection) -> None:
     with pytest.raises(asyncpg.InvalidParameterValueError, match="unknown handler 'nope'"):
-        await conn.fetch(ENQUEUE_MANY, ["a", "b"], ["http", "nope"], ["{}", "{}"], None,
-                         [json.dumps(TARGET), None])
+        await conn.fetch(
+            ENQUEUE_MANY,
+            ["a", "b"],
+            ["http", "nope"],
+            ["{}", "{}"],
+            None,
+            [json.dumps(TARGET), None],
+        )
     assert await jobs_and_outbox(conn) == (0, 0)

@@ -97,5 +97,3 @@ async def serve_api(
         api = Api(client, repo, settings)
         api_holder.append(api)
         yield api
-
-

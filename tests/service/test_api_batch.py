@@ -37,19 +37,19 @@ async def results_of(r: ClientResponse) -> list[dict[str, Any]]:
 
 async def test_mixed_batch_answers_each_item_in_order(api: Api) -> None:
     items: list[Any] = [
-        item("ok-now"),                                              # 0 accepted, ready
-        item("bad-field", priority=1),                               # 1 unknown field
-        item("ok-later", due_at="2031-05-31T00:00:00Z"),             # 2 accepted, scheduled
-        item("bad-handler", handler="fax"),                          # 3 unknown handler
+        item("ok-now"),  # 0 accepted, ready
+        item("bad-field", priority=1),  # 1 unknown field
+        item("ok-later", due_at="2031-05-31T00:00:00Z"),  # 2 accepted, scheduled
+        item("bad-handler", handler="fax"),  # 3 unknown handler
         {"handler": "http", "target": {"url": "https://a.example/"}},  # 4 no key
-        item("x" * 256),                                             # 5 key too long
-        item("caf\u00e9"),                                           # 6 key not ASCII
-        item(17),                                                    # 7 key not a string
-        item("bad-past", due_at="2020-01-01T00:00:00Z"),             # 8 long past
-        item("bad-payload", payload=[1]),                            # 9 payload not an object
-        item("bad-target", target={"url": "https://10.0.0.1/"}),     # 10 private target
-        "not an object",                                             # 11
-        item("ok-bulk", queue="bulk"),                               # 12 accepted
+        item("x" * 256),  # 5 key too long
+        item("caf\u00e9"),  # 6 key not ASCII
+        item(17),  # 7 key not a string
+        item("bad-past", due_at="2020-01-01T00:00:00Z"),  # 8 long past
+        item("bad-payload", payload=[1]),  # 9 payload not an object
+        item("bad-target", target={"url": "https://10.0.0.1/"}),  # 10 private target
+        "not an object",  # 11
+        item("ok-bulk", queue="bulk"),  # 12 accepted
     ]
     results = await results_of(await post_batch(api, {"jobs": items}))
 
@@ -68,17 +68,21 @@ async def test_mixed_batch_answers_each_item_in_order(api: Api) -> None:
         8: "in the past",
         9: "payload: Input should be a valid dictionary",
         10: "private",
-        11: "(body): Input should be a valid dictionary",
+        11: "item must be a JSON object",
     }
     for index, fragment in expected.items():
         assert fragment in errors[index], (index, errors[index])
 
     assert results[0]["state"] == "ready"
     assert results[2]["state"] == "scheduled"
-    stored = {r["key"]: r["id"] for r in await api.repo.pool.fetch(
-        "SELECT key, id FROM dispatcher.jobs")}
-    assert stored == {"ok-now": results[0]["id"], "ok-later": results[2]["id"],
-                      "ok-bulk": results[12]["id"]}
+    stored = {
+        r["key"]: r["id"] for r in await api.repo.pool.fetch("SELECT key, id FROM dispatcher.jobs")
+    }
+    assert stored == {
+        "ok-now": results[0]["id"],
+        "ok-later": results[2]["id"],
+        "ok-bulk": results[12]["id"],
+    }
     assert await api.count("outbox") == 2  # the two due now
 
 
@@ -117,9 +121,17 @@ async def test_concurrent_identical_batches_make_each_job_once(api: Api) -> None
 
 async def test_changed_item_under_an_existing_key_is_a_conflict(api: Api) -> None:
     original = await results_of(await post_batch(api, {"jobs": [item("k-1", payload={"v": 1})]}))
-    results = await results_of(await post_batch(api, {"jobs": [
-        item("k-1", payload={"v": 2}), item("k-2"),
-    ]}))
+    results = await results_of(
+        await post_batch(
+            api,
+            {
+                "jobs": [
+                    item("k-1", payload={"v": 2}),
+                    item("k-2"),
+                ]
+            },
+        )
+    )
     assert results[0]["status"] == "conflict"
     assert results[0]["id"] == original[0]["id"]
     assert "different request" in results[0]["error"]
@@ -129,9 +141,18 @@ async def test_changed_item_under_an_existing_key_is_a_conflict(api: Api) -> Non
 
 
 async def test_duplicate_keys_inside_one_batch(api: Api) -> None:
-    results = await results_of(await post_batch(api, {"jobs": [
-        item("d-1", payload={"v": 1}), item("d-1", payload={"v": 1}), item("d-1", payload={"v": 2}),
-    ]}))
+    results = await results_of(
+        await post_batch(
+            api,
+            {
+                "jobs": [
+                    item("d-1", payload={"v": 1}),
+                    item("d-1", payload={"v": 1}),
+                    item("d-1", payload={"v": 2}),
+                ]
+            },
+        )
+    )
     assert [r["status"] for r in results] == ["accepted", "existing", "conflict"]
     assert len({r["id"] for r in results}) == 1
     assert await api.count() == 1
@@ -173,14 +194,19 @@ async def test_a_malformed_batch_is_refused_whole(api: Api, body: Any, detail: s
 
 async def test_a_batch_over_the_body_limit_is_413(pool: asyncpg.Pool) -> None:
     async with serve_api(pool, body_limit_bytes=4096) as api:
-        doc = await problem(await post_batch(api, {"jobs": [
-            item(f"k-{i}", payload={"pad": "x" * 200}) for i in range(40)]}), 413)
+        doc = await problem(
+            await post_batch(
+                api, {"jobs": [item(f"k-{i}", payload={"pad": "x" * 200}) for i in range(40)]}
+            ),
+            413,
+        )
         assert "limit of 4096 bytes" in doc["detail"]
         assert await api.count() == 0
 
 
 async def test_invalid_json_is_a_problem(api: Api) -> None:
-    r = await api.client.post("/v1/jobs/batch", data=b'{"jobs": [', headers={
-        "Content-Type": "application/json"})
+    r = await api.client.post(
+        "/v1/jobs/batch", data=b'{"jobs": [', headers={"Content-Type": "application/json"}
+    )
     doc = await problem(r, 400)
     assert "not valid JSON" in doc["detail"]

@@ -42,8 +42,12 @@ async def test_accepts_a_due_job_with_202_location_and_one_outbox_row(api: Api) 
     assert stored is not None
     assert stored["payload"] == {"grant": 1}
     # the target was normalized by the HTTP effect's validator
-    assert stored["target"] == {"url": TARGET["url"], "method": "POST", "headers": {},
-                                "timeout_s": 30.0}
+    assert stored["target"] == {
+        "url": TARGET["url"],
+        "method": "POST",
+        "headers": {},
+        "timeout_s": 30.0,
+    }
     assert api.wakes == [1]  # workers were told there is new ready work
 
 
@@ -53,7 +57,10 @@ async def test_location_leads_to_the_status_resource(api: Api) -> None:
     assert status.status == 200
     view = await status.json()
     assert (view["id"], view["key"], view["state"], view["attempt"]) == (
-        (await r.json())["id"], "grant-2", "ready", 0,
+        (await r.json())["id"],
+        "grant-2",
+        "ready",
+        0,
     )
 
 
@@ -68,16 +75,29 @@ async def test_a_future_job_is_scheduled_without_an_outbox_row(api: Api) -> None
 
 
 async def test_every_optional_field_is_stored(api: Api) -> None:
-    r = await api.post_job("report-1", {
-        "handler": "report", "payload": {"month": "2026-05"}, "queue": "bulk",
-        "tenant": "t-9", "due_at": "2031-01-01T00:00:00Z", "max_attempts": 4,
-        "max_retry_age_s": 120,
-    })
+    r = await api.post_job(
+        "report-1",
+        {
+            "handler": "report",
+            "payload": {"month": "2026-05"},
+            "queue": "bulk",
+            "tenant": "t-9",
+            "due_at": "2031-01-01T00:00:00Z",
+            "max_attempts": 4,
+            "max_retry_age_s": 120,
+        },
+    )
     assert r.status == 202, await r.text()
     row = await api.repo.get((await r.json())["id"])
     assert row is not None
-    assert (row["handler"], row["queue"], row["tenant"], row["max_attempts"],
-            row["max_retry_age_s"], row["target"]) == ("report", "bulk", "t-9", 4, 120, None)
+    assert (
+        row["handler"],
+        row["queue"],
+        row["tenant"],
+        row["max_attempts"],
+        row["max_retry_age_s"],
+        row["target"],
+    ) == ("report", "bulk", "t-9", 4, 120, None)
 
 
 async def test_queue_defaults_fill_omitted_limits(api: Api) -> None:
@@ -101,37 +121,87 @@ INVALID_BODIES: list[tuple[str, Any, str]] = [
     ("unknown field in camel case", http_job(dueAt="2031-01-01T00:00:00Z"), "dueAt"),
     ("handler missing", {"target": TARGET}, "handler: Field required"),
     ("handler wrong type", http_job(handler=7), "handler: Input should be a valid string"),
-    ("max_attempts as string", http_job(max_attempts="5"), "max_attempts: Input should be a valid integer"),
-    ("max_attempts as bool", http_job(max_attempts=True), "max_attempts: Input should be a valid integer"),
-    ("max_attempts zero", http_job(max_attempts=0), "max_attempts: Input should be greater than or equal to 1"),
+    (
+        "max_attempts as string",
+        http_job(max_attempts="5"),
+        "max_attempts: Input should be a valid integer",
+    ),
+    (
+        "max_attempts as bool",
+        http_job(max_attempts=True),
+        "max_attempts: Input should be a valid integer",
+    ),
+    (
+        "max_attempts zero",
+        http_job(max_attempts=0),
+        "max_attempts: Input should be greater than or equal to 1",
+    ),
     ("max_retry_age_s negative", http_job(max_retry_age_s=-1), "max_retry_age_s"),
     ("tenant wrong type", http_job(tenant=17), "tenant: Input should be a valid string"),
-    ("due_at without offset", http_job(due_at="2031-05-31T00:00:00"), "due_at: must be an RFC 3339 timestamp with offset"),
+    (
+        "due_at without offset",
+        http_job(due_at="2031-05-31T00:00:00"),
+        "due_at: must be an RFC 3339 timestamp with offset",
+    ),
     ("due_at date only", http_job(due_at="2031-05-31"), "due_at: must be an RFC 3339"),
     ("due_at words", http_job(due_at="tomorrow"), "due_at: must be an RFC 3339"),
     ("due_at epoch number", http_job(due_at=1900000000), "due_at: must be an RFC 3339"),
     ("due_at impossible day", http_job(due_at="2031-02-30T00:00:00Z"), "due_at:"),
     ("payload is a list", http_job(payload=[1, 2]), "payload: Input should be a valid dictionary"),
-    ("payload is a string", http_job(payload="grant"), "payload: Input should be a valid dictionary"),
+    (
+        "payload is a string",
+        http_job(payload="grant"),
+        "payload: Input should be a valid dictionary",
+    ),
     ("payload is null", http_job(payload=None), "payload: Input should be a valid dictionary"),
     ("body is a list", [http_job()], "body must be a JSON object"),
-    ("unknown handler", http_job(handler="fax"), "handler: unknown handler 'fax'; known: http, report"),
-    ("unknown queue", http_job(queue="vip"), "queue: unknown queue 'vip'; configured: bulk, default"),
+    (
+        "unknown handler",
+        http_job(handler="fax"),
+        "handler: unknown handler 'fax'; known: http, report",
+    ),
+    (
+        "unknown queue",
+        http_job(queue="vip"),
+        "queue: unknown queue 'vip'; configured: bulk, default",
+    ),
     ("http without target", {"handler": "http"}, 'target: required for handler "http"'),
-    ("target on a python handler", {"handler": "report", "target": TARGET}, 'only handler "http" takes a target'),
+    (
+        "target on a python handler",
+        {"handler": "report", "target": TARGET},
+        'only handler "http" takes a target',
+    ),
     ("plain http target", http_job(target={"url": "http://hooks.example.com/"}), "use https"),
     ("loopback target", http_job(target={"url": "https://127.0.0.1/hook"}), "loopback"),
     ("metadata target", http_job(target={"url": "https://169.254.169.254/latest"}), "metadata"),
-    ("target unknown key", http_job(target={**TARGET, "verb": "POST"}), "target has unknown keys ['verb']"),
-    ("target GET", http_job(target={**TARGET, "method": "GET"}), "target.method 'GET' is not allowed"),
-    ("target overrides Idempotency-Key", http_job(target={**TARGET, "headers": {"Idempotency-Key": "x"}}),
-     "cannot be overridden"),
-    ("due_at long past", http_job(due_at="2020-01-01T00:00:00Z"), "more than 300 s in the past; omit due_at to run now"),
+    (
+        "target unknown key",
+        http_job(target={**TARGET, "verb": "POST"}),
+        "target has unknown keys ['verb']",
+    ),
+    (
+        "target GET",
+        http_job(target={**TARGET, "method": "GET"}),
+        "target.method 'GET' is not allowed",
+    ),
+    (
+        "target overrides Idempotency-Key",
+        http_job(target={**TARGET, "headers": {"Idempotency-Key": "x"}}),
+        "cannot be overridden",
+    ),
+    (
+        "due_at long past",
+        http_job(due_at="2020-01-01T00:00:00Z"),
+        "more than 300 s in the past; omit due_at to run now",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("body", "detail"), [(b, d) for _, b, d in INVALID_BODIES],
-                         ids=[name for name, _, _ in INVALID_BODIES])
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [(b, d) for _, b, d in INVALID_BODIES],
+    ids=[name for name, _, _ in INVALID_BODIES],
+)
 async def test_invalid_request_is_422_naming_the_field(api: Api, body: Any, detail: str) -> None:
     doc = await problem(await api.post_job("bad-1", body), 422)
     assert detail in doc["detail"]
@@ -140,8 +210,10 @@ async def test_invalid_request_is_422_naming_the_field(api: Api, body: Any, deta
 
 
 async def test_field_errors_are_listed_one_by_one(api: Api) -> None:
-    doc = await problem(await api.post_job("bad-2", {"handler": "http", "colour": "red",
-                                                     "max_attempts": "many"}), 422)
+    doc = await problem(
+        await api.post_job("bad-2", {"handler": "http", "colour": "red", "max_attempts": "many"}),
+        422,
+    )
     fields = {e["field"] for e in doc["errors"]}
     assert fields == {"colour", "max_attempts"}
     assert "colour" in doc["detail"] and "max_attempts" in doc["detail"]
@@ -157,15 +229,18 @@ async def test_past_tolerance_is_configurable(pool: asyncpg.Pool) -> None:
 @pytest.mark.parametrize(
     ("raw", "detail"),
     [
-        (b"{\"handler\": ", "body is not valid JSON"),
+        (b'{"handler": ', "body is not valid JSON"),
         (b"", "body is not valid JSON"),
-        (b"\"just a string\"", "body must be a JSON object"),
+        (b'"just a string"', "body must be a JSON object"),
     ],
     ids=["truncated", "empty", "string"],
 )
 async def test_a_body_that_is_not_a_json_object(api: Api, raw: bytes, detail: str) -> None:
-    r = await api.client.post("/v1/jobs", data=raw, headers={"Idempotency-Key": "raw-1",
-                                                             "Content-Type": "application/json"})
+    r = await api.client.post(
+        "/v1/jobs",
+        data=raw,
+        headers={"Idempotency-Key": "raw-1", "Content-Type": "application/json"},
+    )
     doc = await problem(r, 400 if "valid JSON" in detail else 422)
     assert detail in doc["detail"]
     assert await api.count() == 0
@@ -215,10 +290,15 @@ async def test_same_key_and_same_request_returns_the_same_job(api: Api) -> None:
     first = await api.post_job("same-1", body)
     second = await api.post_job("same-1", body)
     # the same request written differently: other key order, other offset for the same instant
-    third = await api.post_job("same-1", {
-        "due_at": "2031-05-31T02:00:00+02:00", "payload": {"b": [1, 2], "a": 1},
-        "target": TARGET, "handler": "http",
-    })
+    third = await api.post_job(
+        "same-1",
+        {
+            "due_at": "2031-05-31T02:00:00+02:00",
+            "payload": {"b": [1, 2], "a": 1},
+            "target": TARGET,
+            "handler": "http",
+        },
+    )
     ids = {(await r.json())["id"] for r in (first, second, third)}
     assert [r.status for r in (first, second, third)] == [202, 202, 202]
     assert len(ids) == 1
@@ -250,10 +330,12 @@ async def test_50_concurrent_posts_with_one_key_make_exactly_one_job(api: Api) -
 async def test_same_key_with_a_different_request_is_409(api: Api) -> None:
     first = await api.post_job("order-7", http_job(payload={"amount": 10}))
     job_id = (await first.json())["id"]
-    for changed in (http_job(payload={"amount": 11}),
-                    http_job(payload={"amount": 10}, due_at="2031-01-01T00:00:00Z"),
-                    http_job(payload={"amount": 10}, queue="bulk"),
-                    http_job(payload={"amount": 10}, target={"url": "https://other.example/"})):
+    for changed in (
+        http_job(payload={"amount": 11}),
+        http_job(payload={"amount": 10}, due_at="2031-01-01T00:00:00Z"),
+        http_job(payload={"amount": 10}, queue="bulk"),
+        http_job(payload={"amount": 10}, target={"url": "https://other.example/"}),
+    ):
         doc = await problem(await api.post_job("order-7", changed), 409)
         assert "'order-7'" in doc["detail"]
         assert f"job {job_id}" in doc["detail"]
@@ -289,18 +371,38 @@ async def secured(pool: asyncpg.Pool) -> AsyncIterator[Api]:
 
 @pytest.mark.parametrize(
     "authorization",
-    [None, "", "Bearer", "Bearer ", "Bearer tok-alpha", "Bearer tok-alpha-5b1e0cX",
-     "Basic tok-alpha-5b1e0c", "tok-alpha-5b1e0c", "Bearer t\u00f6k"],
-    ids=["none", "empty", "scheme-only", "blank-token", "prefix", "longer", "basic", "no-scheme",
-         "non-ascii"],
+    [
+        None,
+        "",
+        "Bearer",
+        "Bearer ",
+        "Bearer tok-alpha",
+        "Bearer tok-alpha-5b1e0cX",
+        "Basic tok-alpha-5b1e0c",
+        "tok-alpha-5b1e0c",
+        "Bearer t\u00f6k",
+    ],
+    ids=[
+        "none",
+        "empty",
+        "scheme-only",
+        "blank-token",
+        "prefix",
+        "longer",
+        "basic",
+        "no-scheme",
+        "non-ascii",
+    ],
 )
 async def test_missing_or_wrong_token_is_401_with_www_authenticate(
     secured: Api, authorization: str | None
 ) -> None:
     headers = {} if authorization is None else {"Authorization": authorization}
-    for r in (await secured.post_job("auth-1", http_job(), headers=headers),
-              await secured.client.get("/v1/jobs", headers=headers),
-              await secured.client.post("/v1/jobs/batch", json={"jobs": []}, headers=headers)):
+    for r in (
+        await secured.post_job("auth-1", http_job(), headers=headers),
+        await secured.client.get("/v1/jobs", headers=headers),
+        await secured.client.post("/v1/jobs/batch", json={"jobs": []}, headers=headers),
+    ):
         doc = await problem(r, 401)
         assert r.headers["WWW-Authenticate"].startswith("Bearer")
         assert "Authorization: Bearer <token>" in doc["detail"]
@@ -310,8 +412,9 @@ async def test_missing_or_wrong_token_is_401_with_www_authenticate(
 @pytest.mark.parametrize("token", TOKENS)
 async def test_any_configured_token_is_accepted(secured: Api, token: str) -> None:
     for scheme in ("Bearer", "bearer"):
-        r = await secured.post_job(f"auth-{token}-{scheme}", http_job(),
-                                   headers={"Authorization": f"{scheme} {token}"})
+        r = await secured.post_job(
+            f"auth-{token}-{scheme}", http_job(), headers={"Authorization": f"{scheme} {token}"}
+        )
         assert r.status == 202, await r.text()
 
 
@@ -326,7 +429,9 @@ async def test_tokens_file_is_honoured(pool: asyncpg.Pool, tmp_path: Any) -> Non
     tokens.write_text("tok-from-file-1\n")
     async with serve_api(pool, api_tokens_file=str(tokens)) as api:
         await problem(await api.post_job("f-1", http_job()), 401)
-        r = await api.post_job("f-1", http_job(), headers={"Authorization": "Bearer tok-from-file-1"})
+        r = await api.post_job(
+            "f-1", http_job(), headers={"Authorization": "Bearer tok-from-file-1"}
+        )
         assert r.status == 202
 
 
@@ -346,8 +451,15 @@ async def test_openapi_describes_the_api(api: Api) -> None:
     assert r.status == 200
     doc = await r.json()
     assert doc["openapi"].startswith("3.")
-    for path in ("/v1/jobs", "/v1/jobs/batch", "/v1/jobs/{id}", "/v1/jobs/{id}/retry",
-                 "/v1/jobs/{id}/cancel", "/healthz", "/readyz"):
+    for path in (
+        "/v1/jobs",
+        "/v1/jobs/batch",
+        "/v1/jobs/{id}",
+        "/v1/jobs/{id}/retry",
+        "/v1/jobs/{id}/cancel",
+        "/healthz",
+        "/readyz",
+    ):
         assert path in doc["paths"], path
     post = doc["paths"]["/v1/jobs"]["post"]
     assert {p["name"] for p in post["parameters"]} == {"Idempotency-Key"}
@@ -356,7 +468,13 @@ async def test_openapi_describes_the_api(api: Api) -> None:
     assert schemas["JobRequest"]["additionalProperties"] is False
     assert "handler" in schemas["JobRequest"]["required"]
     assert set(schemas["JobRequest"]["properties"]) >= {
-        "handler", "target", "payload", "queue", "tenant", "due_at", "max_attempts",
+        "handler",
+        "target",
+        "payload",
+        "queue",
+        "tenant",
+        "due_at",
+        "max_attempts",
         "max_retry_age_s",
     }
     assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"

@@ -45,7 +45,9 @@ def test_defaults_without_file_or_environment() -> None:
 
 
 def test_toml_file_then_environment_overrides_it(tmp_path: Path) -> None:
-    path = write(tmp_path, 'drain_timeout_s = 10\nlisten = "127.0.0.1:9000"\nbody_limit_bytes = 4096\n')
+    path = write(
+        tmp_path, 'drain_timeout_s = 10\nlisten = "127.0.0.1:9000"\nbody_limit_bytes = 4096\n'
+    )
     s = load_settings(path, {"DISPATCHER_DRAIN_TIMEOUT_S": "2.5"})
     assert s.drain_timeout_s == 2.5  # env wins
     assert s.listen == "127.0.0.1:9000"  # file kept where env is silent
@@ -65,29 +67,44 @@ def test_nested_override_merges_with_the_file(tmp_path: Path) -> None:
         tmp_path,
         "[queues.default]\nburst = 7\n[queues.bulk]\nmax_inflight = 3\n",
     )
-    s = load_settings(path, {"DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "50",
-                             "DISPATCHER_QUEUES__BULK__MAX_INFLIGHT": "9"})
+    s = load_settings(
+        path,
+        {
+            "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "50",
+            "DISPATCHER_QUEUES__BULK__MAX_INFLIGHT": "9",
+        },
+    )
     assert s.queues["default"].rate_per_s == 50.0
     assert s.queues["default"].burst == 7
     assert s.queues["bulk"].max_inflight == 9
 
 
 def test_nested_override_without_a_file() -> None:
-    s = load_settings(None, {"DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "12.5",
-                             "DISPATCHER_HTTP__DEFAULT_TIMEOUT_S": "5"})
+    s = load_settings(
+        None,
+        {
+            "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "12.5",
+            "DISPATCHER_HTTP__DEFAULT_TIMEOUT_S": "5",
+        },
+    )
     assert s.queues["default"].rate_per_s == 12.5
     assert s.queues["default"].burst == 1000  # the rest keeps its defaults
     assert s.http.default_timeout_s == 5.0
 
 
 def test_lists_from_comma_separated_environment() -> None:
-    s = load_settings(None, {
-        "DISPATCHER_API_TOKENS": " tok-a, tok-b,,tok-c ",
-        "DISPATCHER_TARGET_ALLOW_CIDRS": "127.0.0.0/8, ::1/128",
-    })
+    s = load_settings(
+        None,
+        {
+            "DISPATCHER_API_TOKENS": " tok-a, tok-b,,tok-c ",
+            "DISPATCHER_TARGET_ALLOW_CIDRS": "127.0.0.0/8, ::1/128",
+        },
+    )
     assert s.all_api_tokens() == ["tok-a", "tok-b", "tok-c"]
-    assert s.target_allow_cidrs == [ipaddress.ip_network("127.0.0.0/8"),
-                                    ipaddress.ip_network("::1/128")]
+    assert s.target_allow_cidrs == [
+        ipaddress.ip_network("127.0.0.0/8"),
+        ipaddress.ip_network("::1/128"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -117,24 +134,46 @@ def test_unrelated_environment_is_ignored() -> None:
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
-        ({"DISPATCHER_DRAIN_TIMEOUT_S": "-1"},
-         ["drain_timeout_s", "'-1'", "greater than or equal to 0", "DISPATCHER_DRAIN_TIMEOUT_S"]),
+        (
+            {"DISPATCHER_DRAIN_TIMEOUT_S": "-1"},
+            ["drain_timeout_s", "'-1'", "greater than or equal to 0", "DISPATCHER_DRAIN_TIMEOUT_S"],
+        ),
         ({"DISPATCHER_DRAIN_TIMEOUT_S": "soon"}, ["drain_timeout_s", "'soon'", "valid number"]),
         ({"DISPATCHER_LOG_LEVEL": "LOUD"}, ["log_level", "'LOUD'", "'DEBUG'", "'ERROR'"]),
         ({"DISPATCHER_LISTEN": "8080"}, ["listen", "'8080'", "host:port"]),
         ({"DISPATCHER_LISTEN": "127.0.0.1:99999"}, ["listen", "99999", "host:port"]),
-        ({"DISPATCHER_BODY_LIMIT_BYTES": "12"},
-         ["body_limit_bytes", "'12'", "greater than or equal to 1024"]),
+        (
+            {"DISPATCHER_BODY_LIMIT_BYTES": "12"},
+            ["body_limit_bytes", "'12'", "greater than or equal to 1024"],
+        ),
         ({"DISPATCHER_TARGET_ALLOW_HTTP": "maybe"}, ["target_allow_http", "'maybe'", "boolean"]),
-        ({"DISPATCHER_TARGET_ALLOW_CIDRS": "10.0.0.0/8,banana"},
-         ["target_allow_cidrs", "'banana'", "IPv4 network", "IPv6 network",
-          "DISPATCHER_TARGET_ALLOW_CIDRS)"]),
-        ({"DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "0"},
-         ["queues.default.rate_per_s", "'0'", "greater than 0",
-          "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S"]),
-        ({"DISPATCHER_QUEUES__DEFAULT__RATE_PR_S": "5"},
-         ["queues.default.rate_pr_s", "unknown setting", "rate_per_s"]),
-        ({"DISPATCHER_DRAIN_TIMOUT_S": "5"}, ["drain_timout_s", "unknown setting", "drain_timeout_s"]),
+        (
+            {"DISPATCHER_TARGET_ALLOW_CIDRS": "10.0.0.0/8,banana"},
+            [
+                "target_allow_cidrs",
+                "'banana'",
+                "IPv4 network",
+                "IPv6 network",
+                "DISPATCHER_TARGET_ALLOW_CIDRS)",
+            ],
+        ),
+        (
+            {"DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "0"},
+            [
+                "queues.default.rate_per_s",
+                "'0'",
+                "greater than 0",
+                "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S",
+            ],
+        ),
+        (
+            {"DISPATCHER_QUEUES__DEFAULT__RATE_PR_S": "5"},
+            ["queues.default.rate_pr_s", "unknown setting", "rate_per_s"],
+        ),
+        (
+            {"DISPATCHER_DRAIN_TIMOUT_S": "5"},
+            ["drain_timout_s", "unknown setting", "drain_timeout_s"],
+        ),
         ({"DISPATCHER_QUEUES__BULK__RATE_PER_S": "5"}, ["queues must include 'default'"]),
     ],
     ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else "",
@@ -149,7 +188,7 @@ def test_a_bad_value_is_one_line_naming_setting_value_and_what_is_allowed(
 
 
 def test_a_bad_value_in_the_file_names_the_setting_and_its_env_override(tmp_path: Path) -> None:
-    path = write(tmp_path, '[queues.default]\nburst = 0\n')
+    path = write(tmp_path, "[queues.default]\nburst = 0\n")
     message = config_error(path)
     assert message == (
         "setting queues.default.burst = 0: Input should be greater than or equal to 1 "
@@ -197,10 +236,14 @@ def test_public_view_masks_every_secret() -> None:
 @pytest.mark.parametrize(
     ("url", "masked"),
     [
-        ("postgresql://u:pw@h/db?password=pw2&sslmode=require",
-         "postgresql://u:*****@h/db?password=*****&sslmode=require"),
-        ("postgresql:///jobs?host=/run/postgresql&password=pw2",
-         "postgresql:///jobs?host=/run/postgresql&password=*****"),
+        (
+            "postgresql://u:pw@h/db?password=pw2&sslmode=require",
+            "postgresql://u:*****@h/db?password=*****&sslmode=require",
+        ),
+        (
+            "postgresql:///jobs?host=/run/postgresql&password=pw2",
+            "postgresql:///jobs?host=/run/postgresql&password=*****",
+        ),
         ("postgresql://u:p@w@h:5432/db", "postgresql://u:*****@h:5432/db"),
         ("postgresql://u@h/db", "postgresql://u@h/db"),
     ],
@@ -238,7 +281,9 @@ def test_a_secret_value_of_the_wrong_type_is_masked(tmp_path: Path) -> None:
 
 
 # the API must not be open to the network without tokens ---------------------------------------
-@pytest.mark.parametrize("listen", ["0.0.0.0:8080", "[::]:8080", "192.0.2.10:8080", "api.example:80"])
+@pytest.mark.parametrize(
+    "listen", ["0.0.0.0:8080", "[::]:8080", "192.0.2.10:8080", "api.example:80"]
+)
 def test_non_loopback_listen_without_tokens_is_refused(listen: str) -> None:
     message = config_error(DISPATCHER_LISTEN=listen)
     assert "\n" not in message
@@ -258,9 +303,14 @@ def test_non_loopback_listen_with_tokens_is_accepted() -> None:
 
 def test_tokens_file_supplies_tokens(tmp_path: Path) -> None:
     tokens = write(tmp_path, f"\n{TOKENS[0]}\n  {TOKENS[1]}  \n\n", "tokens")
-    s = load_settings(None, {"DISPATCHER_LISTEN": "0.0.0.0:8080",
-                             "DISPATCHER_API_TOKENS_FILE": str(tokens),
-                             "DISPATCHER_API_TOKENS": "tok-env"})
+    s = load_settings(
+        None,
+        {
+            "DISPATCHER_LISTEN": "0.0.0.0:8080",
+            "DISPATCHER_API_TOKENS_FILE": str(tokens),
+            "DISPATCHER_API_TOKENS": "tok-env",
+        },
+    )
     assert s.all_api_tokens() == ["tok-env", *TOKENS]
     assert_no_secret(json.dumps(s.public_view()))
     assert s.public_view()["api_tokens_file"] == str(tokens)
@@ -309,12 +359,13 @@ def test_handlers_from_the_file(tmp_path: Path) -> None:
     path = write(
         tmp_path,
         '[handlers.report]\nkind = "python"\nfunction = "reports.monthly:run"\n'
-        "[handlers.prune]\nkind = \"sql\"\nstatement = \"DELETE FROM t WHERE id < $1\"\n"
+        '[handlers.prune]\nkind = "sql"\nstatement = "DELETE FROM t WHERE id < $1"\n'
         'params = ["before"]\n',
     )
     s = load_settings(path, {})
     assert s.handlers["report"].function == "reports.monthly:run"
     assert s.handlers["prune"].params == ["before"]
-    broken = write(tmp_path, '[handlers.prune]\nkind = "sql"\nstatement = "SELECT $1, $2"\n',
-                   "broken.toml")
+    broken = write(
+        tmp_path, '[handlers.prune]\nkind = "sql"\nstatement = "SELECT $1, $2"\n', "broken.toml"
+    )
     assert "statement uses parameters [1, 2]" in config_error(broken)
