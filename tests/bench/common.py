@@ -235,6 +235,10 @@ class Server:
                 await admin.close()
 
 
+def db_name(dsn: str) -> str:
+    return urlsplit(dsn).path.lstrip("/")
+
+
 def run_migrate(dsn: str) -> None:
     env = {**os.environ, "DISPATCHER_DATABASE_URL": dsn, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "dispatcher.cli", "migrate"], env=env,
@@ -318,42 +322,97 @@ async def target_process() -> AsyncIterator[str]:
 
 
 class CpuMeter:
-    """CPU use over an interval: whole machine (busy %) and named processes (% of one core)."""
+    """CPU use over an interval, in % of one core: named processes, the PostgreSQL backends
+    serving `database`, and everything else on the machine ("others": other users' load, which
+    makes a figure unreliable when large)."""
 
-    def __init__(self, pids: dict[str, int]):
+    def __init__(self, pids: dict[str, int], database: str | None = None):
         self.pids = pids
+        self.database = database
         self._tick = os.sysconf("SC_CLK_TCK")
+        self._ncpu = os.cpu_count() or 1
 
-    def _machine(self) -> tuple[int, int]:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    @staticmethod
+    def _machine() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
         idle = fields[3] + fields[4]
         return sum(fields) - idle, sum(fields)
 
-    def _proc(self, pid: int) -> int:
+    @staticmethod
+    def _proc(pid: int) -> int:
         try:
             parts = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             return 0
-        return int(parts[11]) + int(parts[12])  # utime + stime
+        return int(parts[11]) + int(parts[12])  # utime + stime, in ticks
+
+    def _backends(self) -> dict[int, int]:
+        if not self.database:
+            return {}
+        found = {}
+        needle = f" {self.database} ".encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                title = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if title.startswith(b"postgres: ") and needle in title:
+                found[int(entry.name)] = self._proc(int(entry.name))
+        return found
 
     def __enter__(self) -> CpuMeter:
         self._t0 = time.monotonic()
         self._m0 = self._machine()
         self._p0 = {n: self._proc(p) for n, p in self.pids.items()}
+        self._b0 = self._backends()
         return self
 
     def __exit__(self, *exc: object) -> None:
         wall = max(time.monotonic() - self._t0, 1e-9)
+        b1 = self._backends()
         busy1, total1 = self._machine()
-        self.machine_busy_pct = 100.0 * (busy1 - self._m0[0]) / max(1, total1 - self._m0[1])
-        self.process_pct = {
-            n: 100.0 * (self._proc(p) - self._p0[n]) / self._tick / wall
-            for n, p in self.pids.items()
-        }
+        per_core = 100.0 / self._tick / wall
+        # whole machine, as % of one core (200% = both cores of a 2-CPU machine busy)
+        self.machine_pct = self._ncpu * 100.0 * (busy1 - self._m0[0]) / max(1, total1 - self._m0[1])
+        self.process_pct = {n: (self._proc(p) - self._p0[n]) * per_core
+                            for n, p in self.pids.items()}
+        if self.database:
+            self.process_pct["postgres"] = sum(
+                t - self._b0.get(pid, 0) for pid, t in b1.items()) * per_core
+        self.others_pct = max(0.0, self.machine_pct - sum(self.process_pct.values()))
 
     def summary(self) -> str:
         procs = ", ".join(f"{n} {v:.0f}%" for n, v in self.process_pct.items())
-        return f"cpu: machine {self.machine_busy_pct:.0f}% busy" + (f"; {procs}" if procs else "")
+        return (f"cpu %core: machine {self.machine_pct:.0f}/{self._ncpu * 100}"
+                + (f", {procs}" if procs else "") + f", others {self.others_pct:.0f}")
+
+    def as_json(self) -> dict[str, float]:
+        return {"machine": self.machine_pct, **self.process_pct, "others": self.others_pct}
+
+
+async def machine_busy_pct(seconds: float = 1.0) -> float:
+    busy0, total0 = CpuMeter._machine()
+    await asyncio.sleep(seconds)
+    busy1, total1 = CpuMeter._machine()
+    return 100.0 * (busy1 - busy0) / max(1, total1 - total0)
+
+
+async def wait_for_quiet(max_wait_s: float = 60.0, busy_below_pct: float = 15.0) -> float:
+    """Wait (bounded) until the machine is nearly idle, so other users' load does not skew the
+    next workload; return the busy % last seen (printed when the machine never quietened)."""
+    deadline = time.monotonic() + max_wait_s
+    quiet = 0
+    busy = 100.0
+    while time.monotonic() < deadline:
+        busy = await machine_busy_pct(0.5)
+        quiet = quiet + 1 if busy < busy_below_pct else 0
+        if quiet >= 2:
+            return busy
+    print(f"  (machine still {busy:.0f}% busy after waiting {max_wait_s:.0f} s for quiet; "
+          "figures may be low)", flush=True)
+    return busy
 
 
 # metrics ----------------------------------------------------------------------------------
@@ -411,6 +470,7 @@ class Bench:
     details: dict[str, Any] = field(default_factory=dict)
 
     async def open(self) -> Bench:
+        await wait_for_quiet()
         await self.server.open()
         version, settings = await self.server.describe()
         self.machine = machine_info(version, settings)
