@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import math
+from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from itertools import islice
@@ -57,6 +58,7 @@ log = logging.getLogger(__name__)
 # Periods further back than this are neither enumerated nor reported (a schedule that was off
 # for years does not make the daemon walk every minute of them).
 MAX_LOOKBACK = timedelta(days=366)
+MAX_RECORDED_MISSED = 10_000
 MAX_CATCH_UP_PERIODS = 1000
 # A period start may lie this far ahead of this process's clock (the caller's clock may lead).
 FUTURE_TOLERANCE = timedelta(seconds=60)
@@ -122,13 +124,11 @@ class CronService:
         self._stop_timeout_s = stop_timeout_s
         self._job_ids: list[str] = []
         self._inflight: set[asyncio.Task[Any]] = set()
-        self._started = False
         self._stopped = False
 
     # lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
         """Account for periods missed while down (late fires within grace), then schedule."""
-        self._started = True
         await self.run_once()
         if self._scheduler is None:
             self._scheduler = AsyncIOScheduler(timezone=UTC)
@@ -356,15 +356,26 @@ class CronService:
     async def _account(self, s: ScheduleSettings, now: datetime) -> RunReceipt | None:
         state = await self._runs.ensure_state(s.name, s.enabled, now)
         since = max(state.checked_through, now - MAX_LOOKBACK)
-        periods = list(s.schedule().periods(since, now, include_start=False))
-        have = await self._runs.run_periods_between(s.name, since, now) if periods else set()
-        missing = [p for p in periods if p not in have]
+        have = await self._runs.run_periods_between(s.name, since, now)
+        # the newest periods without a run (bounded: a long outage is summarised, not listed)
+        missing: deque[datetime] = deque(maxlen=MAX_RECORDED_MISSED + 1)
+        total = 0
+        for period in s.schedule().periods(since, now, include_start=False):
+            if period not in have:
+                missing.append(period)
+                total += 1
         grace = timedelta(seconds=s.misfire_grace_s)
         fire_period = None
         # A period passed while the schedule was disabled (as last configured) is never fired.
         if s.enabled and state.enabled and missing and now - missing[-1] <= grace:
             fire_period = missing.pop()
+            total -= 1
         missed = [MissedPeriod(p, self._missed_reason(s, state, now - p <= grace)) for p in missing]
+        if total > len(missed):
+            log.warning(
+                "cron %s: %d older periods without a run are not recorded individually",
+                s.name, total - len(missed),
+            )  # fmt: skip
         await self._report_missed(s, await self._runs.record_missed(s.name, missed))
         receipt = None
         through = now

@@ -298,8 +298,8 @@ async def daemon(dsn: str, env: dict[str, str], *, wait_ready: bool = True
 
 
 @contextlib.asynccontextmanager
-async def target_process() -> AsyncIterator[str]:
-    """A fast loopback HTTP target (aiohttp on uvloop) in its own process; yields its URL."""
+async def target_process() -> AsyncIterator[tuple[str, int]]:
+    """A fast loopback HTTP target (aiohttp on uvloop) in its own process; yields (url, pid)."""
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tests.bench.target_server", str(port),
@@ -315,7 +315,7 @@ async def target_process() -> AsyncIterator[str]:
 
     try:
         await wait_for(up, 20, what="target server")
-        yield url
+        yield url, proc.pid
     finally:
         proc.terminate()
         await proc.wait()
@@ -490,3 +490,28 @@ class Bench:
         path = save_results(self.name, self.machine, self.figures, {"details": self.details})
         print(f"\nresults appended to {path.relative_to(ROOT)}")
         self.server.close()
+
+
+@contextlib.asynccontextmanager
+async def profiled(pid: int, name: str, enabled: bool) -> AsyncIterator[Path | None]:
+    """With `enabled`, sample `pid` with py-spy (collapsed stacks, 250 Hz, non-blocking) into
+    /tmp/bench-profiles/<name>.txt while the block runs. py-spy is not a project dependency:
+    `.venv/bin/pip install py-spy`."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not enabled or not Path(spy).exists():
+        if enabled:
+            print("  (py-spy not installed: no profile)")
+        yield None
+        return
+    out = Path("/tmp/bench-profiles") / f"{name}.txt"
+    out.parent.mkdir(exist_ok=True)
+    proc = await asyncio.create_subprocess_exec(
+        spy, "record", "--pid", str(pid), "--rate", "250", "--nonblocking", "--format", "raw",
+        "--output", str(out), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    await asyncio.sleep(0.3)
+    try:
+        yield out
+    finally:
+        proc.send_signal(2)  # SIGINT: py-spy writes the file and exits
+        await proc.wait()
+        print(f"  profile: {out}")

@@ -501,3 +501,40 @@ async def test_status_shows_next_fire_last_receipt_and_unit_counts(
     assert view["last_run"]["units"]["pending"] == 0
     snapshot = await pool.fetchrow("SELECT succeeded, dead, cancelled FROM dispatcher.runs")
     assert tuple(snapshot) == (2, 1, 0)
+
+
+async def test_failed_fire_is_retried_by_the_next_tick_within_grace(
+    pool: asyncpg.Pool, registry: JobRepository
+) -> None:
+    failures = [1]
+
+    async def flaky(units_written: int) -> None:
+        if failures[0]:
+            failures[0] -= 1
+            raise OSError("connection reset by peer")
+
+    s = make_schedule("flaky", fanout={"tenants": ["a", "b"]}, misfire_grace_s=300)
+    svc = service(pool, registry, s, after_unit_batch=flaky)
+    await svc.run_once(now=utc(2025, 6, 1, 9, 59))
+    with pytest.raises(TriggerFailed, match="connection reset"):
+        await svc.fire("flaky", now=utc(2025, 6, 1, 10, 0, 1))
+    assert await run_count(pool, "flaky") == 0
+    fired = await svc.run_once(now=utc(2025, 6, 1, 10, 0, 31))  # the housekeeping tick
+    assert fired["flaky"] is not None and fired["flaky"].run_key == "flaky:2025-06-01T10:00:00Z"
+    assert await unit_count(pool, "flaky") == 2
+    assert await scalar(pool, "SELECT count(*) FROM dispatcher.missed_periods") == 0
+
+
+async def test_a_long_outage_is_summarised_not_enumerated_forever(
+    pool: asyncpg.Pool, registry: JobRepository
+) -> None:
+    svc = service(pool, registry, make_schedule("minutely", cron="* * * * *"))
+    await svc.run_once(now=utc(2025, 6, 1))
+    before = missed_metric("minutely")
+    started = time.monotonic()
+    await svc.run_once(now=utc(2025, 6, 21))  # 20 days = 28,800 periods
+    assert time.monotonic() - started < 30
+    assert missed_metric("minutely") - before == 10_000  # the newest 10,000 are recorded
+    (view,) = await svc.status(now=utc(2025, 6, 21))
+    assert view["missed"]["count"] == 10_000
+    assert view["missed"]["periods"][0]["period_start"] == "2025-06-20T23:59:00Z"

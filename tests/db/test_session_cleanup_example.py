@@ -127,11 +127,13 @@ async def test_example_session_cleanup_deletes_exactly_the_expired_rows(
     assert again.outcome == "existing" and [r.outcome for r in caught] == ["existing"]
     assert await run_units(repo, effect, schedule.queue) == []
     # and even a redelivered unit's statement (same period, same range) finds nothing to delete
-    for unit_payload in await pool.fetch(
+    for row in await pool.fetch(
         "SELECT payload FROM dispatcher.jobs WHERE run_key = $1", receipt.run_key
     ):
+        unit = row["payload"]
+        assert unit["period_start"] == "2025-06-01T01:15:00Z"
         status = await pool.execute(
-            handler.statement or "", *effect.arguments(unit_payload["payload"])
+            handler.statement or "", PERIOD, unit["range_start"], unit["range_end"], 100
         )
         assert status == "DELETE 0"
     assert await pool.fetchval(f"{FINGERPRINT} FROM app.sessions") == table_before

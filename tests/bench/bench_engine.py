@@ -1,0 +1,271 @@
+"""Dispatch engine: drain throughput, due-to-start latency at a steady rate, bursts at one instant.
+
+The daemon runs as a child process (`dispatcher run`) with the default queue's limits raised
+so the limiter never binds (rate 1,000,000/s, burst 100,000, 2,000 in flight, claim batch 1,000).
+Jobs enter through the SQL door; every time comes from the database clock (jobs.due_at,
+started_at, finished_at).
+
+  (a) drain: 20,000 due no-op jobs (python handler, non-transactional) inserted with the daemon
+      stopped; then the daemon starts; rate = jobs / (last finished_at - first started_at)
+  (b) the same with `http` jobs to a loopback aiohttp target in its own process
+  (c) due-to-start latency (started_at - due_at) at a steady 500 jobs/s for 10 s, one
+      `dispatcher.enqueue` per call, due now
+  (d) bursts: 2,000 and 10,000 jobs due at one instant T, enqueued ~5 s before T
+
+    .venv/bin/python -m tests.bench.bench_engine [--jobs 20000] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import time
+from typing import Any
+
+import asyncpg
+
+from tests.bench.common import (
+    LOOPBACK_HTTP_ENV,
+    NOOP_HANDLER_ENV,
+    UNLIMITED_QUEUE_ENV,
+    Bench,
+    CpuMeter,
+    Figure,
+    daemon,
+    db_name,
+    histogram,
+    histogram_quantile,
+    profiled,
+    register_handler,
+    run,
+    target_process,
+    wait_for,
+    wait_for_quiet,
+)
+
+DRAIN_TARGET_PER_S = 10_000
+LATENCY_P99_TARGET_S = 0.025
+BURST_2000_TARGET_S = 0.100
+ENGINE_ENV = {**UNLIMITED_QUEUE_ENV, **NOOP_HANDLER_ENV, **LOOPBACK_HTTP_ENV}
+
+# 'n' jobs of one handler, due at $3 (NULL = now), in one statement.
+ENQUEUE_BULK = """
+SELECT count(*) FROM dispatcher.enqueue_many(
+       (SELECT array_agg($1 || g) FROM generate_series(1, $2) g),
+       array_fill($4::text, ARRAY[$2]),
+       (SELECT array_agg(jsonb_build_object('n', g)) FROM generate_series(1, $2) g),
+       CASE WHEN $3::timestamptz IS NULL THEN NULL ELSE array_fill($3::timestamptz, ARRAY[$2]) END,
+       NULL, NULL,
+       CASE WHEN $5::jsonb IS NULL THEN NULL ELSE array_fill($5::jsonb, ARRAY[$2]) END)
+"""
+TERMINAL = "SELECT count(*) FROM dispatcher.jobs WHERE state IN ('succeeded', 'dead', 'cancelled')"
+
+
+async def enqueue_bulk(conn: asyncpg.Connection, prefix: str, n: int, *, due: Any = None,
+                       handler: str = "noop", target: dict[str, Any] | None = None) -> int:
+    total = 0
+    for start in range(0, n, 10_000):
+        total += await conn.fetchval(ENQUEUE_BULK, f"{prefix}-{start}-", min(10_000, n - start),
+                                     due, handler, json.dumps(target) if target else None)
+    return total
+
+
+async def wait_terminal(conn: asyncpg.Connection, n: int, timeout_s: float, what: str) -> float:
+    async def done() -> bool:
+        return int(await conn.fetchval(TERMINAL)) >= n
+
+    return await wait_for(done, timeout_s, interval_s=0.05, what=what)
+
+
+async def outcome_counts(conn: asyncpg.Connection) -> dict[str, int]:
+    rows = await conn.fetch("SELECT state, count(*)::int AS n FROM dispatcher.jobs GROUP BY state")
+    return {r["state"]: r["n"] for r in rows}
+
+
+async def drain(bench: Bench, args: argparse.Namespace, *, http: bool) -> None:
+    """(a)/(b): jobs waiting before the daemon starts; time the drain on the database clock."""
+    n = args.jobs
+    label = "http to loopback target" if http else "no-op python"
+    async with contextlib.AsyncExitStack() as stack:
+        dsn = await stack.enter_async_context(bench.server.database())
+        url, target_pid = await stack.enter_async_context(target_process()) if http else ("", 0)
+        await register_handler(dsn, "noop")
+        conn = await asyncpg.connect(dsn)
+        try:
+            await enqueue_bulk(conn, "drain", n, handler="http" if http else "noop",
+                               target={"url": url} if http else None)
+            ready = await conn.fetchval("SELECT count(*) FROM dispatcher.outbox")
+            assert ready == n, f"{ready} outbox rows for {n} jobs"
+            await conn.execute("VACUUM ANALYZE dispatcher.jobs, dispatcher.outbox")
+            await wait_for_quiet(30)
+            spawned = time.monotonic()
+            async with daemon(dsn, ENGINE_ENV, wait_ready=False) as d:
+                assert d.proc is not None
+                pids = {"daemon": d.proc.pid, **({"target": target_pid} if http else {})}
+                with CpuMeter(pids, db_name(dsn)) as cpu:
+                    done_at = await wait_terminal(conn, n, 120, f"{n} jobs to finish")
+            stats = await conn.fetchrow("""
+                SELECT extract(epoch FROM max(finished_at) - min(started_at))::float8 AS span_s,
+                       extract(epoch FROM max(started_at) - min(started_at))::float8 AS starts_s,
+                       count(*) FILTER (WHERE attempt > 1)::int AS retried
+                  FROM dispatcher.jobs""")
+            states = await outcome_counts(conn)
+        finally:
+            await conn.close()
+    rate = n / stats["span_s"]
+    bench.details[f"drain_{'http' if http else 'noop'}"] = {
+        "jobs": n, "states": states, "span_s": stats["span_s"], "starts_span_s": stats["starts_s"],
+        "retried": stats["retried"], "spawn_to_done_s": done_at - spawned, "cpu": cpu.as_json()}
+    bench.add(Figure(
+        f"drain {n:,} due jobs, {label}", rate, "jobs/s",
+        at_least=None if http else DRAIN_TARGET_PER_S,
+        note=f"first start to last finish {stats['span_s']:.2f} s (process spawn to done "
+             f"{done_at - spawned:.1f} s); states {states}; {cpu.summary()}"))
+
+
+async def profile_drain(bench: Bench, args: argparse.Namespace) -> None:
+    """py-spy profile of the daemon draining no-op jobs enqueued while it runs (attach first)."""
+    async with bench.server.database() as dsn, daemon(dsn, ENGINE_ENV) as d:
+        assert d.proc is not None
+        conn = await asyncpg.connect(dsn)
+        try:
+            async with profiled(d.proc.pid, "drain_noop", True):
+                await enqueue_bulk(conn, "prof", args.jobs)
+                await wait_terminal(conn, args.jobs, 120, "profiled drain")
+            print(f"  profiled drain states: {await outcome_counts(conn)}")
+        finally:
+            await conn.close()
+
+
+async def steady_latency(bench: Bench, args: argparse.Namespace) -> None:
+    """(c): one due-now enqueue per call at a steady rate; started_at - due_at per job."""
+    rate, seconds = args.rate, args.seconds
+    n = int(rate * seconds)
+    async with bench.server.database() as dsn, daemon(dsn, ENGINE_ENV) as d:
+        assert d.proc is not None
+        pool = await asyncpg.create_pool(dsn, min_size=8, max_size=8)
+        assert pool is not None
+        conn = await asyncpg.connect(dsn)
+        try:
+            # warm-up: the daemon prepares its statements on the first claims
+            for i in range(20):
+                await pool.execute("SELECT dispatcher.enqueue($1, 'noop')", f"warm-{i}")
+            await wait_terminal(conn, 20, 30, "warm-up jobs")
+            await conn.execute("DELETE FROM dispatcher.jobs")
+            before = await histogram(d.base_url, "dispatcher_due_to_start_seconds",
+                                     'queue="default"')
+            await wait_for_quiet(30)
+            with CpuMeter({"daemon": d.proc.pid}, db_name(dsn)) as cpu:
+                async with profiled(d.proc.pid, "steady_latency", args.profile):
+                    sent = await paced_enqueue(pool, n, rate)
+                    await wait_terminal(conn, n, 60, f"{n} paced jobs")
+            after = await histogram(d.base_url, "dispatcher_due_to_start_seconds",
+                                    'queue="default"')
+            row = await conn.fetchrow("""
+                SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY d) AS q,
+                       max(d) AS max, count(*)::int AS n
+                  FROM (SELECT extract(epoch FROM started_at - due_at)::float8 AS d
+                          FROM dispatcher.jobs WHERE key LIKE 'lat-%') x""")
+            states = await outcome_counts(conn)
+        finally:
+            await conn.close()
+            await pool.close()
+    p50, p95, p99 = row["q"]
+    hist = {q: histogram_quantile(q, before, after) for q in (0.5, 0.95, 0.99)}
+    bench.details["steady_latency"] = {
+        "rate_asked": rate, "rate_sent": sent, "jobs": row["n"], "states": states,
+        "db_s": {"p50": p50, "p95": p95, "p99": p99, "max": row["max"]},
+        "histogram_s": hist, "cpu": cpu.as_json()}
+    common = f"{row['n']:,} jobs at {sent:.0f}/s"
+    bench.add(Figure(f"due-to-start p50 at {rate}/s", p50 * 1000, "ms", note=common))
+    bench.add(Figure(f"due-to-start p95 at {rate}/s", p95 * 1000, "ms"))
+    bench.add(Figure(f"due-to-start p99 at {rate}/s", p99 * 1000, "ms",
+                     at_most=LATENCY_P99_TARGET_S * 1000,
+                     note=f"max {row['max'] * 1000:.1f} ms; {cpu.summary()}"))
+    bench.add(Figure(f"due-to-start p99 at {rate}/s, from the histogram", hist[0.99] * 1000, "ms",
+                     note=f"dispatcher_due_to_start_seconds, bucket-interpolated; p50 "
+                          f"{hist[0.5] * 1000:.1f} ms, p95 {hist[0.95] * 1000:.1f} ms"))
+
+
+async def paced_enqueue(pool: asyncpg.Pool, n: int, rate: float) -> float:
+    """Send `n` single enqueues at `rate`/s (each due now); return the achieved rate."""
+    tasks = []
+    start = time.monotonic()
+    for i in range(n):
+        delay = start + i / rate - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(
+            pool.execute("SELECT dispatcher.enqueue($1, 'noop')", f"lat-{i}")))
+    await asyncio.gather(*tasks)
+    return n / max(time.monotonic() - start, 1e-9)
+
+
+async def bursts(bench: Bench, args: argparse.Namespace) -> None:
+    """(d): n jobs all due at one instant T, enqueued ~5 s before it."""
+    async with bench.server.database() as dsn, daemon(dsn, ENGINE_ENV) as d:
+        assert d.proc is not None
+        conn = await asyncpg.connect(dsn)
+        try:
+            for i, n in enumerate(args.bursts):
+                await conn.execute("DELETE FROM dispatcher.jobs")
+                await conn.execute("VACUUM ANALYZE dispatcher.jobs, dispatcher.outbox")
+                await wait_for_quiet(30)
+                due = await conn.fetchval("SELECT now() + interval '5 s'")
+                await enqueue_bulk(conn, f"burst{i}", n, due=due)
+                with CpuMeter({"daemon": d.proc.pid}, db_name(dsn)) as cpu:
+                    async with profiled(d.proc.pid, f"burst_{n}", args.profile):
+                        await wait_terminal(conn, n, 90, f"burst of {n}")
+                row = await conn.fetchrow("""
+                    SELECT extract(epoch FROM min(started_at) - $1)::float8 AS first_start,
+                           extract(epoch FROM percentile_cont(0.5) WITHIN GROUP
+                                   (ORDER BY started_at - $1))::float8 AS p50_start,
+                           extract(epoch FROM max(started_at) - $1)::float8 AS last_start,
+                           extract(epoch FROM max(finished_at) - $1)::float8 AS last_finish,
+                           extract(epoch FROM $1 - max(created_at))::float8 AS lead_s
+                      FROM dispatcher.jobs""", due)
+                states = await outcome_counts(conn)
+                bench.details[f"burst_{n}"] = {**dict(row), "states": states, "cpu": cpu.as_json()}
+                bench.add(Figure(
+                    f"burst of {n:,} due at T: last started", row["last_start"] * 1000, "ms after T",
+                    at_most=BURST_2000_TARGET_S * 1000 if n == 2000 else None,
+                    note=f"first start {row['first_start'] * 1000:.1f} ms, median "
+                         f"{row['p50_start'] * 1000:.1f} ms after T; enqueued "
+                         f"{row['lead_s']:.1f} s before T"))
+                bench.add(Figure(f"burst of {n:,} due at T: last finished",
+                                 row["last_finish"] * 1000, "ms after T",
+                                 note=f"states {states}; {cpu.summary()}"))
+        finally:
+            await conn.close()
+
+
+async def main(args: argparse.Namespace) -> None:
+    bench = await Bench("bench_engine").open()
+    bench.details["daemon_env"] = ENGINE_ENV
+    only = set(args.only.split(",")) if args.only else {"drain", "http", "latency", "burst"}
+    if "drain" in only:
+        await drain(bench, args, http=False)
+    if "http" in only:
+        await drain(bench, args, http=True)
+    if "latency" in only:
+        await steady_latency(bench, args)
+    if "burst" in only:
+        await bursts(bench, args)
+    if args.profile:
+        await profile_drain(bench, args)
+    bench.finish("dispatch engine")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=20_000, help="jobs per drain")
+    parser.add_argument("--rate", type=int, default=500, help="steady enqueue rate, jobs/s")
+    parser.add_argument("--seconds", type=float, default=10.0, help="steady-rate duration")
+    parser.add_argument("--bursts", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[2000, 10_000], help="burst sizes, comma-separated")
+    parser.add_argument("--only", default="", help="comma-separated: drain,http,latency,burst")
+    parser.add_argument("--profile", action="store_true",
+                        help="also record py-spy profiles of the daemon (/tmp/bench-profiles)")
+    run(lambda: main(parser.parse_args()))

@@ -1,0 +1,218 @@
+"""The `dispatcher` command as a user runs it: a real child process, configured by the
+environment; version, help, check-config, configuration errors and migrate."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from dispatcher import __version__
+from dispatcher.db import migrations
+from tests.conftest import with_database
+
+TIMEOUT_S = 60.0
+SECRETS = ("hunter2-db-pass", "tok-alpha-5b1e", "tok-beta-77c2", "MfKQ9r8GKYqrTwjUPD8ILPZIo2")
+SECRET_ENV = {
+    "DISPATCHER_DATABASE_URL": "postgresql://app:hunter2-db-pass@db.internal:5432/jobs",
+    "DISPATCHER_API_TOKENS": "tok-alpha-5b1e,tok-beta-77c2",
+    "DISPATCHER_HTTP__SIGNING_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+}
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+
+def command() -> list[str]:
+    """The installed console script, as users run it (or the module when not installed)."""
+    script = shutil.which("dispatcher", path=str(Path(sys.executable).parent))
+    return [script] if script else [sys.executable, "-m", "dispatcher.cli"]
+
+
+async def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> Result:
+    # start from a clean slate: no DISPATCHER_* from the developer's shell
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHER_")}
+    proc = await asyncio.create_subprocess_exec(
+        *command(),
+        *args,
+        cwd=cwd,
+        env={**base, **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT_S)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode is not None
+    return Result(proc.returncode, out.decode(), err.decode())
+
+
+def assert_no_secret(result: Result) -> None:
+    for secret in SECRETS:
+        assert secret not in result.stdout
+        assert secret not in result.stderr
+
+
+async def test_version(tmp_path: Path) -> None:
+    result = await cli("--version", cwd=tmp_path)
+    assert (result.code, result.stdout.strip()) == (0, f"dispatcher {__version__}")
+
+
+async def test_help_names_the_commands_and_the_database_choice(tmp_path: Path) -> None:
+    result = await cli("--help", cwd=tmp_path)
+    assert result.code == 0
+    for word in ("run", "migrate", "check-config", "jobs", "DISPATCHER_DATABASE_URL", "--config"):
+        assert word in result.stdout
+    bare = await cli(cwd=tmp_path)
+    assert bare.code == 2  # a command is required
+    assert "COMMAND" in bare.stderr
+
+
+async def test_check_config_prints_the_effective_configuration_with_secrets_masked(
+    tmp_path: Path,
+) -> None:
+    result = await cli(
+        "check-config", cwd=tmp_path, env={**SECRET_ENV, "DISPATCHER_LISTEN": "0.0.0.0:9000"}
+    )
+    assert result.code == 0, result.stderr
+    view = json.loads(result.stdout)
+    assert view["listen"] == "0.0.0.0:9000"
+    assert view["database_url"] == "postgresql://app:*****@db.internal:5432/jobs"
+    assert len(view["api_tokens"]) == 2
+    assert view["drain_timeout_s"] == 30.0
+    assert_no_secret(result)
+
+
+async def test_check_config_reads_the_file_and_env_wins(tmp_path: Path) -> None:
+    config = tmp_path / "dispatcher.toml"
+    config.write_text(
+        'drain_timeout_s = 12\nstate_dir = "/srv/state"\n[queues.default]\nrate_per_s = 5\n'
+    )
+    env = {"DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "7"}
+    for args, extra in (
+        (("check-config", "--config", str(config)), {}),
+        (("check-config",), {"DISPATCHER_CONFIG": str(config)}),
+    ):
+        result = await cli(*args, cwd=tmp_path, env={**env, **extra})
+        assert result.code == 0, result.stderr
+        view = json.loads(result.stdout)
+        assert (view["drain_timeout_s"], view["state_dir"]) == (12.0, "/srv/state")
+        assert view["queues"]["default"]["rate_per_s"] == 7.0
+
+
+@pytest.mark.parametrize("command_name", ["check-config", "run", "migrate"])
+async def test_a_bad_value_exits_2_with_one_line(tmp_path: Path, command_name: str) -> None:
+    result = await cli(
+        command_name, cwd=tmp_path, env={**SECRET_ENV, "DISPATCHER_DRAIN_TIMEOUT_S": "soon"}
+    )
+    assert result.code == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "dispatcher: configuration error: setting drain_timeout_s = 'soon': Input should be a "
+        "valid number, unable to parse string as a number (env DISPATCHER_DRAIN_TIMEOUT_S)"
+    ]
+    assert_no_secret(result)
+
+
+async def test_a_bad_config_changes_nothing(tmp_path: Path, empty_db_url: str) -> None:
+    state = tmp_path / "state"
+    bad = {"DISPATCHER_STATE_DIR": str(state), "DISPATCHER_SCAN_BATCH": "0"}
+    run = await cli("run", cwd=tmp_path, env=bad)
+    assert run.code == 2
+    assert "setting scan_batch = '0'" in run.stderr
+    assert not state.exists()  # no embedded database was created
+    assert os.listdir(tmp_path) == []  # nothing at all in the working directory
+
+    migrate = await cli(
+        "migrate", cwd=tmp_path, env={**bad, "DISPATCHER_DATABASE_URL": empty_db_url}
+    )
+    assert migrate.code == 2
+    conn = await asyncpg.connect(empty_db_url)
+    try:
+        assert await conn.fetchval("SELECT to_regnamespace('dispatcher')") is None
+    finally:
+        await conn.close()
+
+
+async def test_a_non_loopback_api_without_tokens_refuses_to_start(
+    tmp_path: Path, db_url: str
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = await cli(
+        "run",
+        cwd=tmp_path,
+        env={"DISPATCHER_DATABASE_URL": db_url, "DISPATCHER_LISTEN": f"0.0.0.0:{port}"},
+    )
+    assert result.code == 2
+    assert len(result.stderr.splitlines()) == 1
+    assert f"listen = '0.0.0.0:{port}' is not loopback" in result.stderr
+    assert "DISPATCHER_API_TOKENS" in result.stderr
+
+
+@pytest.fixture
+async def empty_db_url(server_url: str) -> AsyncIterator[str]:
+    """A database without any dispatcher schema."""
+    name = f"dispatcher_empty_{os.getpid()}"
+    admin = await asyncpg.connect(server_url)
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield with_database(server_url, name)
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+async def migration_rows(url: str) -> list[tuple[int, str]]:
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch("SELECT version, name FROM dispatcher.migrations ORDER BY version")
+        return [(r["version"], r["name"]) for r in rows]
+    finally:
+        await conn.close()
+
+
+async def test_migrate_applies_everything_once_then_is_a_noop(
+    tmp_path: Path, empty_db_url: str
+) -> None:
+    env = {"DISPATCHER_DATABASE_URL": empty_db_url}
+    names = [name for _, name, _ in migrations.available()]
+
+    first = await cli("migrate", cwd=tmp_path, env=env)
+    assert first.code == 0, first.stderr
+    assert first.stdout.strip() == "applied: " + ", ".join(names)
+    applied = await migration_rows(empty_db_url)
+    assert applied == [(version, name) for version, name, _ in migrations.available()]
+
+    second = await cli("migrate", cwd=tmp_path, env=env)
+    assert second.code == 0, second.stderr
+    assert second.stdout.strip() == "schema is current"
+    assert await migration_rows(empty_db_url) == applied
+
+
+async def test_migrate_on_the_current_test_database_twice(tmp_path: Path, db_url: str) -> None:
+    before = await migration_rows(db_url)
+    for _ in range(2):
+        result = await cli("migrate", cwd=tmp_path, env={"DISPATCHER_DATABASE_URL": db_url})
+        assert result.code == 0, result.stderr
+        assert result.stdout.strip() == "schema is current"
+    assert await migration_rows(db_url) == before
+    assert not (tmp_path / "var").exists()  # the external database was used
