@@ -49,6 +49,16 @@ def build_parser() -> argparse.ArgumentParser:
     status = command("status", "jobs per queue and state, oldest ready age, dead letters")
     status.add_argument("--json", action="store_true", help="one JSON document for scripts")
 
+    schedules = command("schedules", "schedules: next fire, last run receipt, missed periods")
+    schedules.add_argument("--json", action="store_true", help="one JSON document for scripts")
+    catch_up = command("catch-up", "create the runs of missed periods of a schedule (idempotent)")
+    catch_up.add_argument("schedule", help="schedule name from [[schedules]]")
+    catch_up.add_argument("--from", dest="start", required=True, metavar="T",
+                          help="first period start, RFC 3339 (e.g. 2026-05-30T02:00:00Z)")
+    catch_up.add_argument("--to", dest="end", required=True, metavar="T",
+                          help="last period start, RFC 3339 (inclusive)")
+    catch_up.add_argument("--json", action="store_true")
+
     jobs = command("jobs", "inspect and operate jobs (works whether the daemon runs or not)")
     jobs_sub = jobs.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = jobs_sub.add_parser("list", help="list jobs, newest first")
@@ -197,6 +207,81 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def cmd_schedules(settings: Settings, args: argparse.Namespace) -> int:
+    async def run(service: Any) -> int:
+        status = await service.status()
+        if args.json:
+            print(json.dumps({"schedules": status}, indent=2, default=_plain))
+            return 0
+        if not status:
+            print("no schedules configured ([[schedules]] in the configuration file)")
+        for entry in status:
+            print(format_schedule(entry))
+        return 0
+
+    return with_cron(settings, run)
+
+
+def cmd_catch_up(settings: Settings, args: argparse.Namespace) -> int:
+    start, end = parse_time(args.start, "--from"), parse_time(args.end, "--to")
+
+    async def run(service: Any) -> int:
+        receipts = await service.catch_up(args.schedule, start, end)
+        views = [r.to_json() for r in receipts]
+        if args.json:
+            print(json.dumps(views, indent=2))
+        else:
+            for v in views:
+                print(f"{v['run_key']}  {v['outcome']:<9} units={v['units']['total']}")
+            created = sum(1 for v in views if v["outcome"] == "created")
+            print(f"{created} run(s) created, {len(views) - created} already existed")
+        return 0
+
+    return with_cron(settings, run)
+
+
+def with_cron(settings: Settings, body: Callable[[Any], Awaitable[int]]) -> int:
+    from dispatcher.db.jobs import JobRepository
+    from dispatcher.scheduling.cron_service import CronService
+
+    async def run() -> int:
+        async with database(settings) as (_dsn, pool):
+            service = CronService(pool, JobRepository(pool), settings.schedules)
+            try:
+                return await body(service)
+            except (LookupError, ValueError) as exc:
+                print(f"dispatcher: {exc}", file=sys.stderr)
+                return EXIT_USAGE
+
+    return asyncio.run(run())
+
+
+def parse_time(value: str, option: str) -> datetime:
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise SystemExit(f"dispatcher: {option} {value!r} is not RFC 3339, e.g. 2026-05-30T02:00:00Z")
+    if parsed.tzinfo is None:
+        raise SystemExit(f"dispatcher: {option} {value!r} needs a UTC offset, e.g. ...T02:00:00Z")
+    return parsed
+
+
+def format_schedule(entry: dict[str, Any]) -> str:
+    lines = [f"{entry.get('name')}  cron={entry.get('cron')!r} tz={entry.get('timezone')} "
+             f"enabled={entry.get('enabled')} next={entry.get('next_fire_at')}"]
+    last = entry.get("last_run")
+    if last:
+        u = last["units"]
+        lines.append(f"  last run {last['run_key']}: {u['succeeded']} done, {u['dead']} dead, "
+                     f"{u['pending']} pending of {u['total']} ({last['overlap_decision']})")
+    else:
+        lines.append("  no run yet")
+    missed = entry.get("missed") or {}
+    if missed.get("count"):
+        lines.append(f"  MISSED {missed['count']} period(s); catch up with: {missed['catch_up']}")
+    return "\n".join(lines)
+
+
 def print_jobs(views: list[dict[str, Any]], *, as_json: bool) -> None:
     if as_json:
         print(json.dumps(views, indent=2))
@@ -230,6 +315,8 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "check-config": cmd_check_config,
     "jobs": cmd_jobs,
     "status": cmd_status,
+    "schedules": cmd_schedules,
+    "catch-up": cmd_catch_up,
 }
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from dispatcher.effects.http import HttpEffect
 from dispatcher.effects.python import PythonEffect
 from dispatcher.effects.sql import SqlEffect
 from dispatcher.intake import Intake
+from dispatcher.scheduling.cron_service import CronService
 from dispatcher.scheduling.due_scan import DueScanner
 from dispatcher.scheduling.pruning import Pruner
 from dispatcher.scheduling.sampler import MetricsSampler
@@ -195,10 +196,14 @@ class Daemon:
                               max_instances=1, coalesce=True, id="retention")
             scheduler.start()
             stack.callback(lambda: scheduler.running and scheduler.shutdown(wait=False))
+            cron = CronService(pool, repo, s.schedules, scheduler=scheduler, on_enqueued=wake_all)
+            await cron.start()
+            stack.push_async_callback(cron.stop)
 
             intake = Intake(s, repo, lambda t: HttpEffect.validate_target(t, s), wake_all)
             app = create_app(repo=repo, intake=intake, readiness=self.readiness,
-                             tokens=s.all_api_tokens(), body_limit_bytes=s.body_limit_bytes)
+                             tokens=s.all_api_tokens(), body_limit_bytes=s.body_limit_bytes,
+                             schedules=cron)
             runner = web.AppRunner(app, handle_signals=False, access_log=None,
                                    shutdown_timeout=5)
             await runner.setup()
@@ -217,6 +222,7 @@ class Daemon:
             await self.stop_requested.wait()
             sdnotify.notify("STOPPING=1")
             self.draining = True
+            await cron.stop()
             if scheduler.running:
                 scheduler.shutdown(wait=False)
             await scanner.stop()

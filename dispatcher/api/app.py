@@ -26,6 +26,8 @@ from dispatcher.api.schemas import (
     valid_key,
 )
 from dispatcher.db.jobs import JobRepository
+from dispatcher.db.runs import TriggerFailed
+from dispatcher.scheduling.cron import PeriodError
 from dispatcher.intake import Intake, Rejected
 from dispatcher.model import STATES, EnqueueResult
 
@@ -303,7 +305,7 @@ async def trigger_schedule(request: web.Request) -> web.Response:
     if not isinstance(data, dict) or set(data) != {"period_start"} or not isinstance(
         data["period_start"], str
     ):
-        raise Problem(422, 'body must be {"period_start": "<RFC 3339 time of the period>"}')
+        raise Problem(422, 'body must be {"period_start": "<RFC 3339 start of the period>"}')
     try:
         period = datetime.fromisoformat(data["period_start"].replace("Z", "+00:00"))
     except ValueError:
@@ -312,9 +314,12 @@ async def trigger_schedule(request: web.Request) -> web.Response:
         raise Problem(422, "period_start: needs a UTC offset, e.g. 2026-05-31T02:00:00Z")
     try:
         receipt = await service.trigger(name, period)
-    except ValueError as exc:
-        raise Problem(422, str(exc)) from None
-    return web.json_response(receipt, status=202, dumps=_dumps)
+    except PeriodError as exc:
+        raise Problem(422, f"period_start: {exc}") from None
+    except TriggerFailed as exc:
+        raise Problem(503, f"{exc}; retry the same request (it is idempotent)") from None
+    return web.json_response(receipt.to_json(), dumps=_dumps,
+                             status=202 if receipt.outcome == "created" else 200)
 
 
 def _dumps(value: Any) -> str:

@@ -74,7 +74,11 @@ class Executor:
         except asyncio.CancelledError:
             raise  # drain: the pool releases the lease
         except Exception as exc:
-            await self._retry(job, f"{type(exc).__name__}: {exc}", None, "error")
+            error = f"{type(exc).__name__}: {exc}"
+            if _is_permanent_sql_error(exc):
+                await self._fail(job, permanent=True, delay_s=0, error=error, reason="sql_error")
+            else:
+                await self._retry(job, error, None, "error")
         else:
             self._m_duration.observe(time.perf_counter() - started)
             if recorded:
@@ -115,3 +119,13 @@ class Executor:
             metrics.RETRIES.labels(self.queue, reason).inc()
             self._on_rescheduled()
             log.info("retry in %.3f s (%s): %s", delay_s, reason, error, extra=fields)
+
+
+# SQLSTATE classes that no retry can fix: 42 (syntax, undefined table or column, privileges)
+# and 22 (data exceptions such as an invalid value for a parameter).
+_PERMANENT_SQLSTATE_CLASSES = ("42", "22")
+
+
+def _is_permanent_sql_error(exc: Exception) -> bool:
+    sqlstate = getattr(exc, "sqlstate", None)
+    return isinstance(sqlstate, str) and sqlstate[:2] in _PERMANENT_SQLSTATE_CLASSES

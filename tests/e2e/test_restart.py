@@ -72,7 +72,7 @@ async def accept_then_restart(env: dict[str, str], unset: tuple[str, ...] = ()) 
         assert accepted["state"] == "scheduled"
         await terminate(first)
 
-    async with running(env, port=first.port, unset=unset) as second:
+    async with running(env, unset=unset) as second:
         status, view = await get(second, f"/v1/jobs/{accepted['id']}")
         assert status == 200, view
         assert (view["key"], view["state"], view["due_at"]) == (
