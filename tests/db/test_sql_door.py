@@ -291,15 +291,7 @@ async def test_concurrent_enqueue_of_one_key_waits_for_the_first_transaction(
         ({"payload": 42}, "payload must be a JSON object"),
         ({"payload": None}, "payload must be a JSON object"),
         ({"target": None}, 'handler "http" needs target'),
-        pytest.param(
-            {"target": {"method": "POST"}},
-            'handler "http" needs target',
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="bug in 002_enqueue.sql: the target check is NULL (not true) when the "
-                "target has no url, so the http job is accepted without one",
-            ),
-        ),
+        ({"target": {"method": "POST"}}, 'handler "http" needs target'),
         ({"max_attempts": 0}, "max_attempts must be >= 1"),
         ({"max_retry_age_s": -1}, "max_retry_age_s >= 0"),
     ],
