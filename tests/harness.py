@@ -129,7 +129,8 @@ class Target:
 async def serve_target(target: Target, ssl_context: Any = None) -> AsyncIterator[Target]:
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", target._handle)
-    runner = web.AppRunner(app, access_log=None)
+    # a short shutdown: requests a test left hanging must not hold up the cleanup
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port, ssl_context=ssl_context).start()

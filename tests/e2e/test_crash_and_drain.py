@@ -139,3 +139,21 @@ async def test_drain_timeout_releases_unfinished_jobs_at_once(db_url: str) -> No
     await conn.close()
     # handed back for another instance right away (not after the 300 s lease), attempt not spent
     assert (job["state"], job["attempt"], job["lease_owner"], outbox) == ("ready", 0, None, 1)
+
+
+async def test_second_signal_skips_the_drain_wait(db_url: str) -> None:
+    target = Target(delay_s=60)
+    async with serve_target(target):
+        env = {"DISPATCHER_DATABASE_URL": db_url, **BASE_ENV, "DISPATCHER_DRAIN_TIMEOUT_S": "60",
+               "DISPATCHER_LEASE_S": "300"}
+        daemon = await DaemonProcess(env).start()
+        await post(daemon.base_url, "stuck", {"handler": "http",
+                                              "target": {"url": target.url, "timeout_s": 120}})
+        await wait_until(lambda: target.inflight == 1)
+        daemon.signal(signal.SIGTERM)
+        await wait_until(lambda: "draining" in daemon.log_text(), what="drain started")
+        signalled = time.monotonic()
+        daemon.signal(signal.SIGTERM)
+        assert await daemon.wait(timeout_s=15) == 0
+        assert time.monotonic() - signalled < 10  # not the 60 s drain budget
+    assert await _is(db_url, {"ready": 1})  # handed back, nothing lost
