@@ -30,7 +30,8 @@ Without DISPATCHER_DATABASE_URL the daemon runs its own PostgreSQL in DISPATCHER
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="dispatcher", description=DESCRIPTION,
+        prog="dispatcher",
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"dispatcher {__version__}")
@@ -38,8 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--config", metavar="FILE",
-                       help="TOML configuration file (default: $DISPATCHER_CONFIG, else built-in)")
+        p.add_argument(
+            "--config",
+            metavar="FILE",
+            help="TOML configuration file (default: $DISPATCHER_CONFIG, else built-in)",
+        )
         return p
 
     command("run", "run the daemon until SIGTERM/SIGINT (then drain gracefully)")
@@ -53,23 +57,36 @@ def build_parser() -> argparse.ArgumentParser:
     schedules.add_argument("--json", action="store_true", help="one JSON document for scripts")
     catch_up = command("catch-up", "create the runs of missed periods of a schedule (idempotent)")
     catch_up.add_argument("schedule", help="schedule name from [[schedules]]")
-    catch_up.add_argument("--from", dest="start", required=True, metavar="T",
-                          help="first period start, RFC 3339 (e.g. 2026-05-30T02:00:00Z)")
-    catch_up.add_argument("--to", dest="end", required=True, metavar="T",
-                          help="last period start, RFC 3339 (inclusive)")
+    catch_up.add_argument(
+        "--from",
+        dest="start",
+        required=True,
+        metavar="T",
+        help="first period start, RFC 3339 (e.g. 2026-05-30T02:00:00Z)",
+    )
+    catch_up.add_argument(
+        "--to",
+        dest="end",
+        required=True,
+        metavar="T",
+        help="last period start, RFC 3339 (inclusive)",
+    )
     catch_up.add_argument("--json", action="store_true")
 
     jobs = command("jobs", "inspect and operate jobs (works whether the daemon runs or not)")
     jobs_sub = jobs.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = jobs_sub.add_parser("list", help="list jobs, newest first")
-    listing.add_argument("--state", choices=["scheduled", "ready", "running", "succeeded", "dead",
-                                             "cancelled"])
+    listing.add_argument(
+        "--state", choices=["scheduled", "ready", "running", "succeeded", "dead", "cancelled"]
+    )
     listing.add_argument("--queue")
     listing.add_argument("--limit", type=int, default=50)
     listing.add_argument("--json", action="store_true", help="one JSON document for scripts")
-    for action, help_text in (("show", "show one job"),
-                              ("retry", "retry a dead or cancelled job with a new attempt budget"),
-                              ("cancel", "cancel a waiting job (a running one is not retried)")):
+    for action, help_text in (
+        ("show", "show one job"),
+        ("retry", "retry a dead or cancelled job with a new attempt budget"),
+        ("cancel", "cancel a waiting job (a running one is not retried)"),
+    ):
         p = jobs_sub.add_parser(action, help=help_text)
         p.add_argument("id", type=int)
         p.add_argument("--json", action="store_true")
@@ -156,8 +173,9 @@ def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
         async with database(settings) as (_dsn, pool):
             repo = JobRepository(pool)
             if args.action == "list":
-                rows = await repo.list(state=args.state, queue=args.queue, before_id=None,
-                                       limit=args.limit)
+                rows = await repo.list(
+                    state=args.state, queue=args.queue, before_id=None, limit=args.limit
+                )
                 print_jobs([job_view(r) for r in rows], as_json=args.json)
                 return 0
             operation = {"show": repo.get, "retry": repo.retry, "cancel": repo.cancel}[args.action]
@@ -167,8 +185,10 @@ def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
                 if current is None:
                     print(f"dispatcher: no job {args.id}", file=sys.stderr)
                 else:
-                    print(f"dispatcher: job {args.id} is {current['state']}; cannot {args.action}",
-                          file=sys.stderr)
+                    print(
+                        f"dispatcher: job {args.id} is {current['state']}; cannot {args.action}",
+                        file=sys.stderr,
+                    )
                 return EXIT_FAILURE
             view = job_view(row)
             print(json.dumps(view, indent=2) if args.json else format_job(view))
@@ -260,20 +280,26 @@ def parse_time(value: str, option: str) -> datetime:
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise SystemExit(f"dispatcher: {option} {value!r} is not RFC 3339, e.g. 2026-05-30T02:00:00Z")
+        raise SystemExit(
+            f"dispatcher: {option} {value!r} is not RFC 3339, e.g. 2026-05-30T02:00:00Z"
+        ) from None
     if parsed.tzinfo is None:
         raise SystemExit(f"dispatcher: {option} {value!r} needs a UTC offset, e.g. ...T02:00:00Z")
     return parsed
 
 
 def format_schedule(entry: dict[str, Any]) -> str:
-    lines = [f"{entry.get('name')}  cron={entry.get('cron')!r} tz={entry.get('timezone')} "
-             f"enabled={entry.get('enabled')} next={entry.get('next_fire_at')}"]
+    lines = [
+        f"{entry.get('name')}  cron={entry.get('cron')!r} tz={entry.get('timezone')} "
+        f"enabled={entry.get('enabled')} next={entry.get('next_fire_at')}"
+    ]
     last = entry.get("last_run")
     if last:
         u = last["units"]
-        lines.append(f"  last run {last['run_key']}: {u['succeeded']} done, {u['dead']} dead, "
-                     f"{u['pending']} pending of {u['total']} ({last['overlap_decision']})")
+        lines.append(
+            f"  last run {last['run_key']}: {u['succeeded']} done, {u['dead']} dead, "
+            f"{u['pending']} pending of {u['total']} ({last['overlap_decision']})"
+        )
     else:
         lines.append("  no run yet")
     missed = entry.get("missed") or {}
@@ -288,8 +314,10 @@ def print_jobs(views: list[dict[str, Any]], *, as_json: bool) -> None:
         return
     print(f"{'ID':>8}  {'STATE':<10} {'QUEUE':<12} {'ATTEMPT':>7}  {'DUE':<25} KEY")
     for v in views:
-        print(f"{v['id']:>8}  {v['state']:<10} {v['queue']:<12} {v['attempt']:>7}  "
-              f"{v['due_at']:<25} {v['key']}")
+        print(
+            f"{v['id']:>8}  {v['state']:<10} {v['queue']:<12} {v['attempt']:>7}  "
+            f"{v['due_at']:<25} {v['key']}"
+        )
         if v["state"] == "dead" and v["last_error"]:
             print(f"{'':>10}{v['dead_reason']}: {v['last_error'][:100]}")
 

@@ -1,7 +1,7 @@
 """Configuration: a TOML file plus `DISPATCHER_*` environment overrides, validated once at start.
 
 Every setting has a default. Top-level settings are overridden by `DISPATCHER_<NAME>`; nested
-ones by `DISPATCHER_<SECTION>__<KEY>__<NAME>` (for example `DISPATCHER_QUEUES__DEFAULT__RATE_PER_S`).
+ones by `DISPATCHER_<SECTION>__<KEY>__<NAME>` (e.g. `DISPATCHER_QUEUES__DEFAULT__RATE_PER_S`).
 List settings take comma-separated values from the environment. A bad value stops the daemon with
 one line per problem naming the setting, the value and what is allowed.
 """
@@ -179,7 +179,7 @@ class Settings(_Strict):
                 raise ValueError(f"{where}: queue {schedule.queue!r} is not in [queues]")
             if schedule.handler != "http" and schedule.handler not in self.handlers:
                 raise ValueError(
-                    f"{where}: handler {schedule.handler!r} is neither \"http\" nor in [handlers]"
+                    f'{where}: handler {schedule.handler!r} is neither "http" nor in [handlers]'
                 )
         return self
 
@@ -268,7 +268,9 @@ def mask_url(url: str) -> str:
     return re.sub(r"(?i)([?&](?:ssl)?password=)[^&#]*", r"\1*****", url)
 
 
-def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+def load_settings(
+    path: str | Path | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
     """Read the TOML file (if any), apply environment overrides, validate; raise ConfigError."""
     environ = os.environ if environ is None else environ
     path = path or environ.get(ENV_PREFIX + "CONFIG") or None
@@ -306,7 +308,9 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
             if not isinstance(node, dict):
                 raise ConfigError(f"{name}: {part} is not a section")
         leaf = path[-1]
-        node[leaf] = [v.strip() for v in value.split(",") if v.strip()] if leaf in _LIST_SETTINGS else value
+        node[leaf] = (
+            [v.strip() for v in value.split(",") if v.strip()] if leaf in _LIST_SETTINGS else value
+        )
 
 
 def _describe(exc: ValidationError, raw: dict[str, Any]) -> str:
@@ -361,9 +365,9 @@ _MISSING = object()
 def _lookup(raw: Any, loc: tuple[Any, ...]) -> Any:
     node = raw
     for part in loc:
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+        in_dict = isinstance(node, dict) and part in node
+        in_list = isinstance(node, list) and isinstance(part, int) and part < len(node)
+        if in_dict or in_list:
             node = node[part]
         else:
             return _MISSING

@@ -158,21 +158,36 @@ class Daemon:
             workers = WorkerPool(
                 [
                     QueueWorker(
-                        q, qs, repo,
-                        Executor(q, qs, effects, repo, completer, self.owner, timeouts,
-                                 on_rescheduled=lambda: scanner_wake[0].wake()),
-                        owner=self.owner, capabilities=capabilities(s), lease_s=s.lease_s,
+                        q,
+                        qs,
+                        repo,
+                        Executor(
+                            q,
+                            qs,
+                            effects,
+                            repo,
+                            completer,
+                            self.owner,
+                            timeouts,
+                            on_rescheduled=lambda: scanner_wake[0].wake(),
+                        ),
+                        owner=self.owner,
+                        capabilities=capabilities(s),
+                        lease_s=s.lease_s,
                         idle_poll_s=s.scan_interval_s,
                     )
                     for q, qs in s.queues.items()
                 ],
-                repo, self.owner, s.lease_s,
+                repo,
+                self.owner,
+                s.lease_s,
             )
             await workers.start()
             stack.push_async_callback(workers.stop)
 
-            scanner = DueScanner(repo, batch=s.scan_batch, interval_s=s.scan_interval_s,
-                                 on_ready=workers.wake)
+            scanner = DueScanner(
+                repo, batch=s.scan_batch, interval_s=s.scan_interval_s, on_ready=workers.wake
+            )
             scanner_wake.append(scanner)
             await scanner.start()
             stack.push_async_callback(scanner.stop)
@@ -186,14 +201,32 @@ class Daemon:
             stack.push_async_callback(listener.stop)
 
             scheduler = AsyncIOScheduler(timezone=UTC)
-            scheduler.add_job(scanner.wake, "interval", seconds=s.scan_interval_s,
-                              max_instances=1, coalesce=True, id="due-scan")
+            scheduler.add_job(
+                scanner.wake,
+                "interval",
+                seconds=s.scan_interval_s,
+                max_instances=1,
+                coalesce=True,
+                id="due-scan",
+            )
             sampler = MetricsSampler(repo, s.overdue_after_s)
-            scheduler.add_job(sampler.run_once, "interval", seconds=5, max_instances=1,
-                              coalesce=True, id="metrics-sampler")
+            scheduler.add_job(
+                sampler.run_once,
+                "interval",
+                seconds=5,
+                max_instances=1,
+                coalesce=True,
+                id="metrics-sampler",
+            )
             pruner = Pruner(repo, s.retention)
-            scheduler.add_job(pruner.run_once, "interval", seconds=s.retention.interval_s,
-                              max_instances=1, coalesce=True, id="retention")
+            scheduler.add_job(
+                pruner.run_once,
+                "interval",
+                seconds=s.retention.interval_s,
+                max_instances=1,
+                coalesce=True,
+                id="retention",
+            )
             scheduler.start()
             stack.callback(lambda: scheduler.running and scheduler.shutdown(wait=False))
             cron = CronService(pool, repo, s.schedules, scheduler=scheduler, on_enqueued=wake_all)
@@ -201,11 +234,15 @@ class Daemon:
             stack.push_async_callback(cron.stop)
 
             intake = Intake(s, repo, lambda t: HttpEffect.validate_target(t, s), wake_all)
-            app = create_app(repo=repo, intake=intake, readiness=self.readiness,
-                             tokens=s.all_api_tokens(), body_limit_bytes=s.body_limit_bytes,
-                             schedules=cron)
-            runner = web.AppRunner(app, handle_signals=False, access_log=None,
-                                   shutdown_timeout=5)
+            app = create_app(
+                repo=repo,
+                intake=intake,
+                readiness=self.readiness,
+                tokens=s.all_api_tokens(),
+                body_limit_bytes=s.body_limit_bytes,
+                schedules=cron,
+            )
+            runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5)
             await runner.setup()
             stack.push_async_callback(runner.cleanup)
             host, port = host_port(s.listen)
@@ -216,8 +253,12 @@ class Daemon:
             stack.push_async_callback(watchdog.stop)
             sdnotify.notify("READY=1")
             self.ready.set()
-            log.info("dispatcher ready on %s as %s (queues: %s)", s.listen, self.owner,
-                     ", ".join(s.queues))
+            log.info(
+                "dispatcher ready on %s as %s (queues: %s)",
+                s.listen,
+                self.owner,
+                ", ".join(s.queues),
+            )
 
             await self.stop_requested.wait()
             sdnotify.notify("STOPPING=1")

@@ -13,5 +13,5 @@ _ARMED = os.environ.get("DISPATCHER_FAULT", "")
 
 
 def fault_point(name: str) -> None:
-    if _ARMED and _ARMED == name:
+    if _ARMED and name == _ARMED:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -60,13 +60,17 @@ class Intake:
         target = request.target
         if request.handler == "http":
             if target is None:
-                return Rejected(422, 'target: required for handler "http", e.g. {"url": "https://..."}')
+                return Rejected(
+                    422, 'target: required for handler "http", e.g. {"url": "https://..."}'
+                )
             try:
                 target = self._validate_target(target)
             except ValueError as exc:
                 return Rejected(422, str(exc))
         elif target is not None:
-            return Rejected(422, f"target: only handler \"http\" takes a target, not {request.handler!r}")
+            return Rejected(
+                422, f'target: only handler "http" takes a target, not {request.handler!r}'
+            )
         due_at = request.due_at
         if due_at is not None:
             if due_at.tzinfo is None:
@@ -79,9 +83,15 @@ class Intake:
                     "in the past; omit due_at to run now",
                 )
         return NewJob(
-            key=key, handler=request.handler, payload=request.payload, due_at=due_at,
-            queue=request.queue, tenant=request.tenant, target=target,
-            max_attempts=request.max_attempts, max_retry_age_s=request.max_retry_age_s,
+            key=key,
+            handler=request.handler,
+            payload=request.payload,
+            due_at=due_at,
+            queue=request.queue,
+            tenant=request.tenant,
+            target=target,
+            max_attempts=request.max_attempts,
+            max_retry_age_s=request.max_retry_age_s,
         )
 
     async def accept(

@@ -34,7 +34,9 @@ class JsonFormatter(logging.Formatter):
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         fields = " ".join(
-            f"{name}={record.__dict__[name]}" for name in FIELDS if record.__dict__.get(name) is not None
+            f"{name}={record.__dict__[name]}"
+            for name in FIELDS
+            if record.__dict__.get(name) is not None
         )
         line = f"{self.formatTime(record, '%H:%M:%S')} {record.levelname:<7} {record.getMessage()}"
         if fields:

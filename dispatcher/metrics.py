@@ -12,56 +12,139 @@ from dispatcher import __version__
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 # 1 ms ... 1 h: due-to-start and effect durations span both ends on the same dashboard.
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
-                   60, 300, 900, 3600)
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    300,
+    900,
+    3600,
+)
 
 BUILD_INFO = Info("dispatcher_build", "Version of the running dispatcher.", registry=REGISTRY)
 BUILD_INFO.info({"version": __version__})
 
-JOBS_ACCEPTED = Counter("dispatcher_jobs_accepted", "Jobs accepted by intake (new intents).",
-                        ["queue", "door"], registry=REGISTRY)
-JOBS_COMPLETED = Counter("dispatcher_jobs_completed", "Jobs that reached a terminal state.",
-                         ["queue", "outcome"], registry=REGISTRY)
-RETRIES = Counter("dispatcher_retries", "Failed attempts scheduled for another try.",
-                  ["queue", "reason"], registry=REGISTRY)
-DEAD_LETTERS = Counter("dispatcher_dead_letters", "Jobs moved to dead, by reason.",
-                       ["queue", "reason"], registry=REGISTRY)
-DUPLICATE_DELIVERIES = Counter("dispatcher_duplicate_deliveries",
-                               "Deliveries of jobs no longer ready, dropped without an effect.",
-                               ["queue"], registry=REGISTRY)
-LEASES_LOST = Counter("dispatcher_leases_lost",
-                      "Attempts whose result was not recorded because the lease had moved on.",
-                      ["queue"], registry=REGISTRY)
-LEASES_RESCUED = Counter("dispatcher_leases_rescued", "Expired leases rescued by the scan.",
-                         ["outcome"], registry=REGISTRY)
-JOBS_BY_STATE = Gauge("dispatcher_jobs", "Jobs per state (sampled from the database).",
-                      ["queue", "state"], registry=REGISTRY)
-READY_OLDEST_AGE = Gauge("dispatcher_ready_oldest_age_seconds",
-                         "Age of the oldest ready, undelivered job per queue.", ["queue"],
-                         registry=REGISTRY)
-OUTBOX_LAG = Gauge("dispatcher_outbox_lag_seconds",
-                   "Age of the oldest outbox row (commit-to-publish gap).", registry=REGISTRY)
-INFLIGHT = Gauge("dispatcher_inflight", "Jobs running in this process.", ["queue"],
-                 registry=REGISTRY)
-DUE_TO_START = Histogram("dispatcher_due_to_start_seconds",
-                         "Delay from a job's due time to the start of its attempt.", ["queue"],
-                         buckets=LATENCY_BUCKETS, registry=REGISTRY)
-EFFECT_DURATION = Histogram("dispatcher_effect_duration_seconds", "Duration of one attempt.",
-                            ["queue"], buckets=LATENCY_BUCKETS, registry=REGISTRY)
-LIMITER_WAIT = Counter("dispatcher_limiter_wait_seconds",
-                       "Time the claim loop waited for start tokens.", ["queue"],
-                       registry=REGISTRY)
-HTTP_RESPONSES = Counter("dispatcher_http_responses", "Responses of HTTP targets by class.",
-                         ["queue", "class"], registry=REGISTRY)
-SCAN_MOVED = Counter("dispatcher_scan_moved", "Due jobs moved to ready by the scan.",
-                     registry=REGISTRY)
-CRON_RUNS = Counter("dispatcher_cron_runs", "Cron run triggers by outcome (created, existing, "
-                    "skipped, queued, failed).", ["schedule", "outcome"], registry=REGISTRY)
-CRON_MISSED = Counter("dispatcher_cron_missed_periods",
-                      "Schedule periods that passed without a run and were not backfilled.",
-                      ["schedule"], registry=REGISTRY)
-OVERDUE = Gauge("dispatcher_overdue_jobs",
-                "Jobs due longer ago than overdue_after_s and not yet terminal.", ["queue"],
-                registry=REGISTRY)
-PRUNED = Counter("dispatcher_pruned_jobs", "Terminal jobs deleted by retention.", ["state"],
-                 registry=REGISTRY)
+JOBS_ACCEPTED = Counter(
+    "dispatcher_jobs_accepted",
+    "Jobs accepted by intake (new intents).",
+    ["queue", "door"],
+    registry=REGISTRY,
+)
+JOBS_COMPLETED = Counter(
+    "dispatcher_jobs_completed",
+    "Jobs that reached a terminal state.",
+    ["queue", "outcome"],
+    registry=REGISTRY,
+)
+RETRIES = Counter(
+    "dispatcher_retries",
+    "Failed attempts scheduled for another try.",
+    ["queue", "reason"],
+    registry=REGISTRY,
+)
+DEAD_LETTERS = Counter(
+    "dispatcher_dead_letters",
+    "Jobs moved to dead, by reason.",
+    ["queue", "reason"],
+    registry=REGISTRY,
+)
+DUPLICATE_DELIVERIES = Counter(
+    "dispatcher_duplicate_deliveries",
+    "Deliveries of jobs no longer ready, dropped without an effect.",
+    ["queue"],
+    registry=REGISTRY,
+)
+LEASES_LOST = Counter(
+    "dispatcher_leases_lost",
+    "Attempts whose result was not recorded because the lease had moved on.",
+    ["queue"],
+    registry=REGISTRY,
+)
+LEASES_RESCUED = Counter(
+    "dispatcher_leases_rescued",
+    "Expired leases rescued by the scan.",
+    ["outcome"],
+    registry=REGISTRY,
+)
+JOBS_BY_STATE = Gauge(
+    "dispatcher_jobs",
+    "Jobs per state (sampled from the database).",
+    ["queue", "state"],
+    registry=REGISTRY,
+)
+READY_OLDEST_AGE = Gauge(
+    "dispatcher_ready_oldest_age_seconds",
+    "Age of the oldest ready, undelivered job per queue.",
+    ["queue"],
+    registry=REGISTRY,
+)
+OUTBOX_LAG = Gauge(
+    "dispatcher_outbox_lag_seconds",
+    "Age of the oldest outbox row (commit-to-publish gap).",
+    registry=REGISTRY,
+)
+INFLIGHT = Gauge(
+    "dispatcher_inflight", "Jobs running in this process.", ["queue"], registry=REGISTRY
+)
+DUE_TO_START = Histogram(
+    "dispatcher_due_to_start_seconds",
+    "Delay from a job's due time to the start of its attempt.",
+    ["queue"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+EFFECT_DURATION = Histogram(
+    "dispatcher_effect_duration_seconds",
+    "Duration of one attempt.",
+    ["queue"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+LIMITER_WAIT = Counter(
+    "dispatcher_limiter_wait_seconds",
+    "Time the claim loop waited for start tokens.",
+    ["queue"],
+    registry=REGISTRY,
+)
+HTTP_RESPONSES = Counter(
+    "dispatcher_http_responses",
+    "Responses of HTTP targets by class.",
+    ["queue", "class"],
+    registry=REGISTRY,
+)
+SCAN_MOVED = Counter(
+    "dispatcher_scan_moved", "Due jobs moved to ready by the scan.", registry=REGISTRY
+)
+CRON_RUNS = Counter(
+    "dispatcher_cron_runs",
+    "Cron run triggers by outcome (created, existing, skipped, queued, failed).",
+    ["schedule", "outcome"],
+    registry=REGISTRY,
+)
+CRON_MISSED = Counter(
+    "dispatcher_cron_missed_periods",
+    "Schedule periods that passed without a run and were not backfilled.",
+    ["schedule"],
+    registry=REGISTRY,
+)
+OVERDUE = Gauge(
+    "dispatcher_overdue_jobs",
+    "Jobs due longer ago than overdue_after_s and not yet terminal.",
+    ["queue"],
+    registry=REGISTRY,
+)
+PRUNED = Counter(
+    "dispatcher_pruned_jobs", "Terminal jobs deleted by retention.", ["state"], registry=REGISTRY
+)

@@ -60,7 +60,10 @@ class Job:
 
     def __post_init__(self) -> None:
         self.log_fields = {
-            "job_id": self.id, "job_key": self.key, "queue": self.queue, "attempt": self.attempt,
+            "job_id": self.id,
+            "job_key": self.key,
+            "queue": self.queue,
+            "attempt": self.attempt,
         }
         if self.run_key:
             self.log_fields["run_key"] = self.run_key

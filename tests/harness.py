@@ -28,7 +28,9 @@ def free_port() -> int:
 
 
 async def wait_until(
-    predicate: Callable[[], Awaitable[bool] | bool], timeout_s: float = 20.0, interval_s: float = 0.02,
+    predicate: Callable[[], Awaitable[bool] | bool],
+    timeout_s: float = 20.0,
+    interval_s: float = 0.02,
     what: str = "condition",
 ) -> None:
     deadline = time.monotonic() + timeout_s
@@ -109,8 +111,13 @@ class Target:
         self.max_inflight = max(self.max_inflight, self.inflight)
         try:
             body = await request.read()
-            entry = {"key": request.headers.get("Idempotency-Key"), "at": time.monotonic(),
-                     "headers": dict(request.headers), "body": body, "path": request.path}
+            entry = {
+                "key": request.headers.get("Idempotency-Key"),
+                "at": time.monotonic(),
+                "headers": dict(request.headers),
+                "body": body,
+                "path": request.path,
+            }
             self.requests.append(entry)
             count = sum(1 for r in self.requests if r["key"] == entry["key"])
             if self.delay_s:
@@ -121,7 +128,7 @@ class Target:
         finally:
             self.inflight -= 1
 
-    def keys(self) -> list[str]:
+    def request_keys(self) -> list[str]:
         return [r["key"] for r in self.requests]
 
 
@@ -150,15 +157,20 @@ class DaemonProcess:
         import sys
 
         self.port = port or free_port()
-        self.env = {**os.environ, "DISPATCHER_LISTEN": f"127.0.0.1:{self.port}",
-                    "DISPATCHER_LOG_FORMAT": "json", **env}
+        self.env = {
+            **os.environ,
+            "DISPATCHER_LISTEN": f"127.0.0.1:{self.port}",
+            "DISPATCHER_LOG_FORMAT": "json",
+            **env,
+        }
         self.env.setdefault("PYTHONPATH", str(__import__("pathlib").Path(__file__).parent.parent))
         self.argv = [sys.executable, "-m", "dispatcher.cli", "run"]
         self.proc: asyncio.subprocess.Process | None = None
         self.base_url = f"http://127.0.0.1:{self.port}"
         # a file, not a pipe: a chatty daemon must never block on a full pipe buffer
         self.log_path = __import__("pathlib").Path(
-            __import__("tempfile").mkstemp(prefix="dispatcher-log-")[1])
+            __import__("tempfile").mkstemp(prefix="dispatcher-log-")[1]
+        )
 
     async def start(self, wait_ready: bool = True) -> DaemonProcess:
         with self.log_path.open("ab") as log:

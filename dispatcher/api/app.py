@@ -27,9 +27,9 @@ from dispatcher.api.schemas import (
 )
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.runs import TriggerFailed
-from dispatcher.scheduling.cron import PeriodError
 from dispatcher.intake import Intake, Rejected
 from dispatcher.model import STATES, EnqueueResult
+from dispatcher.scheduling.cron import PeriodError
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +85,18 @@ async def problem_middleware(request: web.Request, handler: Any) -> web.StreamRe
     except Problem as exc:
         return exc.response()
     except web.HTTPRequestEntityTooLarge:
-        return problem(413, f"body exceeds the limit of {request.app[BODY_LIMIT]} bytes; split "
-                            "the work into smaller requests (or raise body_limit_bytes)")
+        return problem(
+            413,
+            f"body exceeds the limit of {request.app[BODY_LIMIT]} bytes; split "
+            "the work into smaller requests (or raise body_limit_bytes)",
+        )
     except web.HTTPMethodNotAllowed as exc:
         allowed = ", ".join(sorted(exc.allowed_methods))
-        return problem(405, f"{request.method} is not allowed on {request.path}; use {allowed}",
-                       headers={"Allow": ",".join(sorted(exc.allowed_methods))})
+        return problem(
+            405,
+            f"{request.method} is not allowed on {request.path}; use {allowed}",
+            headers={"Allow": ",".join(sorted(exc.allowed_methods))},
+        )
     except web.HTTPNotFound:
         return problem(404, f"no resource {request.path}; GET /openapi.json lists the API")
     except web.HTTPException as exc:
@@ -114,9 +120,12 @@ async def auth_middleware(request: web.Request, handler: Any) -> web.StreamRespo
         for token in tokens:
             matched |= hmac.compare_digest(given, token)
         if scheme.lower() != "bearer" or not matched:
-            return problem(401, "missing or invalid bearer token: send 'Authorization: Bearer "
-                                "<token>' with a token from DISPATCHER_API_TOKENS",
-                           headers={"WWW-Authenticate": 'Bearer realm="dispatcher"'})
+            return problem(
+                401,
+                "missing or invalid bearer token: send 'Authorization: Bearer "
+                "<token>' with a token from DISPATCHER_API_TOKENS",
+                headers={"WWW-Authenticate": 'Bearer realm="dispatcher"'},
+            )
     return await handler(request)
 
 
@@ -128,8 +137,9 @@ async def read_json(request: web.Request) -> Any:
     except UnicodeDecodeError:
         raise Problem(400, "body is not valid UTF-8; send JSON encoded as UTF-8") from None
     except json.JSONDecodeError as exc:
-        raise Problem(400, f"body is not valid JSON: {exc.msg} at line {exc.lineno} column "
-                           f"{exc.colno}") from None
+        raise Problem(
+            400, f"body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
     except RecursionError:
         raise Problem(400, "body nests JSON too deeply") from None
 
@@ -145,23 +155,34 @@ def parse(model: type[JobRequest], data: Any) -> JobRequest:
 
 
 def accepted_view(result: EnqueueResult) -> dict[str, Any]:
-    return {"id": result.id, "key": result.key, "state": result.state,
-            "due_at": result.due_at.isoformat(), "created_at": result.created_at.isoformat()}
+    return {
+        "id": result.id,
+        "key": result.key,
+        "state": result.state,
+        "due_at": result.due_at.isoformat(),
+        "created_at": result.created_at.isoformat(),
+    }
 
 
 async def post_job(request: web.Request) -> web.Response:
     key = request.headers.get("Idempotency-Key")
     if not valid_key(key):
-        raise Problem(400, "header Idempotency-Key is required: 1 to 255 printable ASCII "
-                           "characters naming this unit of work (reuse it when you retry)")
+        raise Problem(
+            400,
+            "header Idempotency-Key is required: 1 to 255 printable ASCII "
+            "characters naming this unit of work (reuse it when you retry)",
+        )
     job = parse(JobRequest, await read_json(request))
     (result,) = await request.app[INTAKE].accept([(key, job)])  # type: ignore[list-item]
     if isinstance(result, Rejected):
         raise Problem(result.status, result.detail)
     if result.outcome == "conflict":
-        raise Problem(409, f"Idempotency-Key {key!r} already names job {result.id} with a "
-                           "different request; resend the original body or use a new key",
-                      job_id=result.id)
+        raise Problem(
+            409,
+            f"Idempotency-Key {key!r} already names job {result.id} with a "
+            "different request; resend the original body or use a new key",
+            job_id=result.id,
+        )
     headers = {"Location": f"/v1/jobs/{result.id}"}
     if result.outcome == "existing":
         headers["Idempotent-Replayed"] = "true"
@@ -174,8 +195,11 @@ async def post_batch(request: web.Request) -> web.Response:
         batch = BatchRequest.model_validate(data if isinstance(data, dict) else {"jobs": data})
     except ValidationError as exc:
         errors = describe(exc)
-        raise Problem(422, f"{summary(errors)} (a batch is {{\"jobs\": [...]}} with 1 to "
-                           f"{MAX_BATCH} items)", errors=errors) from None
+        raise Problem(
+            422,
+            f'{summary(errors)} (a batch is {{"jobs": [...]}} with 1 to {MAX_BATCH} items)',
+            errors=errors,
+        ) from None
     parsed: list[tuple[str, JobRequest] | Rejected] = []
     for item in batch.jobs:
         try:
@@ -203,8 +227,12 @@ def batch_result(index: int, outcome: EnqueueResult | Rejected) -> dict[str, Any
     if isinstance(outcome, Rejected):
         return {"index": index, "status": "rejected", "error": outcome.detail}
     if outcome.outcome == "conflict":
-        return {"index": index, "status": "conflict", "id": outcome.id,
-                "error": "key already names a job with a different request"}
+        return {
+            "index": index,
+            "status": "conflict",
+            "id": outcome.id,
+            "error": "key already names a job with a different request",
+        }
     status = "accepted" if outcome.outcome == "created" else "existing"
     return {"index": index, "status": status, **accepted_view(outcome)}
 
@@ -223,17 +251,27 @@ def job_view(row: dict[str, Any]) -> dict[str, Any]:
 
     target = row.get("target") or None
     return {
-        "id": row["id"], "key": row["key"], "state": row["state"], "queue": row["queue"],
-        "tenant": row["tenant"] or None, "handler": row["handler"],
+        "id": row["id"],
+        "key": row["key"],
+        "state": row["state"],
+        "queue": row["queue"],
+        "tenant": row["tenant"] or None,
+        "handler": row["handler"],
         "handler_version": row["handler_version"],
         "target_url": target.get("url") if isinstance(target, dict) else None,
-        "attempt": row["attempt"], "max_attempts": row["max_attempts"],
+        "attempt": row["attempt"],
+        "max_attempts": row["max_attempts"],
         "max_retry_age_s": row["max_retry_age_s"],
-        "due_at": ts(row["due_at"]), "created_at": ts(row["created_at"]),
-        "started_at": ts(row["started_at"]), "finished_at": ts(row["finished_at"]),
-        "last_error": row["last_error"], "dead_reason": row["dead_reason"],
-        "cancel_requested": row["cancel_requested"], "result": row["result"],
-        "progress": row["progress"], "run_key": row["run_key"],
+        "due_at": ts(row["due_at"]),
+        "created_at": ts(row["created_at"]),
+        "started_at": ts(row["started_at"]),
+        "finished_at": ts(row["finished_at"]),
+        "last_error": row["last_error"],
+        "dead_reason": row["dead_reason"],
+        "cancel_requested": row["cancel_requested"],
+        "result": row["result"],
+        "progress": row["progress"],
+        "run_key": row["run_key"],
     }
 
 
@@ -256,8 +294,10 @@ async def list_jobs(request: web.Request) -> web.Response:
     if cursor is not None and not cursor.isdigit():
         raise Problem(422, "cursor: pass the next_cursor of the previous page")
     rows = await request.app[REPO].list(
-        state=state, queue=q.get("queue") or None,
-        before_id=int(cursor) if cursor else None, limit=int(limit_raw),
+        state=state,
+        queue=q.get("queue") or None,
+        before_id=int(cursor) if cursor else None,
+        limit=int(limit_raw),
     )
     next_cursor = str(rows[-1]["id"]) if len(rows) == int(limit_raw) else None
     return web.json_response({"items": [job_view(r) for r in rows], "next_cursor": next_cursor})
@@ -302,8 +342,10 @@ async def trigger_schedule(request: web.Request) -> web.Response:
     if service is None or name not in service.names():
         raise Problem(404, f"no schedule {name!r}; GET /v1/schedules lists them")
     data = await read_json(request)
-    if not isinstance(data, dict) or set(data) != {"period_start"} or not isinstance(
-        data["period_start"], str
+    if (
+        not isinstance(data, dict)
+        or set(data) != {"period_start"}
+        or not isinstance(data["period_start"], str)
     ):
         raise Problem(422, 'body must be {"period_start": "<RFC 3339 start of the period>"}')
     try:
@@ -318,8 +360,9 @@ async def trigger_schedule(request: web.Request) -> web.Response:
         raise Problem(422, f"period_start: {exc}") from None
     except TriggerFailed as exc:
         raise Problem(503, f"{exc}; retry the same request (it is idempotent)") from None
-    return web.json_response(receipt.to_json(), dumps=_dumps,
-                             status=202 if receipt.outcome == "created" else 200)
+    return web.json_response(
+        receipt.to_json(), dumps=_dumps, status=202 if receipt.outcome == "created" else 200
+    )
 
 
 def _dumps(value: Any) -> str:
@@ -337,8 +380,9 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
-    return web.Response(body=generate_latest(metrics.REGISTRY),
-                        headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return web.Response(
+        body=generate_latest(metrics.REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
 
 
 async def openapi(request: web.Request) -> web.Response:

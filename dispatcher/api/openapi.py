@@ -14,7 +14,10 @@ PROBLEM = {"$ref": "#/components/schemas/Problem"}
 
 def _problem_responses(*codes: int) -> dict[str, Any]:
     return {
-        str(code): {"description": "problem", "content": {"application/problem+json": {"schema": PROBLEM}}}
+        str(code): {
+            "description": "problem",
+            "content": {"application/problem+json": {"schema": PROBLEM}},
+        }
         for code in codes
     }
 
@@ -23,7 +26,12 @@ def _json(schema: dict[str, Any], description: str = "ok") -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-JOB_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[0-9]+$"}}
+JOB_ID = {
+    "name": "id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[0-9]+$"},
+}
 JOB = {"$ref": "#/components/schemas/Job"}
 ACCEPTED = {"$ref": "#/components/schemas/Accepted"}
 
@@ -35,28 +43,54 @@ def openapi_document() -> dict[str, Any]:
     nullable_str = {"type": ["string", "null"]}
     return {
         "openapi": "3.1.0",
-        "info": {"title": "dispatcher", "version": __version__,
-                 "description": "Durable delayed jobs on PostgreSQL. Errors are RFC 9457 problems."},
+        "info": {
+            "title": "dispatcher",
+            "version": __version__,
+            "description": "Durable delayed jobs on PostgreSQL. Errors are RFC 9457 problems.",
+        },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
                 "JobRequest": job_request,
                 "BatchItem": batch_item,
-                "Problem": {"type": "object", "required": ["title", "status", "detail"],
-                            "properties": {"type": {"type": "string"}, "title": {"type": "string"},
-                                           "status": {"type": "integer"}, "detail": {"type": "string"}}},
-                "Accepted": {"type": "object", "required": ["id", "key", "state", "due_at"],
-                             "properties": {"id": {"type": "integer"}, "key": {"type": "string"},
-                                            "state": {"enum": list(STATES)},
-                                            "due_at": {"type": "string", "format": "date-time"},
-                                            "created_at": {"type": "string", "format": "date-time"}}},
-                "Job": {"type": "object", "required": ["id", "key", "state", "attempt", "due_at"],
-                        "properties": {"id": {"type": "integer"}, "key": {"type": "string"},
-                                       "state": {"enum": list(STATES)}, "queue": {"type": "string"},
-                                       "attempt": {"type": "integer"}, "due_at": {"type": "string"},
-                                       "created_at": {"type": "string"}, "started_at": nullable_str,
-                                       "finished_at": nullable_str, "last_error": nullable_str,
-                                       "dead_reason": nullable_str}},
+                "Problem": {
+                    "type": "object",
+                    "required": ["title", "status", "detail"],
+                    "properties": {
+                        "type": {"type": "string"},
+                        "title": {"type": "string"},
+                        "status": {"type": "integer"},
+                        "detail": {"type": "string"},
+                    },
+                },
+                "Accepted": {
+                    "type": "object",
+                    "required": ["id", "key", "state", "due_at"],
+                    "properties": {
+                        "id": {"type": "integer"},
+                        "key": {"type": "string"},
+                        "state": {"enum": list(STATES)},
+                        "due_at": {"type": "string", "format": "date-time"},
+                        "created_at": {"type": "string", "format": "date-time"},
+                    },
+                },
+                "Job": {
+                    "type": "object",
+                    "required": ["id", "key", "state", "attempt", "due_at"],
+                    "properties": {
+                        "id": {"type": "integer"},
+                        "key": {"type": "string"},
+                        "state": {"enum": list(STATES)},
+                        "queue": {"type": "string"},
+                        "attempt": {"type": "integer"},
+                        "due_at": {"type": "string"},
+                        "created_at": {"type": "string"},
+                        "started_at": nullable_str,
+                        "finished_at": nullable_str,
+                        "last_error": nullable_str,
+                        "dead_reason": nullable_str,
+                    },
+                },
             },
         },
         "security": [{"bearer": []}],
@@ -64,64 +98,183 @@ def openapi_document() -> dict[str, Any]:
             "/v1/jobs": {
                 "post": {
                     "summary": "Accept a job (idempotent by Idempotency-Key)",
-                    "parameters": [{"name": "Idempotency-Key", "in": "header", "required": True,
-                                    "schema": {"type": "string", "minLength": 1, "maxLength": 255}}],
-                    "requestBody": {"required": True, "content": {"application/json": {
-                        "schema": {"$ref": "#/components/schemas/JobRequest"}}}},
-                    "responses": {"202": _json(ACCEPTED, "accepted (or the same request replayed)"),
-                                  **_problem_responses(400, 401, 409, 413, 422, 503)},
+                    "parameters": [
+                        {
+                            "name": "Idempotency-Key",
+                            "in": "header",
+                            "required": True,
+                            "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+                        }
+                    ],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/JobRequest"}
+                            }
+                        },
+                    },
+                    "responses": {
+                        "202": _json(ACCEPTED, "accepted (or the same request replayed)"),
+                        **_problem_responses(400, 401, 409, 413, 422, 503),
+                    },
                 },
                 "get": {
                     "summary": "List jobs, newest first",
                     "parameters": [
                         {"name": "state", "in": "query", "schema": {"enum": list(STATES)}},
                         {"name": "queue", "in": "query", "schema": {"type": "string"}},
-                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
+                        {
+                            "name": "limit",
+                            "in": "query",
+                            "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+                        },
                         {"name": "cursor", "in": "query", "schema": {"type": "string"}},
                     ],
-                    "responses": {"200": _json({"type": "object", "properties": {
-                        "items": {"type": "array", "items": JOB}, "next_cursor": nullable_str}}),
-                        **_problem_responses(401, 422)},
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "properties": {
+                                    "items": {"type": "array", "items": JOB},
+                                    "next_cursor": nullable_str,
+                                },
+                            }
+                        ),
+                        **_problem_responses(401, 422),
+                    },
                 },
             },
             "/v1/jobs/batch": {
                 "post": {
                     "summary": f"Accept up to {MAX_BATCH} jobs; per-item results in order",
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                        "type": "object", "required": ["jobs"], "additionalProperties": False,
-                        "properties": {"jobs": {"type": "array", "minItems": 1, "maxItems": MAX_BATCH,
-                                                "items": {"$ref": "#/components/schemas/BatchItem"}}}}}}},
-                    "responses": {"200": _json({"type": "object", "properties": {"results": {
-                        "type": "array", "items": {"type": "object", "required": ["index", "status"]}}}}),
-                        **_problem_responses(400, 401, 413, 422)},
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["jobs"],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "jobs": {
+                                            "type": "array",
+                                            "minItems": 1,
+                                            "maxItems": MAX_BATCH,
+                                            "items": {"$ref": "#/components/schemas/BatchItem"},
+                                        }
+                                    },
+                                }
+                            }
+                        },
+                    },
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "properties": {
+                                    "results": {
+                                        "type": "array",
+                                        "items": {
+                                            "type": "object",
+                                            "required": ["index", "status"],
+                                        },
+                                    }
+                                },
+                            }
+                        ),
+                        **_problem_responses(400, 401, 413, 422),
+                    },
                 },
             },
-            "/v1/jobs/{id}": {"get": {"summary": "Job status", "parameters": [JOB_ID],
-                                      "responses": {"200": _json(JOB), **_problem_responses(401, 404)}}},
-            "/v1/jobs/{id}/retry": {"post": {
-                "summary": "Retry a dead or cancelled job with a fresh attempt budget",
-                "parameters": [JOB_ID],
-                "responses": {"200": _json(JOB), **_problem_responses(401, 404, 409)}}},
-            "/v1/jobs/{id}/cancel": {"post": {
-                "summary": "Cancel a waiting job; a running one is not retried",
-                "parameters": [JOB_ID],
-                "responses": {"200": _json(JOB), **_problem_responses(401, 404, 409)}}},
-            "/v1/schedules": {"get": {"summary": "Schedules, last runs and missed periods",
-                                      "responses": {"200": _json({"type": "object"}), **_problem_responses(401)}}},
-            "/v1/schedules/{name}/trigger": {"post": {
-                "summary": "Create the run of one explicit period (idempotent)",
-                "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
-                "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                    "type": "object", "required": ["period_start"],
-                    "properties": {"period_start": {"type": "string", "format": "date-time"}}}}}},
-                "responses": {"202": _json({"type": "object"}), **_problem_responses(400, 401, 404, 422)}}},
-            "/healthz": {"get": {"summary": "Alive", "security": [], "responses": {"200": _json({"type": "object"})}}},
-            "/readyz": {"get": {"summary": "Database reachable, schema current, not draining",
-                                "security": [], "responses": {"200": _json({"type": "object"}),
-                                                              "503": _json({"type": "object"}, "not ready")}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "security": [],
-                                 "responses": {"200": {"description": "text exposition format"}}}},
-            "/openapi.json": {"get": {"summary": "This document", "security": [],
-                                      "responses": {"200": _json({"type": "object"})}}},
+            "/v1/jobs/{id}": {
+                "get": {
+                    "summary": "Job status",
+                    "parameters": [JOB_ID],
+                    "responses": {"200": _json(JOB), **_problem_responses(401, 404)},
+                }
+            },
+            "/v1/jobs/{id}/retry": {
+                "post": {
+                    "summary": "Retry a dead or cancelled job with a fresh attempt budget",
+                    "parameters": [JOB_ID],
+                    "responses": {"200": _json(JOB), **_problem_responses(401, 404, 409)},
+                }
+            },
+            "/v1/jobs/{id}/cancel": {
+                "post": {
+                    "summary": "Cancel a waiting job; a running one is not retried",
+                    "parameters": [JOB_ID],
+                    "responses": {"200": _json(JOB), **_problem_responses(401, 404, 409)},
+                }
+            },
+            "/v1/schedules": {
+                "get": {
+                    "summary": "Schedules, last runs and missed periods",
+                    "responses": {"200": _json({"type": "object"}), **_problem_responses(401)},
+                }
+            },
+            "/v1/schedules/{name}/trigger": {
+                "post": {
+                    "summary": "Create the run of one explicit period (idempotent)",
+                    "parameters": [
+                        {
+                            "name": "name",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["period_start"],
+                                    "properties": {
+                                        "period_start": {"type": "string", "format": "date-time"}
+                                    },
+                                }
+                            }
+                        },
+                    },
+                    "responses": {
+                        "202": _json({"type": "object"}),
+                        **_problem_responses(400, 401, 404, 422),
+                    },
+                }
+            },
+            "/healthz": {
+                "get": {
+                    "summary": "Alive",
+                    "security": [],
+                    "responses": {"200": _json({"type": "object"})},
+                }
+            },
+            "/readyz": {
+                "get": {
+                    "summary": "Database reachable, schema current, not draining",
+                    "security": [],
+                    "responses": {
+                        "200": _json({"type": "object"}),
+                        "503": _json({"type": "object"}, "not ready"),
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics",
+                    "security": [],
+                    "responses": {"200": {"description": "text exposition format"}},
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "This document",
+                    "security": [],
+                    "responses": {"200": _json({"type": "object"})},
+                }
+            },
         },
     }

@@ -10,19 +10,33 @@ from aiohttp import web
 CONTENT_TYPE = "application/problem+json"
 
 TITLES = {
-    400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-    409: "Conflict", 413: "Payload Too Large", 415: "Unsupported Media Type",
-    422: "Unprocessable Content", 429: "Too Many Requests", 500: "Internal Server Error",
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    413: "Payload Too Large",
+    415: "Unsupported Media Type",
+    422: "Unprocessable Content",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
     503: "Service Unavailable",
 }
 
 
-def problem(status: int, detail: str, *, headers: dict[str, str] | None = None,
-            **extra: Any) -> web.Response:
-    body = {"type": "about:blank", "title": TITLES.get(status, "Error"), "status": status,
-            "detail": detail, **extra}
-    return web.Response(status=status, text=json.dumps(body), content_type=CONTENT_TYPE,
-                        headers=headers)
+def problem(
+    status: int, detail: str, *, headers: dict[str, str] | None = None, **extra: Any
+) -> web.Response:
+    body = {
+        "type": "about:blank",
+        "title": TITLES.get(status, "Error"),
+        "status": status,
+        "detail": detail,
+        **extra,
+    }
+    return web.Response(
+        status=status, text=json.dumps(body), content_type=CONTENT_TYPE, headers=headers
+    )
 
 
 class Problem(Exception):

@@ -9,9 +9,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 KEY_PATTERN = re.compile(r"^[ -~]{1,255}$")
-RFC3339 = re.compile(
-    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
-)
+RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
 MAX_BATCH = 1000
 
 
@@ -56,8 +54,10 @@ def valid_key(key: str | None) -> bool:
 def describe(exc: ValidationError) -> list[dict[str, str]]:
     """Field-level errors, e.g. [{"field": "due_at", "message": "..."}]."""
     return [
-        {"field": ".".join(str(p) for p in e["loc"]) or "(body)",
-         "message": e["msg"].removeprefix("Value error, ")}
+        {
+            "field": ".".join(str(p) for p in e["loc"]) or "(body)",
+            "message": e["msg"].removeprefix("Value error, "),
+        }
         for e in exc.errors()
     ]
 

@@ -77,12 +77,20 @@ class JobRepository:
         rows = await self.pool.fetch(_COMPLETE, ids, attempts, results, owner)
         return {r[0] for r in rows}
 
-    async def complete_in(self, conn: asyncpg.Connection, job: Job, result: Any, owner: str) -> bool:
+    async def complete_in(
+        self, conn: asyncpg.Connection, job: Job, result: Any, owner: str
+    ) -> bool:
         rows = await conn.fetch(_COMPLETE, [job.id], [job.attempt], [result], owner)
         return bool(rows)
 
     async def record_failure(
-        self, job: Job, owner: str, *, permanent: bool, delay_s: float, error: str,
+        self,
+        job: Job,
+        owner: str,
+        *,
+        permanent: bool,
+        delay_s: float,
+        error: str,
         reason: str | None,
     ) -> tuple[str, str | None] | None:
         row = await self.pool.fetchrow(

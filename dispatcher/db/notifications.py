@@ -40,7 +40,7 @@ class WakeListener:
             try:
                 conn = await asyncpg.connect(self._dsn)
                 lost = asyncio.Event()
-                conn.add_termination_listener(lambda _c: lost.set())
+                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                 await conn.add_listener(CHANNEL, lambda *_args: self._on_wake())
                 self._on_wake()  # notices sent while we were not listening are lost: look now
                 await lost.wait()

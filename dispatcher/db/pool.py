@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any
 
 import asyncpg
 
@@ -15,8 +14,12 @@ from dispatcher.errors import DatabaseUnavailable
 log = logging.getLogger(__name__)
 
 # Errors that mean "the server is not there (yet)", worth a retry with backoff at start-up.
-CONNECT_ERRORS = (OSError, asyncpg.CannotConnectNowError, asyncpg.ConnectionDoesNotExistError,
-                  asyncio.TimeoutError)
+CONNECT_ERRORS = (
+    OSError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.ConnectionDoesNotExistError,
+    asyncio.TimeoutError,
+)
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -67,5 +70,3 @@ async def wait_for_database(dsn: str, *, timeout_s: float, log_every_s: float = 
             last_log = now
         await asyncio.sleep(min(delay, deadline - now))
         delay = min(delay * 2, 5.0)
-
-

@@ -43,7 +43,9 @@ def load_handler(name: str, spec: str) -> Handler:
     try:
         function = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"setting handlers.{name}.function = {spec!r}: cannot load ({exc})")
+        raise ConfigError(
+            f"setting handlers.{name}.function = {spec!r}: cannot load ({exc})"
+        ) from None
     if not inspect.iscoroutinefunction(function):
         raise ConfigError(f"setting handlers.{name}.function = {spec!r}: must be `async def`")
     return function  # type: ignore[no-any-return]

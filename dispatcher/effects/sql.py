@@ -49,8 +49,9 @@ class SqlEffect:
         try:
             return [convert(v, t) for v, t in zip(values, types, strict=True)]
         except (TypeError, ValueError) as exc:
-            raise Reject(f"payload does not fit handler {self.name!r}: {exc}",
-                         code="invalid_payload") from None
+            raise Reject(
+                f"payload does not fit handler {self.name!r}: {exc}", code="invalid_payload"
+            ) from None
 
     async def run(self, job: Job, complete: CompleteInTransaction) -> Any:
         progress = dict(job.progress or {"pages": 0, "rows": 0})

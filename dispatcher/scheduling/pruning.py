@@ -22,8 +22,11 @@ class Pruner:
     async def run_once(self) -> dict[str, int]:
         s = self._settings
         pruned: dict[str, int] = {}
-        for state, keep_s in (("succeeded", s.succeeded_s), ("cancelled", s.cancelled_s),
-                              ("dead", s.dead_s)):
+        for state, keep_s in (
+            ("succeeded", s.succeeded_s),
+            ("cancelled", s.cancelled_s),
+            ("dead", s.dead_s),
+        ):
             total = 0
             for _ in range(MAX_BATCHES_PER_RUN):
                 try:

@@ -60,8 +60,10 @@ class Completer:
     async def _flush(self, batch: list[tuple[Job, Any, asyncio.Future[bool]]]) -> None:
         try:
             done = await self._repo.complete(
-                [j.id for j, _, _ in batch], [j.attempt for j, _, _ in batch],
-                [r for _, r, _ in batch], self._owner,
+                [j.id for j, _, _ in batch],
+                [j.attempt for j, _, _ in batch],
+                [r for _, r, _ in batch],
+                self._owner,
             )
         except Exception as exc:  # the lease will expire and the job is retried: never lost
             log.error("could not record %d completions: %s", len(batch), exc)

@@ -63,7 +63,9 @@ class Executor:
             if not effect.completes_in_transaction:
                 recorded = await self._completer.record(job, result)
         except RetryLater as exc:
-            await self._retry(job, exc.reason, exc.delay_s, "rate_limited" if exc.rate_limited else "transient")
+            await self._retry(
+                job, exc.reason, exc.delay_s, "rate_limited" if exc.rate_limited else "transient"
+            )
         except Reject as exc:
             await self._fail(job, permanent=True, delay_s=0, error=exc.reason, reason=exc.code)
         except LeaseLost:
@@ -93,7 +95,9 @@ class Executor:
 
     async def _retry(self, job: Job, error: str, delay_s: float | None, reason: str) -> None:
         if delay_s is None:
-            delay_s = backoff_s(job.attempt, self._settings.backoff_base_s, self._settings.backoff_cap_s)
+            delay_s = backoff_s(
+                job.attempt, self._settings.backoff_base_s, self._settings.backoff_cap_s
+            )
         await self._fail(job, permanent=False, delay_s=delay_s, error=error, reason=reason)
 
     async def _fail(

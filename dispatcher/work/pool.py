@@ -141,11 +141,17 @@ class QueueWorker:
             return
         aborted = asyncio.ensure_future(abort.wait())
         try:
-            await asyncio.wait([*self.running.values(), aborted], timeout=timeout_s,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                [*self.running.values(), aborted],
+                timeout=timeout_s,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             while self.running and not abort.is_set():
-                await asyncio.wait([*self.running.values(), aborted], timeout=timeout_s,
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    [*self.running.values(), aborted],
+                    timeout=timeout_s,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
         finally:
             aborted.cancel()
 
@@ -206,7 +212,9 @@ class WorkerPool:
         return the ids of the cancelled ones (their leases must be released)."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
-                await asyncio.gather(*(w.wait_idle(timeout_s, abort) for w in self.workers.values()))
+                await asyncio.gather(
+                    *(w.wait_idle(timeout_s, abort) for w in self.workers.values())
+                )
         unfinished: list[int] = []
         for worker in self.workers.values():
             unfinished += await worker.cancel_running()

@@ -9,15 +9,20 @@ from dispatcher.db.jobs import JobRepository
 from dispatcher.scheduling.pruning import Pruner
 
 
-async def seed(conn: asyncpg.Connection, state: str, n: int, finished_days_ago: float | None,
-               prefix: str) -> None:
+async def seed(
+    conn: asyncpg.Connection, state: str, n: int, finished_days_ago: float | None, prefix: str
+) -> None:
     await conn.execute(
         """INSERT INTO dispatcher.jobs (key, request_hash, queue, handler, payload, state, due_at,
                max_attempts, max_retry_age_s, budget_started_at, finished_at, lease_owner)
            SELECT $1 || g, 'h', 'default', 'http', '{}', $2, now(), 3, 60, now(),
                   now() - make_interval(days => $3::int), CASE WHEN $2 = 'running' THEN 'x' END
              FROM generate_series(1, $4) g""",
-        prefix, state, finished_days_ago, n)
+        prefix,
+        state,
+        finished_days_ago,
+        n,
+    )
 
 
 async def test_pruning_deletes_exactly_the_expired_terminal_rows(pool: asyncpg.Pool) -> None:
@@ -34,7 +39,12 @@ async def test_pruning_deletes_exactly_the_expired_terminal_rows(pool: asyncpg.P
     async with pool.acquire() as conn:
         left = await conn.fetch(
             r"SELECT regexp_replace(key, '\d+$', '') AS kind, count(*) AS n"
-            " FROM dispatcher.jobs GROUP BY 1")
+            " FROM dispatcher.jobs GROUP BY 1"
+        )
     assert {r["kind"]: r["n"] for r in left} == {
-        "young-ok-": 30, "young-dead-": 50, "waiting-": 60, "running-": 7}
+        "young-ok-": 30,
+        "young-dead-": 50,
+        "waiting-": 60,
+        "running-": 7,
+    }
     assert await pruner.run_once() == {"succeeded": 0, "cancelled": 0, "dead": 0}

@@ -33,9 +33,10 @@ async def states(db_url: str) -> dict[str, int]:
 
 
 async def post(base_url: str, key: str, body: dict) -> dict:
-    async with aiohttp.ClientSession() as s, s.post(
-        f"{base_url}/v1/jobs", json=body, headers={"Idempotency-Key": key}
-    ) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{base_url}/v1/jobs", json=body, headers={"Idempotency-Key": key}) as r,
+    ):
         assert r.status == 202, await r.text()
         return await r.json()
 
@@ -44,9 +45,14 @@ async def test_sigkill_after_in_db_effect_before_commit_applies_effect_once(db_u
     conn = await asyncpg.connect(db_url)
     await conn.execute("CREATE TABLE app_effects (job_key text, payload jsonb)")
     env = {"DISPATCHER_DATABASE_URL": db_url, **BASE_ENV, **PYTHON_HANDLER}
-    crashing = await DaemonProcess({**env, "DISPATCHER_FAULT": "after_effect_in_transaction"}).start()
-    await post(crashing.base_url, "lease-4831:revoke-upload-grants:2026-05-31",
-               {"handler": "record", "payload": {"lease": 4831}})
+    crashing = await DaemonProcess(
+        {**env, "DISPATCHER_FAULT": "after_effect_in_transaction"}
+    ).start()
+    await post(
+        crashing.base_url,
+        "lease-4831:revoke-upload-grants:2026-05-31",
+        {"handler": "record", "payload": {"lease": 4831}},
+    )
     assert await crashing.wait() == -signal.SIGKILL
     assert await states(db_url) == {"running": 1}  # killed holding the lease
     assert await conn.fetchval("SELECT count(*) FROM app_effects") == 0  # rolled back
@@ -57,7 +63,10 @@ async def test_sigkill_after_in_db_effect_before_commit_applies_effect_once(db_u
     rows = await conn.fetch("SELECT job_key FROM app_effects")
     assert [r["job_key"] for r in rows] == ["lease-4831:revoke-upload-grants:2026-05-31"]
     job = await conn.fetchrow("SELECT attempt, result FROM dispatcher.jobs")
-    assert job["attempt"] == 2 and job["result"] == '{"recorded": "lease-4831:revoke-upload-grants:2026-05-31"}'
+    assert (
+        job["attempt"] == 2
+        and job["result"] == '{"recorded": "lease-4831:revoke-upload-grants:2026-05-31"}'
+    )
     await conn.close()
 
 
@@ -70,12 +79,14 @@ async def test_sigkill_after_http_effect_redelivers_the_same_idempotency_key(db_
     async with serve_target(target):
         env = {"DISPATCHER_DATABASE_URL": db_url, **BASE_ENV}
         crashing = await DaemonProcess({**env, "DISPATCHER_FAULT": "after_effect"}).start()
-        await post(crashing.base_url, "webhook-1", {"handler": "http", "target": {"url": target.url}})
+        await post(
+            crashing.base_url, "webhook-1", {"handler": "http", "target": {"url": target.url}}
+        )
         assert await crashing.wait() == -signal.SIGKILL
         restarted = await DaemonProcess(env).start()
         await wait_until(lambda: _is(db_url, {"succeeded": 1}), what="redelivered and completed")
         assert await restarted.stop() == 0
-    assert target.keys() == ["webhook-1", "webhook-1"]
+    assert target.request_keys() == ["webhook-1", "webhook-1"]
     first, second = target.requests
     assert first["headers"]["webhook-id"] == second["headers"]["webhook-id"]
     assert first["body"] == second["body"]
@@ -86,25 +97,34 @@ async def test_sigkill_after_completion_before_ack_does_not_repeat(db_url: str) 
     async with serve_target(target):
         env = {"DISPATCHER_DATABASE_URL": db_url, **BASE_ENV}
         crashing = await DaemonProcess({**env, "DISPATCHER_FAULT": "after_complete"}).start()
-        await post(crashing.base_url, "acked-late", {"handler": "http", "target": {"url": target.url}})
+        await post(
+            crashing.base_url, "acked-late", {"handler": "http", "target": {"url": target.url}}
+        )
         assert await crashing.wait() == -signal.SIGKILL
         assert await states(db_url) == {"succeeded": 1}
         restarted = await DaemonProcess(env).start()
         await restarted.stop()
-    assert target.keys() == ["acked-late"]
+    assert target.request_keys() == ["acked-late"]
 
 
 async def test_sigterm_with_50_inflight_drains_and_loses_nothing(db_url: str) -> None:
     target = Target(delay_s=1.5)
     async with serve_target(target):
-        env = {"DISPATCHER_DATABASE_URL": db_url, **BASE_ENV, "DISPATCHER_DRAIN_TIMEOUT_S": "20",
-               "DISPATCHER_QUEUES__DEFAULT__MAX_INFLIGHT": "50"}
+        env = {
+            "DISPATCHER_DATABASE_URL": db_url,
+            **BASE_ENV,
+            "DISPATCHER_DRAIN_TIMEOUT_S": "20",
+            "DISPATCHER_QUEUES__DEFAULT__MAX_INFLIGHT": "50",
+        }
         daemon = await DaemonProcess(env).start()
-        jobs = [{"idempotency_key": f"drain-{i}", "handler": "http", "target": {"url": target.url}}
-                for i in range(80)]
-        async with aiohttp.ClientSession() as s, s.post(
-            f"{daemon.base_url}/v1/jobs/batch", json={"jobs": jobs}
-        ) as r:
+        jobs = [
+            {"idempotency_key": f"drain-{i}", "handler": "http", "target": {"url": target.url}}
+            for i in range(80)
+        ]
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(f"{daemon.base_url}/v1/jobs/batch", json={"jobs": jobs}) as r,
+        ):
             assert r.status == 200
         await wait_until(lambda: target.inflight == 50, what="50 in flight")
         started_at_signal = len(target.requests)
@@ -119,17 +139,24 @@ async def test_sigterm_with_50_inflight_drains_and_loses_nothing(db_url: str) ->
         restarted = await DaemonProcess(env).start()
         await wait_until(lambda: _is(db_url, {"succeeded": 80}), what="all 80 succeeded")
         assert await restarted.stop() == 0
-    assert max(Counter(target.keys()).values()) == 1
+    assert max(Counter(target.request_keys()).values()) == 1
 
 
 async def test_drain_timeout_releases_unfinished_jobs_at_once(db_url: str) -> None:
     target = Target(delay_s=60)
     async with serve_target(target):
-        env = {"DISPATCHER_DATABASE_URL": db_url, **BASE_ENV, "DISPATCHER_DRAIN_TIMEOUT_S": "1",
-               "DISPATCHER_LEASE_S": "300"}
+        env = {
+            "DISPATCHER_DATABASE_URL": db_url,
+            **BASE_ENV,
+            "DISPATCHER_DRAIN_TIMEOUT_S": "1",
+            "DISPATCHER_LEASE_S": "300",
+        }
         daemon = await DaemonProcess(env).start()
-        await post(daemon.base_url, "hangs", {"handler": "http",
-                                              "target": {"url": target.url, "timeout_s": 120}})
+        await post(
+            daemon.base_url,
+            "hangs",
+            {"handler": "http", "target": {"url": target.url, "timeout_s": 120}},
+        )
         await wait_until(lambda: target.inflight == 1)
         daemon.signal(signal.SIGTERM)
         assert await daemon.wait(timeout_s=15) == 0
@@ -144,11 +171,18 @@ async def test_drain_timeout_releases_unfinished_jobs_at_once(db_url: str) -> No
 async def test_second_signal_skips_the_drain_wait(db_url: str) -> None:
     target = Target(delay_s=60)
     async with serve_target(target):
-        env = {"DISPATCHER_DATABASE_URL": db_url, **BASE_ENV, "DISPATCHER_DRAIN_TIMEOUT_S": "60",
-               "DISPATCHER_LEASE_S": "300"}
+        env = {
+            "DISPATCHER_DATABASE_URL": db_url,
+            **BASE_ENV,
+            "DISPATCHER_DRAIN_TIMEOUT_S": "60",
+            "DISPATCHER_LEASE_S": "300",
+        }
         daemon = await DaemonProcess(env).start()
-        await post(daemon.base_url, "stuck", {"handler": "http",
-                                              "target": {"url": target.url, "timeout_s": 120}})
+        await post(
+            daemon.base_url,
+            "stuck",
+            {"handler": "http", "target": {"url": target.url, "timeout_s": 120}},
+        )
         await wait_until(lambda: target.inflight == 1)
         daemon.signal(signal.SIGTERM)
         await wait_until(lambda: "draining" in daemon.log_text(), what="drain started")

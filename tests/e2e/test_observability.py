@@ -36,24 +36,37 @@ async def respond(request: web.Request, count: int) -> web.StreamResponse:
 
 async def test_scrape_after_mixed_workload_and_json_logs(db_url: str) -> None:
     async with serve_target(Target(respond=respond)) as target:
-        daemon = await DaemonProcess({
-            "DISPATCHER_DATABASE_URL": db_url, "DISPATCHER_TARGET_ALLOW_HTTP": "true",
-            "DISPATCHER_TARGET_ALLOW_CIDRS": "127.0.0.0/8", "DISPATCHER_SCAN_INTERVAL_S": "0.2",
-            "DISPATCHER_QUEUES__DEFAULT__BACKOFF_BASE_S": "0.1",
-            "DISPATCHER_HTTP__SIGNING_SECRET": SECRET, "DISPATCHER_API_TOKENS": TOKEN,
-            "DISPATCHER_LOG_FORMAT": "json", "DISPATCHER_LOG_LEVEL": "DEBUG",
-        }).start()
+        daemon = await DaemonProcess(
+            {
+                "DISPATCHER_DATABASE_URL": db_url,
+                "DISPATCHER_TARGET_ALLOW_HTTP": "true",
+                "DISPATCHER_TARGET_ALLOW_CIDRS": "127.0.0.0/8",
+                "DISPATCHER_SCAN_INTERVAL_S": "0.2",
+                "DISPATCHER_QUEUES__DEFAULT__BACKOFF_BASE_S": "0.1",
+                "DISPATCHER_HTTP__SIGNING_SECRET": SECRET,
+                "DISPATCHER_API_TOKENS": TOKEN,
+                "DISPATCHER_LOG_FORMAT": "json",
+                "DISPATCHER_LOG_LEVEL": "DEBUG",
+            }
+        ).start()
         headers = {"Authorization": f"Bearer {TOKEN}"}
         async with aiohttp.ClientSession(headers=headers) as s:
             for key in ("ok-1", "ok-2", "retry-1", "dead-1"):
-                body = {"handler": "http", "target": {"url": target.url},
-                        "payload": {"marker": "payload-body-must-not-be-logged"}}
-                async with s.post(f"{daemon.base_url}/v1/jobs", json=body,
-                                  headers={"Idempotency-Key": key}) as r:
+                body = {
+                    "handler": "http",
+                    "target": {"url": target.url},
+                    "payload": {"marker": "payload-body-must-not-be-logged"},
+                }
+                async with s.post(
+                    f"{daemon.base_url}/v1/jobs", json=body, headers={"Idempotency-Key": key}
+                ) as r:
                     assert r.status == 202
             conn = await asyncpg.connect(db_url)
-            await wait_until(lambda: conn.fetchval(
-                "SELECT count(*) = 4 FROM dispatcher.jobs WHERE state IN ('succeeded', 'dead')"))
+            await wait_until(
+                lambda: conn.fetchval(
+                    "SELECT count(*) = 4 FROM dispatcher.jobs WHERE state IN ('succeeded', 'dead')"
+                )
+            )
             await conn.close()
             async with s.get(f"{daemon.base_url}/metrics") as r:
                 scrape = await r.text()
@@ -69,8 +82,9 @@ async def test_scrape_after_mixed_workload_and_json_logs(db_url: str) -> None:
     assert sample(scrape, "dispatcher_build_info") == 1
     promtool = shutil.which("promtool")
     if promtool:  # CI installs it; the metric format check is the ecosystem's own
-        check = subprocess.run([promtool, "check", "metrics"], input=scrape.encode(),
-                               capture_output=True, timeout=30)
+        check = subprocess.run(  # noqa: ASYNC221 - the daemon is stopped; nothing to block
+            [promtool, "check", "metrics"], input=scrape.encode(), capture_output=True, timeout=30
+        )
         assert check.returncode == 0, check.stdout + check.stderr
 
     lines = [json.loads(line) for line in daemon.log_text().splitlines() if line.strip()]

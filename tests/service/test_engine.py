@@ -11,7 +11,7 @@ import trustme
 from aiohttp import web
 
 from dispatcher import metrics
-from tests.harness import Target, running_daemon, serve_target, make_settings, wait_until
+from tests.harness import Target, make_settings, running_daemon, serve_target, wait_until
 
 
 async def count_states(db_url: str) -> dict[str, int]:
@@ -34,16 +34,26 @@ async def test_thousand_jobs_to_https_target_each_key_exactly_once(db_url: str, 
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     settings = make_settings(db_url, target_allow_http=False, http={"ca_file": str(ca_file)})
-    async with serve_target(Target(), ssl_context=server_ssl) as target, running_daemon(settings) as d:
+    async with (
+        serve_target(Target(), ssl_context=server_ssl) as target,
+        running_daemon(settings) as d,
+    ):
         assert target.url.startswith("https://")
-        batch = [{"idempotency_key": f"grant-{i}", "handler": "http", "target": {"url": target.url},
-                  "payload": {"grant": i}} for i in range(1000)]
+        batch = [
+            {
+                "idempotency_key": f"grant-{i}",
+                "handler": "http",
+                "target": {"url": target.url},
+                "payload": {"grant": i},
+            }
+            for i in range(1000)
+        ]
         async with d.session.post(f"{d.base_url}/v1/jobs/batch", json={"jobs": batch}) as r:
             assert r.status == 200
             results = (await r.json())["results"]
         assert [x["status"] for x in results] == ["accepted"] * 1000
         await wait_until(lambda: all_in_state(db_url, "succeeded", 1000), what="1000 succeeded")
-    counts = Counter(target.keys())
+    counts = Counter(target.request_keys())
     assert set(counts) == {f"grant-{i}" for i in range(1000)}
     assert max(counts.values()) == 1
 
@@ -54,9 +64,10 @@ async def test_429_with_retry_after_delays_the_next_attempt(db_url: str) -> None
             return web.Response(status=429, headers={"Retry-After": "2"})
         return web.json_response({"ok": True})
 
-    async with serve_target(Target(respond=respond)) as target, running_daemon(
-        make_settings(db_url)
-    ) as d:
+    async with (
+        serve_target(Target(respond=respond)) as target,
+        running_daemon(make_settings(db_url)) as d,
+    ):
         job = await d.post_job("rate-limited", {"handler": "http", "target": {"url": target.url}})
         await wait_until(lambda: all_in_state(db_url, "succeeded", 1), what="success after 429")
         status = await d.get_job(job["id"])
@@ -70,9 +81,10 @@ async def test_400_is_dead_after_one_attempt(db_url: str) -> None:
         return web.Response(status=400, text="grant id unknown")
 
     before = metrics.DEAD_LETTERS.labels("default", "http_4xx")._value.get()
-    async with serve_target(Target(respond=respond)) as target, running_daemon(
-        make_settings(db_url)
-    ) as d:
+    async with (
+        serve_target(Target(respond=respond)) as target,
+        running_daemon(make_settings(db_url)) as d,
+    ):
         job = await d.post_job("bad-input", {"handler": "http", "target": {"url": target.url}})
         await wait_until(lambda: all_in_state(db_url, "dead", 1), what="dead letter")
         status = await d.get_job(job["id"])
@@ -108,8 +120,10 @@ async def test_limits_hold_rate_and_inflight(db_url: str) -> None:
     )
     target = Target(delay_s=0.05)
     async with serve_target(target), running_daemon(settings) as d:
-        batch = [{"idempotency_key": f"lim-{i}", "handler": "http", "target": {"url": target.url}}
-                 for i in range(120)]
+        batch = [
+            {"idempotency_key": f"lim-{i}", "handler": "http", "target": {"url": target.url}}
+            for i in range(120)
+        ]
         async with d.session.post(f"{d.base_url}/v1/jobs/batch", json={"jobs": batch}) as r:
             assert r.status == 200
         await wait_until(lambda: all_in_state(db_url, "succeeded", 120), timeout_s=30)
@@ -123,8 +137,10 @@ async def test_slow_targets_never_exceed_inflight_cap(db_url: str) -> None:
     settings = make_settings(db_url, queues={"default": {"max_inflight": 5}})
     target = Target(delay_s=0.3)
     async with serve_target(target), running_daemon(settings) as d:
-        batch = [{"idempotency_key": f"slow-{i}", "handler": "http", "target": {"url": target.url}}
-                 for i in range(20)]
+        batch = [
+            {"idempotency_key": f"slow-{i}", "handler": "http", "target": {"url": target.url}}
+            for i in range(20)
+        ]
         async with d.session.post(f"{d.base_url}/v1/jobs/batch", json={"jobs": batch}) as r:
             assert r.status == 200
         await wait_until(lambda: all_in_state(db_url, "succeeded", 20), timeout_s=30)
@@ -132,20 +148,29 @@ async def test_slow_targets_never_exceed_inflight_cap(db_url: str) -> None:
 
 
 async def test_one_tenants_burst_does_not_starve_another(db_url: str) -> None:
-    settings = make_settings(db_url, queues={"default": {"rate_per_s": 100, "burst": 5,
-                                                         "max_inflight": 5}})
+    settings = make_settings(
+        db_url, queues={"default": {"rate_per_s": 100, "burst": 5, "max_inflight": 5}}
+    )
     target = Target()
     async with serve_target(target), running_daemon(settings) as d:
-        big = [{"idempotency_key": f"big-{i}", "handler": "http", "tenant": "property-1",
-                "target": {"url": target.url}} for i in range(1000)]
+        big = [
+            {
+                "idempotency_key": f"big-{i}",
+                "handler": "http",
+                "tenant": "property-1",
+                "target": {"url": target.url},
+            }
+            for i in range(1000)
+        ]
         async with d.session.post(f"{d.base_url}/v1/jobs/batch", json={"jobs": big}) as r:
             assert r.status == 200
         await wait_until(lambda: len(target.requests) >= 20, what="big tenant started")
-        await d.post_job("small-1", {"handler": "http", "tenant": "property-2",
-                                     "target": {"url": target.url}})
-        await wait_until(lambda: "small-1" in target.keys(), timeout_s=10, what="small tenant")
-        started_before_small = target.keys().index("small-1")
-        big_remaining = 1000 - sum(1 for k in target.keys() if k.startswith("big-"))
+        await d.post_job(
+            "small-1", {"handler": "http", "tenant": "property-2", "target": {"url": target.url}}
+        )
+        await wait_until(lambda: "small-1" in target.request_keys(), timeout_s=10, what="small")
+        started_before_small = target.request_keys().index("small-1")
+        big_remaining = 1000 - sum(1 for k in target.request_keys() if k.startswith("big-"))
     # The single job was served long before the burst drained (at 100/s it takes 10 s).
     assert big_remaining > 500, (started_before_small, big_remaining)
 
@@ -160,12 +185,14 @@ async def test_duplicate_delivery_is_a_noop_and_counted(db_url: str) -> None:
         try:  # a relay re-publishing the same message: a second outbox row for a finished job
             await conn.execute(
                 "INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability) "
-                "VALUES ($1, 'default', '', 'http:1')", job["id"])
+                "VALUES ($1, 'default', '', 'http:1')",
+                job["id"],
+            )
             await conn.execute("NOTIFY dispatcher_wake")
             await wait_until(lambda: conn.fetchval("SELECT count(*) = 0 FROM dispatcher.outbox"))
         finally:
             await conn.close()
-    assert target.keys() == ["once"]
+    assert target.request_keys() == ["once"]
     assert metrics.DUPLICATE_DELIVERIES.labels("default")._value.get() == before + 1
 
 
@@ -177,10 +204,11 @@ async def test_future_job_starts_at_its_due_time(db_url: str) -> None:
         conn = await asyncpg.connect(db_url)
         due = await conn.fetchval("SELECT now() + interval '1.5 seconds'")
         await conn.close()
-        await d.post_job("later", {"handler": "http", "target": {"url": target.url},
-                                   "due_at": due.isoformat()})
+        await d.post_job(
+            "later", {"handler": "http", "target": {"url": target.url}, "due_at": due.isoformat()}
+        )
         submitted = time.monotonic()
-        await wait_until(lambda: target.keys() == ["later"], timeout_s=10)
+        await wait_until(lambda: target.request_keys() == ["later"], timeout_s=10)
     waited = target.requests[0]["at"] - submitted
     # the scan interval is 30 s: only the timer to the next due time can start it this soon
     assert 1.0 <= waited < 5.0, waited
@@ -192,15 +220,19 @@ async def test_expired_lease_is_rescued_and_the_attempt_counts(db_url: str) -> N
         conn = await asyncpg.connect(db_url)
         try:  # a job claimed by a process that died: running, lease already expired
             job_id = await conn.fetchval(
-                "SELECT dispatcher.enqueue('orphan', 'http', '{}'::jsonb, now() + interval '1 hour',"
-                " target => jsonb_build_object('url', $1::text))", target.url)
+                "SELECT dispatcher.enqueue('orphan', 'http', '{}'::jsonb,"
+                " now() + interval '1 hour',"
+                " target => jsonb_build_object('url', $1::text))",
+                target.url,
+            )
             await conn.execute(
                 "UPDATE dispatcher.jobs SET state = 'running', attempt = 1, lease_owner = 'dead:1',"
                 " lease_expires_at = now() - interval '1 second', due_at = now() WHERE id = $1",
-                job_id)
+                job_id,
+            )
         finally:
             await conn.close()
         await wait_until(lambda: all_in_state(db_url, "succeeded", 1), what="rescued job done")
         status = await d.get_job(job_id)
     assert status["attempt"] == 2
-    assert target.keys() == ["orphan"]
+    assert target.request_keys() == ["orphan"]

@@ -43,8 +43,11 @@ async def state_of(db_url: str, key: str) -> str | None:
 def handlers(**extra: Any) -> dict[str, Any]:
     return {
         "count": {"kind": "python", "function": f"{__name__}:counting", **extra},
-        "gate": {"kind": "python", "function": f"{__name__}:waits_for_gate",
-                 "transactional": False},
+        "gate": {
+            "kind": "python",
+            "function": f"{__name__}:waits_for_gate",
+            "transactional": False,
+        },
     }
 
 
@@ -60,7 +63,9 @@ async def test_transactional_handler_rolls_back_failed_attempts(db_url: str) -> 
     # the two failed attempts' inserts rolled back with them; the successful one committed once
     rows = await conn.fetch("SELECT job_key FROM app_effects ORDER BY 1")
     assert [r["job_key"] for r in rows] == ["twice-failing"]
-    job = await conn.fetchrow("SELECT result, dead_reason FROM dispatcher.jobs WHERE key = 'refused'")
+    job = await conn.fetchrow(
+        "SELECT result, dead_reason FROM dispatcher.jobs WHERE key = 'refused'"
+    )
     assert job["dead_reason"] == "rejected_by_handler"
     await conn.close()
 
@@ -74,14 +79,18 @@ async def test_worker_claims_only_handler_versions_it_can_run(db_url: str) -> No
     await conn.execute("CREATE TABLE app_effects (job_key text)")
     # A newer release registered version 2 of the handler; its jobs carry version 2.
     await conn.execute(
-        "INSERT INTO dispatcher.handlers (name, kind, current_version) VALUES ('count', 'python', 2)")
+        "INSERT INTO dispatcher.handlers (name, kind, current_version)"
+        " VALUES ('count', 'python', 2)"
+    )
     await enqueue(conn, "v2-job", "count", {})
     assert await conn.fetchval("SELECT handler_version FROM dispatcher.jobs") == 2
     old = make_settings(db_url, handlers=handlers(version=1))
     async with running_daemon(old):
         await asyncio.sleep(0)  # let the claim loop run its first pass
-        await wait_until(lambda: conn.fetchval(
-            "SELECT count(*) = 1 FROM dispatcher.outbox"), what="job still waiting")
+        await wait_until(
+            lambda: conn.fetchval("SELECT count(*) = 1 FROM dispatcher.outbox"),
+            what="job still waiting",
+        )
         # an old process must leave the v2 job alone, however many claim passes it makes
         for _ in range(10):
             assert await state_of(db_url, "v2-job") == "ready"
@@ -110,8 +119,9 @@ async def test_operator_retry_gives_a_dead_job_a_new_budget(db_url: str) -> None
     await conn.execute("CREATE TABLE app_effects (job_key text)")
     settings = make_settings(db_url, handlers=handlers())
     async with running_daemon(settings) as d:
-        job = await d.post_job("exhausted", {"handler": "count", "max_attempts": 1,
-                                             "payload": {"fail_times": 1}})
+        job = await d.post_job(
+            "exhausted", {"handler": "count", "max_attempts": 1, "payload": {"fail_times": 1}}
+        )
         await wait_until(lambda: _states(db_url, {"exhausted": "dead"}))
         status = await d.get_job(job["id"])
         assert status["dead_reason"] == "max_attempts"
@@ -129,12 +139,21 @@ async def test_sql_handler_commits_pages_with_progress(db_url: str) -> None:
     await conn.execute("CREATE TABLE sessions (id int PRIMARY KEY, expires_at timestamptz)")
     await conn.execute(
         "INSERT INTO sessions SELECT g, CASE WHEN g % 3 = 0 THEN now() + interval '1 day' "
-        "ELSE now() - interval '1 day' END FROM generate_series(1, 2500) g")
+        "ELSE now() - interval '1 day' END FROM generate_series(1, 2500) g"
+    )
     expired = await conn.fetchval("SELECT count(*) FROM sessions WHERE expires_at < now()")
-    settings = make_settings(db_url, handlers={"expire": {
-        "kind": "sql", "page_size": 400, "params": ["cutoff", "page_size"],
-        "statement": "DELETE FROM sessions WHERE id IN (SELECT id FROM sessions "
-                     "WHERE expires_at < $1::timestamptz LIMIT $2)"}})
+    settings = make_settings(
+        db_url,
+        handlers={
+            "expire": {
+                "kind": "sql",
+                "page_size": 400,
+                "params": ["cutoff", "page_size"],
+                "statement": "DELETE FROM sessions WHERE id IN (SELECT id FROM sessions "
+                "WHERE expires_at < $1::timestamptz LIMIT $2)",
+            }
+        },
+    )
     async with running_daemon(settings) as d:
         cutoff = (await conn.fetchval("SELECT now()")).isoformat()
         job = await d.post_job("cleanup", {"handler": "expire", "payload": {"cutoff": cutoff}})
