@@ -130,6 +130,8 @@ class Settings(_Strict):
     database_url: SecretStr | None = None
     state_dir: Path = Path("var")
     listen: str = "127.0.0.1:8080"
+    # Optional second listener serving only /metrics, /healthz and /readyz (no API, no auth).
+    metrics_listen: str | None = None
     api_tokens: list[SecretStr] = []
     api_tokens_file: Path | None = None
     target_allow_cidrs: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
@@ -153,10 +155,11 @@ class Settings(_Strict):
     overdue_after_s: float = Field(300.0, gt=0)
     schedules: list[ScheduleSettings] = []
 
-    @field_validator("listen")
+    @field_validator("listen", "metrics_listen")
     @classmethod
-    def _listen_format(cls, value: str) -> str:
-        host_port(value)
+    def _listen_format(cls, value: str | None) -> str | None:
+        if value is not None:
+            host_port(value)
         return value
 
     @field_validator("queues", "handlers")

@@ -22,7 +22,7 @@ from aiohttp import web
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from dispatcher import metrics, sdnotify
-from dispatcher.api.app import create_app
+from dispatcher.api.app import create_app, create_metrics_app
 from dispatcher.config import Settings, host_port
 from dispatcher.db import migrations
 from dispatcher.db.embedded import EmbeddedPostgres
@@ -247,6 +247,13 @@ class Daemon:
             stack.push_async_callback(runner.cleanup)
             host, port = host_port(s.listen)
             await web.TCPSite(runner, host, port, backlog=1024).start()
+            if s.metrics_listen is not None:
+                metrics_runner = web.AppRunner(
+                    create_metrics_app(self.readiness), handle_signals=False, access_log=None
+                )
+                await metrics_runner.setup()
+                stack.push_async_callback(metrics_runner.cleanup)
+                await web.TCPSite(metrics_runner, *host_port(s.metrics_listen)).start()
 
             watchdog = sdnotify.Watchdog()
             await watchdog.start()

@@ -77,6 +77,16 @@ def create_app(
     return app
 
 
+def create_metrics_app(readiness: Readiness) -> web.Application:
+    """The optional separate listener: health and metrics only, nothing that changes state."""
+    app = web.Application(middlewares=[problem_middleware])
+    app[READINESS] = readiness
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_endpoint)
+    return app
+
+
 # middlewares -------------------------------------------------------------------------------
 @web.middleware
 async def problem_middleware(request: web.Request, handler: Any) -> web.StreamResponse:

@@ -294,7 +294,10 @@ async def daemon(dsn: str, env: dict[str, str], *, wait_ready: bool = True
                   if '"ERROR"' in line or "Traceback" in line]
         if errors:
             print(f"  daemon logged {len(errors)} error lines, first: {errors[0][:300]}")
-        proc.log_path.unlink(missing_ok=True)
+        if os.environ.get("BENCH_KEEP_LOGS"):
+            print(f"  daemon log kept: {proc.log_path}")
+        else:
+            proc.log_path.unlink(missing_ok=True)
 
 
 @contextlib.asynccontextmanager

@@ -95,3 +95,23 @@ async def test_scrape_after_mixed_workload_and_json_logs(db_url: str) -> None:
     text = daemon.log_text()
     for secret in (TOKEN, SECRET, "payload-body-must-not-be-logged"):
         assert secret not in text
+
+
+async def test_separate_metrics_listener_serves_only_health_and_metrics(db_url: str) -> None:
+    from tests.harness import free_port
+
+    port = free_port()
+    daemon = await DaemonProcess(
+        {
+            "DISPATCHER_DATABASE_URL": db_url,
+            "DISPATCHER_METRICS_LISTEN": f"127.0.0.1:{port}",
+        }
+    ).start()
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"http://127.0.0.1:{port}/metrics") as r:
+            assert r.status == 200 and "dispatcher_build_info" in await r.text()
+        async with s.get(f"http://127.0.0.1:{port}/readyz") as r:
+            assert r.status == 200
+        async with s.get(f"http://127.0.0.1:{port}/v1/jobs") as r:
+            assert r.status == 404  # the API is not on this listener
+    assert await daemon.stop() == 0
