@@ -17,7 +17,6 @@ import json
 import os
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import aiohttp
 import asyncpg
@@ -181,8 +180,9 @@ async def main(args: argparse.Namespace) -> None:
         pids = {"daemon": d.proc.pid, "load generator": os.getpid()}
         for c in (1, 16, 64):
             await wait_for_quiet(30)
-            with CpuMeter(pids, db_name(dsn)) as cpu:
-                accepted, errors, lat, elapsed = await post_load(d.base_url, c, args.seconds, f"p{c}")
+            async with CpuMeter(pids, db_name(dsn)) as cpu:
+                accepted, errors, lat, elapsed = await post_load(
+                    d.base_url, c, args.seconds, f"p{c}")
             rate = accepted / elapsed
             bench.details[f"post_c{c}"] = {
                 "accepted": accepted, "errors": errors, "seconds": elapsed,
@@ -203,15 +203,15 @@ async def main(args: argparse.Namespace) -> None:
             bench.details["batch_due_at_bug"] = refused
         bodies = batch_bodies(args.batches, "b", future=refused is None)
         await wait_for_quiet(30)
-        with CpuMeter(pids, db_name(dsn)) as cpu:
+        async with CpuMeter(pids, db_name(dsn)) as cpu:
             accepted, rejected, elapsed, lat = await batch_load(d.base_url, bodies,
                                                                 BATCH_CONCURRENCY, 60)
         bench.details["batch"] = {"accepted": accepted, "rejected": rejected, "seconds": elapsed,
                                   "requests": len(lat), "cpu": cpu.as_json()}
         bench.add(Figure(f"POST /v1/jobs/batch, {BATCH_SIZE}/request, {BATCH_CONCURRENCY} "
                          "concurrent", accepted / elapsed, "jobs/s", at_least=BATCH_TARGET_PER_S,
-                         note=f"{batch_mode}; {len(lat)} requests, p50 {percentile(lat, .5) * 1000:.0f} ms/"
-                              f"request; {cpu.summary()}"))
+                         note=f"{batch_mode}; {len(lat)} requests, p50 "
+                              f"{percentile(lat, .5) * 1000:.0f} ms/request; {cpu.summary()}"))
 
         conn = await asyncpg.connect(dsn)
         stored = await conn.fetchval("SELECT count(*) FROM dispatcher.jobs")
@@ -224,7 +224,7 @@ async def main(args: argparse.Namespace) -> None:
             for sessions in (1, 2):
                 conns = [await asyncpg.connect(dsn) for _ in range(sessions)]
                 await wait_for_quiet(30)
-                with CpuMeter({}, db_name(dsn)) as cpu:
+                async with CpuMeter({}, db_name(dsn)) as cpu:
                     created, elapsed, times = await sql_bulk(
                         conns, args.sql_statements, due, f"s{sessions}{label[:3]}")
                 for conn in conns:

@@ -103,7 +103,8 @@ def print_table(title: str, figures: Iterable[Figure]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print(f"\n== {title} ==")
     for n, row in enumerate(rows):
-        cells = [c.rjust(w) if i == 1 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        cells = [c.rjust(w) if i == 1 else c.ljust(w)
+                 for i, (c, w) in enumerate(zip(row, widths, strict=True))]
         print("  ".join(cells).rstrip())
         if n == 0:
             print("  ".join("-" * w for w in widths))
@@ -154,6 +155,7 @@ def machine_info(server_version: str, settings: dict[str, str]) -> dict[str, Any
         "python": platform.python_version(),
         "dispatcher_commit": commit + ("+dirty" if dirty else ""),
         "loadavg_at_start": os.getloadavg()[0],
+        "experiment_patches": os.environ.get("BENCH_PATCHES") or None,
     }
 
 
@@ -161,7 +163,9 @@ def describe_machine(m: dict[str, Any]) -> str:
     s = ", ".join(f"{k}={v}" for k, v in m["pg_settings"].items())
     return (f"machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory_gib']} GiB RAM, "
             f"load {m['loadavg_at_start']:.2f} at start; {m['postgresql']} ({s}); "
-            f"Python {m['python']}; dispatcher {m['dispatcher_commit']}")
+            f"Python {m['python']}; dispatcher {m['dispatcher_commit']}"
+            + (f"; EXPERIMENT patches {m['experiment_patches']}"
+               if m["experiment_patches"] else ""))
 
 
 # database ---------------------------------------------------------------------------------
@@ -176,11 +180,10 @@ class Server:
         self._counter = 0
 
     async def open(self) -> Server:
-        candidates = [os.environ["DATABASE_URL"]] if os.environ.get("DATABASE_URL") else [LOCAL_SERVER]
-        for url in candidates:
+        for url in [os.environ.get("DATABASE_URL") or LOCAL_SERVER]:
             try:
                 conn = await asyncpg.connect(url, timeout=3)
-            except (OSError, asyncpg.PostgresError, asyncio.TimeoutError):
+            except (TimeoutError, OSError, asyncpg.PostgresError):
                 continue
             await conn.close()
             self.url, self.origin = url, url.split("@")[-1]
@@ -278,15 +281,20 @@ async def count_state(conn: asyncpg.Connection, state: str) -> int:
 @contextlib.asynccontextmanager
 async def daemon(dsn: str, env: dict[str, str], *, wait_ready: bool = True
                  ) -> AsyncIterator[DaemonProcess]:
-    """`dispatcher run` as a child process on `dsn`; SIGTERM (then SIGKILL) on exit."""
+    """`dispatcher run` as a child process on `dsn`; SIGTERM (then SIGKILL) on exit.
+
+    With BENCH_PATCHES set, the daemon runs through `tests.bench.experiment` with those
+    candidate fixes applied (and `count` call counts are printed when it stops)."""
     proc = DaemonProcess({"DISPATCHER_DATABASE_URL": dsn, "PYTHONPATH": str(ROOT), **env})
+    if os.environ.get("BENCH_PATCHES"):
+        proc.argv = [sys.executable, "-m", "tests.bench.experiment", "run"]
     await proc.start(wait_ready=wait_ready)
     try:
         yield proc
     finally:
         try:
             await proc.stop()
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             assert proc.proc is not None
             proc.proc.kill()
             await proc.proc.wait()
@@ -294,6 +302,11 @@ async def daemon(dsn: str, env: dict[str, str], *, wait_ready: bool = True
                   if '"ERROR"' in line or "Traceback" in line]
         if errors:
             print(f"  daemon logged {len(errors)} error lines, first: {errors[0][:300]}")
+        for line in proc.log_text().splitlines():
+            if line.startswith("bench-counts "):
+                counts = json.loads(line.split(" ", 1)[1])
+                print("  repository calls (count, total s): " + ", ".join(
+                    f"{k} {v[0]} {v[1]:.2f}" for k, v in sorted(counts.items())))
         if os.environ.get("BENCH_KEEP_LOGS"):
             print(f"  daemon log kept: {proc.log_path}")
         else:
@@ -365,18 +378,28 @@ class CpuMeter:
                 found[int(entry.name)] = self._proc(int(entry.name))
         return found
 
-    def __enter__(self) -> CpuMeter:
+    async def __aenter__(self) -> CpuMeter:
         self._t0 = time.monotonic()
         self._m0 = self._machine()
         self._p0 = {n: self._proc(p) for n, p in self.pids.items()}
         self._b0 = self._backends()
+        self._seen: dict[int, int] = {}
+        self._watcher = asyncio.create_task(self._watch())
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    async def _watch(self) -> None:
+        """Backends that come and go inside the interval (pgbench's) are sampled here."""
+        while self.database:
+            self._seen.update(self._backends())
+            await asyncio.sleep(0.25)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._watcher.cancel()
         wall = max(time.monotonic() - self._t0, 1e-9)
-        b1 = self._backends()
+        b1 = {**self._seen, **self._backends()}
         busy1, total1 = self._machine()
         per_core = 100.0 / self._tick / wall
+        self.wall_s = wall
         # whole machine, as % of one core (200% = both cores of a 2-CPU machine busy)
         self.machine_pct = self._ncpu * 100.0 * (busy1 - self._m0[0]) / max(1, total1 - self._m0[1])
         self.process_pct = {n: (self._proc(p) - self._p0[n]) * per_core
@@ -391,8 +414,13 @@ class CpuMeter:
         return (f"cpu %core: machine {self.machine_pct:.0f}/{self._ncpu * 100}"
                 + (f", {procs}" if procs else "") + f", others {self.others_pct:.0f}")
 
+    def cpu_s(self, name: str) -> float:
+        """CPU seconds `name` used over the interval."""
+        return self.process_pct.get(name, 0.0) / 100.0 * self.wall_s
+
     def as_json(self) -> dict[str, float]:
-        return {"machine": self.machine_pct, **self.process_pct, "others": self.others_pct}
+        return {"machine": self.machine_pct, **self.process_pct, "others": self.others_pct,
+                "wall_s": self.wall_s}
 
 
 async def machine_busy_pct(seconds: float = 1.0) -> float:
@@ -404,7 +432,9 @@ async def machine_busy_pct(seconds: float = 1.0) -> float:
 
 async def wait_for_quiet(max_wait_s: float = 60.0, busy_below_pct: float = 15.0) -> float:
     """Wait (bounded) until the machine is nearly idle, so other users' load does not skew the
-    next workload; return the busy % last seen (printed when the machine never quietened)."""
+    next workload; return the busy % last seen (printed when the machine never quietened).
+    BENCH_QUIET_WAIT_S overrides the bound (0: do not wait)."""
+    max_wait_s = float(os.environ.get("BENCH_QUIET_WAIT_S", max_wait_s))
     deadline = time.monotonic() + max_wait_s
     quiet = 0
     busy = 100.0
@@ -442,7 +472,7 @@ def histogram_quantile(q: float, before: dict[float, float], after: dict[float, 
         return float("nan")
     rank = q * counts[-1]
     prev_edge, prev_count = 0.0, 0.0
-    for edge, count in zip(edges, counts):
+    for edge, count in zip(edges, counts, strict=True):
         if count >= rank:
             if edge == float("inf"):
                 return prev_edge
@@ -490,18 +520,19 @@ class Bench:
 
     def finish(self, title: str) -> None:
         print_table(title, self.figures)
-        path = save_results(self.name, self.machine, self.figures, {"details": self.details})
-        print(f"\nresults appended to {path.relative_to(ROOT)}")
+        if self.figures:
+            path = save_results(self.name, self.machine, self.figures, {"details": self.details})
+            print(f"\nresults appended to {path.relative_to(ROOT)}")
         self.server.close()
 
 
 @contextlib.asynccontextmanager
 async def profiled(pid: int, name: str, enabled: bool) -> AsyncIterator[Path | None]:
-    """With `enabled`, sample `pid` with py-spy (collapsed stacks, 250 Hz, non-blocking) into
+    """With `enabled`, sample `pid` with py-spy (collapsed stacks, 200 Hz) into
     /tmp/bench-profiles/<name>.txt while the block runs. py-spy is not a project dependency:
     `.venv/bin/pip install py-spy`."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    if not enabled or not Path(spy).exists():
+    spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    if not enabled or spy is None:
         if enabled:
             print("  (py-spy not installed: no profile)")
         yield None
@@ -509,7 +540,7 @@ async def profiled(pid: int, name: str, enabled: bool) -> AsyncIterator[Path | N
     out = Path("/tmp/bench-profiles") / f"{name}.txt"
     out.parent.mkdir(exist_ok=True)
     proc = await asyncio.create_subprocess_exec(
-        spy, "record", "--pid", str(pid), "--rate", "250", "--nonblocking", "--format", "raw",
+        spy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw",
         "--output", str(out), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
     await asyncio.sleep(0.3)
     try:

@@ -10,6 +10,7 @@ import sys
 
 from aiohttp import web
 
+
 async def receive(request: web.Request) -> web.Response:
     await request.read()
     return web.Response(body=b"{}", content_type="application/json")

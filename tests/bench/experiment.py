@@ -1,0 +1,103 @@
+"""`dispatcher` with candidate performance fixes applied by monkeypatching, so a benchmark can
+quantify a fix before anyone changes the product. Not product code; never used by tests.
+
+    BENCH_PATCHES=noreset,customplans python -m tests.bench.experiment run
+
+Patches (comma-separated in BENCH_PATCHES):
+  count        count calls and wall time of every JobRepository method; printed to stderr as
+               one JSON line `bench-counts {...}` at exit
+  noreset      asyncpg pool without the per-release reset round trip
+               (`SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`)
+  customplans  `plan_cache_mode = force_custom_plan` on every pool connection
+  nextdue      `seconds_to_next_due` answers NULL (not 0) when nothing is scheduled, so the
+               due-scan waits its interval instead of spinning
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from typing import Any
+
+
+def patch_count() -> None:
+    from dispatcher.db.jobs import JobRepository
+
+    counts: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for name, fn in list(vars(JobRepository).items()):
+        if name.startswith("_") or not callable(fn) or name == "transaction":
+            continue
+
+        def wrap(fn: Any = fn, name: str = name) -> Any:
+            @functools.wraps(fn)
+            async def counted(*args: Any, **kwargs: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return await fn(*args, **kwargs)
+                finally:
+                    entry = counts[name]
+                    entry[0] += 1
+                    entry[1] += time.perf_counter() - t0
+            return counted
+
+        setattr(JobRepository, name, wrap())
+    atexit.register(lambda: print("bench-counts " + json.dumps(counts), file=sys.stderr))
+
+
+def patch_pool(*, no_reset: bool, custom_plans: bool) -> None:
+    import asyncpg
+
+    from dispatcher.db import pool as pool_module
+
+    original = asyncpg.create_pool
+
+    async def no_reset_fn(conn: Any) -> None:
+        return None
+
+    def create_pool(*args: Any, **kwargs: Any) -> Any:
+        if no_reset:
+            kwargs["reset"] = no_reset_fn
+        if custom_plans:
+            kwargs["server_settings"] = {**kwargs.get("server_settings", {}),
+                                         "plan_cache_mode": "force_custom_plan"}
+        return original(*args, **kwargs)
+
+    pool_module.asyncpg.create_pool = create_pool  # type: ignore[attr-defined]
+
+
+def patch_next_due() -> None:
+    from dispatcher.db.jobs import JobRepository
+
+    sql = ("SELECT extract(epoch FROM min(due_at) - now())::float8 "
+           "FROM dispatcher.jobs WHERE state = 'scheduled'")
+
+    async def seconds_to_next_due(self: JobRepository) -> float | None:
+        value = await self.pool.fetchval(sql)
+        return None if value is None else max(0.0, value)
+
+    JobRepository.seconds_to_next_due = seconds_to_next_due  # type: ignore[method-assign]
+
+
+def main() -> int:
+    patches = {p for p in os.environ.get("BENCH_PATCHES", "").split(",") if p}
+    unknown = patches - {"count", "noreset", "customplans", "nextdue"}
+    if unknown:
+        raise SystemExit(f"unknown BENCH_PATCHES: {sorted(unknown)}")
+    if "nextdue" in patches:
+        patch_next_due()
+    if "count" in patches:
+        patch_count()
+    if patches & {"noreset", "customplans"}:
+        patch_pool(no_reset="noreset" in patches, custom_plans="customplans" in patches)
+    from dispatcher.cli import main as cli_main
+
+    return cli_main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
