@@ -17,6 +17,7 @@ import ssl
 import uuid
 from contextlib import AsyncExitStack
 from datetime import UTC
+from typing import Any
 
 from aiohttp import web
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -94,6 +95,20 @@ def capabilities(settings: Settings) -> list[str]:
     for name, handler in settings.handlers.items():
         caps += [f"{name}:{v}" for v in handler.runnable_versions()]
     return caps
+
+
+def every(scheduler: AsyncIOScheduler, func: Any, seconds: float, name: str) -> None:
+    """A periodic APScheduler job that never overlaps itself and never catches up in a burst."""
+    scheduler.add_job(func, "interval", seconds=seconds, max_instances=1, coalesce=True, id=name)
+
+
+async def serve(app: web.Application, listen: str, stack: AsyncExitStack) -> None:
+    """Bind `app` on `listen`; the daemon owns signals, so aiohttp must not install handlers."""
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5)
+    await runner.setup()
+    stack.push_async_callback(runner.cleanup)
+    host, port = host_port(listen)
+    await web.TCPSite(runner, host, port, backlog=1024).start()
 
 
 class Daemon:
@@ -201,32 +216,9 @@ class Daemon:
             stack.push_async_callback(listener.stop)
 
             scheduler = AsyncIOScheduler(timezone=UTC)
-            scheduler.add_job(
-                scanner.wake,
-                "interval",
-                seconds=s.scan_interval_s,
-                max_instances=1,
-                coalesce=True,
-                id="due-scan",
-            )
-            sampler = MetricsSampler(repo, s.overdue_after_s)
-            scheduler.add_job(
-                sampler.run_once,
-                "interval",
-                seconds=5,
-                max_instances=1,
-                coalesce=True,
-                id="metrics-sampler",
-            )
-            pruner = Pruner(repo, s.retention)
-            scheduler.add_job(
-                pruner.run_once,
-                "interval",
-                seconds=s.retention.interval_s,
-                max_instances=1,
-                coalesce=True,
-                id="retention",
-            )
+            every(scheduler, scanner.wake, s.scan_interval_s, "due-scan")
+            every(scheduler, MetricsSampler(repo, s.overdue_after_s).run_once, 5, "sampler")
+            every(scheduler, Pruner(repo, s.retention).run_once, s.retention.interval_s, "prune")
             scheduler.start()
             stack.callback(lambda: scheduler.running and scheduler.shutdown(wait=False))
             cron = CronService(pool, repo, s.schedules, scheduler=scheduler, on_enqueued=wake_all)
@@ -242,18 +234,9 @@ class Daemon:
                 body_limit_bytes=s.body_limit_bytes,
                 schedules=cron,
             )
-            runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5)
-            await runner.setup()
-            stack.push_async_callback(runner.cleanup)
-            host, port = host_port(s.listen)
-            await web.TCPSite(runner, host, port, backlog=1024).start()
+            await serve(app, s.listen, stack)
             if s.metrics_listen is not None:
-                metrics_runner = web.AppRunner(
-                    create_metrics_app(self.readiness), handle_signals=False, access_log=None
-                )
-                await metrics_runner.setup()
-                stack.push_async_callback(metrics_runner.cleanup)
-                await web.TCPSite(metrics_runner, *host_port(s.metrics_listen)).start()
+                await serve(create_metrics_app(self.readiness), s.metrics_listen, stack)
 
             watchdog = sdnotify.Watchdog()
             await watchdog.start()

@@ -313,26 +313,28 @@ async def list_jobs(request: web.Request) -> web.Response:
     return web.json_response({"items": [job_view(r) for r in rows], "next_cursor": next_cursor})
 
 
-async def retry_job(request: web.Request) -> web.Response:
+async def operator_action(request: web.Request, action: str, refusal: str) -> dict[str, Any]:
+    """Run `retry` or `cancel`; 404 for an unknown job, 409 naming the state that forbids it."""
     repo = request.app[REPO]
-    row = await repo.retry(job_id(request))
-    if row is None:
-        current = await repo.get(job_id(request))
-        if current is None:
-            raise Problem(404, f"no job {request.match_info['id']}")
-        raise Problem(409, f"job is {current['state']}; only dead or cancelled jobs can be retried")
+    row = await getattr(repo, action)(job_id(request))
+    if row is not None:
+        return row
+    current = await repo.get(job_id(request))
+    if current is None:
+        raise Problem(404, f"no job {request.match_info['id']}")
+    raise Problem(409, refusal.format(state=current["state"]))
+
+
+async def retry_job(request: web.Request) -> web.Response:
+    row = await operator_action(
+        request, "retry", "job is {state}; only dead or cancelled jobs can be retried"
+    )
     request.app[INTAKE].notify_accepted()
     return web.json_response(job_view(row))
 
 
 async def cancel_job(request: web.Request) -> web.Response:
-    repo = request.app[REPO]
-    row = await repo.cancel(job_id(request))
-    if row is None:
-        current = await repo.get(job_id(request))
-        if current is None:
-            raise Problem(404, f"no job {request.match_info['id']}")
-        raise Problem(409, f"job is already {current['state']}; nothing to cancel")
+    row = await operator_action(request, "cancel", "job is already {state}; nothing to cancel")
     if row["state"] == "cancelled":
         metrics.JOBS_COMPLETED.labels(row["queue"], "cancelled").inc()
     return web.json_response(job_view(row))

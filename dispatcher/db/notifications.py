@@ -9,30 +9,22 @@ from collections.abc import Callable
 
 import asyncpg
 
+from dispatcher.lifecycle import LoopService
+
 log = logging.getLogger(__name__)
 
 CHANNEL = "dispatcher_wake"
 
 
-class WakeListener:
+class WakeListener(LoopService):
     """Holds one connection LISTENing; reconnects when it drops. Calls `on_wake` per notice."""
+
+    name = "wake-listener"
 
     def __init__(self, dsn: str, on_wake: Callable[[], None], reconnect_s: float = 1.0):
         self._dsn = dsn
         self._on_wake = on_wake
         self._reconnect_s = reconnect_s
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="wake-listener")
-
-    async def stop(self) -> None:
-        if self._task is None:
-            return
-        task, self._task = self._task, None
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
     async def _run(self) -> None:
         while True:

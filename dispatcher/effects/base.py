@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dispatcher.errors import DispatcherError
 from dispatcher.model import Job
+
+if TYPE_CHECKING:
+    from dispatcher.db.jobs import JobRepository
 
 # Records `succeeded` inside the caller's transaction; False when the lease was lost.
 CompleteInTransaction = Callable[[Any, Job, Any], Awaitable[bool]]
@@ -33,3 +37,23 @@ class Effect(Protocol):
     async def stop(self) -> None: ...
 
     async def run(self, job: Job, complete: CompleteInTransaction) -> Any: ...
+
+
+@asynccontextmanager
+async def leased_transaction(repo: JobRepository, job: Job, owner: str) -> AsyncIterator[Any]:
+    """A transaction holding the job's row lock, or LeaseLost if the lease is no longer ours.
+
+    The row lock keeps the lease rescuer (SKIP LOCKED) away while the effect runs.
+    """
+    async with repo.transaction() as conn:
+        if not await repo.lock_running(conn, job, owner):
+            raise LeaseLost(f"job {job.id} attempt {job.attempt} is no longer ours")
+        yield conn
+
+
+async def complete_or_abort(
+    complete: CompleteInTransaction, conn: Any, job: Job, result: Any
+) -> None:
+    """Record success inside `conn`'s transaction; raising LeaseLost rolls the effect back."""
+    if not await complete(conn, job, result):
+        raise LeaseLost(f"job {job.id} attempt {job.attempt} is no longer ours")

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from dispatcher.config import HandlerSettings
 from dispatcher.db.jobs import JobRepository
-from dispatcher.effects.base import CompleteInTransaction, LeaseLost
+from dispatcher.effects.base import CompleteInTransaction, complete_or_abort, leased_transaction
 from dispatcher.errors import ConfigError, Reject, RetryLater
 from dispatcher.model import Job
 
@@ -68,10 +68,7 @@ class PythonEffect:
     async def run(self, job: Job, complete: CompleteInTransaction) -> Any:
         if not self.completes_in_transaction:
             return await self._handler(job, HandlerContext(None, self.name))
-        async with self._repo.transaction() as conn:
-            if not await self._repo.lock_running(conn, job, self._owner):
-                raise LeaseLost(f"job {job.id} attempt {job.attempt} is no longer ours")
+        async with leased_transaction(self._repo, job, self._owner) as conn:
             result = await self._handler(job, HandlerContext(conn, self.name))
-            if not await complete(conn, job, result):
-                raise LeaseLost(f"job {job.id} attempt {job.attempt} is no longer ours")
+            await complete_or_abort(complete, conn, job, result)
             return result

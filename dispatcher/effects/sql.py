@@ -15,7 +15,7 @@ from uuid import UUID
 
 from dispatcher.config import HandlerSettings
 from dispatcher.db.jobs import JobRepository
-from dispatcher.effects.base import CompleteInTransaction, LeaseLost
+from dispatcher.effects.base import CompleteInTransaction, complete_or_abort, leased_transaction
 from dispatcher.errors import Reject
 from dispatcher.faults import fault_point
 from dispatcher.model import Job
@@ -57,9 +57,7 @@ class SqlEffect:
         progress = dict(job.progress or {"pages": 0, "rows": 0})
         args: list[Any] | None = None
         while True:
-            async with self._repo.transaction() as conn:
-                if not await self._repo.lock_running(conn, job, self._owner):
-                    raise LeaseLost(f"job {job.id} attempt {job.attempt} is no longer ours")
+            async with leased_transaction(self._repo, job, self._owner) as conn:
                 statement = await conn.prepare(self._statement)
                 if args is None:
                     types = [t.name for t in statement.get_parameters()]
@@ -69,8 +67,7 @@ class SqlEffect:
                 progress = {"pages": progress["pages"] + 1, "rows": progress["rows"] + affected}
                 if affected < self._page_size:
                     fault_point("sql_before_complete")
-                    if not await complete(conn, job, progress):
-                        raise LeaseLost(f"job {job.id} attempt {job.attempt} is no longer ours")
+                    await complete_or_abort(complete, conn, job, progress)
                     return progress
                 await self._repo.save_progress(conn, job, self._owner, progress)
             fault_point("sql_after_page")

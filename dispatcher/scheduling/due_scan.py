@@ -14,11 +14,14 @@ from collections.abc import Callable
 
 from dispatcher import metrics
 from dispatcher.db.jobs import JobRepository
+from dispatcher.lifecycle import LoopService
 
 log = logging.getLogger(__name__)
 
 
-class DueScanner:
+class DueScanner(LoopService):
+    name = "due-scan"
+
     def __init__(
         self,
         repo: JobRepository,
@@ -32,19 +35,6 @@ class DueScanner:
         self._interval_s = interval_s
         self._on_ready = on_ready
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="due-scan")
-
-    async def stop(self) -> None:
-        """Idempotent; returns once the loop has ended."""
-        if self._task is None:
-            return
-        task, self._task = self._task, None
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
     def wake(self) -> None:
         self._wake.set()
@@ -68,7 +58,7 @@ class DueScanner:
         metrics.SCAN_MOVED.inc(moved)
         return moved
 
-    async def _loop(self) -> None:
+    async def _run(self) -> None:
         while True:
             self._wake.clear()
             try:
