@@ -162,6 +162,12 @@ class Settings(_Strict):
             host_port(value)
         return value
 
+    @field_validator("queues")
+    @classmethod
+    def _default_queue(cls, value: dict[str, QueueSettings]) -> dict[str, QueueSettings]:
+        # Jobs without a queue go to "default"; it exists even when only others are configured.
+        return value if "default" in value else {"default": QueueSettings(), **value}
+
     @field_validator("queues", "handlers")
     @classmethod
     def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
@@ -188,8 +194,6 @@ class Settings(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
-        if "default" not in self.queues:
-            raise ValueError("queues must include 'default' (jobs without a queue go there)")
         if "http" in self.handlers:
             raise ValueError("'http' is the built-in HTTP push handler; name yours differently")
         host, _ = host_port(self.listen)

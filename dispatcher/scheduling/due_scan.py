@@ -68,5 +68,8 @@ class DueScanner(LoopService):
                 log.error("due-scan failed: %s", exc)
                 next_due = None
             timeout = self._interval_s if next_due is None else min(self._interval_s, next_due)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that races
+            # a wake-up, and stop() would then wait forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()

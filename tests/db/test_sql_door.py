@@ -150,6 +150,13 @@ async def test_configured_handler_takes_no_target(conn: asyncpg.Connection, regi
         await client.enqueue(conn, "report-x", "report", {}, target=TARGET)
 
 
+async def test_configured_handler_refuses_any_target(
+    conn: asyncpg.Connection, registry: None
+) -> None:
+    with pytest.raises(asyncpg.InvalidParameterValueError, match="other handlers take no target"):
+        await client.enqueue(conn, "report-y", "report", {}, target={"note": "no url"})
+
+
 # idempotency ------------------------------------------------------------------------------------
 async def test_same_key_and_same_arguments_return_the_same_job(conn: asyncpg.Connection) -> None:
     due = datetime.now(UTC) + timedelta(hours=1)

@@ -47,7 +47,10 @@ async def running(
 
 async def terminate(daemon: DaemonProcess) -> None:
     daemon.signal(signal.SIGTERM)
-    code = await daemon.wait(timeout_s=60)
+    try:
+        code = await daemon.wait(timeout_s=60)
+    except TimeoutError:
+        raise AssertionError("no exit 60 s after SIGTERM: " + daemon.log_text()[-3000:]) from None
     assert code == 0, daemon.log_text()[-3000:]
     assert "dispatcher stopped" in daemon.log_text()
 

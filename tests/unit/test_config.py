@@ -174,7 +174,6 @@ def test_unrelated_environment_is_ignored() -> None:
             {"DISPATCHER_DRAIN_TIMOUT_S": "5"},
             ["drain_timout_s", "unknown setting", "drain_timeout_s"],
         ),
-        ({"DISPATCHER_QUEUES__BULK__RATE_PER_S": "5"}, ["queues must include 'default'"]),
     ],
     ids=lambda v: "-".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else "",
 )
@@ -369,3 +368,11 @@ def test_handlers_from_the_file(tmp_path: Path) -> None:
         tmp_path, '[handlers.prune]\nkind = "sql"\nstatement = "SELECT $1, $2"\n', "broken.toml"
     )
     assert "statement uses parameters [1, 2]" in config_error(broken)
+
+
+def test_a_queue_configured_only_from_the_environment_keeps_the_default_queue() -> None:
+    from dispatcher.config import load_settings
+
+    settings = load_settings(environ={"DISPATCHER_QUEUES__BULK__RATE_PER_S": "5"})
+    assert settings.queues["bulk"].rate_per_s == 5
+    assert "default" in settings.queues

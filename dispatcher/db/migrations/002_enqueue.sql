@@ -60,7 +60,8 @@ BEGIN
             HINT = 'wrap scalar values, e.g. jsonb_build_object(''value'', 42)';
     END IF;
     IF EXISTS (SELECT 1 FROM unnest(handlers, targets) AS t(h, tg)
-                WHERE (h = 'http') <> coalesce(jsonb_typeof(tg -> 'url') = 'string', false)) THEN
+                WHERE CASE WHEN h = 'http' THEN jsonb_typeof(tg -> 'url') IS DISTINCT FROM 'string'
+                           ELSE tg IS NOT NULL END) THEN
         RAISE EXCEPTION 'dispatcher.enqueue: handler "http" needs target {"url": ...}, other handlers take no target'
             USING ERRCODE = '22023';
     END IF;
