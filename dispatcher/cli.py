@@ -102,6 +102,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"dispatcher: configuration error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     logs.configure(settings.log_level, settings.log_format)
+    if args.command in ("run", "check-config"):
+        from dispatcher.effects.python import verify_handlers
+
+        try:
+            verify_handlers(settings)
+        except DispatcherError as exc:
+            print(f"dispatcher: configuration error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     handler = COMMANDS[args.command]
     try:
         return handler(settings, args)

@@ -138,6 +138,8 @@ class Settings(_Strict):
     target_allow_http: bool = False
     drain_timeout_s: float = Field(30.0, ge=0)
     auto_migrate: bool = True
+    # How long start-up waits for an unreachable database (with backoff) before giving up.
+    database_wait_s: float = Field(60.0, ge=0)
     body_limit_bytes: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024)
     due_at_past_tolerance_s: float = Field(300.0, ge=0)
     lease_s: PositiveFloat = 60.0

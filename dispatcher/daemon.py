@@ -45,7 +45,6 @@ from dispatcher.work.pool import QueueWorker, WorkerPool
 
 log = logging.getLogger("dispatcher")
 
-DATABASE_WAIT_S = 60.0
 RELEASE_TIMEOUT_S = 5.0
 
 
@@ -150,7 +149,7 @@ class Daemon:
                 loop.add_signal_handler(signum, self.request_stop)
         async with AsyncExitStack() as stack:
             dsn = await resolve_database(s, stack)
-            await wait_for_database(dsn, timeout_s=DATABASE_WAIT_S)
+            await wait_for_database(dsn, timeout_s=s.database_wait_s)
             await prepare_schema(dsn, s)
             pool = await create_pool(dsn, size=s.db_pool_size)
             stack.push_async_callback(pool.close)

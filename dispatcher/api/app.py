@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
@@ -22,6 +23,8 @@ from dispatcher.api.schemas import (
     BatchRequest,
     JobRequest,
     describe,
+    is_ascii_number,
+    storable_json,
     summary,
     valid_key,
 )
@@ -140,10 +143,22 @@ async def auth_middleware(request: web.Request, handler: Any) -> web.StreamRespo
 
 
 # intake ------------------------------------------------------------------------------------
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON; send numbers as finite values")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text[:20]} is out of range")
+    return value
+
+
 async def read_json(request: web.Request) -> Any:
     body = await request.read()
     try:
-        return json.loads(body)
+        text = body.decode("utf-8")
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except UnicodeDecodeError:
         raise Problem(400, "body is not valid UTF-8; send JSON encoded as UTF-8") from None
     except json.JSONDecodeError as exc:
@@ -152,6 +167,8 @@ async def read_json(request: web.Request) -> Any:
         ) from None
     except RecursionError:
         raise Problem(400, "body nests JSON too deeply") from None
+    except ValueError as exc:
+        raise Problem(400, f"body is not valid JSON: {exc}") from None
 
 
 def parse(model: type[JobRequest], data: Any) -> JobRequest:
@@ -182,7 +199,10 @@ async def post_job(request: web.Request) -> web.Response:
             "header Idempotency-Key is required: 1 to 255 printable ASCII "
             "characters naming this unit of work (reuse it when you retry)",
         )
-    job = parse(JobRequest, await read_json(request))
+    data = await read_json(request)
+    if (problem_text := storable_json(data)) is not None:
+        raise Problem(422, problem_text)
+    job = parse(JobRequest, data)
     (result,) = await request.app[INTAKE].accept([(key, job)])  # type: ignore[list-item]
     if isinstance(result, Rejected):
         raise Problem(result.status, result.detail)
@@ -215,6 +235,8 @@ async def post_batch(request: web.Request) -> web.Response:
         try:
             if not isinstance(item, dict):
                 raise Problem(422, "item must be a JSON object with an idempotency_key")
+            if (problem_text := storable_json(item)) is not None:
+                raise Problem(422, problem_text)
             model = BatchItem.model_validate(item)
             if not valid_key(model.idempotency_key):
                 raise Problem(422, "idempotency_key: 1 to 255 printable ASCII characters")
@@ -250,7 +272,7 @@ def batch_result(index: int, outcome: EnqueueResult | Rejected) -> dict[str, Any
 # status and operator actions ---------------------------------------------------------------
 def job_id(request: web.Request) -> int:
     raw = request.match_info["id"]
-    if not raw.isdigit() or len(raw) > 18:
+    if not is_ascii_number(raw, max_digits=18):
         raise Problem(404, f"no job {raw!r}: job ids are positive integers")
     return int(raw)
 
@@ -298,10 +320,10 @@ async def list_jobs(request: web.Request) -> web.Response:
     if state is not None and state not in STATES:
         raise Problem(422, f"state: must be one of {', '.join(STATES)}")
     limit_raw = q.get("limit", "100")
-    if not limit_raw.isdigit() or not 1 <= int(limit_raw) <= 1000:
+    if not is_ascii_number(limit_raw, max_digits=4) or not 1 <= int(limit_raw) <= 1000:
         raise Problem(422, "limit: an integer from 1 to 1000")
     cursor = q.get("cursor") or None
-    if cursor is not None and not cursor.isdigit():
+    if cursor is not None and not is_ascii_number(cursor, max_digits=18):
         raise Problem(422, "cursor: pass the next_cursor of the previous page")
     rows = await request.app[REPO].list(
         state=state,

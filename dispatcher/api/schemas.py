@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -35,6 +35,16 @@ class JobRequest(BaseModel):
             raise ValueError("must be an RFC 3339 timestamp with offset, e.g. 2026-05-31T00:00:00Z")
         return value
 
+    @field_validator("due_at")
+    @classmethod
+    def _representable(cls, value: datetime | None) -> datetime | None:
+        if value is not None:
+            try:
+                value.astimezone(UTC)
+            except OverflowError:
+                raise ValueError("is out of range; use a time before 9999-12-31 UTC") from None
+        return value
+
 
 class BatchItem(JobRequest):
     idempotency_key: str = Field(min_length=1, max_length=255)
@@ -64,3 +74,40 @@ def describe(exc: ValidationError) -> list[dict[str, str]]:
 
 def summary(errors: list[dict[str, str]]) -> str:
     return "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+
+
+MAX_JSON_DEPTH = 64
+
+
+def storable_json(value: Any) -> str | None:
+    """Why PostgreSQL's jsonb could not store `value` (NUL, lone surrogates, too deep), or None."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return f"JSON nests deeper than {MAX_JSON_DEPTH} levels"
+        if isinstance(node, dict):
+            for key, child in node.items():
+                if (reason := _storable_text(key)) is not None:
+                    return reason
+                stack.append((child, depth + 1))
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node)
+        elif isinstance(node, str) and (reason := _storable_text(node)) is not None:
+            return reason
+    return None
+
+
+def _storable_text(text: str) -> str | None:
+    if "\x00" in text:
+        return "strings may not contain U+0000 (NUL)"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "strings may not contain unpaired UTF-16 surrogates"
+    return None
+
+
+def is_ascii_number(text: str, *, max_digits: int) -> bool:
+    """Plain ASCII digits only: str.isdigit() also accepts characters such as '²'."""
+    return 0 < len(text) <= max_digits and text.isascii() and text.isdigit()

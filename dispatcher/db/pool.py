@@ -9,6 +9,7 @@ import time
 
 import asyncpg
 
+from dispatcher.config import mask_url
 from dispatcher.errors import DatabaseUnavailable
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,8 @@ async def wait_for_database(dsn: str, *, timeout_s: float, log_every_s: float = 
         now = time.monotonic()
         if now >= deadline:
             raise DatabaseUnavailable(
-                f"database not reachable after {timeout_s:.0f} s ({reason}); check "
-                "DISPATCHER_DATABASE_URL, or unset it to use the embedded database"
+                f"database {mask_url(dsn)} not reachable after {timeout_s:.0f} s ({reason}); "
+                "check DISPATCHER_DATABASE_URL, or unset it to use the embedded database"
             )
         if now - last_log >= log_every_s:
             log.warning("database not reachable yet, retrying: %s", reason)

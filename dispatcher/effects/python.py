@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from dispatcher.config import HandlerSettings
+from dispatcher.config import HandlerSettings, Settings
 from dispatcher.db.jobs import JobRepository
 from dispatcher.effects.base import CompleteInTransaction, complete_or_abort, leased_transaction
 from dispatcher.errors import ConfigError, Reject, RetryLater
@@ -49,6 +49,13 @@ def load_handler(name: str, spec: str) -> Handler:
     if not inspect.iscoroutinefunction(function):
         raise ConfigError(f"setting handlers.{name}.function = {spec!r}: must be `async def`")
     return function  # type: ignore[no-any-return]
+
+
+def verify_handlers(settings: Settings) -> None:
+    """Import every configured python handler now, so a typo stops start-up before any change."""
+    for name, handler in settings.handlers.items():
+        if handler.kind == "python":
+            load_handler(name, handler.function or "")
 
 
 class PythonEffect:

@@ -63,8 +63,11 @@ class Executor:
             if not effect.completes_in_transaction:
                 recorded = await self._completer.record(job, result)
         except RetryLater as exc:
+            delay_s = exc.delay_s
+            if exc.rate_limited:  # honour Retry-After, but `Retry-After: 0` must not tight-loop
+                delay_s = max(delay_s or 0.0, self._backoff(job))
             await self._retry(
-                job, exc.reason, exc.delay_s, "rate_limited" if exc.rate_limited else "transient"
+                job, exc.reason, delay_s, "rate_limited" if exc.rate_limited else "transient"
             )
         except Reject as exc:
             await self._fail(job, permanent=True, delay_s=0, error=exc.reason, reason=exc.code)
@@ -93,11 +96,12 @@ class Executor:
         fault_point("after_effect_in_transaction")
         return await self._repo.complete_in(conn, job, result, self._owner)
 
+    def _backoff(self, job: Job) -> float:
+        return backoff_s(job.attempt, self._settings.backoff_base_s, self._settings.backoff_cap_s)
+
     async def _retry(self, job: Job, error: str, delay_s: float | None, reason: str) -> None:
         if delay_s is None:
-            delay_s = backoff_s(
-                job.attempt, self._settings.backoff_base_s, self._settings.backoff_cap_s
-            )
+            delay_s = self._backoff(job)
         await self._fail(job, permanent=False, delay_s=delay_s, error=error, reason=reason)
 
     async def _fail(

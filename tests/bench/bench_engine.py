@@ -70,17 +70,31 @@ SELECT NOT EXISTS (SELECT 1 FROM dispatcher.outbox)
 TERMINAL = "SELECT count(*) FROM dispatcher.jobs WHERE state IN ('succeeded', 'dead', 'cancelled')"
 
 
-async def enqueue_bulk(conn: asyncpg.Connection, prefix: str, n: int, *, due: Any = None,
-                       handler: str = "noop", target: dict[str, Any] | None = None) -> int:
+async def enqueue_bulk(
+    conn: asyncpg.Connection,
+    prefix: str,
+    n: int,
+    *,
+    due: Any = None,
+    handler: str = "noop",
+    target: dict[str, Any] | None = None,
+) -> int:
     total = 0
     for start in range(0, n, 10_000):
-        total += await conn.fetchval(ENQUEUE_BULK, f"{prefix}-{start}-", min(10_000, n - start),
-                                     due, handler, json.dumps(target) if target else None)
+        total += await conn.fetchval(
+            ENQUEUE_BULK,
+            f"{prefix}-{start}-",
+            min(10_000, n - start),
+            due,
+            handler,
+            json.dumps(target) if target else None,
+        )
     return total
 
 
 async def wait_terminal(conn: asyncpg.Connection, n: int, timeout_s: float, what: str) -> float:
     """Poll until every job is finished; return the monotonic time it was seen."""
+
     async def done() -> bool:
         return bool(await conn.fetchval(ALL_DONE))
 
@@ -105,8 +119,13 @@ async def drain_once(args: argparse.Namespace, server: Any, *, http: bool) -> di
         await register_handler(dsn, "noop")
         conn = await asyncpg.connect(dsn)
         try:
-            await enqueue_bulk(conn, "drain", n, handler="http" if http else "noop",
-                               target={"url": url} if http else None)
+            await enqueue_bulk(
+                conn,
+                "drain",
+                n,
+                handler="http" if http else "noop",
+                target={"url": url} if http else None,
+            )
             ready = await conn.fetchval("SELECT count(*) FROM dispatcher.outbox")
             assert ready == n, f"{ready} outbox rows for {n} jobs"
             await conn.execute("VACUUM ANALYZE dispatcher.jobs, dispatcher.outbox")
@@ -124,11 +143,17 @@ async def drain_once(args: argparse.Namespace, server: Any, *, http: bool) -> di
             states = await outcome_counts(conn)
         finally:
             await conn.close()
-    return {"rate": n / stats["span_s"], "span_s": stats["span_s"], "states": states,
-            "retried": stats["retried"], "spawn_to_done_s": done_at - spawned,
-            "daemon_us_per_job": cpu.cpu_s("daemon") / n * 1e6,
-            "postgres_us_per_job": cpu.cpu_s("postgres") / n * 1e6,
-            "cpu": cpu.as_json(), "cpu_summary": cpu.summary()}
+    return {
+        "rate": n / stats["span_s"],
+        "span_s": stats["span_s"],
+        "states": states,
+        "retried": stats["retried"],
+        "spawn_to_done_s": done_at - spawned,
+        "daemon_us_per_job": cpu.cpu_s("daemon") / n * 1e6,
+        "postgres_us_per_job": cpu.cpu_s("postgres") / n * 1e6,
+        "cpu": cpu.as_json(),
+        "cpu_summary": cpu.summary(),
+    }
 
 
 async def drain(bench: Bench, args: argparse.Namespace, *, http: bool) -> None:
@@ -142,13 +167,18 @@ async def drain(bench: Bench, args: argparse.Namespace, *, http: bool) -> None:
     median = runs[len(runs) // 2]
     bench.details[f"drain_{'http' if http else 'noop'}"] = runs
     rates = ", ".join(f"{r['rate']:,.0f}" for r in runs)
-    bench.add(Figure(
-        f"drain {args.jobs:,} due jobs, {label}", median["rate"], "jobs/s",
-        at_least=None if http else DRAIN_TARGET_PER_S,
-        note=f"median of {len(runs)} runs ({rates}); "
-             f"CPU per job: daemon {median['daemon_us_per_job']:.0f} us, postgres "
-             f"{median['postgres_us_per_job']:.0f} us; states {median['states']}; "
-             f"{median['cpu_summary']}"))
+    bench.add(
+        Figure(
+            f"drain {args.jobs:,} due jobs, {label}",
+            median["rate"],
+            "jobs/s",
+            at_least=None if http else DRAIN_TARGET_PER_S,
+            note=f"median of {len(runs)} runs ({rates}); "
+            f"CPU per job: daemon {median['daemon_us_per_job']:.0f} us, postgres "
+            f"{median['postgres_us_per_job']:.0f} us; states {median['states']}; "
+            f"{median['cpu_summary']}",
+        )
+    )
 
 
 async def profile_drain(bench: Bench, args: argparse.Namespace) -> None:
@@ -180,15 +210,19 @@ async def steady_latency(bench: Bench, args: argparse.Namespace) -> None:
                 await pool.execute("SELECT dispatcher.enqueue($1, 'noop')", f"warm-{i}")
             await wait_terminal(conn, 20, 30, "warm-up jobs")
             await conn.execute("DELETE FROM dispatcher.jobs")
-            before = await histogram(d.base_url, "dispatcher_due_to_start_seconds",
-                                     'queue="default"')
+            before = await histogram(
+                d.base_url, "dispatcher_due_to_start_seconds", 'queue="default"'
+            )
             await wait_for_quiet(30)
-            async with CpuMeter({"daemon": d.proc.pid}, db_name(dsn)) as cpu, \
-                    profiled(d.proc.pid, "steady_latency", args.profile):
+            async with (
+                CpuMeter({"daemon": d.proc.pid}, db_name(dsn)) as cpu,
+                profiled(d.proc.pid, "steady_latency", args.profile),
+            ):
                 sent = await paced_enqueue(pool, n, rate)
                 await wait_terminal(conn, n, 60, f"{n} paced jobs")
-            after = await histogram(d.base_url, "dispatcher_due_to_start_seconds",
-                                    'queue="default"')
+            after = await histogram(
+                d.base_url, "dispatcher_due_to_start_seconds", 'queue="default"'
+            )
             row = await conn.fetchrow("""
                 SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY d) AS q,
                        max(d) AS max, count(*)::int AS n
@@ -201,18 +235,35 @@ async def steady_latency(bench: Bench, args: argparse.Namespace) -> None:
     p50, p95, p99 = row["q"]
     hist = {q: histogram_quantile(q, before, after) for q in (0.5, 0.95, 0.99)}
     bench.details["steady_latency"] = {
-        "rate_asked": rate, "rate_sent": sent, "jobs": row["n"], "states": states,
+        "rate_asked": rate,
+        "rate_sent": sent,
+        "jobs": row["n"],
+        "states": states,
         "db_s": {"p50": p50, "p95": p95, "p99": p99, "max": row["max"]},
-        "histogram_s": hist, "cpu": cpu.as_json()}
+        "histogram_s": hist,
+        "cpu": cpu.as_json(),
+    }
     common = f"{row['n']:,} jobs at {sent:.0f}/s"
     bench.add(Figure(f"due-to-start p50 at {rate}/s", p50 * 1000, "ms", note=common))
     bench.add(Figure(f"due-to-start p95 at {rate}/s", p95 * 1000, "ms"))
-    bench.add(Figure(f"due-to-start p99 at {rate}/s", p99 * 1000, "ms",
-                     at_most=LATENCY_P99_TARGET_S * 1000,
-                     note=f"max {row['max'] * 1000:.1f} ms; {cpu.summary()}"))
-    bench.add(Figure(f"due-to-start p99 at {rate}/s, from the histogram", hist[0.99] * 1000, "ms",
-                     note=f"dispatcher_due_to_start_seconds, bucket-interpolated; p50 "
-                          f"{hist[0.5] * 1000:.1f} ms, p95 {hist[0.95] * 1000:.1f} ms"))
+    bench.add(
+        Figure(
+            f"due-to-start p99 at {rate}/s",
+            p99 * 1000,
+            "ms",
+            at_most=LATENCY_P99_TARGET_S * 1000,
+            note=f"max {row['max'] * 1000:.1f} ms; {cpu.summary()}",
+        )
+    )
+    bench.add(
+        Figure(
+            f"due-to-start p99 at {rate}/s, from the histogram",
+            hist[0.99] * 1000,
+            "ms",
+            note=f"dispatcher_due_to_start_seconds, bucket-interpolated; p50 "
+            f"{hist[0.5] * 1000:.1f} ms, p95 {hist[0.95] * 1000:.1f} ms",
+        )
+    )
 
 
 async def paced_enqueue(pool: asyncpg.Pool, n: int, rate: float) -> float:
@@ -223,8 +274,9 @@ async def paced_enqueue(pool: asyncpg.Pool, n: int, rate: float) -> float:
         delay = start + i / rate - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(
-            pool.execute("SELECT dispatcher.enqueue($1, 'noop')", f"lat-{i}")))
+        tasks.append(
+            asyncio.create_task(pool.execute("SELECT dispatcher.enqueue($1, 'noop')", f"lat-{i}"))
+        )
     await asyncio.gather(*tasks)
     return n / max(time.monotonic() - start, 1e-9)
 
@@ -260,29 +312,47 @@ async def run_bursts(bench: Bench, args: argparse.Namespace, dsn: str, d: Any) -
             await wait_for_quiet(30)
             due = await conn.fetchval("SELECT now() + interval '5 s'")
             await enqueue_bulk(conn, f"burst{i}", n, due=due)
-            async with CpuMeter({"daemon": d.proc.pid}, db_name(dsn)) as cpu, \
-                    profiled(d.proc.pid, f"burst_{n}", args.profile):
+            async with (
+                CpuMeter({"daemon": d.proc.pid}, db_name(dsn)) as cpu,
+                profiled(d.proc.pid, f"burst_{n}", args.profile),
+            ):
                 await wait_terminal(conn, n, 90, f"burst of {n}")
-            row = await conn.fetchrow("""
+            row = await conn.fetchrow(
+                """
                 SELECT extract(epoch FROM min(started_at) - $1)::float8 AS first_start,
                        extract(epoch FROM percentile_cont(0.5) WITHIN GROUP
                                (ORDER BY started_at - $1))::float8 AS p50_start,
                        extract(epoch FROM max(started_at) - $1)::float8 AS last_start,
                        extract(epoch FROM max(finished_at) - $1)::float8 AS last_finish,
                        extract(epoch FROM $1 - max(created_at))::float8 AS lead_s
-                  FROM dispatcher.jobs""", due)
+                  FROM dispatcher.jobs""",
+                due,
+            )
             states = await outcome_counts(conn)
-            bench.details[f"burst_{n}{suffix}"] = {**dict(row), "states": states,
-                                                   "cpu": cpu.as_json()}
-            bench.add(Figure(
-                f"burst of {n:,} due at T{suffix}: last started", row["last_start"] * 1000,
-                "ms after T", at_most=BURST_2000_TARGET_S * 1000 if n == 2000 else None,
-                note=f"first start {row['first_start'] * 1000:.1f} ms, median "
-                     f"{row['p50_start'] * 1000:.1f} ms after T; enqueued "
-                     f"{row['lead_s']:.1f} s before T"))
-            bench.add(Figure(f"burst of {n:,} due at T{suffix}: last finished",
-                             row["last_finish"] * 1000, "ms after T",
-                             note=f"states {states}; {cpu.summary()}"))
+            bench.details[f"burst_{n}{suffix}"] = {
+                **dict(row),
+                "states": states,
+                "cpu": cpu.as_json(),
+            }
+            bench.add(
+                Figure(
+                    f"burst of {n:,} due at T{suffix}: last started",
+                    row["last_start"] * 1000,
+                    "ms after T",
+                    at_most=BURST_2000_TARGET_S * 1000 if n == 2000 else None,
+                    note=f"first start {row['first_start'] * 1000:.1f} ms, median "
+                    f"{row['p50_start'] * 1000:.1f} ms after T; enqueued "
+                    f"{row['lead_s']:.1f} s before T",
+                )
+            )
+            bench.add(
+                Figure(
+                    f"burst of {n:,} due at T{suffix}: last finished",
+                    row["last_finish"] * 1000,
+                    "ms after T",
+                    note=f"states {states}; {cpu.summary()}",
+                )
+            )
     finally:
         await conn.close()
 
@@ -310,12 +380,22 @@ if __name__ == "__main__":
     parser.add_argument("--repeat", type=int, default=3, help="drain runs (median reported)")
     parser.add_argument("--rate", type=int, default=500, help="steady enqueue rate, jobs/s")
     parser.add_argument("--seconds", type=float, default=10.0, help="steady-rate duration")
-    parser.add_argument("--bursts", type=lambda s: [int(x) for x in s.split(",")],
-                        default=[2000, 10_000], help="burst sizes, comma-separated")
+    parser.add_argument(
+        "--bursts",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[2000, 10_000],
+        help="burst sizes, comma-separated",
+    )
     parser.add_argument("--only", default="", help="comma-separated: drain,http,latency,burst")
-    parser.add_argument("--custom-plans", action="store_true",
-                        help="bursts with plan_cache_mode=force_custom_plan on the database "
-                             "(an experiment, not a product setting)")
-    parser.add_argument("--profile", action="store_true",
-                        help="also record py-spy profiles of the daemon (/tmp/bench-profiles)")
+    parser.add_argument(
+        "--custom-plans",
+        action="store_true",
+        help="bursts with plan_cache_mode=force_custom_plan on the database "
+        "(an experiment, not a product setting)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also record py-spy profiles of the daemon (/tmp/bench-profiles)",
+    )
     run(lambda: main(parser.parse_args()))

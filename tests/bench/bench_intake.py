@@ -57,20 +57,24 @@ def future_due() -> str:
     return (datetime.now(UTC) + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def post_load(base_url: str, concurrency: int, seconds: float, prefix: str
-                    ) -> tuple[int, int, list[float], float]:
+async def post_load(
+    base_url: str, concurrency: int, seconds: float, prefix: str
+) -> tuple[int, int, list[float], float]:
     """POST /v1/jobs with distinct keys from `concurrency` loops for `seconds`.
     Returns (accepted, errors, latencies_s, elapsed_s)."""
-    body = json.dumps({"handler": "http", "target": TARGET, "payload": {"n": 1},
-                       "due_at": future_due()}).encode()
+    body = json.dumps(
+        {"handler": "http", "target": TARGET, "payload": {"n": 1}, "due_at": future_due()}
+    ).encode()
     url = f"{base_url}/v1/jobs"
     accepted = errors = 0
     latencies: list[float] = []
     connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
+
         async def one(key: str) -> bool:
-            async with session.post(url, data=body, headers={
-                    "Idempotency-Key": key, "Content-Type": "application/json"}) as r:
+            async with session.post(
+                url, data=body, headers={"Idempotency-Key": key, "Content-Type": "application/json"}
+            ) as r:
                 await r.read()
                 return r.status == 202
 
@@ -100,26 +104,41 @@ async def post_load(base_url: str, concurrency: int, seconds: float, prefix: str
 def batch_bodies(count: int, prefix: str, *, future: bool = True) -> list[bytes]:
     due = {"due_at": future_due()} if future else {}
     return [
-        json.dumps({"jobs": [
-            {"idempotency_key": f"{prefix}-{b}-{i}", "handler": "http", "target": TARGET,
-             "payload": {"n": i}, **due}
-            for i in range(BATCH_SIZE)
-        ]}).encode()
+        json.dumps(
+            {
+                "jobs": [
+                    {
+                        "idempotency_key": f"{prefix}-{b}-{i}",
+                        "handler": "http",
+                        "target": TARGET,
+                        "payload": {"n": i},
+                        **due,
+                    }
+                    for i in range(BATCH_SIZE)
+                ]
+            }
+        ).encode()
         for b in range(count)
     ]
 
 
 async def batch_due_at_works(base_url: str) -> str | None:
     """None when batch items with a due_at are accepted, else the error the API gave."""
-    async with aiohttp.ClientSession() as session, session.post(
-            f"{base_url}/v1/jobs/batch", data=batch_bodies(1, "probe")[0],
-            headers={"Content-Type": "application/json"}) as r:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{base_url}/v1/jobs/batch",
+            data=batch_bodies(1, "probe")[0],
+            headers={"Content-Type": "application/json"},
+        ) as r,
+    ):
         first = (await r.json())["results"][0]
     return None if first["status"] == "accepted" else first.get("error", str(first))
 
 
-async def batch_load(base_url: str, bodies: list[bytes], concurrency: int, seconds: float
-                     ) -> tuple[int, int, float, list[float]]:
+async def batch_load(
+    base_url: str, bodies: list[bytes], concurrency: int, seconds: float
+) -> tuple[int, int, float, list[float]]:
     """Send the prepared batches from `concurrency` loops until done or `seconds` passed."""
     url = f"{base_url}/v1/jobs/batch"
     queue = list(reversed(bodies))
@@ -133,8 +152,9 @@ async def batch_load(base_url: str, bodies: list[bytes], concurrency: int, secon
             while queue and time.monotonic() < end:
                 body = queue.pop()
                 t0 = time.perf_counter()
-                async with session.post(url, data=body,
-                                        headers={"Content-Type": "application/json"}) as r:
+                async with session.post(
+                    url, data=body, headers={"Content-Type": "application/json"}
+                ) as r:
                     data = await r.json()
                     assert r.status == 200, data
                 latencies.append(time.perf_counter() - t0)
@@ -150,8 +170,9 @@ async def batch_load(base_url: str, bodies: list[bytes], concurrency: int, secon
     return accepted, rejected, elapsed, latencies
 
 
-async def sql_bulk(conns: list[asyncpg.Connection], statements: int, due: datetime | None,
-                   prefix: str) -> tuple[int, float, list[float]]:
+async def sql_bulk(
+    conns: list[asyncpg.Connection], statements: int, due: datetime | None, prefix: str
+) -> tuple[int, float, list[float]]:
     """`statements` calls of enqueue_many with 10,000 jobs each, spread over the sessions."""
     created = 0
     times: list[float] = []
@@ -173,8 +194,11 @@ async def main(args: argparse.Namespace) -> None:
     bench = await Bench("bench_intake").open()
     # Jobs are due in a day, so the workers stay idle. The queue's rate is also set tiny, in
     # case a due-now fallback is needed (see the batch below): workers then start nothing.
-    env = {**LOOPBACK_HTTP_ENV, "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "0.001",
-           "DISPATCHER_QUEUES__DEFAULT__BURST": "1"}
+    env = {
+        **LOOPBACK_HTTP_ENV,
+        "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "0.001",
+        "DISPATCHER_QUEUES__DEFAULT__BURST": "1",
+    }
     async with bench.server.database() as dsn, daemon(dsn, env) as d:
         assert d.proc is not None
         pids = {"daemon": d.proc.pid, "load generator": os.getpid()}
@@ -182,36 +206,62 @@ async def main(args: argparse.Namespace) -> None:
             await wait_for_quiet(30)
             async with CpuMeter(pids, db_name(dsn)) as cpu:
                 accepted, errors, lat, elapsed = await post_load(
-                    d.base_url, c, args.seconds, f"p{c}")
+                    d.base_url, c, args.seconds, f"p{c}"
+                )
             rate = accepted / elapsed
             bench.details[f"post_c{c}"] = {
-                "accepted": accepted, "errors": errors, "seconds": elapsed,
-                "latency_ms": {q: percentile(lat, p) * 1000 for q, p in
-                               (("p50", .5), ("p99", .99))}, "cpu": cpu.as_json()}
-            bench.add(Figure(f"POST /v1/jobs, concurrency {c}", rate, "jobs/s",
-                             at_least=SINGLE_TARGET_PER_S if c == 64 else None,
-                             note=f"p50 {percentile(lat, .5) * 1000:.1f} ms, p99 "
-                                  f"{percentile(lat, .99) * 1000:.1f} ms; {cpu.summary()}"
-                                  + (f"; {errors} errors" if errors else "")))
+                "accepted": accepted,
+                "errors": errors,
+                "seconds": elapsed,
+                "latency_ms": {
+                    q: percentile(lat, p) * 1000 for q, p in (("p50", 0.5), ("p99", 0.99))
+                },
+                "cpu": cpu.as_json(),
+            }
+            bench.add(
+                Figure(
+                    f"POST /v1/jobs, concurrency {c}",
+                    rate,
+                    "jobs/s",
+                    at_least=SINGLE_TARGET_PER_S if c == 64 else None,
+                    note=f"p50 {percentile(lat, 0.5) * 1000:.1f} ms, p99 "
+                    f"{percentile(lat, 0.99) * 1000:.1f} ms; {cpu.summary()}"
+                    + (f"; {errors} errors" if errors else ""),
+                )
+            )
 
         refused = await batch_due_at_works(d.base_url)
         batch_mode = "future-dated"
         if refused is not None:
             batch_mode = "due now (queue rate 0.001/s): batch refuses due_at"
-            print(f"  PRODUCT BUG: a batch item with due_at is rejected ({refused!r}); "
-                  "measuring the batch with due-now items instead")
+            print(
+                f"  PRODUCT BUG: a batch item with due_at is rejected ({refused!r}); "
+                "measuring the batch with due-now items instead"
+            )
             bench.details["batch_due_at_bug"] = refused
         bodies = batch_bodies(args.batches, "b", future=refused is None)
         await wait_for_quiet(30)
         async with CpuMeter(pids, db_name(dsn)) as cpu:
-            accepted, rejected, elapsed, lat = await batch_load(d.base_url, bodies,
-                                                                BATCH_CONCURRENCY, 60)
-        bench.details["batch"] = {"accepted": accepted, "rejected": rejected, "seconds": elapsed,
-                                  "requests": len(lat), "cpu": cpu.as_json()}
-        bench.add(Figure(f"POST /v1/jobs/batch, {BATCH_SIZE}/request, {BATCH_CONCURRENCY} "
-                         "concurrent", accepted / elapsed, "jobs/s", at_least=BATCH_TARGET_PER_S,
-                         note=f"{batch_mode}; {len(lat)} requests, p50 "
-                              f"{percentile(lat, .5) * 1000:.0f} ms/request; {cpu.summary()}"))
+            accepted, rejected, elapsed, lat = await batch_load(
+                d.base_url, bodies, BATCH_CONCURRENCY, 60
+            )
+        bench.details["batch"] = {
+            "accepted": accepted,
+            "rejected": rejected,
+            "seconds": elapsed,
+            "requests": len(lat),
+            "cpu": cpu.as_json(),
+        }
+        bench.add(
+            Figure(
+                f"POST /v1/jobs/batch, {BATCH_SIZE}/request, {BATCH_CONCURRENCY} concurrent",
+                accepted / elapsed,
+                "jobs/s",
+                at_least=BATCH_TARGET_PER_S,
+                note=f"{batch_mode}; {len(lat)} requests, p50 "
+                f"{percentile(lat, 0.5) * 1000:.0f} ms/request; {cpu.summary()}",
+            )
+        )
 
         conn = await asyncpg.connect(dsn)
         stored = await conn.fetchval("SELECT count(*) FROM dispatcher.jobs")
@@ -219,22 +269,29 @@ async def main(args: argparse.Namespace) -> None:
         bench.details["http_jobs_stored"] = stored
 
     async with bench.server.database() as dsn:
-        for label, due in (("future-dated", datetime.now(UTC) + timedelta(days=1)),
-                           ("due now (+ outbox rows)", None)):
+        for label, due in (
+            ("future-dated", datetime.now(UTC) + timedelta(days=1)),
+            ("due now (+ outbox rows)", None),
+        ):
             for sessions in (1, 2):
                 conns = [await asyncpg.connect(dsn) for _ in range(sessions)]
                 await wait_for_quiet(30)
                 async with CpuMeter({}, db_name(dsn)) as cpu:
                     created, elapsed, times = await sql_bulk(
-                        conns, args.sql_statements, due, f"s{sessions}{label[:3]}")
+                        conns, args.sql_statements, due, f"s{sessions}{label[:3]}"
+                    )
                 for conn in conns:
                     await conn.close()
-                bench.add(Figure(
-                    f"SQL enqueue_many x{SQL_BATCH:,}, {label}, {sessions} session(s)",
-                    created / elapsed, "jobs/s",
-                    at_least=SQL_TARGET_PER_S if sessions == 1 else None,
-                    note=f"{len(times)} statements, median "
-                         f"{percentile(times, .5) * 1000:.0f} ms each; {cpu.summary()}"))
+                bench.add(
+                    Figure(
+                        f"SQL enqueue_many x{SQL_BATCH:,}, {label}, {sessions} session(s)",
+                        created / elapsed,
+                        "jobs/s",
+                        at_least=SQL_TARGET_PER_S if sessions == 1 else None,
+                        note=f"{len(times)} statements, median "
+                        f"{percentile(times, 0.5) * 1000:.0f} ms each; {cpu.summary()}",
+                    )
+                )
     bench.finish("intake (jobs accepted per second)")
 
 

@@ -60,7 +60,8 @@ WITH c AS (SELECT id FROM jobs WHERE state = 'ready' ORDER BY id LIMIT {n} FOR U
      u AS (UPDATE jobs j SET state = 'running', lease_owner = 'w' || :client_id, started_at = now()
              FROM c WHERE j.id = c.id RETURNING j.id)
 SELECT coalesce(array_agg(id), '{{}}') AS ids FROM u \\gset
-""" + COMPLETE,
+"""
+    + COMPLETE,
     "with outbox": """
 WITH ins AS (INSERT INTO jobs (key, state, payload)
              SELECT gen_random_uuid()::text, 'ready', jsonb_build_object('n', g)
@@ -71,7 +72,8 @@ WITH c AS (SELECT id FROM outbox ORDER BY id LIMIT {n} FOR UPDATE SKIP LOCKED),
      u AS (UPDATE jobs j SET state = 'running', lease_owner = 'w' || :client_id, started_at = now()
              FROM d WHERE j.id = d.job_id AND j.state = 'ready' RETURNING j.id)
 SELECT coalesce(array_agg(id), '{{}}') AS ids FROM u \\gset
-""" + COMPLETE,
+"""
+    + COMPLETE,
 }
 SHAPES = [(1, (4, 8, 16)), (500, (2, 4))]  # (jobs per statement, client counts tried)
 
@@ -98,12 +100,26 @@ def pgbench_script(shape: str, batch: int) -> str:
     return "\n".join(commands) + "\n"
 
 
-async def pgbench_run(pgbench: str, dsn: str, script: Path, clients: int, seconds: float
-                      ) -> tuple[float, str]:
+async def pgbench_run(
+    pgbench: str, dsn: str, script: Path, clients: int, seconds: float
+) -> tuple[float, str]:
     proc = await asyncio.create_subprocess_exec(
-        pgbench, "-n", "-M", "prepared", "-f", str(script), "-c", str(clients),
-        "-j", str(min(clients, 2)), "-T", str(int(seconds)), dsn,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        pgbench,
+        "-n",
+        "-M",
+        "prepared",
+        "-f",
+        str(script),
+        "-c",
+        str(clients),
+        "-j",
+        str(min(clients, 2)),
+        "-T",
+        str(int(seconds)),
+        dsn,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await proc.communicate()
     text = out.decode()
     if proc.returncode != 0 or "aborted" in text:
@@ -115,8 +131,9 @@ async def pgbench_run(pgbench: str, dsn: str, script: Path, clients: int, second
 async def main(args: argparse.Namespace) -> None:
     bench = await Bench("bench_limit").open()
     pgbench = find_pgbench()
-    version = (await asyncio.create_subprocess_exec(pgbench, "--version",
-                                                    stdout=asyncio.subprocess.PIPE)).stdout
+    version = (
+        await asyncio.create_subprocess_exec(pgbench, "--version", stdout=asyncio.subprocess.PIPE)
+    ).stdout
     assert version is not None
     bench.details["pgbench"] = (await version.read()).decode().strip()
     tmp = Path(tempfile.mkdtemp(prefix="bench-limit-"))
@@ -136,17 +153,30 @@ async def main(args: argparse.Namespace) -> None:
                         async with CpuMeter({}, db_name(dsn)) as cpu:
                             tps, _ = await pgbench_run(pgbench, dsn, script, clients, args.seconds)
                         done = await conn.fetchval(
-                            "SELECT count(*) FROM jobs WHERE state = 'succeeded'")
-                        tried[clients] = {"jobs_per_s": done / args.seconds, "tps": tps,
-                                          "cpu": cpu.as_json(), "cpu_summary": cpu.summary()}
-                        print(f"  {shape}, {batch}/statement, {clients} clients: "
-                              f"{done / args.seconds:,.0f} jobs/s ({cpu.summary()})", flush=True)
+                            "SELECT count(*) FROM jobs WHERE state = 'succeeded'"
+                        )
+                        tried[clients] = {
+                            "jobs_per_s": done / args.seconds,
+                            "tps": tps,
+                            "cpu": cpu.as_json(),
+                            "cpu_summary": cpu.summary(),
+                        }
+                        print(
+                            f"  {shape}, {batch}/statement, {clients} clients: "
+                            f"{done / args.seconds:,.0f} jobs/s ({cpu.summary()})",
+                            flush=True,
+                        )
                     best = max(tried, key=lambda c: tried[c]["jobs_per_s"])
                     bench.details[f"{shape}_{batch}"] = tried
-                    bench.add(Figure(
-                        f"pgbench {shape}, {batch} job(s)/statement", tried[best]["jobs_per_s"],
-                        "jobs/s", note=f"best of clients {list(client_counts)}: {best} clients; "
-                                       f"{tried[best]['cpu_summary']}"))
+                    bench.add(
+                        Figure(
+                            f"pgbench {shape}, {batch} job(s)/statement",
+                            tried[best]["jobs_per_s"],
+                            "jobs/s",
+                            note=f"best of clients {list(client_counts)}: {best} clients; "
+                            f"{tried[best]['cpu_summary']}",
+                        )
+                    )
             await conn.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -103,15 +103,18 @@ def print_table(title: str, figures: Iterable[Figure]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print(f"\n== {title} ==")
     for n, row in enumerate(rows):
-        cells = [c.rjust(w) if i == 1 else c.ljust(w)
-                 for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        cells = [
+            c.rjust(w) if i == 1 else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
         print("  ".join(cells).rstrip())
         if n == 0:
             print("  ".join("-" * w for w in widths))
 
 
-def save_results(name: str, machine: dict[str, Any], figures: list[Figure],
-                 extra: dict[str, Any] | None = None) -> Path:
+def save_results(
+    name: str, machine: dict[str, Any], figures: list[Figure], extra: dict[str, Any] | None = None
+) -> Path:
     """Append this run to `results/<name>.json` (a JSON list, one object per run)."""
     RESULTS_DIR.mkdir(exist_ok=True)
     path = RESULTS_DIR / f"{name}.json"
@@ -119,8 +122,14 @@ def save_results(name: str, machine: dict[str, Any], figures: list[Figure],
     if path.exists():
         with contextlib.suppress(ValueError):
             runs = json.loads(path.read_text())
-    runs.append({"benchmark": name, "machine": machine,
-                 "figures": [f.as_json() for f in figures], **(extra or {})})
+    runs.append(
+        {
+            "benchmark": name,
+            "machine": machine,
+            "figures": [f.as_json() for f in figures],
+            **(extra or {}),
+        }
+    )
     path.write_text(json.dumps(runs, indent=1, default=str) + "\n")
     return path
 
@@ -141,10 +150,15 @@ def machine_info(server_version: str, settings: dict[str, str]) -> dict[str, Any
     meminfo = Path("/proc/meminfo").read_text()
     mem_kb = int(re.search(r"MemTotal:\s+(\d+)", meminfo).group(1))  # type: ignore[union-attr]
     cpu = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "dispatcher"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "dispatcher"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     return {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "nproc": len(os.sched_getaffinity(0)),
@@ -161,11 +175,12 @@ def machine_info(server_version: str, settings: dict[str, str]) -> dict[str, Any
 
 def describe_machine(m: dict[str, Any]) -> str:
     s = ", ".join(f"{k}={v}" for k, v in m["pg_settings"].items())
-    return (f"machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory_gib']} GiB RAM, "
-            f"load {m['loadavg_at_start']:.2f} at start; {m['postgresql']} ({s}); "
-            f"Python {m['python']}; dispatcher {m['dispatcher_commit']}"
-            + (f"; EXPERIMENT patches {m['experiment_patches']}"
-               if m["experiment_patches"] else ""))
+    return (
+        f"machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory_gib']} GiB RAM, "
+        f"load {m['loadavg_at_start']:.2f} at start; {m['postgresql']} ({s}); "
+        f"Python {m['python']}; dispatcher {m['dispatcher_commit']}"
+        + (f"; EXPERIMENT patches {m['experiment_patches']}" if m["experiment_patches"] else "")
+    )
 
 
 # database ---------------------------------------------------------------------------------
@@ -209,8 +224,10 @@ class Server:
         conn = await asyncpg.connect(self.url)
         try:
             version = await conn.fetchval("SELECT split_part(version(), ' on ', 1)")
-            settings = {name: await conn.fetchval(f"SHOW {name}") for name in
-                        ("synchronous_commit", "fsync", "shared_buffers", "max_connections")}
+            settings = {
+                name: await conn.fetchval(f"SHOW {name}")
+                for name in ("synchronous_commit", "fsync", "shared_buffers", "max_connections")
+            }
         finally:
             await conn.close()
         return version, settings
@@ -229,6 +246,7 @@ class Server:
         try:
             if migrate:
                 run_migrate(dsn)
+                await apply_sql_patches(dsn)
             yield dsn
         finally:
             admin = await asyncpg.connect(self.url)
@@ -238,14 +256,49 @@ class Server:
                 await admin.close()
 
 
+# Candidate fixes to the SQL door, applied to the throw-away database only (BENCH_PATCHES).
+SQL_PATCHES = {
+    # no NOTIFY in the enqueue transaction: NOTIFY takes a database-wide lock held through
+    # the commit's WAL flush, so every enqueueing transaction commits one after another
+    "nonotify": ("PERFORM pg_notify('dispatcher_wake', '');", "NULL;"),
+    # the same key rule without a bounded-repetition regex (slow to match in PostgreSQL)
+    "fastkey": (
+        "k IS NULL OR k !~ '^[ -~]{1,255}$'",
+        "k IS NULL OR k ~ '[^ -~]' OR length(k) NOT BETWEEN 1 AND 255",
+    ),
+}
+
+
+async def apply_sql_patches(dsn: str) -> None:
+    wanted = [p for p in os.environ.get("BENCH_PATCHES", "").split(",") if p in SQL_PATCHES]
+    if not wanted:
+        return
+    conn = await asyncpg.connect(dsn)
+    try:
+        body = await conn.fetchval("SELECT pg_get_functiondef('dispatcher.enqueue_many'::regproc)")
+        for patch in wanted:
+            old, new = SQL_PATCHES[patch]
+            if old not in body:
+                raise RuntimeError(f"SQL patch {patch}: {old!r} not found in enqueue_many")
+            body = body.replace(old, new)
+        await conn.execute(body)
+    finally:
+        await conn.close()
+
+
 def db_name(dsn: str) -> str:
     return urlsplit(dsn).path.lstrip("/")
 
 
 def run_migrate(dsn: str) -> None:
     env = {**os.environ, "DISPATCHER_DATABASE_URL": dsn, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "dispatcher.cli", "migrate"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "dispatcher.cli", "migrate"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"dispatcher migrate failed: {done.stderr[-2000:]}")
 
@@ -255,14 +308,21 @@ async def register_handler(dsn: str, name: str, kind: str = "python") -> None:
     benchmark that enqueues before starting the daemon registers the handler itself."""
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ($1, $2) "
-                           "ON CONFLICT DO NOTHING", name, kind)
+        await conn.execute(
+            "INSERT INTO dispatcher.handlers (name, kind) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            name,
+            kind,
+        )
     finally:
         await conn.close()
 
 
-async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout_s: float,
-                   interval_s: float = 0.05, what: str = "condition") -> float:
+async def wait_for(
+    predicate: Callable[[], Awaitable[bool]],
+    timeout_s: float,
+    interval_s: float = 0.05,
+    what: str = "condition",
+) -> float:
     """Poll until true; return the monotonic time it was first seen true."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -279,8 +339,9 @@ async def count_state(conn: asyncpg.Connection, state: str) -> int:
 
 # processes --------------------------------------------------------------------------------
 @contextlib.asynccontextmanager
-async def daemon(dsn: str, env: dict[str, str], *, wait_ready: bool = True
-                 ) -> AsyncIterator[DaemonProcess]:
+async def daemon(
+    dsn: str, env: dict[str, str], *, wait_ready: bool = True
+) -> AsyncIterator[DaemonProcess]:
     """`dispatcher run` as a child process on `dsn`; SIGTERM (then SIGKILL) on exit.
 
     With BENCH_PATCHES set, the daemon runs through `tests.bench.experiment` with those
@@ -298,15 +359,20 @@ async def daemon(dsn: str, env: dict[str, str], *, wait_ready: bool = True
             assert proc.proc is not None
             proc.proc.kill()
             await proc.proc.wait()
-        errors = [line for line in proc.log_text().splitlines()
-                  if '"ERROR"' in line or "Traceback" in line]
+        errors = [
+            line
+            for line in proc.log_text().splitlines()
+            if '"ERROR"' in line or "Traceback" in line
+        ]
         if errors:
             print(f"  daemon logged {len(errors)} error lines, first: {errors[0][:300]}")
         for line in proc.log_text().splitlines():
             if line.startswith("bench-counts "):
                 counts = json.loads(line.split(" ", 1)[1])
-                print("  repository calls (count, total s): " + ", ".join(
-                    f"{k} {v[0]} {v[1]:.2f}" for k, v in sorted(counts.items())))
+                print(
+                    "  repository calls (count, total s): "
+                    + ", ".join(f"{k} {v[0]} {v[1]:.2f}" for k, v in sorted(counts.items()))
+                )
         if os.environ.get("BENCH_KEEP_LOGS"):
             print(f"  daemon log kept: {proc.log_path}")
         else:
@@ -318,8 +384,13 @@ async def target_process() -> AsyncIterator[tuple[str, int]]:
     """A fast loopback HTTP target (aiohttp on uvloop) in its own process; yields (url, pid)."""
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.bench.target_server", str(port),
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=asyncio.subprocess.DEVNULL)
+        sys.executable,
+        "-m",
+        "tests.bench.target_server",
+        str(port),
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}/hook"
 
     async def up() -> bool:
@@ -402,25 +473,34 @@ class CpuMeter:
         self.wall_s = wall
         # whole machine, as % of one core (200% = both cores of a 2-CPU machine busy)
         self.machine_pct = self._ncpu * 100.0 * (busy1 - self._m0[0]) / max(1, total1 - self._m0[1])
-        self.process_pct = {n: (self._proc(p) - self._p0[n]) * per_core
-                            for n, p in self.pids.items()}
+        self.process_pct = {
+            n: (self._proc(p) - self._p0[n]) * per_core for n, p in self.pids.items()
+        }
         if self.database:
-            self.process_pct["postgres"] = sum(
-                t - self._b0.get(pid, 0) for pid, t in b1.items()) * per_core
+            self.process_pct["postgres"] = (
+                sum(t - self._b0.get(pid, 0) for pid, t in b1.items()) * per_core
+            )
         self.others_pct = max(0.0, self.machine_pct - sum(self.process_pct.values()))
 
     def summary(self) -> str:
         procs = ", ".join(f"{n} {v:.0f}%" for n, v in self.process_pct.items())
-        return (f"cpu %core: machine {self.machine_pct:.0f}/{self._ncpu * 100}"
-                + (f", {procs}" if procs else "") + f", others {self.others_pct:.0f}")
+        return (
+            f"cpu %core: machine {self.machine_pct:.0f}/{self._ncpu * 100}"
+            + (f", {procs}" if procs else "")
+            + f", others {self.others_pct:.0f}"
+        )
 
     def cpu_s(self, name: str) -> float:
         """CPU seconds `name` used over the interval."""
         return self.process_pct.get(name, 0.0) / 100.0 * self.wall_s
 
     def as_json(self) -> dict[str, float]:
-        return {"machine": self.machine_pct, **self.process_pct, "others": self.others_pct,
-                "wall_s": self.wall_s}
+        return {
+            "machine": self.machine_pct,
+            **self.process_pct,
+            "others": self.others_pct,
+            "wall_s": self.wall_s,
+        }
 
 
 async def machine_busy_pct(seconds: float = 1.0) -> float:
@@ -443,8 +523,11 @@ async def wait_for_quiet(max_wait_s: float = 60.0, busy_below_pct: float = 15.0)
         quiet = quiet + 1 if busy < busy_below_pct else 0
         if quiet >= 2:
             return busy
-    print(f"  (machine still {busy:.0f}% busy after waiting {max_wait_s:.0f} s for quiet; "
-          "figures may be low)", flush=True)
+    print(
+        f"  (machine still {busy:.0f}% busy after waiting {max_wait_s:.0f} s for quiet; "
+        "figures may be low)",
+        flush=True,
+    )
     return busy
 
 
@@ -454,7 +537,7 @@ async def histogram(base_url: str, name: str, labels: str = "") -> dict[float, f
     async with aiohttp.ClientSession() as s, s.get(f"{base_url}/metrics") as r:
         text = await r.text()
     buckets: dict[float, float] = {}
-    pattern = re.compile(rf'^{name}_bucket\{{(.*?)\}} ([0-9.e+-]+)$', re.M)
+    pattern = re.compile(rf"^{name}_bucket\{{(.*?)\}} ([0-9.e+-]+)$", re.M)
     for match in pattern.finditer(text):
         label_text, value = match.groups()
         if labels and labels not in label_text:
@@ -513,8 +596,11 @@ class Bench:
 
     def add(self, figure: Figure) -> None:
         self.figures.append(figure)
-        target = f" (target {figure.target}: {'met' if figure.met else 'MISSED'})" \
-            if figure.met is not None else ""
+        target = (
+            f" (target {figure.target}: {'met' if figure.met else 'MISSED'})"
+            if figure.met is not None
+            else ""
+        )
         note = f"  [{figure.note}]" if figure.note else ""
         print(f"  {figure.workload}: {_num(figure.value)} {figure.unit}{target}{note}", flush=True)
 
@@ -540,8 +626,19 @@ async def profiled(pid: int, name: str, enabled: bool) -> AsyncIterator[Path | N
     out = Path("/tmp/bench-profiles") / f"{name}.txt"
     out.parent.mkdir(exist_ok=True)
     proc = await asyncio.create_subprocess_exec(
-        spy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw",
-        "--output", str(out), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        spy,
+        "record",
+        "--pid",
+        str(pid),
+        "--rate",
+        "200",
+        "--format",
+        "raw",
+        "--output",
+        str(out),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
     await asyncio.sleep(0.3)
     try:
         yield out

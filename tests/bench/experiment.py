@@ -11,6 +11,9 @@ Patches (comma-separated in BENCH_PATCHES):
   customplans  `plan_cache_mode = force_custom_plan` on every pool connection
   nextdue      `seconds_to_next_due` answers NULL (not 0) when nothing is scheduled, so the
                due-scan waits its interval instead of spinning
+  nonotify     (SQL, applied to the benchmark database by tests.bench.common) enqueue_many
+               without its NOTIFY
+  fastkey      (SQL, likewise) the key check without the `{1,255}` regex
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ def patch_count() -> None:
                     entry = counts[name]
                     entry[0] += 1
                     entry[1] += time.perf_counter() - t0
+
             return counted
 
         setattr(JobRepository, name, wrap())
@@ -63,8 +67,10 @@ def patch_pool(*, no_reset: bool, custom_plans: bool) -> None:
         if no_reset:
             kwargs["reset"] = no_reset_fn
         if custom_plans:
-            kwargs["server_settings"] = {**kwargs.get("server_settings", {}),
-                                         "plan_cache_mode": "force_custom_plan"}
+            kwargs["server_settings"] = {
+                **kwargs.get("server_settings", {}),
+                "plan_cache_mode": "force_custom_plan",
+            }
         return original(*args, **kwargs)
 
     pool_module.asyncpg.create_pool = create_pool  # type: ignore[attr-defined]
@@ -73,8 +79,10 @@ def patch_pool(*, no_reset: bool, custom_plans: bool) -> None:
 def patch_next_due() -> None:
     from dispatcher.db.jobs import JobRepository
 
-    sql = ("SELECT extract(epoch FROM min(due_at) - now())::float8 "
-           "FROM dispatcher.jobs WHERE state = 'scheduled'")
+    sql = (
+        "SELECT extract(epoch FROM min(due_at) - now())::float8 "
+        "FROM dispatcher.jobs WHERE state = 'scheduled'"
+    )
 
     async def seconds_to_next_due(self: JobRepository) -> float | None:
         value = await self.pool.fetchval(sql)
@@ -85,7 +93,8 @@ def patch_next_due() -> None:
 
 def main() -> int:
     patches = {p for p in os.environ.get("BENCH_PATCHES", "").split(",") if p}
-    unknown = patches - {"count", "noreset", "customplans", "nextdue"}
+    # nonotify and fastkey patch the SQL door in the benchmark database (tests.bench.common)
+    unknown = patches - {"count", "noreset", "customplans", "nextdue", "nonotify", "fastkey"}
     if unknown:
         raise SystemExit(f"unknown BENCH_PATCHES: {sorted(unknown)}")
     if "nextdue" in patches:

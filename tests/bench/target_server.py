@@ -25,8 +25,9 @@ def main() -> None:
         uvloop.install()
     except ImportError:  # pragma: no cover
         pass
-    web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None,
-                backlog=1024)
+    web.run_app(
+        app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None, backlog=1024
+    )
 
 
 if __name__ == "__main__":

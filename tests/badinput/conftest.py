@@ -1,0 +1,52 @@
+"""Fixtures of the bad-input suite: a live daemon (a real child process) on its own database,
+shared by the tests of one module so hostile clients hit one long-lived server."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import asyncpg
+import pytest
+
+from tests.conftest import with_database
+from tests.harness import DaemonProcess
+
+BODY_LIMIT_BYTES = 8192
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="module")
+async def module_db_url(server_url: str, template_url: str) -> AsyncIterator[str]:
+    template = urlsplit(template_url).path.lstrip("/")
+    name = f"dispatcher_bad{os.getpid()}_{next(_counter)}"
+    admin = await asyncpg.connect(server_url)
+    await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    try:
+        yield with_database(server_url, name)
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+@pytest.fixture(scope="module")
+async def live_daemon(module_db_url: str) -> AsyncIterator[DaemonProcess]:
+    daemon = DaemonProcess(
+        {
+            "DISPATCHER_DATABASE_URL": module_db_url,
+            "DISPATCHER_BODY_LIMIT_BYTES": str(BODY_LIMIT_BYTES),
+            "DISPATCHER_HANDLERS__REPORT__KIND": "python",
+            "DISPATCHER_HANDLERS__REPORT__FUNCTION": "tests.badinput.handlers:noop",
+            # accepted jobs must wait, not run: these tests are about the front door
+            "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "0.001",
+            "DISPATCHER_QUEUES__DEFAULT__BURST": "1",
+        }
+    )
+    try:
+        yield await daemon.start()
+    finally:
+        if daemon.proc is not None and daemon.proc.returncode is None:
+            daemon.proc.kill()
+            await daemon.proc.wait()

@@ -1,0 +1,69 @@
+"""Schemathesis against a live daemon's own /openapi.json: for every operation, generated valid
+(positive) and invalid (negative) requests get responses that conform to the schema (status
+code, content type, body, headers) and are never a 5xx. Examples are bounded per operation and
+mode to keep the run short.
+"""
+
+from __future__ import annotations
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from dispatcher.api.openapi import openapi_document
+from tests.harness import DaemonProcess
+
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    response_headers_conformance,
+]
+EXAMPLES = 25
+# the operations the daemon documents, each in both modes (negative only where there is an
+# input to break: a parameter or a body)
+CASES = [
+    pytest.param(path, method, mode, id=f"{method.upper()} {path} {mode.value}")
+    for path, item in openapi_document()["paths"].items()
+    for method, spec in item.items()
+    if method in ("get", "post", "put", "patch", "delete")
+    for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+    if mode is GenerationMode.POSITIVE
+    or spec.get("parameters")
+    or spec.get("requestBody")
+    or "{" in path
+]
+
+
+@pytest.fixture(scope="module")
+def live_schema(live_daemon: DaemonProcess) -> schemathesis.BaseSchema:
+    return schemathesis.openapi.from_url(f"{live_daemon.base_url}/openapi.json")
+
+
+@pytest.mark.parametrize(("path", "method", "mode"), CASES)
+def test_every_response_conforms_to_the_openapi_document(
+    live_schema: schemathesis.BaseSchema,
+    live_daemon: DaemonProcess,
+    path: str,
+    method: str,
+    mode: GenerationMode,
+) -> None:
+    operation = live_schema[path][method.upper()]
+
+    @settings(
+        max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None
+    )
+    @given(case=operation.as_strategy(generation_mode=mode))
+    def conforms(case: schemathesis.Case) -> None:
+        case.call_and_validate(base_url=live_daemon.base_url, checks=CHECKS, timeout=10)
+
+    conforms()
