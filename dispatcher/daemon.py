@@ -103,7 +103,11 @@ def every(scheduler: AsyncIOScheduler, func: Any, seconds: float, name: str) -> 
 
 async def serve(app: web.Application, listen: str, stack: AsyncExitStack) -> None:
     """Bind `app` on `listen`; the daemon owns signals, so aiohttp must not install handlers."""
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5)
+    # keepalive_timeout also bounds a connection that never finishes its headers (aiohttp has
+    # no separate header timeout), so slow-loris clients are dropped after it.
+    runner = web.AppRunner(
+        app, handle_signals=False, access_log=None, shutdown_timeout=5, keepalive_timeout=75
+    )
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
     host, port = host_port(listen)
@@ -231,6 +235,7 @@ class Daemon:
                 readiness=self.readiness,
                 tokens=s.all_api_tokens(),
                 body_limit_bytes=s.body_limit_bytes,
+                body_read_timeout_s=s.body_read_timeout_s,
                 schedules=cron,
             )
             await serve(app, s.listen, stack)

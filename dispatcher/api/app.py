@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -45,6 +46,7 @@ READINESS = web.AppKey("readiness", object)
 TOKENS = web.AppKey("tokens", list)
 SCHEDULES = web.AppKey("schedules", object)
 BODY_LIMIT = web.AppKey("body_limit_bytes", int)
+BODY_TIMEOUT = web.AppKey("body_read_timeout_s", float)
 
 
 def create_app(
@@ -55,6 +57,7 @@ def create_app(
     tokens: list[str],
     body_limit_bytes: int,
     schedules: Any = None,
+    body_read_timeout_s: float = 30.0,
 ) -> web.Application:
     app = web.Application(
         client_max_size=body_limit_bytes, middlewares=[problem_middleware, auth_middleware]
@@ -65,6 +68,7 @@ def create_app(
     app[TOKENS] = [t.encode() for t in tokens]
     app[SCHEDULES] = schedules
     app[BODY_LIMIT] = body_limit_bytes
+    app[BODY_TIMEOUT] = body_read_timeout_s
     app.router.add_post("/v1/jobs", post_job)
     app.router.add_post("/v1/jobs/batch", post_batch)
     app.router.add_get("/v1/jobs", list_jobs)
@@ -155,7 +159,13 @@ def _finite_float(text: str) -> float:
 
 
 async def read_json(request: web.Request) -> Any:
-    body = await request.read()
+    # aiohttp has no server-side read timeout: bound the body so a client trickling bytes
+    # (slow-loris) cannot hold a handler for ever.
+    try:
+        async with asyncio.timeout(request.app[BODY_TIMEOUT]):
+            body = await request.read()
+    except TimeoutError:
+        raise Problem(408, f"body not received within {request.app[BODY_TIMEOUT]:g} s") from None
     try:
         text = body.decode("utf-8")
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
