@@ -190,6 +190,16 @@ async def sql_bulk(
     return created, time.monotonic() - start, times
 
 
+def per_job(cpu: CpuMeter, jobs: int) -> str:
+    """CPU per accepted job (less sensitive to other load on the machine than jobs/s)."""
+    parts = [
+        f"{name} {cpu.cpu_s(name) / max(jobs, 1) * 1e6:.0f}"
+        for name in ("daemon", "postgres")
+        if name in cpu.process_pct
+    ]
+    return "CPU us/job: " + ", ".join(parts)
+
+
 async def main(args: argparse.Namespace) -> None:
     bench = await Bench("bench_intake").open()
     # Jobs are due in a day, so the workers stay idle. The queue's rate is also set tiny, in
@@ -199,10 +209,21 @@ async def main(args: argparse.Namespace) -> None:
         "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "0.001",
         "DISPATCHER_QUEUES__DEFAULT__BURST": "1",
     }
+    only = set(args.only.split(",")) if args.only else {"post", "batch", "sql"}
+    if only & {"post", "batch"}:
+        await http_intake(bench, args, env, only)
+    if "sql" in only:
+        await sql_intake(bench, args)
+    bench.finish("intake (jobs accepted per second)")
+
+
+async def http_intake(
+    bench: Bench, args: argparse.Namespace, env: dict[str, str], only: set[str]
+) -> None:
     async with bench.server.database() as dsn, daemon(dsn, env) as d:
         assert d.proc is not None
         pids = {"daemon": d.proc.pid, "load generator": os.getpid()}
-        for c in (1, 16, 64):
+        for c in (1, 16, 64) if "post" in only else ():
             await wait_for_quiet(30)
             async with CpuMeter(pids, db_name(dsn)) as cpu:
                 accepted, errors, lat, elapsed = await post_load(
@@ -224,12 +245,14 @@ async def main(args: argparse.Namespace) -> None:
                     rate,
                     "jobs/s",
                     at_least=SINGLE_TARGET_PER_S if c == 64 else None,
-                    note=f"p50 {percentile(lat, 0.5) * 1000:.1f} ms, p99 "
+                    note=f"{per_job(cpu, accepted)}; p50 {percentile(lat, 0.5) * 1000:.1f} ms, p99 "
                     f"{percentile(lat, 0.99) * 1000:.1f} ms; {cpu.summary()}"
                     + (f"; {errors} errors" if errors else ""),
                 )
             )
 
+        if "batch" not in only:
+            return
         refused = await batch_due_at_works(d.base_url)
         batch_mode = "future-dated"
         if refused is not None:
@@ -258,7 +281,7 @@ async def main(args: argparse.Namespace) -> None:
                 accepted / elapsed,
                 "jobs/s",
                 at_least=BATCH_TARGET_PER_S,
-                note=f"{batch_mode}; {len(lat)} requests, p50 "
+                note=f"{batch_mode}; {per_job(cpu, accepted)}; {len(lat)} requests, p50 "
                 f"{percentile(lat, 0.5) * 1000:.0f} ms/request; {cpu.summary()}",
             )
         )
@@ -268,6 +291,9 @@ async def main(args: argparse.Namespace) -> None:
         await conn.close()
         bench.details["http_jobs_stored"] = stored
 
+
+async def sql_intake(bench: Bench, args: argparse.Namespace) -> None:
+    """The SQL door alone (no daemon): enqueue_many with 10,000 jobs per statement."""
     async with bench.server.database() as dsn:
         for label, due in (
             ("future-dated", datetime.now(UTC) + timedelta(days=1)),
@@ -288,11 +314,10 @@ async def main(args: argparse.Namespace) -> None:
                         created / elapsed,
                         "jobs/s",
                         at_least=SQL_TARGET_PER_S if sessions == 1 else None,
-                        note=f"{len(times)} statements, median "
+                        note=f"{per_job(cpu, created)}; {len(times)} statements, median "
                         f"{percentile(times, 0.5) * 1000:.0f} ms each; {cpu.summary()}",
                     )
                 )
-    bench.finish("intake (jobs accepted per second)")
 
 
 if __name__ == "__main__":
@@ -300,4 +325,5 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=6.0, help="per POST concurrency level")
     parser.add_argument("--batches", type=int, default=80, help="batch requests of 1,000")
     parser.add_argument("--sql-statements", type=int, default=10, help="per SQL variant")
+    parser.add_argument("--only", default="", help="comma-separated: post,batch,sql")
     run(lambda: main(parser.parse_args()))
