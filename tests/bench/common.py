@@ -115,9 +115,11 @@ def print_table(title: str, figures: Iterable[Figure]) -> None:
 def save_results(
     name: str, machine: dict[str, Any], figures: list[Figure], extra: dict[str, Any] | None = None
 ) -> Path:
-    """Append this run to `results/<name>.json` (a JSON list, one object per run)."""
+    """Append this run to `results/<name>.json` (a JSON list, one object per run); runs with
+    BENCH_PATCHES (experiments) go to `results/<name>-experiment.json`."""
     RESULTS_DIR.mkdir(exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
+    suffix = "-experiment" if os.environ.get("BENCH_PATCHES") else ""
+    path = RESULTS_DIR / f"{name}{suffix}.json"
     runs: list[Any] = []
     if path.exists():
         with contextlib.suppress(ValueError):
