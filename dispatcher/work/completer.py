@@ -26,6 +26,8 @@ class Completer:
         self._owner = owner
         self._pending: list[tuple[Job, Any, asyncio.Future[bool]]] = []
         self._wake = asyncio.Event()
+        self._flushed = asyncio.Event()
+        self._writing = 0
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -41,6 +43,16 @@ class Completer:
         task, self._task = self._task, None
         await task
 
+    @property
+    def backlog(self) -> int:
+        """Completions queued or being written."""
+        return len(self._pending) + self._writing
+
+    async def wait_backlog_at_most(self, limit: int) -> None:
+        while self.backlog > limit and self._task is not None:
+            self._flushed.clear()
+            await self._flushed.wait()
+
     def record(self, job: Job, result: Any) -> asyncio.Future[bool]:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._pending.append((job, result, future))
@@ -53,7 +65,12 @@ class Completer:
             self._wake.clear()
             while self._pending:
                 batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
-                await self._flush(batch)
+                self._writing = len(batch)
+                try:
+                    await self._flush(batch)
+                finally:
+                    self._writing = 0
+                    self._flushed.set()
             if self._stopping:
                 return
 

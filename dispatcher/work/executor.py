@@ -49,15 +49,22 @@ class Executor:
         self._m_duration = metrics.EFFECT_DURATION.labels(queue)
         self._m_lease_lost = metrics.LEASES_LOST.labels(queue)
 
-    async def execute(self, job: Job) -> None:
+    async def execute(self, job: Job, effect_done: Callable[[], None]) -> None:
+        """Run one attempt. `effect_done` is called once the effect has ended (its in-flight
+        slot is free), before the outcome is recorded; the job stays leased until then."""
         fault_point("after_claim")
         effect = self._effects.get(job.handler)
         started = time.perf_counter()
         try:
-            if effect is None:
-                raise Reject(f"no handler {job.handler!r} is configured", code="unknown_handler")
-            async with asyncio.timeout(self._timeouts.get(job.handler)):
-                result = await effect.run(job, self._complete_in)
+            try:
+                if effect is None:
+                    raise Reject(
+                        f"no handler {job.handler!r} is configured", code="unknown_handler"
+                    )
+                async with asyncio.timeout(self._timeouts.get(job.handler)):
+                    result = await effect.run(job, self._complete_in)
+            finally:
+                effect_done()
             fault_point("after_effect")
             recorded = True
             if not effect.completes_in_transaction:
@@ -91,6 +98,10 @@ class Executor:
                 self._m_succeeded.inc()
             else:
                 self._m_lease_lost.inc()
+
+    async def completion_backpressure(self, limit: int) -> None:
+        """Hold new claims while more than `limit` completions wait to be written."""
+        await self._completer.wait_backlog_at_most(limit)
 
     async def _complete_in(self, conn: Any, job: Job, result: Any) -> bool:
         fault_point("after_effect_in_transaction")

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from dispatcher import metrics
 from dispatcher.config import QueueSettings
@@ -77,6 +78,7 @@ class QueueWorker:
     async def _claim_loop(self) -> None:
         while not self._stopping.is_set():
             await self.inflight.wait_for_free_slot_or(self._stopping)
+            await self._executor.completion_backpressure(self.inflight.limit)
             if self._stopping.is_set():
                 return
             wanted = min(self.settings.claim_batch, self.inflight.limit - self.inflight.used)
@@ -115,14 +117,14 @@ class QueueWorker:
     def _start(self, job: Job) -> None:
         self._m_due_to_start.observe(max(0.0, job.due_to_start_s))
         self._m_inflight.inc()
-        task = asyncio.create_task(self._executor.execute(job))
+        slot = _Slot(self.inflight, self._m_inflight)
+        task = asyncio.create_task(self._executor.execute(job, slot.release))
         self.running[job.id] = task
-        task.add_done_callback(lambda _t, job_id=job.id: self._finished(job_id))
+        task.add_done_callback(lambda _t, job_id=job.id: self._finished(job_id, slot))
 
-    def _finished(self, job_id: int) -> None:
+    def _finished(self, job_id: int, slot: _Slot) -> None:
         self.running.pop(job_id, None)
-        self.inflight.release()
-        self._m_inflight.dec()
+        slot.release()  # no-op unless the task ended before its effect did (cancelled)
 
     async def _pause(self, seconds: float, *, wake_on_signal: bool) -> None:
         waiters = [self._stopping.wait()]
@@ -165,6 +167,24 @@ class QueueWorker:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         return ids
+
+
+class _Slot:
+    """One job's in-flight slot, released exactly once: when its effect ends. The completion
+    write that follows runs outside the cap (the completer applies its own backpressure)."""
+
+    __slots__ = ("_gauge", "_limit", "_released")
+
+    def __init__(self, limit: InflightLimit, gauge: Any):
+        self._limit = limit
+        self._gauge = gauge
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._limit.release()
+            self._gauge.dec()
 
 
 class WorkerPool:
