@@ -252,7 +252,9 @@ async def steady_latency(bench: Bench, args: argparse.Namespace) -> None:
             p99 * 1000,
             "ms",
             at_most=LATENCY_P99_TARGET_S * 1000,
-            note=f"max {row['max'] * 1000:.1f} ms; {cpu.summary()}",
+            note=f"max {row['max'] * 1000:.1f} ms; CPU per job (enqueue included): daemon "
+            f"{cpu.cpu_s('daemon') / n * 1e6:.0f} us, postgres "
+            f"{cpu.cpu_s('postgres') / n * 1e6:.0f} us; {cpu.summary()}",
         )
     )
     bench.add(

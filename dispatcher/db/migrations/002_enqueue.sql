@@ -144,6 +144,8 @@ BEGIN
 END
 $$;
 
+-- The single-item door, written lean because applications call it once per business change:
+-- the same checks and idempotency rules as enqueue_many, without its batch machinery.
 CREATE FUNCTION dispatcher.enqueue(
     key             text,
     handler         text,
@@ -157,16 +159,80 @@ CREATE FUNCTION dispatcher.enqueue(
 ) RETURNS bigint LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
 DECLARE
-    result record;
+    queue_name  text := coalesce(queue, 'default');
+    tenant_name text := coalesce(tenant, '');
+    effective   timestamptz := coalesce(due_at, now());
+    defaults    dispatcher.queues;
+    version     integer;
+    fingerprint text;
+    new_id      bigint;
+    new_state   text;
+    found_id    bigint;
+    found_hash  text;
 BEGIN
-    SELECT * INTO result FROM dispatcher.enqueue_many(
-        ARRAY[key], ARRAY[handler], ARRAY[payload], ARRAY[due_at], ARRAY[queue], ARRAY[tenant],
-        ARRAY[target], ARRAY[max_attempts], ARRAY[max_retry_age_s], ARRAY[NULL::text]);
-    IF result.outcome = 'conflict' THEN
-        RAISE EXCEPTION 'dispatcher.enqueue: key % already names job % with a different request', key, result.id
-            USING ERRCODE = '23505',
-                  HINT = 'resend the original request unchanged, or choose a new key for new work';
+    IF key IS NULL OR length(key) NOT BETWEEN 1 AND 255 OR key ~ '[^ -~]' THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: invalid key %', quote_nullable(key)
+            USING ERRCODE = '22023', HINT = 'a key is 1 to 255 printable ASCII characters';
     END IF;
-    RETURN result.id;
+    SELECT h.current_version INTO version FROM dispatcher.handlers h WHERE h.name = handler;
+    IF version IS NULL THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: unknown handler %', quote_nullable(handler)
+            USING ERRCODE = '22023',
+                  HINT = 'use "http" or a handler configured in [handlers] (see dispatcher.handlers)';
+    END IF;
+    SELECT * INTO defaults FROM dispatcher.queues q WHERE q.name = queue_name;
+    IF defaults.name IS NULL THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: unknown queue %', quote_literal(queue_name)
+            USING ERRCODE = '22023',
+                  HINT = 'use a queue configured in [queues] (see dispatcher.queues), or NULL for default';
+    END IF;
+    IF payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: payload must be a JSON object'
+            USING ERRCODE = '22023', HINT = 'e.g. jsonb_build_object(''value'', 42)';
+    END IF;
+    IF (CASE WHEN handler = 'http' THEN jsonb_typeof(target -> 'url') IS DISTINCT FROM 'string'
+             ELSE target IS NOT NULL END) THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: handler "http" needs target {"url": ...}, other handlers take no target'
+            USING ERRCODE = '22023', HINT = 'pass target only with handler "http"';
+    END IF;
+    IF max_attempts < 1 OR max_retry_age_s < 0 THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: max_attempts must be >= 1 and max_retry_age_s >= 0'
+            USING ERRCODE = '22023', HINT = 'pass NULL to use the queue''s defaults';
+    END IF;
+    fingerprint := dispatcher.request_hash(handler, target, payload, queue_name, tenant_name,
+                                           due_at, max_attempts, max_retry_age_s);
+    FOR round IN 1..50 LOOP
+        INSERT INTO dispatcher.jobs AS j
+               (key, request_hash, queue, tenant, handler, handler_version, target, payload,
+                state, due_at, max_attempts, max_retry_age_s, budget_started_at)
+        VALUES (key, fingerprint, queue_name, tenant_name, handler, version, target, payload,
+                CASE WHEN effective <= now() THEN 'ready' ELSE 'scheduled' END, effective,
+                coalesce(max_attempts, defaults.max_attempts),
+                coalesce(max_retry_age_s, defaults.max_retry_age_s), effective)
+            ON CONFLICT ON CONSTRAINT jobs_key_key DO NOTHING
+        RETURNING j.id, j.state INTO new_id, new_state;
+        IF new_id IS NOT NULL THEN
+            IF new_state = 'ready' THEN
+                INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
+                VALUES (new_id, queue_name, tenant_name, handler || ':' || version);
+            END IF;
+            PERFORM pg_notify('dispatcher_wake', '');
+            RETURN new_id;
+        END IF;
+        SELECT j.id, j.request_hash INTO found_id, found_hash
+          FROM dispatcher.jobs j WHERE j.key = enqueue.key;
+        IF found_id IS NOT NULL THEN
+            IF found_hash <> fingerprint THEN
+                RAISE EXCEPTION 'dispatcher.enqueue: key % already names job % with a different request',
+                    key, found_id
+                    USING ERRCODE = '23505',
+                          HINT = 'resend the original request unchanged, or choose a new key for new work';
+            END IF;
+            RETURN found_id;
+        END IF;
+        -- the conflicting insert was rolled back, or is not visible to this snapshot yet: retry
+    END LOOP;
+    RAISE EXCEPTION 'dispatcher.enqueue: could not resolve concurrent inserts of key %', key
+        USING ERRCODE = '40001', HINT = 'retry the transaction';
 END
 $$;
