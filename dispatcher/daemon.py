@@ -210,11 +210,14 @@ class Daemon:
             await scanner.start()
             stack.push_async_callback(scanner.stop)
 
-            def wake_all() -> None:
-                workers.wake()
-                scanner.wake()
+            def wake(reason: str = "") -> None:
+                """Wake whom a change concerns: workers for ready work, the scan for due times."""
+                if reason != "scheduled":
+                    workers.wake()
+                if reason != "ready":
+                    scanner.wake()
 
-            listener = WakeListener(dsn, wake_all)
+            listener = WakeListener(dsn, wake)
             await listener.start()
             stack.push_async_callback(listener.stop)
 
@@ -224,11 +227,11 @@ class Daemon:
             every(scheduler, Pruner(repo, s.retention).run_once, s.retention.interval_s, "prune")
             scheduler.start()
             stack.callback(lambda: scheduler.running and scheduler.shutdown(wait=False))
-            cron = CronService(pool, repo, s.schedules, scheduler=scheduler, on_enqueued=wake_all)
+            cron = CronService(pool, repo, s.schedules, scheduler=scheduler, on_enqueued=wake)
             await cron.start()
             stack.push_async_callback(cron.stop)
 
-            intake = Intake(s, repo, lambda t: HttpEffect.validate_target(t, s), wake_all)
+            intake = Intake(s, repo, lambda t: HttpEffect.validate_target(t, s), wake)
             app = create_app(
                 repo=repo,
                 intake=intake,

@@ -35,7 +35,7 @@ class Intake:
         settings: Settings,
         repo: JobRepository,
         validate_target: TargetValidator,
-        on_accepted: Callable[[], None] = lambda: None,
+        on_accepted: Callable[[str], None] = lambda _state: None,
     ):
         self._settings = settings
         self._repo = repo
@@ -46,7 +46,7 @@ class Intake:
 
     def notify_accepted(self) -> None:
         """Tell the workers that jobs became ready outside `accept` (e.g. an operator retry)."""
-        self._on_accepted()
+        self._on_accepted("ready")
 
     def check(self, key: str, request: JobRequest, now: datetime) -> NewJob | Rejected:
         """Validate against the configuration; return the job to store or why it is refused."""
@@ -103,16 +103,16 @@ class Intake:
         valid = [c for c in checked if isinstance(c, NewJob)]
         stored = iter(await self._repo.enqueue_many(valid) if valid else [])
         results: list[EnqueueResult | Rejected] = []
-        created = 0
+        created_states: set[str] = set()
         for c in checked:
             if isinstance(c, Rejected):
                 results.append(c)
                 continue
             result = next(stored)
             if result.outcome == "created":
-                created += 1
+                created_states.add(result.state)
                 self._m_accepted[c.queue or "default"].inc()
             results.append(result)
-        if created:
-            self._on_accepted()
+        for state in created_states:
+            self._on_accepted(state)
         return results

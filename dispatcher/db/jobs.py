@@ -129,7 +129,7 @@ class JobRepository:
     async def retry(self, job_id: int) -> dict[str, Any] | None:
         row = await self.pool.fetchrow(query("retry_job"), job_id)
         if row:
-            await self.pool.execute("SELECT pg_notify('dispatcher_wake', '')")
+            await self.pool.execute("SELECT pg_notify('dispatcher_wake', 'ready')")
         return dict(row) if row else None
 
     async def cancel(self, job_id: int) -> dict[str, Any] | None:

@@ -17,11 +17,15 @@ CHANNEL = "dispatcher_wake"
 
 
 class WakeListener(LoopService):
-    """Holds one connection LISTENing; reconnects when it drops. Calls `on_wake` per notice."""
+    """Holds one connection LISTENing; reconnects when it drops.
+
+    Calls `on_wake(payload)` per notice: "ready" (work to claim), "scheduled" (a new due time),
+    or "" (anything may have changed).
+    """
 
     name = "wake-listener"
 
-    def __init__(self, dsn: str, on_wake: Callable[[], None], reconnect_s: float = 1.0):
+    def __init__(self, dsn: str, on_wake: Callable[[str], None], reconnect_s: float = 1.0):
         self._dsn = dsn
         self._on_wake = on_wake
         self._reconnect_s = reconnect_s
@@ -33,8 +37,8 @@ class WakeListener(LoopService):
                 conn = await asyncpg.connect(self._dsn)
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())
-                await conn.add_listener(CHANNEL, lambda *_args: self._on_wake())
-                self._on_wake()  # notices sent while we were not listening are lost: look now
+                await conn.add_listener(CHANNEL, lambda *args: self._on_wake(args[-1]))
+                self._on_wake("")  # notices sent while we were not listening are lost: look now
                 await lost.wait()
                 log.warning("wake-up listener connection lost; reconnecting")
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:

@@ -79,8 +79,8 @@ async def serve_api(
     )
     api_holder: list[Api] = []
 
-    def on_accepted() -> None:
-        api_holder[0].wakes.append(1)
+    def on_accepted(state: str) -> None:
+        api_holder[0].wakes.append(state)
 
     async def readiness() -> tuple[bool, str]:
         return api_holder[0].ready[-1]

@@ -48,7 +48,7 @@ async def test_accepts_a_due_job_with_202_location_and_one_outbox_row(api: Api) 
         "headers": {},
         "timeout_s": 30.0,
     }
-    assert api.wakes == [1]  # workers were told there is new ready work
+    assert api.wakes == ["ready"]  # workers were told there is new ready work
 
 
 async def test_location_leads_to_the_status_resource(api: Api) -> None:
@@ -306,14 +306,14 @@ async def test_same_key_and_same_request_returns_the_same_job(api: Api) -> None:
     assert second.headers["Idempotent-Replayed"] == "true"
     assert third.headers["Idempotent-Replayed"] == "true"
     assert await api.count() == 1
-    assert api.wakes == [1]  # the creation woke the dispatcher; the replays did not
+    assert api.wakes == ["scheduled"]  # the creation woke the dispatcher; the replays did not
 
 
 async def test_replay_of_a_due_job_adds_no_outbox_row_and_no_wake(api: Api) -> None:
     for _ in range(3):
         assert (await api.post_job("due-1", http_job())).status == 202
     assert (await api.count(), await api.count("outbox")) == (1, 1)
-    assert api.wakes == [1]
+    assert api.wakes == ["ready"]
 
 
 async def test_50_concurrent_posts_with_one_key_make_exactly_one_job(api: Api) -> None:

@@ -29,6 +29,8 @@ DECLARE
     results    dispatcher.enqueue_result[];
     bad        text;
     rounds     integer := 0;
+    any_ready  boolean := false;
+    any_later  boolean := false;
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -129,6 +131,10 @@ BEGIN
                 USING ERRCODE = '22023', HINT = split_part(bad, '|', 1);
         END IF;
         RETURN QUERY SELECT * FROM unnest(results) r WHERE r.outcome <> 'retry';
+        any_ready := any_ready OR EXISTS (
+            SELECT 1 FROM unnest(results) r WHERE r.outcome = 'created' AND r.state = 'ready');
+        any_later := any_later OR EXISTS (
+            SELECT 1 FROM unnest(results) r WHERE r.outcome = 'created' AND r.state = 'scheduled');
         pending := ARRAY(SELECT r.ord FROM unnest(results) r WHERE r.outcome = 'retry');
         EXIT WHEN cardinality(pending) = 0;
         rounds := rounds + 1;
@@ -138,8 +144,12 @@ BEGIN
         END IF;
     END LOOP;
 
-    IF EXISTS (SELECT 1 FROM unnest(results) r WHERE r.outcome = 'created') OR rounds > 0 THEN
-        PERFORM pg_notify('dispatcher_wake', '');
+    -- the payload tells listeners whom to wake: workers (ready) or the due-scan (scheduled)
+    IF any_ready THEN
+        PERFORM pg_notify('dispatcher_wake', 'ready');
+    END IF;
+    IF any_later THEN
+        PERFORM pg_notify('dispatcher_wake', 'scheduled');
     END IF;
 END
 $$;
@@ -216,7 +226,7 @@ BEGIN
                 INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
                 VALUES (new_id, queue_name, tenant_name, handler || ':' || version);
             END IF;
-            PERFORM pg_notify('dispatcher_wake', '');
+            PERFORM pg_notify('dispatcher_wake', new_state);
             RETURN new_id;
         END IF;
         SELECT j.id, j.request_hash INTO found_id, found_hash
