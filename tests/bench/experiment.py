@@ -19,6 +19,7 @@ Patches (comma-separated in BENCH_PATCHES):
   nonotify     (SQL, applied to the benchmark database by tests.bench.common) enqueue_many
                without its NOTIFY
   fastkey      (SQL, likewise) the key check without the `{1,255}` regex
+  enqcustom    (SQL, likewise) enqueue_many with plan_cache_mode = force_custom_plan
 """
 
 from __future__ import annotations
@@ -176,6 +177,7 @@ def main() -> int:
         "batchintake",
         "nonotify",
         "fastkey",
+        "enqcustom",
     }
     unknown = patches - known
     if unknown:
