@@ -7,6 +7,8 @@ same SQL function applications call, so both doors share one set of idempotency 
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -42,6 +44,7 @@ class Intake:
         self._validate_target = validate_target
         self._on_accepted = on_accepted
         self._handlers = {"http", *settings.handlers}
+        self._writer = GroupWriter(repo)
         self._m_accepted = {q: metrics.JOBS_ACCEPTED.labels(q, "api") for q in settings.queues}
 
     def notify_accepted(self) -> None:
@@ -101,7 +104,10 @@ class Intake:
         now = datetime.now(UTC)
         checked = [self.check(key, request, now) for key, request in items]
         valid = [c for c in checked if isinstance(c, NewJob)]
-        stored = iter(await self._repo.enqueue_many(valid) if valid else [])
+        if len(valid) == 1:  # single requests arriving together share one statement and commit
+            stored = iter([await self._writer.submit(valid[0])])
+        else:
+            stored = iter(await self._repo.enqueue_many(valid) if valid else [])
         results: list[EnqueueResult | Rejected] = []
         created_states: set[str] = set()
         for c in checked:
@@ -116,3 +122,46 @@ class Intake:
         for state in created_states:
             self._on_accepted(state)
         return results
+
+
+class GroupWriter:
+    """Concurrent single-job requests are written together: one `enqueue_many` call, one commit,
+    one NOTIFY for all of them (group commit). A lone request is written at once; requests that
+    arrive while a write is in flight form the next group. Idempotency is unchanged: duplicates
+    inside a group resolve exactly as across groups."""
+
+    MAX_GROUP = 1000
+
+    def __init__(self, repo: JobRepository):
+        self._repo = repo
+        self._pending: list[tuple[NewJob, asyncio.Future[EnqueueResult]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def submit(self, job: NewJob) -> EnqueueResult:
+        future: asyncio.Future[EnqueueResult] = asyncio.get_running_loop().create_future()
+        self._pending.append((job, future))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._drain(), name="intake-writer")
+        return await future
+
+    async def _drain(self) -> None:
+        while self._pending:
+            group = self._pending[: self.MAX_GROUP]
+            del self._pending[: self.MAX_GROUP]
+            await self._write(group)
+
+    async def _write(self, group: list[tuple[NewJob, asyncio.Future[EnqueueResult]]]) -> None:
+        try:
+            results = await self._repo.enqueue_many([job for job, _ in group])
+        except Exception:
+            if len(group) == 1:
+                _, future = group[0]
+                if not future.done():
+                    future.set_exception(sys.exc_info()[1] or RuntimeError("enqueue failed"))
+                return
+            for single in group:  # one bad item must not fail the others: retry one by one
+                await self._write([single])
+            return
+        for (_, future), result in zip(group, results, strict=True):
+            if not future.done():
+                future.set_result(result)

@@ -36,7 +36,12 @@ async def create_pool(dsn: str, *, size: int, application_name: str = "dispatche
         min_size=min(2, size),
         max_size=size,
         init=_init_connection,
-        server_settings={"application_name": application_name},
+        # Batch statements take arrays of 1 to 2,000 items; a cached generic plan assumes ~10
+        # and turns them quadratic, so always plan with the actual parameters.
+        server_settings={
+            "application_name": application_name,
+            "plan_cache_mode": "force_custom_plan",
+        },
         command_timeout=60,
     )
     assert pool is not None

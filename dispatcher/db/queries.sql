@@ -25,7 +25,9 @@ SELECT id, queue, tenant, handler || ':' || handler_version FROM moved;
 
 -- name: seconds_to_next_due
 -- How long until the earliest scheduled job is due (NULL when none is waiting).
-SELECT greatest(0, extract(epoch FROM min(due_at) - now()))::float8
+-- (greatest() ignores NULL, so the empty case must be spelled out or the scan would spin)
+SELECT CASE WHEN min(due_at) IS NULL THEN NULL
+            ELSE greatest(0, extract(epoch FROM min(due_at) - now())) END::float8
   FROM dispatcher.jobs WHERE state = 'scheduled';
 
 -- name: rescue_expired_leases

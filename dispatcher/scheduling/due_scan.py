@@ -18,6 +18,8 @@ from dispatcher.lifecycle import LoopService
 
 log = logging.getLogger(__name__)
 
+MIN_IDLE_WAIT_S = 0.005
+
 
 class DueScanner(LoopService):
     name = "due-scan"
@@ -62,12 +64,14 @@ class DueScanner(LoopService):
         while True:
             self._wake.clear()
             try:
-                await self.run_once()
+                moved = await self.run_once()
                 next_due = await self._repo.seconds_to_next_due()
             except Exception as exc:  # the database may be restarting: try again next interval
                 log.error("due-scan failed: %s", exc)
-                next_due = None
+                moved, next_due = 0, None
             timeout = self._interval_s if next_due is None else min(self._interval_s, next_due)
+            if not moved:  # due rows we could not take are locked by another instance: no spin
+                timeout = max(timeout, MIN_IDLE_WAIT_S)
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that races
             # a wake-up, and stop() would then wait forever.
             with contextlib.suppress(TimeoutError):

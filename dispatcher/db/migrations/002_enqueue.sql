@@ -22,7 +22,10 @@ CREATE FUNCTION dispatcher.enqueue_many(
     max_retry_age_s integer[] DEFAULT NULL,
     run_keys        text[] DEFAULT NULL
 ) RETURNS SETOF dispatcher.enqueue_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- a generic plan (cached after five calls) guesses ~10 items per array and goes quadratic
+SET plan_cache_mode = force_custom_plan
+AS $$
 DECLARE
     n          integer := coalesce(cardinality(keys), 0);
     pending    integer[];          -- NULL = every item; else the ordinals still unresolved
