@@ -8,6 +8,7 @@ followed (the redirect target was not checked by the SSRF guard and may not be i
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -172,11 +173,21 @@ def _url(value: Any, policy: TargetPolicy) -> str:
         raise ValueError('target.url is required: a string like "https://host/path"')
     if len(value) > MAX_URL_CHARS:
         raise ValueError(f"target.url is longer than {MAX_URL_CHARS} characters")
-    try:
-        policy.check_url(value)
-    except TargetRefused as exc:
-        raise TargetRefused(f"target.url: {exc}") from None
+    refusal = _url_refusal(policy, value)
+    if refusal is not None:
+        raise TargetRefused(f"target.url: {refusal}")
     return value
+
+
+@functools.lru_cache(maxsize=4096)
+def _url_refusal(policy: TargetPolicy, url: str) -> str | None:
+    """Why `policy` refuses `url`, or None. Cached: intake and every attempt check the same few
+    URLs over and over (addresses a name resolves to are checked at connect time, uncached)."""
+    try:
+        policy.check_url(url)
+    except TargetRefused as exc:
+        return str(exc)
+    return None
 
 
 def _method(value: Any) -> str:

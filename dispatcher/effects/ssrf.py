@@ -106,6 +106,9 @@ class TargetPolicy:
     allow_cidrs: Sequence[IPNetwork] = ()
     allow_http: bool = False
 
+    def __post_init__(self) -> None:  # a tuple, so policies are hashable (URL checks are cached)
+        object.__setattr__(self, "allow_cidrs", tuple(self.allow_cidrs))
+
     @classmethod
     def from_settings(cls, settings: Settings) -> TargetPolicy:
         return cls(tuple(settings.target_allow_cidrs), settings.target_allow_http)
