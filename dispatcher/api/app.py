@@ -159,6 +159,11 @@ def _finite_float(text: str) -> float:
 
 
 async def read_json(request: web.Request) -> Any:
+    return (await read_json_and_escapes(request))[0]
+
+
+async def read_json_and_escapes(request: web.Request) -> tuple[Any, bool]:
+    """The parsed body, and whether its text has `\\u` escapes (see `storable_json`)."""
     # aiohttp has no server-side read timeout: bound the body so a client trickling bytes
     # (slow-loris) cannot hold a handler for ever.
     try:
@@ -168,7 +173,8 @@ async def read_json(request: web.Request) -> Any:
         raise Problem(408, f"body not received within {request.app[BODY_TIMEOUT]:g} s") from None
     try:
         text = body.decode("utf-8")
-        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        data = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        return data, "\\u" in text
     except UnicodeDecodeError:
         raise Problem(400, "body is not valid UTF-8; send JSON encoded as UTF-8") from None
     except json.JSONDecodeError as exc:
@@ -209,8 +215,8 @@ async def post_job(request: web.Request) -> web.Response:
             "header Idempotency-Key is required: 1 to 255 printable ASCII "
             "characters naming this unit of work (reuse it when you retry)",
         )
-    data = await read_json(request)
-    if (problem_text := storable_json(data)) is not None:
+    data, has_escapes = await read_json_and_escapes(request)
+    if (problem_text := storable_json(data, has_escapes=has_escapes)) is not None:
         raise Problem(422, problem_text)
     job = parse(JobRequest, data)
     (result,) = await request.app[INTAKE].accept([(key, job)])  # type: ignore[list-item]
@@ -230,7 +236,7 @@ async def post_job(request: web.Request) -> web.Response:
 
 
 async def post_batch(request: web.Request) -> web.Response:
-    data = await read_json(request)
+    data, has_escapes = await read_json_and_escapes(request)
     try:
         batch = BatchRequest.model_validate(data if isinstance(data, dict) else {"jobs": data})
     except ValidationError as exc:
@@ -245,7 +251,7 @@ async def post_batch(request: web.Request) -> web.Response:
         try:
             if not isinstance(item, dict):
                 raise Problem(422, "item must be a JSON object with an idempotency_key")
-            if (problem_text := storable_json(item)) is not None:
+            if (problem_text := storable_json(item, has_escapes=has_escapes)) is not None:
                 raise Problem(422, problem_text)
             model = BatchItem.model_validate(item)
             if not valid_key(model.idempotency_key):

@@ -79,8 +79,12 @@ def summary(errors: list[dict[str, str]]) -> str:
 MAX_JSON_DEPTH = 64
 
 
-def storable_json(value: Any) -> str | None:
-    """Why PostgreSQL's jsonb could not store `value` (NUL, lone surrogates, too deep), or None."""
+def storable_json(value: Any, *, has_escapes: bool = True) -> str | None:
+    """Why PostgreSQL's jsonb could not store `value` (NUL, lone surrogates, too deep), or None.
+
+    NUL and surrogates can only come from `\\u` escapes (raw ones are invalid JSON text), so
+    with `has_escapes=False` only the nesting depth is checked: the common case stays cheap.
+    """
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         node, depth = stack.pop()
@@ -88,11 +92,16 @@ def storable_json(value: Any) -> str | None:
             return f"JSON nests deeper than {MAX_JSON_DEPTH} levels"
         if isinstance(node, dict):
             for key, child in node.items():
-                if (reason := _storable_text(key)) is not None:
+                if has_escapes and (reason := _storable_text(key)) is not None:
                     return reason
-                stack.append((child, depth + 1))
+                if has_escapes or isinstance(child, dict | list):
+                    stack.append((child, depth + 1))
         elif isinstance(node, list):
-            stack.extend((child, depth + 1) for child in node)
+            stack.extend(
+                (child, depth + 1)
+                for child in node
+                if has_escapes or isinstance(child, dict | list)
+            )
         elif isinstance(node, str) and (reason := _storable_text(node)) is not None:
             return reason
     return None
