@@ -120,6 +120,8 @@ class RetentionSettings(_Strict):
     cancelled_s: int = Field(7 * 86400, ge=0)
     # Dead letters are what an operator must see: never pruned sooner than a day.
     dead_s: int = Field(30 * 86400, ge=86400)
+    # Cron run receipts, once finished and their units pruned.
+    runs_s: int = Field(90 * 86400, ge=86400)
     batch: int = Field(1000, ge=1, le=100_000)
     interval_s: PositiveFloat = 60.0
 

@@ -35,6 +35,7 @@ from dispatcher.effects.http import HttpEffect
 from dispatcher.effects.python import PythonEffect
 from dispatcher.effects.sql import SqlEffect
 from dispatcher.intake import Intake
+from dispatcher.relay.transport import InProcessTransport
 from dispatcher.scheduling.cron_service import CronService
 from dispatcher.scheduling.due_scan import DueScanner
 from dispatcher.scheduling.pruning import Pruner
@@ -173,12 +174,15 @@ class Daemon:
 
             scanner_wake: list[DueScanner] = []
             timeouts = {n: h.timeout_s for n, h in s.handlers.items()}
+            transport = InProcessTransport(
+                repo, owner=self.owner, capabilities=capabilities(s), lease_s=s.lease_s
+            )
             workers = WorkerPool(
                 [
                     QueueWorker(
                         q,
                         qs,
-                        repo,
+                        transport,
                         Executor(
                             q,
                             qs,
@@ -189,9 +193,6 @@ class Daemon:
                             timeouts,
                             on_rescheduled=lambda: scanner_wake[0].wake(),
                         ),
-                        owner=self.owner,
-                        capabilities=capabilities(s),
-                        lease_s=s.lease_s,
                         idle_poll_s=s.scan_interval_s,
                     )
                     for q, qs in s.queues.items()

@@ -152,6 +152,11 @@ class JobRepository:
         status = await self.pool.execute(query("prune_terminal"), state, older_than_s, batch)
         return int(status.rsplit(" ", 1)[-1])
 
+    async def prune_runs(self, older_than_s: float, batch: int) -> int:
+        """Run receipts go only after their units: a receipt never outlives its evidence."""
+        status = await self.pool.execute(query("prune_runs"), older_than_s, batch)
+        return int(status.rsplit(" ", 1)[-1])
+
     async def sync_registry(
         self, queues: dict[str, tuple[int, int]], handlers: dict[str, tuple[str, int]]
     ) -> None:

@@ -113,3 +113,15 @@ SELECT m.period_start, m.reason, m.detected_at, count(*) OVER ()::int AS total,
                     WHERE r.schedule = m.schedule AND r.period_start = m.period_start)
  ORDER BY m.period_start DESC
  LIMIT $2;
+
+-- name: prune_runs
+-- Delete up to $2 run receipts finished more than $1 seconds ago whose units are all pruned.
+WITH doomed AS (
+    SELECT r.run_key FROM dispatcher.runs r
+     WHERE r.finished_at < now() - make_interval(secs => $1)
+       AND NOT EXISTS (SELECT 1 FROM dispatcher.jobs j WHERE j.run_key = r.run_key)
+     ORDER BY r.finished_at
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM dispatcher.runs r USING doomed WHERE r.run_key = doomed.run_key;

@@ -1,8 +1,9 @@
-"""Retention: terminal jobs older than their state's retention are deleted in bounded batches."""
+"""Retention: terminal jobs, then run receipts whose units are gone, deleted in bounded batches."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 from dispatcher import metrics
 from dispatcher.config import RetentionSettings
@@ -27,18 +28,28 @@ class Pruner:
             ("cancelled", s.cancelled_s),
             ("dead", s.dead_s),
         ):
-            total = 0
-            for _ in range(MAX_BATCHES_PER_RUN):
-                try:
-                    n = await self._repo.prune_terminal(state, keep_s, s.batch)
-                except Exception as exc:
-                    log.warning("pruning %s jobs failed: %s", state, exc)
-                    break
-                total += n
-                if n < s.batch:
-                    break
-            if total:
-                metrics.PRUNED.labels(state).inc(total)
-                log.info("pruned %d %s jobs older than %d s", total, state, keep_s)
-            pruned[state] = total
+
+            def prune_state(state: str = state, keep_s: int = keep_s) -> Awaitable[int]:
+                return self._repo.prune_terminal(state, keep_s, s.batch)
+
+            pruned[state] = await self._batches(state, keep_s, prune_state)
+        pruned["runs"] = await self._batches(
+            "runs", s.runs_s, lambda: self._repo.prune_runs(s.runs_s, s.batch)
+        )
         return pruned
+
+    async def _batches(self, what: str, keep_s: int, prune: Callable[[], Awaitable[int]]) -> int:
+        total = 0
+        for _ in range(MAX_BATCHES_PER_RUN):
+            try:
+                n = await prune()
+            except Exception as exc:  # the next run retries; retention is never urgent
+                log.warning("pruning %s failed: %s", what, exc)
+                break
+            total += n
+            if n < self._settings.batch:
+                break
+        if total:
+            metrics.PRUNED.labels(what).inc(total)
+            log.info("pruned %d %s older than %d s", total, what, keep_s)
+        return total

@@ -17,6 +17,7 @@ from dispatcher import metrics
 from dispatcher.config import QueueSettings
 from dispatcher.db.jobs import JobRepository
 from dispatcher.model import Job
+from dispatcher.relay.transport import Transport
 from dispatcher.work.executor import Executor
 from dispatcher.work.limiter import InflightLimit, TokenBucket
 
@@ -32,12 +33,9 @@ class QueueWorker:
         self,
         queue: str,
         settings: QueueSettings,
-        repo: JobRepository,
+        transport: Transport,
         executor: Executor,
         *,
-        owner: str,
-        capabilities: list[str],
-        lease_s: float,
         idle_poll_s: float,
         bucket: TokenBucket | None = None,
     ):
@@ -46,11 +44,8 @@ class QueueWorker:
         self.bucket = bucket or TokenBucket(settings.rate_per_s, settings.burst)
         self.inflight = InflightLimit(settings.max_inflight)
         self.running: dict[int, asyncio.Task[None]] = {}
-        self._repo = repo
+        self._transport = transport
         self._executor = executor
-        self._owner = owner
-        self._capabilities = capabilities
-        self._lease_s = lease_s
         self._idle_poll_s = idle_poll_s
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -91,9 +86,7 @@ class QueueWorker:
             slots = self.inflight.reserve_up_to(tokens)
             self._wake.clear()
             try:
-                jobs, taken = await self._repo.claim(
-                    self.queue, slots, self._capabilities, self._owner, self._lease_s
-                )
+                jobs, taken = await self._transport.receive(self.queue, slots)
             except Exception as exc:
                 log.error("claim failed on queue %s: %s", self.queue, exc)
                 jobs, taken = [], 0

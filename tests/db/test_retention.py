@@ -35,7 +35,7 @@ async def test_pruning_deletes_exactly_the_expired_terminal_rows(pool: asyncpg.P
         await seed(conn, "scheduled", 60, None, "waiting-")
         await seed(conn, "running", 7, None, "running-")
     pruner = Pruner(JobRepository(pool), RetentionSettings(batch=1000))
-    assert await pruner.run_once() == {"succeeded": 2500, "cancelled": 5, "dead": 40}
+    assert await pruner.run_once() == {"succeeded": 2500, "cancelled": 5, "dead": 40, "runs": 0}
     async with pool.acquire() as conn:
         left = await conn.fetch(
             r"SELECT regexp_replace(key, '\d+$', '') AS kind, count(*) AS n"
@@ -47,4 +47,29 @@ async def test_pruning_deletes_exactly_the_expired_terminal_rows(pool: asyncpg.P
         "waiting-": 60,
         "running-": 7,
     }
-    assert await pruner.run_once() == {"succeeded": 0, "cancelled": 0, "dead": 0}
+    assert await pruner.run_once() == {"succeeded": 0, "cancelled": 0, "dead": 0, "runs": 0}
+
+
+async def test_run_receipts_go_only_after_their_units(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        for key, days, with_unit in (
+            ("old-bare", 100, False),
+            ("old-with-unit", 100, True),
+            ("young-bare", 10, False),
+        ):
+            await conn.execute(
+                """INSERT INTO dispatcher.runs (run_key, schedule, period_start, via, unit_count,
+                       overlap_decision, released_at, finished_at)
+                   VALUES ($1, $1, now() - make_interval(days => $2), 'cron', 0, 'none',
+                           now(), now() - make_interval(days => $2))""",
+                key,
+                days,
+            )
+            if with_unit:
+                await seed(conn, "scheduled", 1, None, f"{key}-unit-")
+                await conn.execute("UPDATE dispatcher.jobs SET run_key = $1", key)
+    pruned = await Pruner(JobRepository(pool), RetentionSettings()).run_once()
+    assert pruned["runs"] == 1
+    async with pool.acquire() as conn:
+        left = {r["run_key"] for r in await conn.fetch("SELECT run_key FROM dispatcher.runs")}
+    assert left == {"old-with-unit", "young-bare"}

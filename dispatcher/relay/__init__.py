@@ -1,0 +1,1 @@
+"""Moving ready jobs from the outbox to the workers (the transport)."""

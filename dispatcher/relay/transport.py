@@ -1,0 +1,45 @@
+"""The transport between the outbox and the worker pool.
+
+A transport hands a queue's worker at most `limit` ready jobs, each already leased to this
+process: the worker reserved that many in-flight slots and start tokens first, so nothing is ever
+held in memory with a lease it cannot use. `consumed` counts the outbox rows taken; rows whose
+job was no longer ready (a re-published message) are duplicate deliveries, dropped unrun.
+
+The in-process transport fuses relay and claim: one statement deletes the outbox rows and leases
+their jobs, so "published" and "claimed" commit together. A crash at any instant leaves either
+the outbox row (claimed later) or a lease that expires and is rescued back to `ready` with a new
+outbox row. A broker transport (RabbitMQ) would split this into a relay that publishes and marks
+rows, and a consumer that claims by job id and acknowledges after the completion commits.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+from dispatcher.db.jobs import JobRepository
+from dispatcher.model import Job
+
+
+class Delivery(NamedTuple):
+    jobs: list[Job]
+    consumed: int  # outbox rows taken; more than len(jobs) means duplicate deliveries
+
+
+class Transport(Protocol):
+    async def receive(self, queue: str, limit: int) -> Delivery: ...
+
+
+class InProcessTransport:
+    """Relay and claim in one statement, fair across tenants (see `claim_ready`)."""
+
+    def __init__(self, repo: JobRepository, *, owner: str, capabilities: list[str], lease_s: float):
+        self._repo = repo
+        self._owner = owner
+        self._capabilities = capabilities
+        self._lease_s = lease_s
+
+    async def receive(self, queue: str, limit: int) -> Delivery:
+        jobs, consumed = await self._repo.claim(
+            queue, limit, self._capabilities, self._owner, self._lease_s
+        )
+        return Delivery(jobs, consumed)
