@@ -1,0 +1,193 @@
+"""W5 scale: does the index design hold with millions of future-dated jobs in the table?
+
+The same measurements run on an empty table and after filling it with N future-dated jobs
+(default 10 million): the due-scan's claim of a batch, bulk intake, due-to-start latency at a
+steady 500 jobs/s, and the daemon's resident memory during a burst of 10,000 due at one instant.
+Each figure is printed with its ratio to the empty table; the goal is within 10 %.
+
+    .venv/bin/python -m tests.bench.bench_scale [--rows 10000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from typing import Any
+
+import asyncpg
+import psutil
+
+from dispatcher.db.queries import query
+from tests.bench.bench_engine import ENGINE_ENV, ENQUEUE_BULK, enqueue_bulk, paced_enqueue
+from tests.bench.common import Bench, Figure, daemon, register_handler, run, wait_for
+
+FILL_BATCH = 50_000
+SCAN_BATCH = 2_000
+
+
+async def fill(conn: asyncpg.Connection, rows: int) -> float:
+    """Insert `rows` jobs due in ten years, in bulk; return jobs/s."""
+    started = time.monotonic()
+    for start in range(0, rows, FILL_BATCH):
+        await conn.fetchval(
+            ENQUEUE_BULK,
+            f"future-{start}-",
+            min(FILL_BATCH, rows - start),
+            None,
+            "noop",
+            None,
+        )
+        if start and start % 1_000_000 == 0:
+            print(f"    {start:,} rows in {time.monotonic() - started:.0f} s", flush=True)
+    await conn.execute(
+        "UPDATE dispatcher.jobs SET due_at = now() + interval '10 years', "
+        "budget_started_at = now() WHERE state = 'ready'"
+    )
+    await conn.execute("DELETE FROM dispatcher.outbox")
+    await conn.execute("VACUUM ANALYZE dispatcher.jobs")
+    await conn.execute("VACUUM ANALYZE dispatcher.outbox")
+    return rows / (time.monotonic() - started)
+
+
+async def scan_claim_ms(conn: asyncpg.Connection, rounds: int = 5) -> float:
+    """Median time of the due-scan statement moving one batch of due jobs to ready."""
+    times = []
+    for r in range(rounds):
+        prefix = f"scan-{r}-{time.monotonic_ns()}-"
+        await enqueue_bulk(
+            conn, prefix, SCAN_BATCH, due=await conn.fetchval("SELECT now() + interval '1 hour'")
+        )
+        await conn.execute(
+            "UPDATE dispatcher.jobs SET due_at = now() - interval '1 second' WHERE key LIKE $1",
+            prefix + "%",
+        )
+        started = time.perf_counter()
+        moved = await conn.execute(query("scan_due"), SCAN_BATCH)
+        times.append((time.perf_counter() - started) * 1000)
+        assert moved.endswith(str(SCAN_BATCH)), moved
+        await conn.execute("DELETE FROM dispatcher.outbox")
+        await conn.execute("DELETE FROM dispatcher.jobs WHERE key LIKE 'scan-%'")
+    return statistics.median(times)
+
+
+async def intake_rate(conn: asyncpg.Connection, calls: int = 5) -> float:
+    started = time.monotonic()
+    for i in range(calls):
+        await enqueue_bulk(
+            conn,
+            f"intake-{i}-{time.monotonic_ns()}",
+            10_000,
+            due=await conn.fetchval("SELECT now() + interval '5 years'"),
+        )
+    rate = calls * 10_000 / (time.monotonic() - started)
+    await conn.execute("DELETE FROM dispatcher.jobs WHERE key LIKE 'intake-%'")
+    return rate
+
+
+async def latency_and_memory(dsn: str, conn: asyncpg.Connection) -> dict[str, float]:
+    async with daemon(dsn, ENGINE_ENV) as d:
+        assert d.proc is not None
+        pool = await asyncpg.create_pool(dsn, min_size=8, max_size=8)
+        assert pool is not None
+        try:
+            await paced_enqueue(pool, 5_000, 500)
+            await wait_for(lambda: _none_left(conn, "lat-%"), 60, what="paced jobs")
+            q = await conn.fetchval("""
+                SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY d)
+                  FROM (SELECT extract(epoch FROM started_at - due_at)::float8 d
+                          FROM dispatcher.jobs WHERE key LIKE 'lat-%') x""")
+            due = await conn.fetchval("SELECT now() + interval '3 seconds'")
+            await enqueue_bulk(conn, "burst-", 10_000, due=due)
+            process = psutil.Process(d.proc.pid)
+            peak = process.memory_info().rss
+            deadline = time.monotonic() + 60
+            while not await _none_left(conn, "burst-%") and time.monotonic() < deadline:
+                peak = max(peak, process.memory_info().rss)
+                await asyncio.sleep(0.02)
+            last = await conn.fetchval(
+                "SELECT extract(epoch FROM max(started_at) - $1)::float8 FROM dispatcher.jobs "
+                "WHERE key LIKE 'burst-%'",
+                due,
+            )
+        finally:
+            await pool.close()
+    await conn.execute("DELETE FROM dispatcher.jobs WHERE key LIKE 'lat-%' OR key LIKE 'burst-%'")
+    return {
+        "p50_ms": q[0] * 1000,
+        "p99_ms": q[1] * 1000,
+        "rss_mb": peak / 2**20,
+        "burst_last_start_ms": last * 1000,
+    }
+
+
+async def _none_left(conn: asyncpg.Connection, pattern: str) -> bool:
+    return bool(
+        await conn.fetchval(
+            "SELECT NOT EXISTS (SELECT 1 FROM dispatcher.jobs WHERE key LIKE $1 "
+            "AND state NOT IN ('succeeded', 'dead', 'cancelled'))",
+            pattern,
+        )
+    )
+
+
+async def measure(dsn: str, conn: asyncpg.Connection) -> dict[str, Any]:
+    return {
+        "scan_ms": await scan_claim_ms(conn),
+        "intake": await intake_rate(conn),
+        **await latency_and_memory(dsn, conn),
+    }
+
+
+async def main(args: argparse.Namespace) -> None:
+    bench = await Bench("bench_scale").open()
+    async with bench.server.database() as dsn:
+        await register_handler(dsn, "noop")
+        conn = await asyncpg.connect(dsn)
+        try:
+            empty = await measure(dsn, conn)
+            print(f"  empty table: {empty}", flush=True)
+            fill_rate = await fill(conn, args.rows)
+            size = await conn.fetchval(
+                "SELECT pg_size_pretty(pg_total_relation_size('dispatcher.jobs'))"
+            )
+            print(f"  filled {args.rows:,} rows at {fill_rate:,.0f}/s ({size})", flush=True)
+            full = await measure(dsn, conn)
+            print(f"  {args.rows:,} rows: {full}", flush=True)
+        finally:
+            await conn.close()
+    rows = f"{args.rows:,} future jobs"
+    for key, label, unit in (
+        ("scan_ms", "due-scan claim of 2,000", "ms"),
+        ("intake", "bulk intake, 10,000 per call", "jobs/s"),
+        ("p50_ms", "due-to-start p50 at 500/s", "ms"),
+        ("p99_ms", "due-to-start p99 at 500/s", "ms"),
+        ("burst_last_start_ms", "10,000 burst: last start after T", "ms"),
+    ):
+        ratio = full[key] / empty[key] if empty[key] else float("nan")
+        bench.add(
+            Figure(
+                f"{label}, {rows}",
+                full[key],
+                unit,
+                note=f"empty table {empty[key]:.2f}; ratio {ratio:.2f}",
+            )
+        )
+    bench.add(
+        Figure(
+            f"daemon RSS peak during the 10,000 burst, {rows}",
+            full["rss_mb"],
+            "MB",
+            at_most=250,
+            note=f"empty table {empty['rss_mb']:.0f} MB",
+        )
+    )
+    bench.details.update({"empty": empty, "full": full, "rows": args.rows, "fill_rate": fill_rate})
+    bench.finish("scale (W5)")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    run(lambda: main(parser.parse_args()))
