@@ -36,8 +36,7 @@ JOB = {"$ref": "#/components/schemas/Job"}
 ACCEPTED = {"$ref": "#/components/schemas/Accepted"}
 
 
-@cache
-def openapi_document() -> dict[str, Any]:
+def _describe_api() -> dict[str, Any]:
     job_request = JobRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     batch_item = BatchItem.model_json_schema(ref_template="#/components/schemas/{model}")
     nullable_str = {"type": ["string", "null"]}
@@ -278,3 +277,23 @@ def openapi_document() -> dict[str, Any]:
             },
         },
     }
+
+
+# Any request can be malformed at the HTTP level (a bad header, a broken length); the server
+# answers 400 before routing, in plain text when it never reached the application.
+MALFORMED = {
+    "description": "malformed request",
+    "content": {
+        "application/problem+json": {"schema": PROBLEM},
+        "text/plain": {"schema": {"type": "string"}},
+    },
+}
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    document = _describe_api()
+    for operations in document["paths"].values():
+        for operation in operations.values():
+            operation["responses"].setdefault("400", MALFORMED)
+    return document
