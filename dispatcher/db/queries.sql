@@ -249,11 +249,20 @@ SELECT 1 FROM dispatcher.jobs
    FOR UPDATE;
 
 -- name: count_overdue
--- Jobs due more than $1 seconds ago that are still not terminal, per queue.
-SELECT queue, count(*)::bigint AS n FROM dispatcher.jobs
- WHERE state IN ('scheduled', 'ready', 'running')
-   AND due_at < now() - make_interval(secs => $1)
- GROUP BY queue;
+-- Jobs due more than $1 seconds ago that are still not terminal, per queue. Each branch walks
+-- only its own small index (never the whole table, which may hold millions of future jobs).
+SELECT queue, count(*)::bigint AS n FROM (
+    SELECT queue FROM dispatcher.jobs
+     WHERE state = 'scheduled' AND due_at < now() - make_interval(secs => $1)
+    UNION ALL
+    SELECT j.queue FROM dispatcher.outbox o JOIN dispatcher.jobs j ON j.id = o.job_id
+     WHERE j.state = 'ready' AND j.due_at < now() - make_interval(secs => $1)
+    UNION ALL
+    SELECT queue FROM dispatcher.jobs
+     WHERE state = 'running' AND lease_expires_at IS NOT NULL
+       AND due_at < now() - make_interval(secs => $1)
+) overdue
+GROUP BY queue;
 
 -- name: prune_terminal
 -- Delete up to $3 jobs in terminal state $1 finished more than $2 seconds ago.
