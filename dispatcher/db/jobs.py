@@ -136,6 +136,13 @@ class JobRepository:
         row = await self.pool.fetchrow(query("cancel_job"), job_id)
         return dict(row) if row else None
 
+    async def estimated_jobs(self) -> float:
+        return await self.pool.fetchval(query("estimated_jobs")) or 0.0
+
+    async def estimate_by_state(self, total: float) -> list[tuple[str, str, int]]:
+        rows = await self.pool.fetch(query("estimate_by_state"), total)
+        return [(r["queue"], r["state"], r["n"]) for r in rows]
+
     async def counts_by_state(self) -> list[tuple[str, str, int]]:
         rows = await self.pool.fetch(query("count_by_state"))
         return [(r["queue"], r["state"], r["n"]) for r in rows]

@@ -274,3 +274,21 @@ WITH doomed AS (
        FOR UPDATE SKIP LOCKED
 )
 DELETE FROM dispatcher.jobs j USING doomed WHERE j.id = doomed.id;
+
+-- name: estimated_jobs
+-- The planner's row estimate of the jobs table (pg_class.reltuples; -1 before any ANALYZE).
+SELECT reltuples::float8 FROM pg_class WHERE oid = 'dispatcher.jobs'::regclass;
+
+-- name: estimate_by_state
+-- Jobs per queue and state estimated from planner statistics ($1 = the table's row estimate),
+-- for tables too large to count on a timer: frequency of the state times frequency of the queue.
+WITH states AS (
+    SELECT v AS state, f AS freq
+      FROM pg_stats s, unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS u(v, f)
+     WHERE s.schemaname = 'dispatcher' AND s.tablename = 'jobs' AND s.attname = 'state'
+), queues AS (
+    SELECT v AS queue, f AS freq
+      FROM pg_stats s, unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS u(v, f)
+     WHERE s.schemaname = 'dispatcher' AND s.tablename = 'jobs' AND s.attname = 'queue'
+)
+SELECT q.queue, s.state, round($1 * s.freq * q.freq)::bigint AS n FROM states s, queues q;

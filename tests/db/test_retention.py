@@ -73,3 +73,16 @@ async def test_run_receipts_go_only_after_their_units(pool: asyncpg.Pool) -> Non
     async with pool.acquire() as conn:
         left = {r["run_key"] for r in await conn.fetch("SELECT run_key FROM dispatcher.runs")}
     assert left == {"old-with-unit", "young-bare"}
+
+
+async def test_state_estimates_for_huge_tables_follow_planner_statistics(
+    pool: asyncpg.Pool,
+) -> None:
+    async with pool.acquire() as conn:
+        await seed(conn, "succeeded", 300, 1, "done-")
+        await seed(conn, "scheduled", 100, None, "later-")
+        await conn.execute("ANALYZE dispatcher.jobs")
+    repo = JobRepository(pool)
+    assert await repo.estimated_jobs() == 400
+    estimate = {(q, s): n for q, s, n in await repo.estimate_by_state(4_000_000)}
+    assert estimate == {("default", "succeeded"): 3_000_000, ("default", "scheduled"): 1_000_000}
