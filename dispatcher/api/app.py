@@ -338,12 +338,15 @@ async def list_jobs(request: web.Request) -> web.Response:
     limit_raw = q.get("limit", "100")
     if not is_ascii_number(limit_raw, max_digits=4) or not 1 <= int(limit_raw) <= 1000:
         raise Problem(422, "limit: an integer from 1 to 1000")
+    queue = q.get("queue") or None
+    if queue is not None and not valid_key(queue):  # printable ASCII: no NUL reaches the database
+        raise Problem(422, "queue: a queue name from the configuration")
     cursor = q.get("cursor") or None
     if cursor is not None and not is_ascii_number(cursor, max_digits=18):
         raise Problem(422, "cursor: pass the next_cursor of the previous page")
     rows = await request.app[REPO].list(
         state=state,
-        queue=q.get("queue") or None,
+        queue=queue,
         before_id=int(cursor) if cursor else None,
         limit=int(limit_raw),
     )
