@@ -8,6 +8,7 @@ same SQL function applications call, so both doors share one set of idempotency 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from dispatcher.config import Settings
 from dispatcher.db.jobs import JobRepository
 from dispatcher.model import EnqueueResult, NewJob
 
+TARGET_CACHE_SIZE = 4096
 TargetValidator = Callable[[dict[str, Any]], dict[str, Any]]
 
 
@@ -45,7 +47,19 @@ class Intake:
         self._on_accepted = on_accepted
         self._handlers = {"http", *settings.handlers}
         self._writer = GroupWriter(repo)
+        self._targets: dict[str, dict[str, Any]] = {}
         self._m_accepted = {q: metrics.JOBS_ACCEPTED.labels(q, "api") for q in settings.queues}
+
+    def _normalized_target(self, target: dict[str, Any]) -> dict[str, Any]:
+        """Validate a target, remembering valid ones: a batch usually repeats one target."""
+        key = json.dumps(target, sort_keys=True)
+        normalized = self._targets.get(key)
+        if normalized is None:
+            normalized = self._validate_target(target)
+            if len(self._targets) >= TARGET_CACHE_SIZE:
+                self._targets.clear()
+            self._targets[key] = normalized
+        return normalized
 
     def notify_accepted(self) -> None:
         """Tell the workers that jobs became ready outside `accept` (e.g. an operator retry)."""
@@ -67,7 +81,7 @@ class Intake:
                     422, 'target: required for handler "http", e.g. {"url": "https://..."}'
                 )
             try:
-                target = self._validate_target(target)
+                target = self._normalized_target(target)
             except ValueError as exc:
                 return Rejected(422, str(exc))
         elif target is not None:
