@@ -172,7 +172,14 @@ class Daemon:
             await completer.start()
             stack.push_async_callback(completer.stop)
 
-            scanner_wake: list[DueScanner] = []
+            def wake(reason: str = "") -> None:
+                """Wake whom a change concerns: workers for ready work, the scan for due times.
+                (Refers to `workers` and `scanner`, built below, when called.)"""
+                if reason != "scheduled":
+                    workers.wake()
+                if reason != "ready":
+                    scanner.wake()
+
             timeouts = {n: h.timeout_s for n, h in s.handlers.items()}
             transport = InProcessTransport(
                 repo, owner=self.owner, capabilities=capabilities(s), lease_s=s.lease_s
@@ -191,7 +198,7 @@ class Daemon:
                             completer,
                             self.owner,
                             timeouts,
-                            on_rescheduled=lambda: scanner_wake[0].wake(),
+                            on_rescheduled=lambda: wake("scheduled"),
                         ),
                         idle_poll_s=s.scan_interval_s,
                     )
@@ -207,16 +214,8 @@ class Daemon:
             scanner = DueScanner(
                 repo, batch=s.scan_batch, interval_s=s.scan_interval_s, on_ready=workers.wake
             )
-            scanner_wake.append(scanner)
             await scanner.start()
             stack.push_async_callback(scanner.stop)
-
-            def wake(reason: str = "") -> None:
-                """Wake whom a change concerns: workers for ready work, the scan for due times."""
-                if reason != "scheduled":
-                    workers.wake()
-                if reason != "ready":
-                    scanner.wake()
 
             listener = WakeListener(dsn, wake)
             await listener.start()

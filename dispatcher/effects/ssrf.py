@@ -113,9 +113,6 @@ class TargetPolicy:
     def from_settings(cls, settings: Settings) -> TargetPolicy:
         return cls(tuple(settings.target_allow_cidrs), settings.target_allow_http)
 
-    def is_allowed(self, address: IPAddress) -> bool:
-        return self._allow_listed(address) or refusal_reason(address) is None
-
     def check_address(self, address: str | IPAddress, *, host: str | None = None) -> None:
         """Raise TargetRefused unless connecting to `address` is allowed."""
         via = f" ({host} resolves to it)" if host is not None and host != str(address) else ""

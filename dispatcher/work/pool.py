@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from dispatcher import metrics
@@ -189,7 +188,6 @@ class WorkerPool:
         self._owner = owner
         self._lease_s = lease_s
         self._heartbeat_task: asyncio.Task[None] | None = None
-        self._on_stop: list[Callable[[], None]] = []
 
     async def start(self) -> None:
         for worker in self.workers.values():

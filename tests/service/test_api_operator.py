@@ -156,6 +156,8 @@ async def test_the_cursor_keeps_the_filter(api: Api) -> None:
         ("limit=1001", "limit: an integer from 1 to 1000"),
         ("limit=ten", "limit: an integer from 1 to 1000"),
         ("cursor=abc", "cursor: pass the next_cursor of the previous page"),
+        ("cursor=%C2%B2", "cursor: pass the next_cursor of the previous page"),
+        ("queue=%00", "queue: a queue name from the configuration"),
     ],
 )
 async def test_bad_list_parameters_are_422(api: Api, query: str, detail: str) -> None:

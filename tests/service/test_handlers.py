@@ -20,7 +20,7 @@ async def counting(job: Any, ctx: Any) -> dict[str, Any]:
     CALLS.setdefault(job.key, []).append(job.attempt)
     await ctx.connection.execute("INSERT INTO app_effects (job_key) VALUES ($1)", job.key)
     if job.payload.get("fail_times", 0) >= job.attempt:
-        raise RetryLater("not yet", delay_s=0.05)
+        ctx.retry_later("not yet", 0.05)
     if job.payload.get("reject"):
         ctx.reject("payload says no")
     return {"attempt": job.attempt}
