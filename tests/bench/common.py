@@ -240,27 +240,31 @@ class Server:
         return version, settings
 
     @contextlib.asynccontextmanager
-    async def database(self, migrate: bool = True) -> AsyncIterator[str]:
-        """A fresh database (migrated with `dispatcher migrate`), dropped on exit."""
+    async def database(self, migrate: bool = True, keep: str = "") -> AsyncIterator[str]:
+        """A fresh database (migrated with `dispatcher migrate`), dropped on exit; with `keep`,
+        the database of that name, created (and migrated) only if missing and never dropped."""
         self._counter += 1
-        name = f"bench_{os.getpid()}_{self._counter}"
+        name = keep or f"bench_{os.getpid()}_{self._counter}"
         admin = await asyncpg.connect(self.url)
         try:
-            await admin.execute(f"CREATE DATABASE {name}")
+            exists = await admin.fetchval("SELECT true FROM pg_database WHERE datname = $1", name)
+            if not (keep and exists):
+                await admin.execute(f"CREATE DATABASE {name}")
         finally:
             await admin.close()
         dsn = self.database_url(name)
         try:
-            if migrate:
+            if migrate and not (keep and exists):
                 run_migrate(dsn)
                 await apply_sql_patches(dsn)
             yield dsn
         finally:
-            admin = await asyncpg.connect(self.url)
-            try:
-                await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-            finally:
-                await admin.close()
+            if not keep:
+                admin = await asyncpg.connect(self.url)
+                try:
+                    await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+                finally:
+                    await admin.close()
 
 
 # Candidate fixes to the SQL door, applied to the throw-away database only (BENCH_PATCHES).
