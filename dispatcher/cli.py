@@ -207,6 +207,7 @@ def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     from dispatcher.db.jobs import JobRepository
+    from dispatcher.db.vacuum import vacuum_problems
     from dispatcher.model import STATES
 
     async def run() -> int:
@@ -215,6 +216,8 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
             counts = await repo.counts_by_state()
             ages = await repo.oldest_ready_age()
             overdue = await repo.count_overdue(settings.overdue_after_s)
+            async with pool.acquire() as conn:
+                warnings = await vacuum_problems(conn)
         queues: dict[str, dict[str, Any]] = {}
         for queue in sorted({q for q, _, _ in counts} | set(settings.queues)):
             queues[queue] = {state: 0 for state in STATES}
@@ -223,13 +226,15 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
         for queue, state, n in counts:
             queues[queue][state] = n
         if args.json:
-            print(json.dumps({"queues": queues}, indent=2))
+            print(json.dumps({"queues": queues, "warnings": warnings}, indent=2))
             return 0
         header = f"{'QUEUE':<16}" + "".join(f"{s.upper():>11}" for s in STATES)
         print(header + f"{'OLDEST READY':>14}{'OVERDUE':>9}")
         for queue, row in queues.items():
             cells = "".join(f"{row[s]:>11}" for s in STATES)
             print(f"{queue:<16}{cells}{row['oldest_ready_age_s']:>13.1f}s{row['overdue']:>9}")
+        for warning in warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         return 0
 
     return asyncio.run(run())

@@ -30,6 +30,7 @@ from dispatcher.db.embedded import EmbeddedPostgres
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.notifications import WakeListener
 from dispatcher.db.pool import connect, create_pool, wait_for_database
+from dispatcher.db.vacuum import vacuum_problems
 from dispatcher.effects.base import Effect
 from dispatcher.effects.http import HttpEffect
 from dispatcher.effects.python import PythonEffect
@@ -73,6 +74,8 @@ async def prepare_schema(dsn: str, settings: Settings) -> None:
             await migrations.migrate(conn)
         else:
             await migrations.check_current(conn)
+        for problem in await vacuum_problems(conn):
+            log.warning(problem)
     finally:
         await conn.close()
 

@@ -216,3 +216,88 @@ async def test_migrate_on_the_current_test_database_twice(tmp_path: Path, db_url
         assert result.stdout.strip() == "schema is current"
     assert await migration_rows(db_url) == before
     assert not (tmp_path / "var").exists()  # the external database was used
+
+
+async def seed_jobs(db_url: str) -> dict[str, int]:
+    """Three jobs through the SQL door: one waiting, one ready, one dead."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        target = json.dumps({"url": "https://hooks.example.com/x"})
+        ids = {}
+        for key, due in (("wait", 3600), ("now", 0), ("gone", 3600)):
+            ids[key] = await conn.fetchval(
+                "SELECT dispatcher.enqueue($1, 'http', target => $2::jsonb, "
+                "due_at => now() + make_interval(secs => $3))",
+                key,
+                target,
+                due,
+            )
+        await conn.execute(
+            "UPDATE dispatcher.jobs SET state = 'dead', dead_reason = 'attempts_exhausted', "
+            "finished_at = now() WHERE id = $1",
+            ids["gone"],
+        )
+        return ids
+    finally:
+        await conn.close()
+
+
+async def test_status_counts_jobs_per_state_and_says_when_nothing_vacuums(
+    tmp_path: Path, db_url: str
+) -> None:
+    await seed_jobs(db_url)
+    env = {"DISPATCHER_DATABASE_URL": db_url}
+    result = await cli("status", "--json", cwd=tmp_path, env=env)
+    assert result.code == 0, result.stderr
+    report = json.loads(result.stdout)
+    default = report["queues"]["default"]
+    assert {s: default[s] for s in ("scheduled", "ready", "running", "dead")} == {
+        "scheduled": 1,
+        "ready": 1,
+        "running": 0,
+        "dead": 1,
+    }
+
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.execute("ALTER TABLE dispatcher.jobs SET (autovacuum_enabled = false)")
+    finally:
+        await conn.close()
+    text = await cli("status", cwd=tmp_path, env=env)
+    assert text.code == 0, text.stderr
+    assert text.stdout.splitlines()[1].split()[:5] == ["default", "1", "1", "0", "0"]
+    assert (
+        "warning: autovacuum is disabled for dispatcher.jobs: "
+        "ALTER TABLE dispatcher.jobs RESET (autovacuum_enabled)"
+    ) in text.stderr.splitlines()
+    as_json = await cli("status", "--json", cwd=tmp_path, env=env)
+    assert any("dispatcher.jobs RESET" in w for w in json.loads(as_json.stdout)["warnings"])
+
+
+async def test_jobs_commands_list_show_retry_and_cancel(tmp_path: Path, db_url: str) -> None:
+    ids = await seed_jobs(db_url)
+    env = {"DISPATCHER_DATABASE_URL": db_url}
+
+    dead = await cli("jobs", "list", "--state", "dead", "--json", cwd=tmp_path, env=env)
+    assert dead.code == 0, dead.stderr
+    assert [j["key"] for j in json.loads(dead.stdout)] == ["gone"]
+
+    shown = await cli("jobs", "show", str(ids["gone"]), "--json", cwd=tmp_path, env=env)
+    assert (json.loads(shown.stdout)["state"], json.loads(shown.stdout)["dead_reason"]) == (
+        "dead",
+        "attempts_exhausted",
+    )
+
+    retried = await cli("jobs", "retry", str(ids["gone"]), "--json", cwd=tmp_path, env=env)
+    assert retried.code == 0, retried.stderr
+    assert json.loads(retried.stdout)["state"] == "ready"
+
+    cancelled = await cli("jobs", "cancel", str(ids["wait"]), cwd=tmp_path, env=env)
+    assert cancelled.code == 0, cancelled.stderr
+    again = await cli("jobs", "cancel", str(ids["wait"]), cwd=tmp_path, env=env)
+    assert again.code == 1
+    assert again.stderr.splitlines()[-1] == (
+        f"dispatcher: job {ids['wait']} is cancelled; cannot cancel"
+    )
+    missing = await cli("jobs", "show", "999999", cwd=tmp_path, env=env)
+    assert (missing.code, missing.stderr.splitlines()[-1]) == (1, "dispatcher: no job 999999")
