@@ -3,7 +3,8 @@
 -- All churn in `jobs` happens in a thin slice (what is due now), while millions of future jobs
 -- may sit still. The default trigger (20 % of the table dead) lets 2 million dead rows pile up
 -- in a 10-million-row table before a vacuum, and they sit exactly where the due-scan and the
--- claims walk: measured with 435,000 dead rows (4 %), a 10,000-job burst started 37 % later.
+-- claims walk. Measured on a 10-million-row table: a 10,000-job burst started its last job after
+-- 549 ms with 435,000 dead rows (4 %) in it, 376 ms after a VACUUM.
 -- At 1 % a vacuum is cheap: the dead rows are on few pages, so PostgreSQL skips the index pass.
 ALTER TABLE dispatcher.jobs SET (
     autovacuum_vacuum_scale_factor = 0.01,
