@@ -28,6 +28,24 @@ Without DISPATCHER_DATABASE_URL the daemon runs its own PostgreSQL in DISPATCHER
 (default ./var). Every setting comes from --config FILE (TOML) and DISPATCHER_* variables."""
 
 
+JOB_ID_MAX = 2**63 - 1  # bigint
+
+
+def bounded_int(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer from `low` to `high`, else a usage error that says so."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer from {low} to {high}")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dispatcher",
@@ -80,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--state", choices=["scheduled", "ready", "running", "succeeded", "dead", "cancelled"]
     )
     listing.add_argument("--queue")
-    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument(
+        "--limit", type=bounded_int(1, 1000), default=50, help="1 to 1000 (default 50)"
+    )
     listing.add_argument("--json", action="store_true", help="one JSON document for scripts")
     for action, help_text in (
         ("show", "show one job"),
@@ -88,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("cancel", "cancel a waiting job (a running one is not retried)"),
     ):
         p = jobs_sub.add_parser(action, help=help_text)
-        p.add_argument("id", type=int)
+        p.add_argument("id", type=bounded_int(1, JOB_ID_MAX), help="job id")
         p.add_argument("--json", action="store_true")
     return parser
 

@@ -23,6 +23,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -160,6 +161,14 @@ class Settings(_Strict):
     # A job due longer ago than this and not terminal counts as overdue (the correctness SLI).
     overdue_after_s: float = Field(300.0, gt=0)
     schedules: list[ScheduleSettings] = []
+
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _any_case(cls, value: object, info: ValidationInfo) -> object:
+        """`warning` and `WARNING`, `JSON` and `json` mean the same to anyone typing them."""
+        if not isinstance(value, str):
+            return value
+        return value.upper() if info.field_name == "log_level" else value.lower()
 
     @field_validator("listen", "metrics_listen")
     @classmethod

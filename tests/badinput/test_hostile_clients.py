@@ -212,12 +212,11 @@ async def test_slow_loris_connections_do_not_starve_normal_clients(
     """200 connections each trickle a request one byte at a time; a normal client is served
     at once throughout.
 
-    What this does not show, because it is not there: aiohttp (3.14) has no read timeout for
-    request headers or bodies. A connection that never completes its headers is closed only by
-    `keepalive_timeout`, counted from the connect (3630 s unless the AppRunner sets it; the
-    daemon does not), and one that trickles its body is never closed. The connections here
-    are still open when the test ends; asyncio keeps serving others, so the cost is sockets and
-    file descriptors, not latency."""
+    Trickled bodies get a 408 after `body_read_timeout_s` (tested elsewhere in this module).
+    aiohttp has no separate timeout for request headers: a connection that never completes
+    them is closed by the keep-alive timeout, which the daemon sets to 75 s from the connect.
+    The connections here are still open when the test ends; asyncio keeps serving others, so
+    the cost is sockets and file descriptors, not latency."""
     request = b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"{" * 1000
     connections = [await asyncio.open_connection("127.0.0.1", live_daemon.port) for _ in range(200)]
     latencies: list[float] = []

@@ -301,3 +301,21 @@ async def test_jobs_commands_list_show_retry_and_cancel(tmp_path: Path, db_url: 
     )
     missing = await cli("jobs", "show", "999999", cwd=tmp_path, env=env)
     assert (missing.code, missing.stderr.splitlines()[-1]) == (1, "dispatcher: no job 999999")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["list", "--limit", "-5"], "argument --limit: '-5': expected an integer from 1 to 1000"),
+        (["list", "--limit", "1001"], "argument --limit: '1001': expected an integer from 1 to"),
+        (["show", "99999999999999999999"], "argument id: '99999999999999999999': expected an"),
+        (["retry", "abc"], "argument id: 'abc': expected an integer from 1 to"),
+    ],
+)
+async def test_bad_job_arguments_are_usage_errors(
+    tmp_path: Path, db_url: str, args: list[str], message: str
+) -> None:
+    result = await cli("jobs", *args, cwd=tmp_path, env={"DISPATCHER_DATABASE_URL": db_url})
+    assert result.code == 2
+    assert message in result.stderr.splitlines()[-1]
+    assert "Traceback" not in result.stderr

@@ -125,6 +125,14 @@ def test_every_public_environment_variable_applies(env: str, value: str, read: A
     assert read(load_settings(None, {env: value})) == value
 
 
+@pytest.mark.parametrize(
+    ("level", "fmt"), [("warning", "JSON"), ("Warning", "Json"), ("WARNING", "json")]
+)
+def test_log_level_and_format_in_any_case(level: str, fmt: str) -> None:
+    s = load_settings(None, {"DISPATCHER_LOG_LEVEL": level, "DISPATCHER_LOG_FORMAT": fmt})
+    assert (s.log_level, s.log_format) == ("WARNING", "json")
+
+
 def test_unrelated_environment_is_ignored() -> None:
     s = load_settings(None, {"PATH": "/usr/bin", "DISPATCHERX": "1", "HOME": "/root"})
     assert s == Settings()
