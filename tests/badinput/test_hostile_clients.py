@@ -212,7 +212,7 @@ async def test_slow_loris_connections_do_not_starve_normal_clients(
     """200 connections each trickle a request one byte at a time; a normal client is served
     at once throughout.
 
-    Trickled bodies get a 408 after `body_read_timeout_s` (tested elsewhere in this module).
+    Trickled bodies get a 408 after `body_read_timeout_s` (test_slow_body.py).
     aiohttp has no separate timeout for request headers: a connection that never completes
     them is closed by the keep-alive timeout, which the daemon sets to 75 s from the connect.
     The connections here are still open when the test ends; asyncio keeps serving others, so
