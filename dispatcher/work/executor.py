@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from dispatcher import metrics
 from dispatcher.config import QueueSettings
@@ -21,6 +21,12 @@ from dispatcher.work.retry import backoff_s
 log = logging.getLogger("dispatcher.job")
 
 ERROR_TEXT_LIMIT = 2000
+
+
+class Attempt(Protocol):
+    timed_out: bool
+
+    def effect_ended(self) -> None: ...
 
 
 class Executor:
@@ -49,9 +55,15 @@ class Executor:
         self._m_duration = metrics.EFFECT_DURATION.labels(queue)
         self._m_lease_lost = metrics.LEASES_LOST.labels(queue)
 
-    async def execute(self, job: Job, effect_done: Callable[[], None]) -> None:
-        """Run one attempt. `effect_done` is called once the effect has ended (its in-flight
-        slot is free), before the outcome is recorded; the job stays leased until then."""
+    def timeout_s(self, handler: str) -> float | None:
+        """How long one attempt of `handler` may run (None: unknown handler, no limit)."""
+        return self._timeouts.get(handler)
+
+    async def execute(self, job: Job, attempt: Attempt) -> None:
+        """Run one attempt. `attempt.effect_ended()` is called once the effect has ended (its
+        in-flight slot is free), before the outcome is recorded; the job stays leased until
+        then. The pool cancels the task with `attempt.timed_out` set when the handler's
+        timeout passes."""
         fault_point("after_claim")
         effect = self._effects.get(job.handler)
         started = time.perf_counter()
@@ -61,10 +73,15 @@ class Executor:
                     raise Reject(
                         f"no handler {job.handler!r} is configured", code="unknown_handler"
                     )
-                async with asyncio.timeout(self._timeouts.get(job.handler)):
-                    result = await effect.run(job, self._complete_in)
+                result = await effect.run(job, self._complete_in)
+            except asyncio.CancelledError:
+                # a timeout, unless a drain cancelled the attempt as well
+                task = asyncio.current_task()
+                if attempt.timed_out and task is not None and task.uncancel() == 0:
+                    raise TimeoutError from None
+                raise
             finally:
-                effect_done()
+                attempt.effect_ended()
             fault_point("after_effect")
             recorded = True
             if not effect.completes_in_transaction:

@@ -17,6 +17,7 @@ from dispatcher.config import QueueSettings
 from dispatcher.db.jobs import JobRepository
 from dispatcher.model import Job
 from dispatcher.relay.transport import Transport
+from dispatcher.work.deadlines import Member, SharedDeadline
 from dispatcher.work.executor import Executor
 from dispatcher.work.limiter import InflightLimit, TokenBucket
 
@@ -95,8 +96,14 @@ class QueueWorker:
             self._return_unused(slots, tokens, len(jobs))
             if taken > len(jobs):
                 self._m_duplicates.inc(taken - len(jobs))
+            deadlines: dict[str, SharedDeadline | None] = {}
             for job in jobs:
-                self._start(job)
+                if job.handler not in deadlines:
+                    timeout_s = self._executor.timeout_s(job.handler)
+                    deadlines[job.handler] = (
+                        SharedDeadline(timeout_s, self._timed_out) if timeout_s else None
+                    )
+                self._start(job, deadlines[job.handler])
             if not jobs and taken == 0:
                 await self._pause(self._idle_poll_s, wake_on_signal=True)
 
@@ -106,17 +113,22 @@ class QueueWorker:
         if tokens > used:
             self.bucket.give_back(tokens - used)
 
-    def _start(self, job: Job) -> None:
+    def _start(self, job: Job, deadline: SharedDeadline | None) -> None:
         self._m_due_to_start.observe(max(0.0, job.due_to_start_s))
         self._m_inflight.inc()
-        slot = _Slot(self.inflight, self._m_inflight)
-        task = asyncio.create_task(self._executor.execute(job, slot.release))
+        attempt = _Attempt(job.id, self.inflight, self._m_inflight, deadline)
+        task = asyncio.create_task(self._executor.execute(job, attempt))
         self.running[job.id] = task
-        task.add_done_callback(lambda _t, job_id=job.id: self._finished(job_id, slot))
+        task.add_done_callback(lambda _t: self._finished(attempt))
 
-    def _finished(self, job_id: int, slot: _Slot) -> None:
-        self.running.pop(job_id, None)
-        slot.release()  # no-op unless the task ended before its effect did (cancelled)
+    def _finished(self, attempt: _Attempt) -> None:
+        self.running.pop(attempt.job_id, None)
+        attempt.effect_ended()  # no-op unless the task ended before its effect did (cancelled)
+
+    def _timed_out(self, attempt: Member) -> None:
+        task = self.running.get(attempt.job_id)
+        if task is not None:
+            task.cancel()
 
     async def _pause(self, seconds: float, *, wake_on_signal: bool) -> None:
         waiters = [self._stopping.wait()]
@@ -161,22 +173,32 @@ class QueueWorker:
         return ids
 
 
-class _Slot:
-    """One job's in-flight slot, released exactly once: when its effect ends. The completion
-    write that follows runs outside the cap (the completer applies its own backpressure)."""
+class _Attempt:
+    """One job's attempt as the pool sees it. Its in-flight slot is released exactly once, when
+    the effect ends (the completion write that follows runs outside the cap; the completer
+    applies its own backpressure), and it leaves its shared deadline at the same moment."""
 
-    __slots__ = ("_gauge", "_limit", "_released")
+    __slots__ = ("_deadline", "_gauge", "_limit", "_released", "job_id", "timed_out")
 
-    def __init__(self, limit: InflightLimit, gauge: Any):
+    def __init__(
+        self, job_id: int, limit: InflightLimit, gauge: Any, deadline: SharedDeadline | None
+    ):
+        self.job_id = job_id
+        self.timed_out = False
         self._limit = limit
         self._gauge = gauge
+        self._deadline = deadline
         self._released = False
+        if deadline is not None:
+            deadline.join(self)
 
-    def release(self) -> None:
+    def effect_ended(self) -> None:
         if not self._released:
             self._released = True
             self._limit.release()
             self._gauge.dec()
+            if self._deadline is not None:
+                self._deadline.leave(self)
 
 
 class WorkerPool:

@@ -164,3 +164,45 @@ async def test_sql_handler_commits_pages_with_progress(db_url: str) -> None:
     assert await conn.fetchval("SELECT count(*) FROM sessions WHERE expires_at < now()") == 0
     assert await conn.fetchval("SELECT count(*) FROM sessions") == 2500 - expired
     await conn.close()
+
+
+async def hangs(job: Any, ctx: Any) -> None:
+    CALLS.setdefault(job.key, []).append(job.attempt)
+    await asyncio.Event().wait()
+
+
+async def returns_at_once(job: Any, ctx: Any) -> None:
+    CALLS.setdefault(job.key, []).append(job.attempt)
+
+
+async def test_a_handler_past_its_timeout_is_cancelled_and_retried_then_dead(db_url: str) -> None:
+    untransactional = {"kind": "python", "transactional": False}
+    settings = make_settings(
+        db_url,
+        handlers={
+            "hang": {**untransactional, "function": f"{__name__}:hangs", "timeout_s": 0.3},
+            "quick": {**untransactional, "function": f"{__name__}:returns_at_once"},
+        },
+        queues={"default": {"backoff_base_s": 0.05, "backoff_cap_s": 0.1}},
+    )
+    async with running_daemon(settings) as d:
+        hung = [
+            await d.post_job(f"hung-{i}", {"handler": "hang", "max_attempts": 2}) for i in (1, 2)
+        ]
+        quick = await d.post_job("quick", {"handler": "quick"})
+
+        async def both_dead() -> bool:
+            states = [await state_of(db_url, job["key"]) for job in hung]
+            return states == ["dead", "dead"]
+
+        await wait_until(both_dead, timeout_s=15, what="both hanging jobs dead")
+        for job in hung:
+            status = await d.get_job(job["id"])
+            assert (status["attempt"], status["dead_reason"]) == (2, "max_attempts")
+            assert status["last_error"] == "attempt timed out"
+            assert CALLS[job["key"]] == [1, 2]
+        assert (await d.get_job(quick["id"]))["state"] == "succeeded"
+        async with d.session.get(f"{d.base_url}/metrics") as r:
+            scrape = await r.text()
+        # every in-flight slot came back
+        assert 'dispatcher_inflight{queue="default"} 0.0' in scrape.splitlines()
