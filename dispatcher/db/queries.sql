@@ -1,5 +1,9 @@
 -- Every statement the dispatcher runs, by name. The first comment line under a name says what
 -- it is for. Time always comes from the database clock (now()), never from the application.
+--
+-- Batch statements reach the jobs they picked with `id = ANY (ARRAY(SELECT ...))`: one index
+-- probe per id, whatever the table holds. Written as a join, the planner may hash a sequential
+-- scan of the whole table instead, which made a claim of 1,000 from 100,000 ready jobs 4x slower.
 
 -- name: enqueue_many
 -- Accept a batch of intents through the same function the SQL door offers.
@@ -17,7 +21,7 @@ WITH due AS (
        FOR UPDATE SKIP LOCKED
 ), moved AS (
     UPDATE dispatcher.jobs j SET state = 'ready'
-      FROM due WHERE j.id = due.id
+     WHERE j.id = ANY (ARRAY(SELECT id FROM due))
     RETURNING j.id, j.queue, j.tenant, j.handler, j.handler_version
 )
 INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
@@ -50,7 +54,7 @@ WITH expired AS (
            finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts
                               THEN now() END,
            lease_owner = NULL, lease_expires_at = NULL
-      FROM expired WHERE j.id = expired.id
+     WHERE j.id = ANY (ARRAY(SELECT id FROM expired))
     RETURNING j.id, j.state, j.queue, j.tenant, j.handler, j.handler_version
 ), outboxed AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
@@ -90,13 +94,13 @@ WITH RECURSIVE tenants AS (
      ORDER BY c.rank, random()
      LIMIT $2
 ), taken AS (
-    DELETE FROM dispatcher.outbox o USING candidates c WHERE o.id = c.id
+    DELETE FROM dispatcher.outbox o WHERE o.id = ANY (ARRAY(SELECT c.id FROM candidates c))
     RETURNING o.job_id
 ), claimed AS (
     UPDATE dispatcher.jobs j
        SET state = 'running', attempt = j.attempt + 1, lease_owner = $4,
            lease_expires_at = now() + make_interval(secs => $5), started_at = now()
-      FROM taken WHERE j.id = taken.job_id AND j.state = 'ready'
+     WHERE j.id = ANY (ARRAY(SELECT job_id FROM taken)) AND j.state = 'ready'
     RETURNING j.id, j.key, j.queue, j.tenant, j.handler, j.handler_version, j.target, j.payload,
               j.attempt, j.max_attempts, j.due_at, j.progress, j.run_key,
               extract(epoch FROM now() - j.due_at)::float8 AS due_to_start_s
