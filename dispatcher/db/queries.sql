@@ -277,7 +277,7 @@ WITH doomed AS (
      LIMIT $3
        FOR UPDATE SKIP LOCKED
 )
-DELETE FROM dispatcher.jobs j USING doomed WHERE j.id = doomed.id;
+DELETE FROM dispatcher.jobs j WHERE j.id = ANY (ARRAY(SELECT id FROM doomed));
 
 -- name: estimated_jobs
 -- The planner's row estimate of the jobs table (pg_class.reltuples; -1 before any ANALYZE).

@@ -46,6 +46,7 @@ async def plan(pool: asyncpg.Pool, statement: str, *args: object) -> str:
         ("claim_ready", ("default", 1000, ["noop:1"], "owner", 60.0)),
         ("scan_due", (2000,)),
         ("rescue_expired_leases", (1000,)),
+        ("prune_terminal", ("succeeded", 86400.0, 1000)),
     ],
 )
 async def test_batch_statements_never_scan_the_whole_jobs_table(
