@@ -15,7 +15,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
-from dispatcher import metrics
+from dispatcher import jsoncodec, metrics
 from dispatcher.api.openapi import openapi_document
 from dispatcher.api.problems import Problem, problem
 from dispatcher.api.schemas import (
@@ -232,7 +232,9 @@ async def post_job(request: web.Request) -> web.Response:
     headers = {"Location": f"/v1/jobs/{result.id}"}
     if result.outcome == "existing":
         headers["Idempotent-Replayed"] = "true"
-    return web.json_response(accepted_view(result), status=202, headers=headers)
+    return web.json_response(
+        accepted_view(result), status=202, headers=headers, dumps=jsoncodec.dumps
+    )
 
 
 async def post_batch(request: web.Request) -> web.Response:
@@ -268,7 +270,7 @@ async def post_batch(request: web.Request) -> web.Response:
     for index, entry in enumerate(parsed):
         outcome = entry if isinstance(entry, Rejected) else next(stored)
         results.append(batch_result(index, outcome))
-    return web.json_response({"results": results})
+    return web.json_response({"results": results}, dumps=jsoncodec.dumps)
 
 
 def batch_result(index: int, outcome: EnqueueResult | Rejected) -> dict[str, Any]:

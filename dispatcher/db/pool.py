@@ -9,6 +9,7 @@ import time
 
 import asyncpg
 
+from dispatcher import jsoncodec
 from dispatcher.config import mask_url
 from dispatcher.errors import DatabaseUnavailable
 
@@ -26,7 +27,11 @@ CONNECT_ERRORS = (
 async def _init_connection(conn: asyncpg.Connection) -> None:
     for name in ("json", "jsonb"):
         await conn.set_type_codec(
-            name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog", format="text"
+            name,
+            encoder=jsoncodec.dumps,
+            decoder=json.loads,
+            schema="pg_catalog",
+            format="text",
         )
 
 

@@ -1,0 +1,43 @@
+"""The fast JSON encoder gives what the standard library would, including where orjson refuses."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dispatcher.jsoncodec import dumps
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()  # unbounded: beyond 64 bits too
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(json_values)
+def test_round_trips_exactly_like_the_standard_library(value: Any) -> None:
+    assert json.loads(dumps(value)) == json.loads(json.dumps(value))
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        ({"n": 2**70}, '{"n": 1180591620717411303424}'),
+        ({1: "a"}, '{"1": "a"}'),
+    ],
+)
+def test_what_orjson_refuses_takes_the_standard_library_path(value: Any, text: str) -> None:
+    assert dumps(value) == text
+
+
+def test_a_float_keeps_every_digit() -> None:
+    assert json.loads(dumps({"x": math.pi}))["x"] == math.pi
