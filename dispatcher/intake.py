@@ -8,14 +8,13 @@ same SQL function applications call, so both doors share one set of idempotency 
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from dispatcher import metrics
+from dispatcher import jsoncodec, metrics
 from dispatcher.api.schemas import JobRequest
 from dispatcher.config import Settings
 from dispatcher.db.jobs import JobRepository
@@ -52,7 +51,7 @@ class Intake:
 
     def _normalized_target(self, target: dict[str, Any]) -> dict[str, Any]:
         """Validate a target, remembering valid ones: a batch usually repeats one target."""
-        key = json.dumps(target, sort_keys=True)
+        key = jsoncodec.dumps(target, sort_keys=True)
         normalized = self._targets.get(key)
         if normalized is None:
             normalized = self._validate_target(target)

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 
 
-def dumps(value: Any) -> str:
+def dumps(value: Any, *, sort_keys: bool = False) -> str:
     try:
-        return orjson.dumps(value).decode()
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort_keys else None).decode()
     except TypeError:  # orjson.JSONEncodeError
-        return json.dumps(value)
+        return json.dumps(value, sort_keys=sort_keys)

@@ -8,8 +8,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-KEY_PATTERN = re.compile(r"^[ -~]{1,255}$")
-RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
+# `\Z`, not `$` (which also matches before a final newline); [0-9], not `\d` (any script's digits)
+RFC3339 = re.compile(
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2})\Z"
+)
 MAX_BATCH = 1000
 
 
@@ -58,7 +61,8 @@ class BatchRequest(BaseModel):
 
 
 def valid_key(key: str | None) -> bool:
-    return key is not None and bool(KEY_PATTERN.match(key))
+    """1 to 255 printable ASCII characters (space to tilde), like the database's own check."""
+    return key is not None and 0 < len(key) <= 255 and key.isascii() and key.isprintable()
 
 
 def describe(exc: ValidationError) -> list[dict[str, str]]:

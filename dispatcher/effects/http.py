@@ -42,8 +42,8 @@ MAX_HEADER_VALUE_CHARS = 8192
 MAX_URL_CHARS = 4096
 MAX_RETRY_AFTER_S = 86_400.0
 MAX_LOCATION_CHARS = 512
-_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-_SIGNED_INTEGER = re.compile(r"^-?[0-9]+$")
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+_SIGNED_INTEGER = re.compile(r"^-?[0-9]+\Z")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 Response = tuple[int, CIMultiDictProxy[str], str]

@@ -38,7 +38,7 @@ _MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 # The longest gap between two fire times of a valid expression (Feb 29 on a given weekday is
 # rarer, but with the crontab OR rule a restricted weekday always matches within a week).
 _SEARCH_DAYS = 366 * 8 + 2
-_STANDARD_TOKEN = re.compile(r"^[0-9a-z*,/-]+$")
+_STANDARD_TOKEN = re.compile(r"^[0-9a-z*,/-]+\Z")
 _EXTENSIONS = {
     "L": "'L' (last day of the month or last weekday) is a Quartz/cronie extension",
     "W": "'W' (nearest weekday) is a Quartz extension",
@@ -363,7 +363,7 @@ def unit_key(run: str, unit: str) -> str:
 
 
 # fan-out units ------------------------------------------------------------------------------
-UNIT_NAME = re.compile(r"^[ -~]{1,100}$")
+UNIT_NAME = re.compile(r"^[ -~]{1,100}\Z")
 
 
 @dataclass(frozen=True, slots=True)

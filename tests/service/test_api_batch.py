@@ -210,3 +210,18 @@ async def test_invalid_json_is_a_problem(api: Api) -> None:
     )
     doc = await problem(r, 400)
     assert "not valid JSON" in doc["detail"]
+
+
+async def test_a_trailing_newline_or_non_ascii_digits_reject_only_their_item(api: Api) -> None:
+    """`$` in a Python regex also matches before a final newline, and `\\d` matches any
+    script's digits: neither may slip an item past the API to fail the whole batch later."""
+    items: list[Any] = [
+        item("nl-key\n"),
+        item("nl-due", due_at="2031-05-31T00:00:00Z\n"),
+        item("arabic-digits", due_at="٢٠٣١-05-31T00:00:00Z"),
+        item("fine"),
+    ]
+    results = await results_of(await post_batch(api, {"jobs": items}))
+    assert [r["status"] for r in results] == ["rejected", "rejected", "rejected", "accepted"]
+    assert "idempotency_key: 1 to 255 printable ASCII" in results[0]["error"]
+    assert "RFC 3339" in results[1]["error"] and "RFC 3339" in results[2]["error"]

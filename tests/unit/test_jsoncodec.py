@@ -41,3 +41,10 @@ def test_what_orjson_refuses_takes_the_standard_library_path(value: Any, text: s
 
 def test_a_float_keeps_every_digit() -> None:
     assert json.loads(dumps({"x": math.pi}))["x"] == math.pi
+
+
+def test_sorted_keys_make_one_text_for_one_object() -> None:
+    assert dumps({"b": 1, "a": {"d": 2, "c": 3}}, sort_keys=True) == dumps(
+        {"a": {"c": 3, "d": 2}, "b": 1}, sort_keys=True
+    )
+    assert dumps({"b": 2**70, "a": 1}, sort_keys=True) == '{"a": 1, "b": 1180591620717411303424}'
