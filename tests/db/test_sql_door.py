@@ -414,3 +414,55 @@ async def test_enqueue_many_with_one_bad_item_enqueues_nothing(conn: asyncpg.Con
             [json.dumps(TARGET), None],
         )
     assert await jobs_and_outbox(conn) == (0, 0)
+
+
+async def make_pre_005(conn: asyncpg.Connection, key: str) -> None:
+    """Give a job the md5 fingerprint every job had before migration 005."""
+    await conn.execute(
+        """UPDATE dispatcher.jobs j
+              SET request_hash = dispatcher.request_hash(j.handler, j.target, j.payload, j.queue,
+                                                         j.tenant, $2, $3, NULL)
+            WHERE key = $1""",
+        key,
+        None,
+        None,
+    )
+
+
+async def test_fingerprints_are_version_2_and_tell_nested_shapes_apart(
+    conn: asyncpg.Connection,
+) -> None:
+    await sql_enqueue(conn, "shape", payload={"ids": [5]})
+    stored = await conn.fetchval("SELECT request_hash FROM dispatcher.jobs WHERE key = 'shape'")
+    assert stored.startswith("v2:")
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await sql_enqueue(conn, "shape", payload={"ids": 5})
+
+
+@pytest.mark.parametrize("door", ["enqueue", "enqueue_many"])
+async def test_a_job_accepted_before_migration_005_is_still_recognised(
+    conn: asyncpg.Connection, door: str
+) -> None:
+    original = await sql_enqueue(conn, "old-1", payload={"a": 1})
+    await make_pre_005(conn, "old-1")
+    stored = await conn.fetchval("SELECT request_hash FROM dispatcher.jobs WHERE key = 'old-1'")
+    assert len(stored) == 32 and not stored.startswith("v2:")
+
+    async def again(payload: dict[str, Any]) -> tuple[int, str]:
+        if door == "enqueue":
+            return await sql_enqueue(conn, "old-1", payload=payload), "existing"
+        row = await conn.fetchrow(
+            "SELECT id, outcome FROM dispatcher.enqueue_many(ARRAY['old-1'], ARRAY['http'],"
+            " ARRAY[$1::text::jsonb], targets => ARRAY[$2::text::jsonb])",
+            json.dumps(payload),
+            json.dumps(TARGET),
+        )
+        return row["id"], row["outcome"]
+
+    assert await again({"a": 1}) == (original, "existing")
+    if door == "enqueue":
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await again({"a": 2})
+    else:
+        assert await again({"a": 2}) == (original, "conflict")
+    assert await jobs_and_outbox(conn) == (1, 1)
