@@ -8,7 +8,6 @@ same SQL function applications call, so both doors share one set of idempotency 
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -166,11 +165,11 @@ class GroupWriter:
     async def _write(self, group: list[tuple[NewJob, asyncio.Future[EnqueueResult]]]) -> None:
         try:
             results = await self._repo.enqueue_many([job for job, _ in group])
-        except Exception:
+        except Exception as exc:
             if len(group) == 1:
                 _, future = group[0]
                 if not future.done():
-                    future.set_exception(sys.exc_info()[1] or RuntimeError("enqueue failed"))
+                    future.set_exception(exc)
                 return
             for single in group:  # one bad item must not fail the others: retry one by one
                 await self._write([single])

@@ -150,7 +150,7 @@ class HttpEffect:
     def validate_target(target: Any, settings: Settings) -> dict[str, Any]:
         """The normalized target for intake; ValueError (TargetRefused for SSRF) says what
         to fix."""
-        return normalize_target(target, settings, _policy_of(settings))
+        return normalize_target(target, settings, TargetPolicy.from_settings(settings))
 
 
 def normalize_target(target: Any, settings: Settings, policy: TargetPolicy) -> dict[str, Any]:
@@ -177,18 +177,6 @@ def _url(value: Any, policy: TargetPolicy) -> str:
     if refusal is not None:
         raise TargetRefused(f"target.url: {refusal}")
     return value
-
-
-def _policy_of(settings: Settings) -> TargetPolicy:
-    """The settings' policy, built once per settings object (settings are immutable)."""
-    cached = _POLICIES.get(id(settings))
-    if cached is None or cached[0] is not settings:
-        cached = (settings, TargetPolicy.from_settings(settings))
-        _POLICIES[id(settings)] = cached
-    return cached[1]
-
-
-_POLICIES: dict[int, tuple[Settings, TargetPolicy]] = {}
 
 
 @functools.lru_cache(maxsize=4096)

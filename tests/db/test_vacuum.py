@@ -64,3 +64,17 @@ async def test_the_daemon_warns_at_start_when_a_queue_table_is_not_vacuumed(
         "autovacuum is disabled for dispatcher.jobs: "
         "ALTER TABLE dispatcher.jobs RESET (autovacuum_enabled)"
     ) in caplog.messages
+
+
+async def test_without_track_counts_autovacuum_cannot_tell_and_says_so(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        if not await conn.fetchval("SELECT current_setting('autovacuum')::bool"):
+            pytest.skip("autovacuum is off on this server: that message comes first")
+        await conn.execute("SET track_counts = off")
+        try:
+            assert await vacuum_problems(conn) == [
+                "track_counts is off, so autovacuum cannot tell when the queue tables need it: "
+                "set track_counts = on in postgresql.conf"
+            ]
+        finally:
+            await conn.execute("RESET track_counts")

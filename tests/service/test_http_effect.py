@@ -392,6 +392,7 @@ async def test_aiohttp_skips_the_resolver_for_literal_ips(serve) -> None:
         ({"url": "https://example.com", "headers": {"X-A": 1}}, "must be a string"),
         ({"url": "https://example.com", "headers": {"X-A": "a\r\nB: c"}}, "line breaks"),
         ({"url": "https://example.com", "headers": {"bad name": "x"}}, "valid header name"),
+        ({"url": "https://example.com", "headers": {"X-A\n": "x"}}, "valid header name"),
         ({"url": "https://example.com", "timeout_s": 0}, "timeout_s must be"),
         ({"url": "https://example.com", "timeout_s": 901}, "<= 900"),
         ({"url": "https://example.com", "timeout_s": True}, "timeout_s must be"),

@@ -225,6 +225,8 @@ def test_tenant_and_query_units() -> None:
         query_units(["a", "a"], limit=10)
     with pytest.raises(PeriodError, match="printable ASCII"):
         query_units(["ok", None], limit=10)
+    with pytest.raises(PeriodError, match="printable ASCII"):  # `$` would let this through
+        query_units(["ok", "unit\n"], limit=10)
     with pytest.raises(PeriodError, match="limit is 2"):
         query_units(["a", "b", "c"], limit=2)
 
