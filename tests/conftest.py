@@ -4,6 +4,7 @@ database, and a fresh clone of it for every test that asks for one."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import shutil
@@ -41,19 +42,31 @@ def server_url() -> Iterator[str]:
     shutil.rmtree(state, ignore_errors=True)
 
 
+@contextlib.asynccontextmanager
+async def scratch_database(server_url: str, name: str, template: str = "") -> AsyncIterator[str]:
+    """Database `name` on the server (empty, or a copy of `template`), dropped on exit."""
+    admin = await asyncpg.connect(server_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        clone = f' TEMPLATE "{template}"' if template else ""
+        await admin.execute(f'CREATE DATABASE "{name}"{clone}')
+        yield with_database(server_url, name)
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+def database_name(url: str) -> str:
+    return urlsplit(url).path.lstrip("/")
+
+
 @pytest.fixture(scope="session")
 async def template_url(server_url: str) -> AsyncIterator[str]:
-    name = f"dispatcher_template_{os.getpid()}"
-    admin = await asyncpg.connect(server_url)
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    url = with_database(server_url, name)
-    conn = await connect(url)
-    await migrations.migrate(conn)
-    await conn.close()
-    yield url
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.close()
+    async with scratch_database(server_url, f"dispatcher_template_{os.getpid()}") as url:
+        conn = await connect(url)
+        await migrations.migrate(conn)
+        await conn.close()
+        yield url
 
 
 _counter = itertools.count()
@@ -62,13 +75,9 @@ _counter = itertools.count()
 @pytest.fixture
 async def db_url(server_url: str, template_url: str) -> AsyncIterator[str]:
     """A fresh, migrated database for one test (cloned from the template)."""
-    template = urlsplit(template_url).path.lstrip("/")
     name = f"dispatcher_t{os.getpid()}_{next(_counter)}"
-    admin = await asyncpg.connect(server_url)
-    await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    yield with_database(server_url, name)
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.close()
+    async with scratch_database(server_url, name, database_name(template_url)) as url:
+        yield url
 
 
 @pytest.fixture

@@ -6,12 +6,10 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 
-import asyncpg
 import pytest
 
-from tests.conftest import with_database
+from tests.conftest import database_name, scratch_database
 from tests.harness import DaemonProcess
 
 BODY_LIMIT_BYTES = 8192
@@ -20,15 +18,9 @@ _counter = itertools.count()
 
 @pytest.fixture(scope="module")
 async def module_db_url(server_url: str, template_url: str) -> AsyncIterator[str]:
-    template = urlsplit(template_url).path.lstrip("/")
     name = f"dispatcher_bad{os.getpid()}_{next(_counter)}"
-    admin = await asyncpg.connect(server_url)
-    await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    try:
-        yield with_database(server_url, name)
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+    async with scratch_database(server_url, name, database_name(template_url)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import pytest
 
 from dispatcher.db import migrations
 from dispatcher.db.queries import all_queries
+from tests.conftest import scratch_database
 
 
 async def test_migrations_applied_twice_are_a_noop(db_url: str) -> None:
@@ -20,20 +21,14 @@ async def test_migrations_applied_twice_are_a_noop(db_url: str) -> None:
 
 
 async def test_fresh_database_gets_every_migration(server_url: str) -> None:
-    from tests.conftest import with_database
-
-    admin = await asyncpg.connect(server_url)
-    await admin.execute("DROP DATABASE IF EXISTS dispatcher_fresh")
-    await admin.execute("CREATE DATABASE dispatcher_fresh")
-    try:
-        conn = await asyncpg.connect(with_database(server_url, "dispatcher_fresh"))
-        applied = await migrations.migrate(conn)
-        assert applied == [name for _, name, _ in migrations.available()]
-        assert await migrations.migrate(conn) == []
-        await conn.close()
-    finally:
-        await admin.execute("DROP DATABASE dispatcher_fresh WITH (FORCE)")
-        await admin.close()
+    async with scratch_database(server_url, "dispatcher_fresh") as url:
+        conn = await asyncpg.connect(url)
+        try:
+            applied = await migrations.migrate(conn)
+            assert applied == [name for _, name, _ in migrations.available()]
+            assert await migrations.migrate(conn) == []
+        finally:
+            await conn.close()
 
 
 @pytest.mark.parametrize("name", sorted(all_queries()))

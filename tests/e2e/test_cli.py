@@ -18,7 +18,7 @@ import pytest
 
 from dispatcher import __version__
 from dispatcher.db import migrations
-from tests.conftest import with_database
+from tests.conftest import scratch_database
 
 TIMEOUT_S = 60.0
 SECRETS = ("hunter2-db-pass", "tok-alpha-5b1e", "tok-beta-77c2", "MfKQ9r8GKYqrTwjUPD8ILPZIo2")
@@ -170,15 +170,8 @@ async def test_a_non_loopback_api_without_tokens_refuses_to_start(
 @pytest.fixture
 async def empty_db_url(server_url: str) -> AsyncIterator[str]:
     """A database without any dispatcher schema."""
-    name = f"dispatcher_empty_{os.getpid()}"
-    admin = await asyncpg.connect(server_url)
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield with_database(server_url, name)
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+    async with scratch_database(server_url, f"dispatcher_empty_{os.getpid()}") as url:
+        yield url
 
 
 async def migration_rows(url: str) -> list[tuple[int, str]]:
