@@ -277,7 +277,6 @@ class Dispatcher(System):
 class Peer(System):
     """A peer driven through its script (`<runtime> <script> <command> '<json>'`)."""
 
-    script: str
     env: dict[str, str]
 
     def argv(self) -> list[str]:
@@ -355,36 +354,37 @@ class Peer(System):
             records.starts, records.refs = loaded.starts, loaded.refs
 
 
-class GraphileWorker(Peer):
+class NodePeer(Peer):
+    """A Node.js peer: its npm package installed under `<tmp>/<name>`, driven by `script`."""
+
+    script: str
+
+    def __init__(self, server: Server, tmp: Path):
+        super().__init__(server, tmp)
+        self.env = {"NODE_PATH": str(tmp / self.name / "node_modules")}
+
+    def argv(self) -> list[str]:
+        return ["node", str(HERE / self.script)]
+
+
+class GraphileWorker(NodePeer):
     name = "graphile-worker"
+    script = "graphile_worker_peer.cjs"
     queued_sql = (
         "SELECT EXISTS (SELECT 1 FROM graphile_worker._private_jobs WHERE locked_at IS NULL)"
     )
     done_sql = "SELECT NOT EXISTS (SELECT 1 FROM graphile_worker._private_jobs)"
     remaining_sql = "SELECT count(*) FROM graphile_worker._private_jobs"
 
-    def __init__(self, server: Server, tmp: Path):
-        super().__init__(server, tmp)
-        self.env = {"NODE_PATH": str(tmp / "graphile-worker" / "node_modules")}
 
-    def argv(self) -> list[str]:
-        return ["node", str(HERE / "graphile_worker_peer.cjs")]
-
-
-class PgBoss(Peer):
+class PgBoss(NodePeer):
     name = "pg-boss"
+    script = "pg_boss_peer.cjs"
     queued_sql = "SELECT EXISTS (SELECT 1 FROM pgboss.job WHERE name = 'noop' AND state < 'active')"
     done_sql = (
         "SELECT NOT EXISTS (SELECT 1 FROM pgboss.job WHERE name = 'noop' AND state < 'completed')"
     )
     remaining_sql = "SELECT count(*) FROM pgboss.job WHERE name = 'noop' AND state < 'completed'"
-
-    def __init__(self, server: Server, tmp: Path):
-        super().__init__(server, tmp)
-        self.env = {"NODE_PATH": str(tmp / "pg-boss" / "node_modules")}
-
-    def argv(self) -> list[str]:
-        return ["node", str(HERE / "pg_boss_peer.cjs")]
 
 
 class Procrastinate(Peer):
