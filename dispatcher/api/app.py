@@ -146,6 +146,11 @@ async def auth_middleware(request: web.Request, handler: Any) -> web.StreamRespo
     return await handler(request)
 
 
+def json_response(data: Any, **kwargs: Any) -> web.Response:
+    """A JSON answer, written by the fast encoder (the schedule views add datetimes: `_dumps`)."""
+    return web.json_response(data, dumps=jsoncodec.dumps, **kwargs)
+
+
 # intake ------------------------------------------------------------------------------------
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON; send numbers as finite values")
@@ -232,9 +237,7 @@ async def post_job(request: web.Request) -> web.Response:
     headers = {"Location": f"/v1/jobs/{result.id}"}
     if result.outcome == "existing":
         headers["Idempotent-Replayed"] = "true"
-    return web.json_response(
-        accepted_view(result), status=202, headers=headers, dumps=jsoncodec.dumps
-    )
+    return json_response(accepted_view(result), status=202, headers=headers)
 
 
 async def post_batch(request: web.Request) -> web.Response:
@@ -270,7 +273,7 @@ async def post_batch(request: web.Request) -> web.Response:
     for index, entry in enumerate(parsed):
         outcome = entry if isinstance(entry, Rejected) else next(stored)
         results.append(batch_result(index, outcome))
-    return web.json_response({"results": results}, dumps=jsoncodec.dumps)
+    return json_response({"results": results})
 
 
 def batch_result(index: int, outcome: EnqueueResult | Rejected) -> dict[str, Any]:
@@ -329,7 +332,7 @@ async def get_job(request: web.Request) -> web.Response:
     row = await request.app[REPO].get(job_id(request))
     if row is None:
         raise Problem(404, f"no job {request.match_info['id']}")
-    return web.json_response(job_view(row))
+    return json_response(job_view(row))
 
 
 async def list_jobs(request: web.Request) -> web.Response:
@@ -353,7 +356,7 @@ async def list_jobs(request: web.Request) -> web.Response:
         limit=int(limit_raw),
     )
     next_cursor = str(rows[-1]["id"]) if len(rows) == int(limit_raw) else None
-    return web.json_response({"items": [job_view(r) for r in rows], "next_cursor": next_cursor})
+    return json_response({"items": [job_view(r) for r in rows], "next_cursor": next_cursor})
 
 
 async def operator_action(request: web.Request, action: str, refusal: str) -> dict[str, Any]:
@@ -373,21 +376,21 @@ async def retry_job(request: web.Request) -> web.Response:
         request, "retry", "job is {state}; only dead or cancelled jobs can be retried"
     )
     request.app[INTAKE].notify_accepted()
-    return web.json_response(job_view(row))
+    return json_response(job_view(row))
 
 
 async def cancel_job(request: web.Request) -> web.Response:
     row = await operator_action(request, "cancel", "job is already {state}; nothing to cancel")
     if row["state"] == "cancelled":
         metrics.JOBS_COMPLETED.labels(row["queue"], "cancelled").inc()
-    return web.json_response(job_view(row))
+    return json_response(job_view(row))
 
 
 # schedules (filled in by the cron service) ----------------------------------------------------
 async def list_schedules(request: web.Request) -> web.Response:
     service = request.app[SCHEDULES]
     if service is None:
-        return web.json_response({"schedules": []})
+        return json_response({"schedules": []})
     return web.json_response({"schedules": await service.status()}, dumps=_dumps)
 
 
@@ -426,12 +429,12 @@ def _dumps(value: Any) -> str:
 
 # health, metrics, description ----------------------------------------------------------------
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "alive"})
+    return json_response({"status": "alive"})
 
 
 async def readyz(request: web.Request) -> web.Response:
     ready, reason = await request.app[READINESS]()  # type: ignore[operator]
-    return web.json_response({"ready": ready, "reason": reason}, status=200 if ready else 503)
+    return json_response({"ready": ready, "reason": reason}, status=200 if ready else 503)
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
@@ -441,4 +444,4 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(openapi_document())
+    return json_response(openapi_document())
