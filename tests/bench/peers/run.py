@@ -294,12 +294,9 @@ class Peer(System):
                 env={**os.environ, **self.env},
                 start_new_session=True,
             )
-            try:
-                out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
-            except TimeoutError:
-                _kill(proc)
-                await proc.wait()
-                raise CannotKeepUp(f"`{command}` did not finish in {timeout_s:.0f} s") from None
+            out = await _communicate(proc, timeout_s)
+            if out is None:
+                raise CannotKeepUp(f"`{command}` did not finish in {timeout_s:.0f} s")
         if proc.returncode != 0:
             raise Failed(f"`{command}` exited {proc.returncode}: {_tail(log, self.tmp)}")
         lines = [line for line in out.decode().splitlines() if line.strip()]
@@ -403,6 +400,17 @@ class Procrastinate(Peer):
         ]
 
 
+async def _communicate(proc: asyncio.subprocess.Process, timeout_s: float) -> bytes | None:
+    """The process's output, or None when it ran past `timeout_s` (then it is killed)."""
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError:
+        _kill(proc)
+        await proc.wait()
+        return None
+    return out
+
+
 def _kill(proc: asyncio.subprocess.Process) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)  # its own session: the process and its children
@@ -422,11 +430,8 @@ async def _run(argv: list[str], timeout_s: float, cwd: Path) -> tuple[int, str]:
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
     )
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
-    except TimeoutError:
-        _kill(proc)
-        await proc.wait()
+    out = await _communicate(proc, timeout_s)
+    if out is None:
         return -1, f"timed out after {timeout_s:.0f} s"
     return proc.returncode or 0, out.decode(errors="replace")
 
