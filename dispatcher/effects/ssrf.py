@@ -8,9 +8,10 @@ Two checks cover every way aiohttp picks the address it connects to:
   any address in it is disallowed. aiohttp connects only to addresses its resolver returned,
   so the address checked is the address connected to: there is no window for DNS rebinding.
 
-Refused unless allow-listed: loopback, private, link-local (cloud metadata lives there),
-multicast, reserved, unspecified, shared (100.64.0.0/10), site-local and any other address that
-is not globally routable, including IPv6 forms that embed such an IPv4 address.
+Refused unless allow-listed: every block of the IANA IPv4 and IPv6 Special-Purpose Address
+Registries, multicast, and IPv6 outside global unicast (2000::/3), listed explicitly in
+`SPECIAL_PURPOSE` so the policy does not shift with the Python version's `is_global`. IPv6 forms
+that stand for an IPv4 address (mapped, NAT64, 6to4) are judged by that IPv4 address.
 """
 
 from __future__ import annotations
@@ -31,23 +32,75 @@ if TYPE_CHECKING:
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-METADATA_ADDRESSES = {
-    ipaddress.ip_address("169.254.169.254"),  # AWS, GCP, Azure, OpenStack
-    ipaddress.ip_address("fd00:ec2::254"),  # AWS over IPv6
-}
-SHARED_ADDRESS_SPACE = ipaddress.ip_network("100.64.0.0/10")
-# NAT64 gateways translate this prefix to the embedded IPv4 address.
-NAT64_PREFIX = ipaddress.ip_network("64:ff9b::/96")
-
-# Checked in order; the first that applies names the refusal.
-_CATEGORIES = (
-    ("is_unspecified", "unspecified"),
-    ("is_loopback", "loopback"),
-    ("is_link_local", "link-local"),
-    ("is_multicast", "multicast"),
-    ("is_reserved", "reserved"),
-    ("is_private", "private"),
+# IANA IPv4 and IPv6 Special-Purpose Address Registries (2025), plus multicast and the
+# deprecated IPv6 site-local block; most specific first, the first match names the refusal.
+# Blocks IANA marks globally reachable are refused too: they are anycast services (PCP, TURN,
+# AMT, AS112), answered by the nearest instance, which may be the operator's own NAT gateway or
+# resolver, or identifiers that are not routed (ORCHIDv2, drone tags); none is a webhook
+# receiver. `target_allow_cidrs` exempts any of them where really needed.
+SPECIAL_PURPOSE: tuple[tuple[IPNetwork, str], ...] = tuple(
+    (ipaddress.ip_network(cidr), reason)
+    for cidr, reason in (
+        ("169.254.169.254/32", "a cloud metadata endpoint"),  # AWS, GCP, Azure, OpenStack
+        ("fd00:ec2::254/128", "a cloud metadata endpoint"),  # AWS over IPv6
+        ("0.0.0.0/32", "unspecified"),
+        ("0.0.0.0/8", "'this network' (0.0.0.0/8)"),
+        ("10.0.0.0/8", "private-use (10.0.0.0/8)"),
+        ("100.64.0.0/10", "shared address space (carrier-grade NAT, 100.64.0.0/10)"),
+        ("127.0.0.0/8", "loopback"),
+        ("169.254.0.0/16", "link-local"),
+        ("172.16.0.0/12", "private-use (172.16.0.0/12)"),
+        ("192.0.0.9/32", "an anycast service address (Port Control Protocol)"),
+        ("192.0.0.10/32", "an anycast service address (TURN)"),
+        ("192.0.0.0/24", "IETF protocol assignments (192.0.0.0/24)"),
+        ("192.0.2.0/24", "documentation (TEST-NET-1)"),
+        ("192.31.196.0/24", "the AS112 anycast DNS service"),
+        ("192.52.193.0/24", "the AMT anycast relay service"),
+        ("192.88.99.0/24", "the deprecated 6to4 relay anycast (192.88.99.0/24)"),
+        ("192.168.0.0/16", "private-use (192.168.0.0/16)"),
+        ("192.175.48.0/24", "the AS112 anycast DNS service (direct delegation)"),
+        ("198.18.0.0/15", "benchmarking (198.18.0.0/15)"),
+        ("198.51.100.0/24", "documentation (TEST-NET-2)"),
+        ("203.0.113.0/24", "documentation (TEST-NET-3)"),
+        ("224.0.0.0/4", "multicast"),
+        ("255.255.255.255/32", "limited broadcast"),
+        ("240.0.0.0/4", "reserved (240.0.0.0/4)"),
+        ("::/128", "unspecified"),
+        ("::1/128", "loopback"),
+        (
+            "64:ff9b:1::/48",
+            "local-use NAT64 (64:ff9b:1::/48) outside its /96 layout, whose "
+            "IPv4 mapping is site-defined",
+        ),
+        ("100::/64", "discard-only (100::/64)"),
+        ("2001::/32", "Teredo (2001::/32)"),
+        ("2001:1::1/128", "an anycast service address (Port Control Protocol)"),
+        ("2001:1::2/128", "an anycast service address (TURN)"),
+        ("2001:1::3/128", "an anycast service address (DNS-SD service registration)"),
+        ("2001:2::/48", "benchmarking (2001:2::/48)"),
+        ("2001:3::/32", "the AMT anycast relay service"),
+        ("2001:4:112::/48", "the AS112 anycast DNS service"),
+        ("2001:10::/28", "deprecated ORCHID identifiers"),
+        ("2001:20::/28", "ORCHIDv2 identifiers (not routed)"),
+        ("2001:30::/28", "drone remote ID tags (not routed)"),
+        ("2001::/23", "IETF protocol assignments (2001::/23)"),
+        ("2001:db8::/32", "documentation (2001:db8::/32)"),
+        ("2620:4f:8000::/48", "the AS112 anycast DNS service (direct delegation)"),
+        ("3fff::/20", "documentation (3fff::/20)"),
+        ("5f00::/16", "segment routing (SRv6) SIDs"),
+        ("fc00::/7", "unique-local (private, fc00::/7)"),
+        ("fe80::/10", "link-local"),
+        ("fec0::/10", "site-local (deprecated)"),
+        ("ff00::/8", "multicast"),
+    )
 )
+GLOBAL_UNICAST_V6 = ipaddress.ip_network("2000::/3")
+MAPPED_PREFIX = ipaddress.ip_network("::ffff:0:0/96")
+# NAT64 gateways translate these prefixes to the embedded IPv4 address (RFC 6052 /96 layout):
+# the well-known prefix, and the /96 layout inside the local-use prefix 64:ff9b:1::/48, which
+# DNS64 resolvers of IPv6-only networks hand out for public hosts too.
+NAT64_PREFIXES = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/96"))
+SIXTOFOUR_PREFIX = ipaddress.ip_network("2002::/16")
 
 
 class TargetRefused(ValueError):
@@ -62,41 +115,24 @@ def refusal_reason(address: IPAddress) -> str | None:
         if translated is not None:
             reason = refusal_reason(translated)
             return None if reason is None else f"a mapping of {translated}, which is {reason}"
-        for embedded in _tunnelled_ipv4(address):
-            reason = refusal_reason(embedded)
+        if address in SIXTOFOUR_PREFIX:  # routed through the embedded IPv4 address
+            embedded = address.sixtofour
+            reason = None if embedded is None else refusal_reason(embedded)
             if reason is not None:
-                return f"embeds {embedded}, which is {reason}"
-    if address in METADATA_ADDRESSES:
-        return "a cloud metadata endpoint"
-    if address in SHARED_ADDRESS_SPACE:
-        return "shared address space (carrier-grade NAT)"
-    for attribute, name in _CATEGORIES:
-        if getattr(address, attribute):
-            return name
-    if isinstance(address, ipaddress.IPv6Address) and address.is_site_local:
-        return "site-local"
-    if not address.is_global:
-        return "not globally routable"
+                return f"6to4 and embeds {embedded}, which is {reason}"
+    for network, reason in SPECIAL_PURPOSE:
+        if address in network:
+            return reason
+    if isinstance(address, ipaddress.IPv6Address) and address not in GLOBAL_UNICAST_V6:
+        return "reserved IPv6 space, outside global unicast (2000::/3)"
     return None
 
 
 def _translated_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     """The IPv4 address an IPv4-mapped or NAT64 address stands for."""
-    if address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    if address in NAT64_PREFIX:
+    if address in MAPPED_PREFIX or any(address in prefix for prefix in NAT64_PREFIXES):
         return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return None
-
-
-def _tunnelled_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
-    """IPv4 endpoints a 6to4 or Teredo address would route through."""
-    found = []
-    if address.sixtofour is not None:
-        found.append(address.sixtofour)
-    if address.teredo is not None:
-        found.extend(address.teredo)
-    return found
 
 
 @dataclass(frozen=True, slots=True)
