@@ -140,6 +140,8 @@ class Settings(_Strict):
     target_allow_cidrs: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
     target_allow_http: bool = False
     drain_timeout_s: float = Field(30.0, ge=0)
+    # After the drain: how long cancelled attempts get to end, and the lease hand-back to run.
+    hard_stop_timeout_s: float = Field(10.0, gt=0, le=300)
     auto_migrate: bool = True
     # How long start-up waits for an unreachable database (with backoff) before giving up.
     database_wait_s: float = Field(60.0, ge=0)
@@ -150,7 +152,12 @@ class Settings(_Strict):
     lease_s: PositiveFloat = 60.0
     scan_interval_s: PositiveFloat = 1.0
     scan_batch: int = Field(2000, ge=1, le=100_000)
+    # Connections for intake and operator reads. Claims, completions and the scan have a pool
+    # of their own, the heartbeat one connection of its own, transactional handlers another.
     db_pool_size: int = Field(10, ge=2, le=500)
+    # Connections for transactional handlers (python with transactional = true, sql): at most
+    # this many such attempts run at once; the others wait, their timeout not yet started.
+    handler_pool_size: int = Field(10, ge=1, le=500)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["auto", "json", "text"] = "auto"
     instance_name: str | None = None

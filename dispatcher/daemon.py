@@ -1,14 +1,16 @@
-"""The composition root: builds every component in order, runs until a signal, drains, tears down.
+"""The composition root: every service of the daemon, in the one order they start in.
 
-Read top to bottom, `Daemon.run` is the architecture: database → schema → repository → effects →
-completer → worker pool → due-scan → wake-up listener → scheduler (interval scan, metric
-sampling, cron) → HTTP API → READY. A signal only sets an event; the drain happens here.
+`Daemon.run` starts the database and its pools, then `Daemon.services` in list order, reports
+READY, and waits for a stop signal or for a supervised service to die; then it stops everything
+in reverse order, once (`ServiceGroup.stop`). The drain is the worker pool's stop: soft stop
+(`drain_timeout_s`), then hard stop (`hard_stop_timeout_s`), then the leases handed back. The
+API listener starts before the workers and so stops after them: during a drain `/readyz` says
+"draining" and job status stays readable. A signal only sets an event.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -17,25 +19,25 @@ import ssl
 import uuid
 from contextlib import AsyncExitStack
 from datetime import UTC
-from typing import Any
 
-from aiohttp import web
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from dispatcher import metrics, sdnotify
+from dispatcher import sdnotify
 from dispatcher.api.app import create_app, create_metrics_app
-from dispatcher.config import Settings, host_port
+from dispatcher.api.listener import HttpListener
+from dispatcher.config import Settings
 from dispatcher.db import migrations
 from dispatcher.db.embedded import EmbeddedPostgres
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.notifications import WakeListener
-from dispatcher.db.pool import connect, create_pool, wait_for_database
+from dispatcher.db.pool import PoolSet, connect, wait_for_database
 from dispatcher.db.vacuum import vacuum_problems
 from dispatcher.effects.base import Effect
 from dispatcher.effects.http import HttpEffect
 from dispatcher.effects.python import PythonEffect
 from dispatcher.effects.sql import SqlEffect
 from dispatcher.intake import Intake
+from dispatcher.lifecycle import CallbackService, Service, ServiceGroup, Startable, Ticker
 from dispatcher.relay.transport import InProcessTransport
 from dispatcher.scheduling.cron_service import CronService
 from dispatcher.scheduling.due_scan import DueScanner
@@ -43,11 +45,11 @@ from dispatcher.scheduling.pruning import Pruner
 from dispatcher.scheduling.sampler import MetricsSampler
 from dispatcher.work.completer import Completer
 from dispatcher.work.executor import Executor
-from dispatcher.work.pool import QueueWorker, WorkerPool
+from dispatcher.work.pool import LeaseHeartbeat, QueueWorker, WorkerPool
 
 log = logging.getLogger("dispatcher")
 
-RELEASE_TIMEOUT_S = 5.0
+SAMPLE_INTERVAL_S = 5.0
 
 
 def instance_owner(settings: Settings) -> str:
@@ -80,6 +82,31 @@ async def prepare_schema(dsn: str, settings: Settings) -> None:
         await conn.close()
 
 
+class Database(Service):
+    """The configured database, or the embedded server (started first, stopped last); start-up
+    waits for it to accept connections, then migrates (or checks) the schema."""
+
+    name = "database"
+    stop_timeout_s = 30.0
+
+    def __init__(self, settings: Settings):
+        self._settings = settings
+        self._stack = AsyncExitStack()
+        self.dsn = ""
+
+    async def start(self) -> None:
+        try:
+            self.dsn = await resolve_database(self._settings, self._stack)
+            await wait_for_database(self.dsn, timeout_s=self._settings.database_wait_s)
+            await prepare_schema(self.dsn, self._settings)
+        except BaseException:
+            await self._stack.aclose()
+            raise
+
+    async def stop(self) -> None:
+        await self._stack.aclose()
+
+
 def build_effects(settings: Settings, repo: JobRepository, owner: str) -> dict[str, Effect]:
     ssl_context = None
     if settings.http.ca_file is not None:
@@ -92,6 +119,31 @@ def build_effects(settings: Settings, repo: JobRepository, owner: str) -> dict[s
     return effects
 
 
+def effect_service(effects: dict[str, Effect]) -> Service:
+    async def start() -> None:
+        for effect in effects.values():
+            await effect.start()
+
+    async def stop() -> None:
+        for effect in effects.values():
+            await effect.stop()
+
+    return CallbackService("effects", start, stop)
+
+
+def scheduler_service(scheduler: AsyncIOScheduler) -> Service:
+    """APScheduler: the due-scan's interval tick and the cron fires run on it."""
+
+    async def start() -> None:
+        scheduler.start()
+
+    async def stop() -> None:
+        if scheduler.running:
+            scheduler.shutdown(wait=False)
+
+    return CallbackService("scheduler", start, stop)
+
+
 def capabilities(settings: Settings) -> list[str]:
     """`handler:version` pairs this process can run (rolling releases share one database)."""
     caps = ["http:1"]
@@ -100,22 +152,37 @@ def capabilities(settings: Settings) -> list[str]:
     return caps
 
 
-def every(scheduler: AsyncIOScheduler, func: Any, seconds: float, name: str) -> None:
-    """A periodic APScheduler job that never overlaps itself and never catches up in a burst."""
-    scheduler.add_job(func, "interval", seconds=seconds, max_instances=1, coalesce=True, id=name)
+def log_handler_concurrency(settings: Settings, effects: dict[str, Effect]) -> None:
+    """Say so when transactional handlers could want more connections than they have."""
+    if not any(e.completes_in_transaction for e in effects.values()):
+        return
+    wanted = sum(q.max_inflight for q in settings.queues.values())
+    if wanted > settings.handler_pool_size:
+        log.info(
+            "transactional handlers: up to %d attempts may be in flight, but handler_pool_size "
+            "is %d; at most %d run at once and the rest wait for a connection (their timeout "
+            "starts once they have one). Raise DISPATCHER_HANDLER_POOL_SIZE to run more at once.",
+            wanted,
+            settings.handler_pool_size,
+            settings.handler_pool_size,
+        )
 
 
-async def serve(app: web.Application, listen: str, stack: AsyncExitStack) -> None:
-    """Bind `app` on `listen`; the daemon owns signals, so aiohttp must not install handlers."""
-    # keepalive_timeout also bounds a connection that never finishes its headers (aiohttp has
-    # no separate header timeout), so slow-loris clients are dropped after it.
-    runner = web.AppRunner(
-        app, handle_signals=False, access_log=None, shutdown_timeout=5, keepalive_timeout=75
-    )
-    await runner.setup()
-    stack.push_async_callback(runner.cleanup)
-    host, port = host_port(listen)
-    await web.TCPSite(runner, host, port, backlog=1024).start()
+class Wakeups:
+    """Wakes whom a change concerns: workers for ready work, the scan for new due times.
+    Bound once both exist; a wake-up before that is harmless (both look on start)."""
+
+    def __init__(self) -> None:
+        self._workers = self._scanner = lambda: None
+
+    def bind(self, workers: WorkerPool, scanner: DueScanner) -> None:
+        self._workers, self._scanner = workers.wake, scanner.wake
+
+    def __call__(self, reason: str = "") -> None:
+        if reason != "scheduled":
+            self._workers()
+        if reason != "ready":
+            self._scanner()
 
 
 class Daemon:
@@ -126,6 +193,7 @@ class Daemon:
         self.force_requested = asyncio.Event()
         self.draining = False
         self.ready = asyncio.Event()
+        self._group = ServiceGroup()
         self._repo: JobRepository | None = None
 
     def request_stop(self) -> None:
@@ -137,9 +205,11 @@ class Daemon:
             self.stop_requested.set()
 
     async def readiness(self) -> tuple[bool, str]:
+        if self._group.failed.is_set():
+            return False, f"failed: {self._group.failure}"
         if self.draining:
             return False, "draining"
-        if self._repo is None:
+        if self._repo is None or not self.ready.is_set():
             return False, "starting"
         try:
             async with asyncio.timeout(2):
@@ -150,139 +220,146 @@ class Daemon:
         return True, "ok"
 
     async def run(self, *, handle_signals: bool = True) -> int:
-        s = self.settings
+        """Start everything, run until a stop signal or a service failure, stop everything.
+        Returns the exit status: 0 after a clean drain, 1 after a failure or an unclean stop."""
         if handle_signals:
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, self.request_stop)
-        async with AsyncExitStack() as stack:
-            dsn = await resolve_database(s, stack)
-            await wait_for_database(dsn, timeout_s=s.database_wait_s)
-            await prepare_schema(dsn, s)
-            pool = await create_pool(dsn, size=s.db_pool_size)
-            stack.push_async_callback(pool.close)
-            repo = self._repo = JobRepository(pool)
-            await repo.sync_registry(
-                {q: (c.max_attempts, c.max_retry_age_s) for q, c in s.queues.items()},
-                {n: (h.kind, h.version) for n, h in s.handlers.items()},
-            )
-
-            effects = build_effects(s, repo, self.owner)
-            for effect in effects.values():
-                await effect.start()
-                stack.push_async_callback(effect.stop)
-            completer = Completer(repo, self.owner)
-            await completer.start()
-            stack.push_async_callback(completer.stop)
-
-            def wake(reason: str = "") -> None:
-                """Wake whom a change concerns: workers for ready work, the scan for due times.
-                (Refers to `workers` and `scanner`, built below, when called.)"""
-                if reason != "scheduled":
-                    workers.wake()
-                if reason != "ready":
-                    scanner.wake()
-
-            timeouts = {n: h.timeout_s for n, h in s.handlers.items()}
-            transport = InProcessTransport(
-                repo, owner=self.owner, capabilities=capabilities(s), lease_s=s.lease_s
-            )
-            workers = WorkerPool(
-                [
-                    QueueWorker(
-                        q,
-                        qs,
-                        transport,
-                        Executor(
-                            q,
-                            qs,
-                            effects,
-                            repo,
-                            completer,
-                            self.owner,
-                            timeouts,
-                            on_rescheduled=lambda: wake("scheduled"),
-                        ),
-                        idle_poll_s=s.scan_interval_s,
-                    )
-                    for q, qs in s.queues.items()
-                ],
-                repo,
-                self.owner,
-                s.lease_s,
-            )
-            await workers.start()
-            stack.push_async_callback(workers.stop)
-
-            scanner = DueScanner(
-                repo, batch=s.scan_batch, interval_s=s.scan_interval_s, on_ready=workers.wake
-            )
-            await scanner.start()
-            stack.push_async_callback(scanner.stop)
-
-            listener = WakeListener(dsn, wake)
-            await listener.start()
-            stack.push_async_callback(listener.stop)
-
-            scheduler = AsyncIOScheduler(timezone=UTC)
-            every(scheduler, scanner.wake, s.scan_interval_s, "due-scan")
-            every(scheduler, MetricsSampler(repo, s.overdue_after_s).run_once, 5, "sampler")
-            every(scheduler, Pruner(repo, s.retention).run_once, s.retention.interval_s, "prune")
-            scheduler.start()
-            stack.callback(lambda: scheduler.running and scheduler.shutdown(wait=False))
-            cron = CronService(pool, repo, s.schedules, scheduler=scheduler, on_enqueued=wake)
-            await cron.start()
-            stack.push_async_callback(cron.stop)
-
-            intake = Intake(s, repo, lambda t: HttpEffect.validate_target(t, s), wake)
-            app = create_app(
-                repo=repo,
-                intake=intake,
-                readiness=self.readiness,
-                tokens=s.all_api_tokens(),
-                body_limit_bytes=s.body_limit_bytes,
-                body_read_timeout_s=s.body_read_timeout_s,
-                schedules=cron,
-            )
-            await serve(app, s.listen, stack)
-            if s.metrics_listen is not None:
-                await serve(create_metrics_app(self.readiness), s.metrics_listen, stack)
-
-            watchdog = sdnotify.Watchdog()
-            await watchdog.start()
-            stack.push_async_callback(watchdog.stop)
+        group = self._group
+        try:
+            database = await group.start(Database(self.settings))
+            pools = await group.start(self._pools(database.dsn))
+            for service in await self.services(database.dsn, pools):
+                await group.start(service)
             sdnotify.notify("READY=1")
             self.ready.set()
-            log.info(
-                "dispatcher ready on %s as %s (queues: %s)",
-                s.listen,
-                self.owner,
-                ", ".join(s.queues),
-            )
-
-            await self.stop_requested.wait()
-            sdnotify.notify("STOPPING=1")
+            log.info("dispatcher ready on %s as %s", self.settings.listen, self.owner)
+            stop = asyncio.ensure_future(self.stop_requested.wait())
+            failed = asyncio.ensure_future(group.failed.wait())
+            await asyncio.wait([stop, failed], return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            failed.cancel()
+        finally:
             self.draining = True
-            await cron.stop()
-            if scheduler.running:
-                scheduler.shutdown(wait=False)
-            await scanner.stop()
-            await listener.stop()
-            await self._drain(workers, completer, repo)
+            sdnotify.notify("STOPPING=1")
+            clean = await group.stop()
+        if group.failed.is_set():
+            log.error("dispatcher stopped after a failure (%s); exit 1", group.failure)
+            return 1
+        if not clean:
+            log.error("dispatcher stopped, but not cleanly (see above); exit 1")
+            return 1
         log.info("dispatcher stopped")
         return 0
 
-    async def _drain(self, workers: WorkerPool, completer: Completer, repo: JobRepository) -> None:
-        """Stop starting, let running attempts finish (bounded), hand the rest back."""
-        await workers.stop_claiming()
-        running = workers.inflight()
-        if running:
-            log.info("waiting for %d running attempts", running)
-        unfinished = await workers.drain(self.settings.drain_timeout_s, self.force_requested)
-        await completer.stop()
-        if unfinished:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(RELEASE_TIMEOUT_S):
-                    released = await repo.release_leases(unfinished, self.owner)
-                    log.warning("released %d unfinished jobs back to ready", released)
-        metrics.INFLIGHT.clear()
+    def _pools(self, dsn: str) -> PoolSet:
+        s = self.settings
+        # the engine pool: a claim loop per queue, the completer, the scan, one for the rest
+        engine = len(s.queues) + 4
+        return PoolSet(
+            dsn, api_size=s.db_pool_size, engine_size=engine, handler_size=s.handler_pool_size
+        )
+
+    async def services(self, dsn: str, pools: PoolSet) -> list[Startable]:
+        """Every service after the database, in start order (they stop in reverse)."""
+        s = self.settings
+        repo = self._repo = JobRepository(pools["api"])
+        engine = JobRepository(pools["engine"])
+        await engine.sync_registry(
+            {q: (c.max_attempts, c.max_retry_age_s) for q, c in s.queues.items()},
+            {n: (h.kind, h.version) for n, h in s.handlers.items()},
+        )
+        effects = build_effects(s, engine, self.owner)
+        log_handler_concurrency(s, effects)
+        completer = Completer(engine, self.owner)
+        wake = Wakeups()
+        workers = self._workers(effects, engine, JobRepository(pools["handlers"]), completer, wake)
+        scanner = DueScanner(
+            engine, batch=s.scan_batch, interval_s=s.scan_interval_s, on_ready=workers.wake
+        )
+        wake.bind(workers, scanner)
+        scheduler = AsyncIOScheduler(timezone=UTC)
+        scheduler.add_job(
+            scanner.wake, "interval", seconds=s.scan_interval_s, coalesce=True, id="due-scan"
+        )
+        cron = CronService(
+            pools["engine"], engine, s.schedules, scheduler=scheduler, on_enqueued=wake
+        )
+        intake = Intake(s, repo, lambda t: HttpEffect.validate_target(t, s), wake)
+        api = create_app(
+            repo=repo,
+            intake=intake,
+            readiness=self.readiness,
+            tokens=s.all_api_tokens(),
+            body_limit_bytes=s.body_limit_bytes,
+            body_read_timeout_s=s.body_read_timeout_s,
+            schedules=cron,
+        )
+        services: list[Startable] = [
+            effect_service(effects),
+            completer,
+            HttpListener("api", api, s.listen, "DISPATCHER_LISTEN"),
+            LeaseHeartbeat(
+                JobRepository(pools["lease"]), self.owner, s.lease_s, workers.running_attempts
+            ),
+            workers,
+            scanner,
+            WakeListener(dsn, wake),
+            Ticker(
+                "metrics-sampler",
+                SAMPLE_INTERVAL_S,
+                MetricsSampler(engine, s.overdue_after_s).run_once,
+            ),
+            Ticker("pruner", s.retention.interval_s, Pruner(engine, s.retention).run_once),
+            scheduler_service(scheduler),
+            cron,
+            sdnotify.Watchdog(),
+        ]
+        if s.metrics_listen is not None:
+            metrics_app = create_metrics_app(self.readiness)
+            listener = HttpListener(
+                "metrics", metrics_app, s.metrics_listen, "DISPATCHER_METRICS_LISTEN"
+            )
+            services.insert(3, listener)
+        return services
+
+    def _workers(
+        self,
+        effects: dict[str, Effect],
+        engine: JobRepository,
+        handlers: JobRepository,
+        completer: Completer,
+        wake: Wakeups,
+    ) -> WorkerPool:
+        s = self.settings
+        timeouts = {n: h.timeout_s for n, h in s.handlers.items()}
+        transport = InProcessTransport(
+            engine, owner=self.owner, capabilities=capabilities(s), lease_s=s.lease_s
+        )
+
+        def executor(queue: str) -> Executor:
+            return Executor(
+                queue,
+                s.queues[queue],
+                effects,
+                engine,
+                completer,
+                self.owner,
+                timeouts,
+                on_rescheduled=lambda: wake("scheduled"),
+                handler_repo=handlers,
+            )
+
+        workers = [
+            QueueWorker(q, qs, transport, executor(q), idle_poll_s=s.scan_interval_s)
+            for q, qs in s.queues.items()
+        ]
+        return WorkerPool(
+            workers,
+            engine,
+            self.owner,
+            drain_timeout_s=s.drain_timeout_s,
+            hard_stop_timeout_s=s.hard_stop_timeout_s,
+            force=self.force_requested,
+        )

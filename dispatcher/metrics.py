@@ -66,6 +66,13 @@ DUPLICATE_DELIVERIES = Counter(
     ["queue"],
     registry=REGISTRY,
 )
+OUTCOMES_UNRECORDED = Counter(
+    "dispatcher_outcomes_unrecorded",
+    "Attempts whose outcome could not be written (database unavailable); retried after their"
+    " lease expires.",
+    ["queue"],
+    registry=REGISTRY,
+)
 LEASES_LOST = Counter(
     "dispatcher_leases_lost",
     "Attempts whose result was not recorded because the lease had moved on.",

@@ -9,6 +9,9 @@ from typing import Any
 STATES = ("scheduled", "ready", "running", "succeeded", "dead", "cancelled")
 TERMINAL_STATES = ("succeeded", "dead", "cancelled")
 
+# One attempt of one job: what everything in memory about a running job is keyed by.
+AttemptKey = tuple[int, int]  # (job id, attempt number)
+
 
 @dataclass(slots=True, frozen=True)
 class NewJob:

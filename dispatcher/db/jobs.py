@@ -8,8 +8,9 @@ from typing import Any
 
 import asyncpg
 
+from dispatcher.db.pool import translate_unavailable
 from dispatcher.db.queries import query
-from dispatcher.model import EnqueueResult, Job, NewJob
+from dispatcher.model import AttemptKey, EnqueueResult, Job, NewJob
 
 # Query texts resolved once; the hot paths look them up per call otherwise.
 _CLAIM = query("claim_ready")
@@ -23,6 +24,7 @@ class JobRepository:
         self.pool = pool
 
     # intake -------------------------------------------------------------------------------
+    @translate_unavailable
     async def enqueue_many(
         self, items: Sequence[NewJob], conn: asyncpg.Connection | None = None
     ) -> list[EnqueueResult]:
@@ -73,9 +75,10 @@ class JobRepository:
 
     async def complete(
         self, ids: list[int], attempts: list[int], results: list[Any], owner: str
-    ) -> set[int]:
+    ) -> set[AttemptKey]:
+        """Record successes; returns the (job id, attempt) pairs this owner still held."""
         rows = await self.pool.fetch(_COMPLETE, ids, attempts, results, owner)
-        return {r[0] for r in rows}
+        return {(r[0], r[1]) for r in rows}
 
     async def complete_in(
         self, conn: asyncpg.Connection, job: Job, result: Any, owner: str
@@ -104,34 +107,47 @@ class JobRepository:
         status = await conn.execute(query("save_progress"), job.id, job.attempt, owner, progress)
         return status.endswith(" 1")
 
-    async def extend_leases(self, ids: list[int], owner: str, lease_s: float) -> int:
-        status = await self.pool.execute(query("extend_leases"), ids, owner, lease_s)
+    async def extend_leases(
+        self, attempts: Sequence[AttemptKey], owner: str, lease_s: float
+    ) -> int:
+        """Extend the leases of these attempts that `owner` still holds; rows locked by another
+        transaction are skipped, never waited for."""
+        ids, numbers = _split(attempts)
+        status = await self.pool.execute(query("extend_leases"), ids, numbers, owner, lease_s)
         return int(status.rsplit(" ", 1)[-1])
 
-    async def release_leases(self, ids: list[int], owner: str) -> int:
-        return await self.pool.fetchval(query("release_leases"), ids, owner)
+    async def release_leases(self, attempts: Sequence[AttemptKey], owner: str) -> int:
+        ids, numbers = _split(attempts)
+        return await self.pool.fetchval(query("release_leases"), ids, numbers, owner)
 
-    # status and operators -----------------------------------------------------------------
+    # status and operators (DatabaseUnavailable when the database cannot be reached) ---------
+    @translate_unavailable
     async def get(self, job_id: int) -> dict[str, Any] | None:
         row = await self.pool.fetchrow(query("get_job"), job_id)
         return dict(row) if row else None
 
+    @translate_unavailable
     async def get_by_key(self, key: str) -> dict[str, Any] | None:
         row = await self.pool.fetchrow(query("get_job_by_key"), key)
         return dict(row) if row else None
 
-    async def list(
+    @translate_unavailable
+    async def list_summaries(
         self, *, state: str | None, queue: str | None, before_id: int | None, limit: int
     ) -> list[dict[str, Any]]:
+        """Newest first: the columns of a list view, with `last_error` cut to 500 characters
+        (never payload, target, result or progress, which may each be near the body limit)."""
         rows = await self.pool.fetch(query("list_jobs"), state, queue, before_id, limit)
         return [dict(r) for r in rows]
 
+    @translate_unavailable
     async def retry(self, job_id: int) -> dict[str, Any] | None:
         row = await self.pool.fetchrow(query("retry_job"), job_id)
         if row:
             await self.pool.execute("SELECT pg_notify('dispatcher_wake', 'ready')")
         return dict(row) if row else None
 
+    @translate_unavailable
     async def cancel(self, job_id: int) -> dict[str, Any] | None:
         row = await self.pool.fetchrow(query("cancel_job"), job_id)
         return dict(row) if row else None
@@ -178,7 +194,17 @@ class JobRepository:
         return await conn.fetchval(query("lock_running_job"), job.id, job.attempt, owner) == 1
 
     @asynccontextmanager
+    async def connection(self) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection, waited for as long as it takes (the caller bounds the wait)."""
+        async with self.pool.acquire(timeout=None) as conn:
+            yield conn
+
+    @asynccontextmanager
     async def transaction(self) -> AsyncIterator[asyncpg.Connection]:
         """A pooled connection inside a transaction (commits unless the block raises)."""
         async with self.pool.acquire() as conn, conn.transaction():
             yield conn
+
+
+def _split(attempts: Sequence[AttemptKey]) -> tuple[list[int], list[int]]:
+    return [job_id for job_id, _ in attempts], [attempt for _, attempt in attempts]

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import ParamSpec, TypeVar
 
 import asyncpg
 
 from dispatcher import jsoncodec
 from dispatcher.config import mask_url
 from dispatcher.errors import DatabaseUnavailable
+from dispatcher.lifecycle import Service
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # Errors that mean "the server is not there (yet)", worth a retry with backoff at start-up.
 CONNECT_ERRORS = (
@@ -22,6 +28,43 @@ CONNECT_ERRORS = (
     asyncpg.ConnectionDoesNotExistError,
     asyncio.TimeoutError,
 )
+
+# Errors that mean "the database cannot serve this request now; the same request may succeed
+# later": no connection (refused, reset, timed out: all OSError), a connection lost (class 08),
+# a server starting, stopping or crashed (57P0x), or out of connection slots (53300).
+UNAVAILABLE_ERRORS = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.TooManyConnectionsError,
+)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` says the database is unreachable, rather than that the request is wrong."""
+    if isinstance(exc, asyncpg.InterfaceError):
+        # "connection is closed", "pool is closing": the rest (bad arguments) are bugs
+        return "closed" in str(exc) or "closing" in str(exc)
+    return isinstance(exc, UNAVAILABLE_ERRORS)
+
+
+def translate_unavailable(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Decorate a repository method: the driver's unreachable-database errors leave it as
+    `DatabaseUnavailable` (which the API answers with 503), everything else unchanged."""
+
+    @functools.wraps(method)
+    async def translated(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await method(*args, **kwargs)
+        except (*UNAVAILABLE_ERRORS, asyncpg.InterfaceError) as exc:
+            if not is_unavailable(exc):
+                raise
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise DatabaseUnavailable(f"database unavailable ({reason})") from exc
+
+    return translated
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -35,10 +78,12 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         )
 
 
-async def create_pool(dsn: str, *, size: int, application_name: str = "dispatcher") -> asyncpg.Pool:
+async def create_pool(
+    dsn: str, *, size: int, application_name: str = "dispatcher", min_size: int = 2
+) -> asyncpg.Pool:
     pool = await asyncpg.create_pool(
         dsn,
-        min_size=min(2, size),
+        min_size=min(min_size, size),
         max_size=size,
         init=_init_connection,
         server_settings={
@@ -84,3 +129,43 @@ async def wait_for_database(dsn: str, *, timeout_s: float, log_every_s: float = 
             last_log = now
         await asyncio.sleep(min(delay, deadline - now))
         delay = min(delay * 2, 5.0)
+
+
+class PoolSet(Service):
+    """The daemon's connection pools, one per kind of work, so none can starve another:
+
+    - `api`: intake and operator reads (`db_pool_size`);
+    - `engine`: claims, completions, failures, the due-scan, cron, sampling and pruning: short
+      statements only, one claim loop per queue plus a few;
+    - `lease`: one connection for the heartbeat alone, so leases are renewed whatever else waits;
+    - `handlers`: transactional effects, which hold a connection for their whole run.
+    """
+
+    name = "database-pools"
+
+    def __init__(self, dsn: str, *, api_size: int, engine_size: int, handler_size: int):
+        self._dsn = dsn
+        self._sizes = {"api": api_size, "engine": engine_size, "lease": 1, "handlers": handler_size}
+        self._pools: dict[str, asyncpg.Pool] = {}
+
+    def __getitem__(self, kind: str) -> asyncpg.Pool:
+        return self._pools[kind]
+
+    async def start(self) -> None:
+        for kind, size in self._sizes.items():
+            # handler connections are opened on demand: many deployments have no such handler
+            self._pools[kind] = await create_pool(
+                self._dsn,
+                size=size,
+                application_name=f"dispatcher:{kind}",
+                min_size=0 if kind == "handlers" else 2,
+            )
+
+    async def stop(self) -> None:
+        pools, self._pools = self._pools, {}
+        try:  # close gracefully; connections a dead server never answers are cut
+            async with asyncio.timeout(5):
+                await asyncio.gather(*(p.close() for p in pools.values()))
+        except (TimeoutError, *CONNECT_ERRORS, asyncpg.PostgresError):
+            for p in pools.values():
+                p.terminate()

@@ -119,7 +119,7 @@ UPDATE dispatcher.jobs j
        lease_owner = NULL, lease_expires_at = NULL, last_error = NULL
   FROM unnest($1::bigint[], $2::integer[], $3::jsonb[]) AS r(id, attempt, result)
  WHERE j.id = r.id AND j.attempt = r.attempt AND j.state = 'running' AND j.lease_owner = $4
-RETURNING j.id;
+RETURNING j.id, j.attempt;
 
 -- name: record_failure
 -- Record a failed attempt: retry later ('scheduled' at now + $5 s) while attempts and retry age
@@ -151,17 +151,25 @@ UPDATE dispatcher.jobs j
 RETURNING j.state, j.dead_reason;
 
 -- name: extend_leases
--- Heartbeat: extend the leases this owner still holds.
-UPDATE dispatcher.jobs SET lease_expires_at = now() + make_interval(secs => $3)
- WHERE id = ANY ($1::bigint[]) AND lease_owner = $2 AND state = 'running';
+-- Heartbeat: extend the leases of these attempts ($1 ids, $2 attempt numbers) that owner $3
+-- still holds. Rows locked by another transaction are skipped, never waited for: a
+-- transactional handler holds its own job's row for its whole run, and the rescuer skips it too.
+UPDATE dispatcher.jobs j SET lease_expires_at = now() + make_interval(secs => $4)
+ WHERE j.id = ANY (ARRAY(
+       SELECT l.id FROM dispatcher.jobs l
+        WHERE l.id = ANY ($1::bigint[]) AND l.lease_owner = $3 AND l.state = 'running'
+          AND (l.id, l.attempt) IN (SELECT * FROM unnest($1::bigint[], $2::integer[]))
+          FOR UPDATE SKIP LOCKED));
 
 -- name: release_leases
--- Drain: hand unfinished jobs back (ready, attempt not counted) so another instance takes them.
+-- Drain: hand unfinished attempts ($1 ids, $2 attempt numbers) of owner $3 back (ready, the
+-- attempt not counted) so another instance takes them at once.
 WITH released AS (
     UPDATE dispatcher.jobs j
        SET state = 'ready', attempt = greatest(0, j.attempt - 1),
            lease_owner = NULL, lease_expires_at = NULL
-     WHERE j.id = ANY ($1::bigint[]) AND j.lease_owner = $2 AND j.state = 'running'
+     WHERE j.id = ANY ($1::bigint[]) AND j.lease_owner = $3 AND j.state = 'running'
+       AND (j.id, j.attempt) IN (SELECT * FROM unnest($1::bigint[], $2::integer[]))
     RETURNING j.id, j.queue, j.tenant, j.handler, j.handler_version
 ), outboxed AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
@@ -184,7 +192,11 @@ SELECT * FROM dispatcher.jobs WHERE key = $1;
 
 -- name: list_jobs
 -- Operator listing, newest first, keyset-paginated by id; NULL filters match everything.
-SELECT * FROM dispatcher.jobs
+-- A summary only: payload, target, result and progress may be near the body limit each, and
+-- 8 lists of 1,000 whole rows took the daemon to 1.5 GB. The full job is one GET away.
+SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, started_at,
+       finished_at, dead_reason, left(last_error, 500) AS last_error
+  FROM dispatcher.jobs
  WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
    AND ($3::bigint IS NULL OR id < $3)
  ORDER BY id DESC

@@ -27,7 +27,8 @@ class Effect(Protocol):
     transient or rate-limited failure and `Reject` for a permanent one. Any other exception is
     treated as transient. Effects with `completes_in_transaction = True` record the completion
     themselves, in the transaction that carries their database effect, by calling `complete`
-    (which is fenced by the lease and the attempt number).
+    (which is fenced by the lease and the attempt number), on the connection `conn` the
+    executor passes them (waited for before the attempt's timeout starts).
     """
 
     completes_in_transaction: bool
@@ -36,16 +37,17 @@ class Effect(Protocol):
 
     async def stop(self) -> None: ...
 
-    async def run(self, job: Job, complete: CompleteInTransaction) -> Any: ...
+    async def run(self, job: Job, complete: CompleteInTransaction, conn: Any = None) -> Any: ...
 
 
 @asynccontextmanager
-async def leased_transaction(repo: JobRepository, job: Job, owner: str) -> AsyncIterator[Any]:
-    """A transaction holding the job's row lock, or LeaseLost if the lease is no longer ours.
-
-    The row lock keeps the lease rescuer (SKIP LOCKED) away while the effect runs.
-    """
-    async with repo.transaction() as conn:
+async def leased_transaction(
+    conn: Any, repo: JobRepository, job: Job, owner: str
+) -> AsyncIterator[Any]:
+    """A transaction on `conn` holding the job's row lock, or LeaseLost if the lease is no
+    longer ours. The row lock keeps the lease rescuer (SKIP LOCKED) away while the effect runs;
+    the heartbeat skips the locked row rather than wait for it."""
+    async with conn.transaction():
         if not await repo.lock_running(conn, job, owner):
             raise LeaseLost(f"job {job.id} attempt {job.attempt} is no longer ours")
         yield conn

@@ -72,10 +72,10 @@ class PythonEffect:
     async def stop(self) -> None:
         return None
 
-    async def run(self, job: Job, complete: CompleteInTransaction) -> Any:
+    async def run(self, job: Job, complete: CompleteInTransaction, conn: Any = None) -> Any:
         if not self.completes_in_transaction:
             return await self._handler(job, HandlerContext(None, self.name))
-        async with leased_transaction(self._repo, job, self._owner) as conn:
+        async with leased_transaction(conn, self._repo, job, self._owner):
             result = await self._handler(job, HandlerContext(conn, self.name))
             await complete_or_abort(complete, conn, job, result)
             return result

@@ -53,11 +53,11 @@ class SqlEffect:
                 f"payload does not fit handler {self.name!r}: {exc}", code="invalid_payload"
             ) from None
 
-    async def run(self, job: Job, complete: CompleteInTransaction) -> Any:
+    async def run(self, job: Job, complete: CompleteInTransaction, conn: Any = None) -> Any:
         progress = dict(job.progress or {"pages": 0, "rows": 0})
         args: list[Any] | None = None
         while True:
-            async with leased_transaction(self._repo, job, self._owner) as conn:
+            async with leased_transaction(conn, self._repo, job, self._owner):
                 statement = await conn.prepare(self._statement)
                 if args is None:
                     types = [t.name for t in statement.get_parameters()]

@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from dispatcher.db.jobs import JobRepository
+from dispatcher.lifecycle import Service
 from dispatcher.model import Job
 
 log = logging.getLogger(__name__)
@@ -18,8 +19,11 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 2000
 
 
-class Completer:
-    """Owns the write of `succeeded`. `record` returns True when this lease still held the job."""
+class Completer(Service):
+    """Owns the write of `succeeded`. `record` returns True when this lease still held the job
+    (fenced by owner and attempt: a stale attempt's success changes nothing)."""
+
+    name = "completer"
 
     def __init__(self, repo: JobRepository, owner: str):
         self._repo = repo
@@ -32,13 +36,13 @@ class Completer:
         self._stopping = False
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="completer")
+        self._task = self.spawn(self._run())
 
     async def stop(self) -> None:
         """Flush what is queued, then stop. Idempotent."""
         if self._task is None:
             return
-        self._stopping = True
+        self._stopping = True  # also tells the supervisor that the task may now end
         self._wake.set()
         task, self._task = self._task, None
         await task
@@ -90,4 +94,4 @@ class Completer:
             return
         for job, _, future in batch:
             if not future.done():
-                future.set_result(job.id in done)
+                future.set_result((job.id, job.attempt) in done)

@@ -13,7 +13,6 @@ from typing import Protocol
 
 
 class Member(Protocol):
-    job_id: int
     timed_out: bool
 
 

@@ -30,7 +30,13 @@ class Attempt(Protocol):
 
 
 class Executor:
-    """Executes attempts for one queue. Holds the per-queue metric children (hoisted lookups)."""
+    """Executes attempts for one queue. Holds the per-queue metric children (hoisted lookups).
+
+    A transactional effect (python with `transactional`, sql) holds a database connection for
+    its whole run. Those connections come from a pool of their own (`handler_repo`), so slow
+    handlers can never take intake's, the heartbeat's or the completer's; an attempt first waits
+    for one, and only then does its timeout start, so waiting never eats its own deadline.
+    """
 
     def __init__(
         self,
@@ -42,11 +48,13 @@ class Executor:
         owner: str,
         effect_timeout_s: dict[str, float],
         on_rescheduled: Callable[[], None] = lambda: None,
+        handler_repo: JobRepository | None = None,
     ):
         self.queue = queue
         self._settings = settings
         self._effects = effects
         self._repo = repo
+        self._handler_repo = handler_repo or repo
         self._completer = completer
         self._owner = owner
         self._timeouts = effect_timeout_s
@@ -54,17 +62,40 @@ class Executor:
         self._m_succeeded = metrics.JOBS_COMPLETED.labels(queue, "succeeded")
         self._m_duration = metrics.EFFECT_DURATION.labels(queue)
         self._m_lease_lost = metrics.LEASES_LOST.labels(queue)
+        self._m_unrecorded = metrics.OUTCOMES_UNRECORDED.labels(queue)
 
-    def timeout_s(self, handler: str) -> float | None:
-        """How long one attempt of `handler` may run (None: unknown handler, no limit)."""
+    def shared_timeout_s(self, handler: str) -> float | None:
+        """The timeout the pool enforces from the claim for attempts of `handler`: None for an
+        unknown handler, and for transactional effects (timed here, once they have a
+        connection)."""
+        effect = self._effects.get(handler)
+        if effect is None or effect.completes_in_transaction:
+            return None
         return self._timeouts.get(handler)
 
-    async def execute(self, job: Job, attempt: Attempt) -> None:
-        """Run one attempt. `attempt.effect_ended()` is called once the effect has ended (its
-        in-flight slot is free), before the outcome is recorded; the job stays leased until
-        then. The pool cancels the task with `attempt.timed_out` set when the handler's
-        timeout passes."""
+    async def execute(self, job: Job, attempt: Attempt) -> bool:
+        """Run one attempt and record its outcome; return False if the outcome could not be
+        written (the database failed): the job then stays leased until the drain hands it back
+        or its lease expires and any instance retries it. `attempt.effect_ended()` is called
+        once the effect has ended (its in-flight slot is free), before the outcome is recorded.
+        The pool cancels the task with `attempt.timed_out` set when the handler's timeout
+        passes."""
         fault_point("after_claim")
+        try:
+            return await self._attempt(job, attempt)
+        except Exception as exc:  # only writes of the outcome get here
+            self._m_unrecorded.inc()
+            log.error(
+                "could not record the outcome of attempt %d (%s: %s); the job is retried once "
+                "its lease expires",
+                job.attempt,
+                type(exc).__name__,
+                exc,
+                extra=job.log_fields,
+            )
+            return False
+
+    async def _attempt(self, job: Job, attempt: Attempt) -> bool:
         effect = self._effects.get(job.handler)
         started = time.perf_counter()
         try:
@@ -73,7 +104,7 @@ class Executor:
                     raise Reject(
                         f"no handler {job.handler!r} is configured", code="unknown_handler"
                     )
-                result = await effect.run(job, self._complete_in)
+                result = await self._run_effect(effect, job)
             except asyncio.CancelledError:
                 # a timeout, unless a drain cancelled the attempt as well
                 task = asyncio.current_task()
@@ -82,39 +113,44 @@ class Executor:
                 raise
             finally:
                 attempt.effect_ended()
-            fault_point("after_effect")
-            recorded = True
-            if not effect.completes_in_transaction:
-                recorded = await self._completer.record(job, result)
         except RetryLater as exc:
             delay_s = exc.delay_s
             if exc.rate_limited:  # honour Retry-After, but `Retry-After: 0` must not tight-loop
                 delay_s = max(delay_s or 0.0, self._backoff(job))
-            await self._retry(
-                job, exc.reason, delay_s, "rate_limited" if exc.rate_limited else "transient"
-            )
+            kind = "rate_limited" if exc.rate_limited else "transient"
+            return await self._retry(job, exc.reason, delay_s, kind)
         except Reject as exc:
-            await self._fail(job, permanent=True, delay_s=0, error=exc.reason, reason=exc.code)
+            return await self._fail(
+                job, permanent=True, delay_s=0, error=exc.reason, reason=exc.code
+            )
         except LeaseLost:
             self._m_lease_lost.inc()
             log.warning("lease lost; the new holder finishes the job", extra=job.log_fields)
+            return True
         except TimeoutError:
-            await self._retry(job, "attempt timed out", None, "timeout")
-        except asyncio.CancelledError:
-            raise  # drain: the pool releases the lease
+            return await self._retry(job, "attempt timed out", None, "timeout")
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             if _is_permanent_sql_error(exc):
-                await self._fail(job, permanent=True, delay_s=0, error=error, reason="sql_error")
-            else:
-                await self._retry(job, error, None, "error")
-        else:
-            self._m_duration.observe(time.perf_counter() - started)
-            if recorded:
-                fault_point("after_complete")
-                self._m_succeeded.inc()
-            else:
-                self._m_lease_lost.inc()
+                return await self._fail(
+                    job, permanent=True, delay_s=0, error=error, reason="sql_error"
+                )
+            return await self._retry(job, error, None, "error")
+        fault_point("after_effect")
+        self._m_duration.observe(time.perf_counter() - started)
+        if not effect.completes_in_transaction and not await self._completer.record(job, result):
+            self._m_lease_lost.inc()
+            return True
+        fault_point("after_complete")
+        self._m_succeeded.inc()
+        return True
+
+    async def _run_effect(self, effect: Effect, job: Job) -> Any:
+        if not effect.completes_in_transaction:
+            return await effect.run(job, self._complete_in)
+        async with self._handler_repo.connection() as conn:
+            async with asyncio.timeout(self._timeouts.get(job.handler)):
+                return await effect.run(job, self._complete_in, conn)
 
     async def completion_backpressure(self, limit: int) -> None:
         """Hold new claims while more than `limit` completions wait to be written."""
@@ -127,21 +163,21 @@ class Executor:
     def _backoff(self, job: Job) -> float:
         return backoff_s(job.attempt, self._settings.backoff_base_s, self._settings.backoff_cap_s)
 
-    async def _retry(self, job: Job, error: str, delay_s: float | None, reason: str) -> None:
+    async def _retry(self, job: Job, error: str, delay_s: float | None, reason: str) -> bool:
         if delay_s is None:
             delay_s = self._backoff(job)
-        await self._fail(job, permanent=False, delay_s=delay_s, error=error, reason=reason)
+        return await self._fail(job, permanent=False, delay_s=delay_s, error=error, reason=reason)
 
     async def _fail(
         self, job: Job, *, permanent: bool, delay_s: float, error: str, reason: str
-    ) -> None:
+    ) -> bool:
         error = error[:ERROR_TEXT_LIMIT]
         outcome = await self._repo.record_failure(
             job, self._owner, permanent=permanent, delay_s=delay_s, error=error, reason=reason
         )
         if outcome is None:
             self._m_lease_lost.inc()
-            return
+            return True
         state, dead_reason = outcome
         fields = {**job.log_fields, "state": state}
         if state == "dead":
@@ -155,6 +191,7 @@ class Executor:
             metrics.RETRIES.labels(self.queue, reason).inc()
             self._on_rescheduled()
             log.info("retry in %.3f s (%s): %s", delay_s, reason, error, extra=fields)
+        return True
 
 
 # SQLSTATE classes that no retry can fix: 42 (syntax, undefined table or column, privileges)

@@ -1,8 +1,13 @@
-"""The worker pool: per queue, a claim loop bounded by a token bucket and an in-flight cap.
+"""The worker pool: per queue, a claim loop bounded by a token bucket and an in-flight cap; the
+lease heartbeat; and the drain (soft stop, then hard stop, then leases handed back).
 
 The loop reserves start tokens and in-flight slots first, then claims at most that many jobs in
 one statement (relay and claim fused for the in-process transport), so it never holds more work
 than it can start at once and never leases a job it cannot run now.
+
+Everything this process remembers about a running job is keyed by (job id, attempt): when an
+attempt loses its lease and this same process claims the job again, the stale attempt's end,
+timeout or release touches nothing of the new one.
 """
 
 from __future__ import annotations
@@ -10,12 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from dispatcher import metrics
 from dispatcher.config import QueueSettings
 from dispatcher.db.jobs import JobRepository
-from dispatcher.model import Job
+from dispatcher.faults import fault_point
+from dispatcher.lifecycle import LoopService, Service
+from dispatcher.model import AttemptKey, Job
 from dispatcher.relay.transport import Transport
 from dispatcher.work.deadlines import Member, SharedDeadline
 from dispatcher.work.executor import Executor
@@ -24,9 +32,16 @@ from dispatcher.work.limiter import InflightLimit, TokenBucket
 log = logging.getLogger(__name__)
 
 CLAIM_ERROR_BACKOFF_S = 1.0
+# Attempts whose outcome could not be written (database down) are remembered so the drain can
+# hand their leases back; past this many, the rest simply wait for their leases to expire.
+MAX_UNSETTLED = 100_000
 
 
-class QueueWorker:
+class LeasesNotReleased(Exception):
+    """The drain could not hand unfinished jobs back; they wait for their leases to expire."""
+
+
+class QueueWorker(Service):
     """Claims and runs the jobs of one queue. `stop_claiming` stops new starts at once."""
 
     def __init__(
@@ -39,16 +54,18 @@ class QueueWorker:
         idle_poll_s: float,
         bucket: TokenBucket | None = None,
     ):
+        self.name = f"claim:{queue}"
         self.queue = queue
         self.settings = settings
         self.bucket = bucket or TokenBucket(settings.rate_per_s, settings.burst)
         self.inflight = InflightLimit(settings.max_inflight)
-        self.running: dict[int, asyncio.Task[None]] = {}
+        self.running: dict[AttemptKey, asyncio.Task[bool]] = {}
+        self.unsettled: set[AttemptKey] = set()
         self._transport = transport
         self._executor = executor
         self._idle_poll_s = idle_poll_s
         self._wake = asyncio.Event()
-        self._stopping = asyncio.Event()
+        self._halt = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._m_due_to_start = metrics.DUE_TO_START.labels(queue)
         self._m_inflight = metrics.INFLIGHT.labels(queue)
@@ -56,25 +73,30 @@ class QueueWorker:
         self._m_limiter_wait = metrics.LIMITER_WAIT.labels(queue)
 
     async def start(self) -> None:
-        self._loop_task = asyncio.create_task(self._claim_loop(), name=f"claim:{self.queue}")
+        self._loop_task = self.spawn(self._claim_loop())
 
     def wake(self) -> None:
         self._wake.set()
 
     async def stop_claiming(self) -> None:
         """Stop starting new jobs; running ones go on. Idempotent."""
-        self._stopping.set()
+        self._stopping = True
+        self._halt.set()
         self._wake.set()
         self.inflight.release(0)  # unblock a loop waiting for a free slot
         if self._loop_task is not None:
             task, self._loop_task = self._loop_task, None
-            await task
+            with contextlib.suppress(Exception):  # a loop that died was reported already
+                await task
+
+    stop = stop_claiming
 
     async def _claim_loop(self) -> None:
-        while not self._stopping.is_set():
-            await self.inflight.wait_for_free_slot_or(self._stopping)
+        while not self._halt.is_set():
+            fault_point(self.name)
+            await self.inflight.wait_for_free_slot_or(self._halt)
             await self._executor.completion_backpressure(self.inflight.limit)
-            if self._stopping.is_set():
+            if self._halt.is_set():
                 return
             wanted = min(self.settings.claim_batch, self.inflight.limit - self.inflight.used)
             tokens = self.bucket.take_up_to(wanted)
@@ -87,23 +109,15 @@ class QueueWorker:
             self._wake.clear()
             try:
                 jobs, taken = await self._transport.receive(self.queue, slots)
-            except Exception as exc:
+            except Exception as exc:  # the database may be restarting: try again shortly
                 log.error("claim failed on queue %s: %s", self.queue, exc)
-                jobs, taken = [], 0
                 self._return_unused(slots, tokens, 0)
                 await self._pause(CLAIM_ERROR_BACKOFF_S, wake_on_signal=False)
                 continue
             self._return_unused(slots, tokens, len(jobs))
             if taken > len(jobs):
                 self._m_duplicates.inc(taken - len(jobs))
-            deadlines: dict[str, SharedDeadline | None] = {}
-            for job in jobs:
-                if job.handler not in deadlines:
-                    timeout_s = self._executor.timeout_s(job.handler)
-                    deadlines[job.handler] = (
-                        SharedDeadline(timeout_s, self._timed_out) if timeout_s else None
-                    )
-                self._start(job, deadlines[job.handler])
+            self._start_all(jobs)
             if not jobs and taken == 0:
                 await self._pause(self._idle_poll_s, wake_on_signal=True)
 
@@ -113,25 +127,43 @@ class QueueWorker:
         if tokens > used:
             self.bucket.give_back(tokens - used)
 
+    def _start_all(self, jobs: list[Job]) -> None:
+        deadlines: dict[str, SharedDeadline | None] = {}
+        for job in jobs:
+            if job.handler not in deadlines:
+                timeout_s = self._executor.shared_timeout_s(job.handler)
+                deadlines[job.handler] = (
+                    SharedDeadline(timeout_s, self._timed_out) if timeout_s else None
+                )
+            self._start(job, deadlines[job.handler])
+
     def _start(self, job: Job, deadline: SharedDeadline | None) -> None:
         self._m_due_to_start.observe(max(0.0, job.due_to_start_s))
         self._m_inflight.inc()
-        attempt = _Attempt(job.id, self.inflight, self._m_inflight, deadline)
+        attempt = _Attempt((job.id, job.attempt), self.inflight, self._m_inflight, deadline)
         task = asyncio.create_task(self._executor.execute(job, attempt))
-        self.running[job.id] = task
-        task.add_done_callback(lambda _t: self._finished(attempt))
+        self.running[attempt.key] = task
+        task.add_done_callback(lambda t: self._finished(attempt, t))
 
-    def _finished(self, attempt: _Attempt) -> None:
-        self.running.pop(attempt.job_id, None)
+    def _finished(self, attempt: _Attempt, task: asyncio.Task[bool]) -> None:
+        if self.running.get(attempt.key) is task:
+            del self.running[attempt.key]
         attempt.effect_ended()  # no-op unless the task ended before its effect did (cancelled)
+        if task.cancelled():
+            return  # the drain cancelled it and hands its lease back
+        error = task.exception()
+        if error is not None:
+            log.error("attempt %s ended with an error", attempt.key, exc_info=error)
+        if (error is not None or not task.result()) and len(self.unsettled) < MAX_UNSETTLED:
+            self.unsettled.add(attempt.key)
 
     def _timed_out(self, attempt: Member) -> None:
-        task = self.running.get(attempt.job_id)
+        task = self.running.get(attempt.key)  # type: ignore[attr-defined]
         if task is not None:
             task.cancel()
 
     async def _pause(self, seconds: float, *, wake_on_signal: bool) -> None:
-        waiters = [self._stopping.wait()]
+        waiters = [self._halt.wait()]
         if wake_on_signal:
             waiters.append(self._wake.wait())
         tasks = [asyncio.ensure_future(w) for w in waiters]
@@ -141,36 +173,26 @@ class QueueWorker:
             for t in tasks:
                 t.cancel()
 
-    async def wait_idle(self, timeout_s: float, abort: asyncio.Event) -> None:
-        """Wait until nothing runs, at most `timeout_s` seconds or until `abort` is set."""
-        if not self.running:
-            return
+    async def wait_idle(self, abort: asyncio.Event) -> None:
+        """Wait until nothing runs, or until `abort` is set (the caller bounds the time)."""
         aborted = asyncio.ensure_future(abort.wait())
         try:
-            await asyncio.wait(
-                [*self.running.values(), aborted],
-                timeout=timeout_s,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
             while self.running and not abort.is_set():
                 await asyncio.wait(
-                    [*self.running.values(), aborted],
-                    timeout=timeout_s,
-                    return_when=asyncio.FIRST_COMPLETED,
+                    [*self.running.values(), aborted], return_when=asyncio.FIRST_COMPLETED
                 )
         finally:
             aborted.cancel()
 
-    async def cancel_running(self) -> list[int]:
-        """Cancel attempts still running; return their job ids (their leases must be released)."""
-        ids = list(self.running)
+    async def cancel_running(self) -> list[AttemptKey]:
+        """Cancel attempts still running and wait for them; return their keys (their leases
+        must be released). The caller bounds the wait: a handler may ignore cancellation."""
+        keys = list(self.running)
         tasks = list(self.running.values())
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        return ids
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return keys
 
 
 class _Attempt:
@@ -178,12 +200,12 @@ class _Attempt:
     the effect ends (the completion write that follows runs outside the cap; the completer
     applies its own backpressure), and it leaves its shared deadline at the same moment."""
 
-    __slots__ = ("_deadline", "_gauge", "_limit", "_released", "job_id", "timed_out")
+    __slots__ = ("_deadline", "_gauge", "_limit", "_released", "key", "timed_out")
 
     def __init__(
-        self, job_id: int, limit: InflightLimit, gauge: Any, deadline: SharedDeadline | None
+        self, key: AttemptKey, limit: InflightLimit, gauge: Any, deadline: SharedDeadline | None
     ):
-        self.job_id = job_id
+        self.key = key
         self.timed_out = False
         self._limit = limit
         self._gauge = gauge
@@ -201,62 +223,139 @@ class _Attempt:
                 self._deadline.leave(self)
 
 
-class WorkerPool:
-    """All queue workers of this process plus the heartbeat that keeps their leases alive."""
+class LeaseHeartbeat(LoopService):
+    """Every `lease_s / 3`, extends the leases of the attempts this process runs.
 
-    def __init__(self, workers: list[QueueWorker], repo: JobRepository, owner: str, lease_s: float):
-        self.workers = {w.queue: w for w in workers}
+    Its statement skips job rows another transaction holds locked: a transactional handler
+    holds its own job's row for its whole run (and the lease rescuer skips such rows too), so
+    the heartbeat of every other job never waits on a handler. It runs on a connection of its
+    own, so no other work can keep it from the database either.
+    """
+
+    name = "lease-heartbeat"
+
+    def __init__(
+        self,
+        repo: JobRepository,
+        owner: str,
+        lease_s: float,
+        running: Callable[[], list[AttemptKey]],
+    ):
         self._repo = repo
         self._owner = owner
         self._lease_s = lease_s
-        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._running = running
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._lease_s / 3)
+            await self.run_once()
+
+    async def run_once(self) -> int:
+        attempts = self._running()
+        if not attempts:
+            return 0
+        try:  # a beat that cannot finish in its period is abandoned: the next one retries
+            async with asyncio.timeout(self._lease_s / 3):
+                return await self._repo.extend_leases(attempts, self._owner, self._lease_s)
+        except Exception as exc:  # the lease has two more beats of slack
+            log.error("could not extend %d leases: %s", len(attempts), exc)
+            return 0
+
+
+class WorkerPool(Service):
+    """All queue workers of this process. Stopping it is the drain: stop claiming at once, let
+    running attempts finish for up to `drain_timeout_s` (the soft stop, cut short by `force`),
+    cancel the rest and wait for them for up to `hard_stop_timeout_s` (the hard stop), then hand
+    back the leases of every attempt that did not record its outcome. If that hand-back cannot
+    be written, `stop()` raises `LeasesNotReleased` and the daemon exits non-zero."""
+
+    name = "workers"
+
+    def __init__(
+        self,
+        workers: list[QueueWorker],
+        repo: JobRepository,
+        owner: str,
+        *,
+        drain_timeout_s: float,
+        hard_stop_timeout_s: float,
+        force: asyncio.Event,
+    ):
+        self.workers = {w.queue: w for w in workers}
+        self._repo = repo
+        self._owner = owner
+        self._drain_timeout_s = drain_timeout_s
+        self._hard_stop_timeout_s = hard_stop_timeout_s
+        self._force = force
+        self._stopped = False
+        # soft + hard + the hand-back, itself bounded by the hard deadline
+        self.stop_timeout_s = drain_timeout_s + 2 * hard_stop_timeout_s + 1
+
+    def supervise(self, on_died: Any) -> None:
+        for worker in self.workers.values():
+            worker.supervise(on_died)
 
     async def start(self) -> None:
         for worker in self.workers.values():
             await worker.start()
-        self._heartbeat_task = asyncio.create_task(self._heartbeat(), name="lease-heartbeat")
 
     def wake(self) -> None:
         for worker in self.workers.values():
             worker.wake()
 
-    def running_ids(self) -> list[int]:
-        return [job_id for w in self.workers.values() for job_id in w.running]
+    def running_attempts(self) -> list[AttemptKey]:
+        return [key for w in self.workers.values() for key in w.running]
 
     def inflight(self) -> int:
         return sum(len(w.running) for w in self.workers.values())
 
-    async def _heartbeat(self) -> None:
-        while True:
-            await asyncio.sleep(self._lease_s / 3)
-            ids = self.running_ids()
-            if not ids:
-                continue
-            try:
-                await self._repo.extend_leases(ids, self._owner, self._lease_s)
-            except Exception as exc:  # next beat retries; the lease has two more beats of slack
-                log.error("could not extend %d leases: %s", len(ids), exc)
-
     async def stop_claiming(self) -> None:
         await asyncio.gather(*(w.stop_claiming() for w in self.workers.values()))
 
-    async def drain(self, timeout_s: float, abort: asyncio.Event) -> list[int]:
-        """Wait for running attempts up to `timeout_s` (or until `abort`), cancel the rest;
-        return the ids of the cancelled ones (their leases must be released)."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                await asyncio.gather(
-                    *(w.wait_idle(timeout_s, abort) for w in self.workers.values())
-                )
-        unfinished: list[int] = []
-        for worker in self.workers.values():
-            unfinished += await worker.cancel_running()
-        return unfinished
-
     async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
         await self.stop_claiming()
-        if self._heartbeat_task is not None:
-            task, self._heartbeat_task = self._heartbeat_task, None
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        cancelled = await self._drain()
+        unsettled = {*cancelled, *(k for w in self.workers.values() for k in w.unsettled)}
+        if unsettled:
+            await self._release(sorted(unsettled))
+
+    async def _drain(self) -> list[AttemptKey]:
+        """Soft stop, then hard stop; returns the attempts that were cancelled."""
+        running = self.inflight()
+        if not running:
+            return []
+        log.info("waiting up to %.0f s for %d running attempts", self._drain_timeout_s, running)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._drain_timeout_s):
+                await asyncio.gather(*(w.wait_idle(self._force) for w in self.workers.values()))
+        cancelled: list[AttemptKey] = []
+        if self.inflight():
+            log.warning("cancelling %d attempts still running", self.inflight())
+            try:
+                async with asyncio.timeout(self._hard_stop_timeout_s):
+                    for worker in self.workers.values():
+                        cancelled += await worker.cancel_running()
+            except TimeoutError:
+                log.error(
+                    "attempts ignored cancellation for %.0f s; leaving them",
+                    self._hard_stop_timeout_s,
+                )
+                cancelled = self.running_attempts()
+        return cancelled
+
+    async def _release(self, attempts: list[AttemptKey]) -> None:
+        try:
+            async with asyncio.timeout(self._hard_stop_timeout_s):
+                released = await self._repo.release_leases(attempts, self._owner)
+        except Exception as exc:
+            raise LeasesNotReleased(
+                f"could not hand {len(attempts)} unfinished jobs back ({type(exc).__name__}: "
+                f"{exc}); they stay leased until their leases expire, then any instance "
+                "retries them"
+            ) from None
+        if released:
+            log.warning("released %d unfinished jobs back to ready", released)

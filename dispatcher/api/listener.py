@@ -1,0 +1,53 @@
+"""An HTTP listener as a service: binds an aiohttp application on `host:port`, stops it cleanly."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from dispatcher.config import host_port
+from dispatcher.errors import ConfigError
+from dispatcher.lifecycle import Service
+
+SHUTDOWN_TIMEOUT_S = 5.0
+
+
+class HttpListener(Service):
+    """The daemon owns signals, so aiohttp must not install handlers. `stop()` stops accepting,
+    lets requests in progress finish for up to `SHUTDOWN_TIMEOUT_S`, then closes."""
+
+    stop_timeout_s = SHUTDOWN_TIMEOUT_S + 5
+
+    def __init__(self, name: str, app: web.Application, listen: str, setting: str):
+        self.name = name
+        self._app = app
+        self._listen = listen
+        self._setting = setting
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        # keepalive_timeout also bounds a connection that never finishes its headers (aiohttp
+        # has no separate header timeout), so slow-loris clients are dropped after it.
+        runner = web.AppRunner(
+            self._app,
+            handle_signals=False,
+            access_log=None,
+            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+            keepalive_timeout=75,
+        )
+        await runner.setup()
+        host, port = host_port(self._listen)
+        try:
+            await web.TCPSite(runner, host, port, backlog=1024).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise ConfigError(
+                f"cannot listen on {self._listen} ({exc.strerror or exc}): another process may "
+                f"use that port; stop it or set {self._setting} to a free host:port"
+            ) from None
+        self._runner = runner
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
