@@ -194,17 +194,17 @@ def cmd_check_config(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
-    from dispatcher.api.app import job_view
+    from dispatcher.api.app import job_view, summary_view
     from dispatcher.db.jobs import JobRepository
 
     async def run() -> int:
         async with database(settings) as (_dsn, pool):
             repo = JobRepository(pool)
             if args.action == "list":
-                rows = await repo.list(
+                rows = await repo.list_summaries(
                     state=args.state, queue=args.queue, before_id=None, limit=args.limit
                 )
-                print_jobs([job_view(r) for r in rows], as_json=args.json)
+                print_jobs([summary_view(r) for r in rows], as_json=args.json)
                 return 0
             operation = {"show": repo.get, "retry": repo.retry, "cancel": repo.cancel}[args.action]
             row = await operation(args.id)

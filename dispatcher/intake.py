@@ -17,9 +17,15 @@ from dispatcher import jsoncodec, metrics
 from dispatcher.api.schemas import JobRequest
 from dispatcher.config import Settings
 from dispatcher.db.jobs import JobRepository
+from dispatcher.errors import DatabaseUnavailable
 from dispatcher.model import EnqueueResult, NewJob
 
-TARGET_CACHE_SIZE = 4096
+# Valid targets are remembered by their JSON text, within a budget of characters: a target may
+# be as large as the body limit (256 kB by default), and the 4,096 entries once allowed could
+# hold 1.6 GB. The normalized targets take about as much again as their texts. Targets larger
+# than an entry's cap are validated every time (they are rare, and cost no more to check).
+TARGET_CACHE_CHARS = 4 * 1024 * 1024
+TARGET_CACHE_ENTRY_MAX_CHARS = 16 * 1024
 TargetValidator = Callable[[dict[str, Any]], dict[str, Any]]
 
 
@@ -45,7 +51,8 @@ class Intake:
         self._on_accepted = on_accepted
         self._handlers = {"http", *settings.handlers}
         self._writer = GroupWriter(repo)
-        self._targets: dict[str, dict[str, Any]] = {}
+        self._targets: dict[str, dict[str, Any]] = {}  # oldest first
+        self._target_chars = 0
         self._m_accepted = {q: metrics.JOBS_ACCEPTED.labels(q, "api") for q in settings.queues}
 
     def _normalized_target(self, target: dict[str, Any]) -> dict[str, Any]:
@@ -54,10 +61,17 @@ class Intake:
         normalized = self._targets.get(key)
         if normalized is None:
             normalized = self._validate_target(target)
-            if len(self._targets) >= TARGET_CACHE_SIZE:
-                self._targets.clear()
-            self._targets[key] = normalized
+            if len(key) <= TARGET_CACHE_ENTRY_MAX_CHARS:
+                self._remember_target(key, normalized)
         return normalized
+
+    def _remember_target(self, key: str, normalized: dict[str, Any]) -> None:
+        self._targets[key] = normalized
+        self._target_chars += len(key)
+        while self._target_chars > TARGET_CACHE_CHARS:
+            oldest = next(iter(self._targets))
+            del self._targets[oldest]
+            self._target_chars -= len(oldest)
 
     def notify_accepted(self) -> None:
         """Tell the workers that jobs became ready outside `accept` (e.g. an operator retry)."""
@@ -165,6 +179,12 @@ class GroupWriter:
     async def _write(self, group: list[tuple[NewJob, asyncio.Future[EnqueueResult]]]) -> None:
         try:
             results = await self._repo.enqueue_many([job for job, _ in group])
+        except DatabaseUnavailable as exc:
+            # nothing was written, and one by one every item would wait on the same outage
+            for _, future in group:
+                if not future.done():
+                    future.set_exception(exc)
+            return
         except Exception as exc:
             if len(group) == 1:
                 _, future = group[0]

@@ -31,6 +31,7 @@ from dispatcher.api.schemas import (
 )
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.runs import TriggerFailed
+from dispatcher.errors import DatabaseUnavailable
 from dispatcher.intake import Intake, Rejected
 from dispatcher.model import STATES, EnqueueResult
 from dispatcher.scheduling.cron import PeriodError
@@ -38,6 +39,8 @@ from dispatcher.scheduling.cron import PeriodError
 log = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
+# What a client is told to wait when the database cannot be reached (503 + Retry-After).
+RETRY_AFTER_S = 5
 Readiness = Callable[[], Awaitable[tuple[bool, str]]]
 
 REPO = web.AppKey("repo", JobRepository)
@@ -101,6 +104,9 @@ async def problem_middleware(request: web.Request, handler: Any) -> web.StreamRe
         return await handler(request)
     except Problem as exc:
         return exc.response()
+    except DatabaseUnavailable as exc:
+        log.warning("%s %s answered 503: %s", request.method, request.path, exc)
+        return database_unavailable()
     except web.HTTPRequestEntityTooLarge:
         return problem(
             413,
@@ -144,6 +150,16 @@ async def auth_middleware(request: web.Request, handler: Any) -> web.StreamRespo
                 headers={"WWW-Authenticate": 'Bearer realm="dispatcher"'},
             )
     return await handler(request)
+
+
+def database_unavailable(detail: str = "") -> web.Response:
+    return problem(
+        503,
+        detail
+        or f"the database is unavailable; retry in {RETRY_AFTER_S} s (a retried request with "
+        "the same Idempotency-Key creates nothing twice)",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
 
 
 def json_response(data: Any, **kwargs: Any) -> web.Response:
@@ -298,10 +314,30 @@ def job_id(request: web.Request) -> int:
     return int(raw)
 
 
-def job_view(row: dict[str, Any]) -> dict[str, Any]:
-    def ts(value: datetime | None) -> str | None:
-        return value.isoformat() if value else None
+def _ts(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
 
+
+def summary_view(row: dict[str, Any]) -> dict[str, Any]:
+    """A job in a list: what `JobRepository.list_summaries` reads (`last_error` cut short)."""
+    return {
+        "id": row["id"],
+        "key": row["key"],
+        "state": row["state"],
+        "queue": row["queue"],
+        "tenant": row["tenant"] or None,
+        "handler": row["handler"],
+        "attempt": row["attempt"],
+        "due_at": _ts(row["due_at"]),
+        "created_at": _ts(row["created_at"]),
+        "started_at": _ts(row["started_at"]),
+        "finished_at": _ts(row["finished_at"]),
+        "last_error": row["last_error"],
+        "dead_reason": row["dead_reason"],
+    }
+
+
+def job_view(row: dict[str, Any]) -> dict[str, Any]:
     target = row.get("target") or None
     return {
         "id": row["id"],
@@ -315,10 +351,10 @@ def job_view(row: dict[str, Any]) -> dict[str, Any]:
         "attempt": row["attempt"],
         "max_attempts": row["max_attempts"],
         "max_retry_age_s": row["max_retry_age_s"],
-        "due_at": ts(row["due_at"]),
-        "created_at": ts(row["created_at"]),
-        "started_at": ts(row["started_at"]),
-        "finished_at": ts(row["finished_at"]),
+        "due_at": _ts(row["due_at"]),
+        "created_at": _ts(row["created_at"]),
+        "started_at": _ts(row["started_at"]),
+        "finished_at": _ts(row["finished_at"]),
         "last_error": row["last_error"],
         "dead_reason": row["dead_reason"],
         "cancel_requested": row["cancel_requested"],
@@ -349,14 +385,14 @@ async def list_jobs(request: web.Request) -> web.Response:
     cursor = q.get("cursor") or None
     if cursor is not None and not is_ascii_number(cursor, max_digits=18):
         raise Problem(422, "cursor: pass the next_cursor of the previous page")
-    rows = await request.app[REPO].list(
+    rows = await request.app[REPO].list_summaries(
         state=state,
         queue=queue,
         before_id=int(cursor) if cursor else None,
         limit=int(limit_raw),
     )
     next_cursor = str(rows[-1]["id"]) if len(rows) == int(limit_raw) else None
-    return json_response({"items": [job_view(r) for r in rows], "next_cursor": next_cursor})
+    return json_response({"items": [summary_view(r) for r in rows], "next_cursor": next_cursor})
 
 
 async def operator_action(request: web.Request, action: str, refusal: str) -> dict[str, Any]:
@@ -417,7 +453,7 @@ async def trigger_schedule(request: web.Request) -> web.Response:
     except PeriodError as exc:
         raise Problem(422, f"period_start: {exc}") from None
     except TriggerFailed as exc:
-        raise Problem(503, f"{exc}; retry the same request (it is idempotent)") from None
+        return database_unavailable(f"{exc}; retry the same request (it is idempotent)")
     return web.json_response(
         receipt.to_json(), dumps=_dumps, status=202 if receipt.outcome == "created" else 200
     )

@@ -18,13 +18,20 @@ from typing import Any
 import asyncpg
 
 from dispatcher.db.jobs import JobRepository
+from dispatcher.db.pool import translate_unavailable
 from dispatcher.db.queries import query
-from dispatcher.errors import DispatcherError
+from dispatcher.errors import DatabaseUnavailable, DispatcherError
 from dispatcher.model import NewJob
 
 _DECISIONS = {"allow": "allowed", "skip": "skipped", "queue": "queued"}
 # Errors that mean the trigger's transaction did not commit (it rolled back or never finished).
-_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+_DRIVER_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    OSError,
+    TimeoutError,
+    DatabaseUnavailable,  # as JobRepository.enqueue_many translates a lost connection
+)
 
 # Plans the jobs of a run: gets the fan-out query's first-column values (None when the
 # schedule's units are static) and returns one NewJob per unit.
@@ -229,7 +236,8 @@ class RunRepository:
             ) from exc
         return released, created
 
-    # reading runs -------------------------------------------------------------------------
+    # reading runs (the status view: DatabaseUnavailable when the database cannot be reached)
+    @translate_unavailable
     async def finish_runs(self, schedule: str) -> list[str]:
         rows = await self.pool.fetch(query("finish_runs"), schedule)
         return [r["run_key"] for r in rows]
@@ -238,13 +246,16 @@ class RunRepository:
         row = await self.pool.fetchrow(query("get_run"), run_key)
         return None if row is None else _receipt(row, "existing")
 
+    @translate_unavailable
     async def latest(self, schedule: str) -> RunReceipt | None:
         row = await self.pool.fetchrow(query("latest_run"), schedule)
         return None if row is None else _receipt(row, "existing")
 
+    @translate_unavailable
     async def count_queued(self, schedule: str) -> int:
         return await self.pool.fetchval(query("count_queued_runs"), schedule)
 
+    @translate_unavailable
     async def run_periods_between(
         self, schedule: str, after: datetime, upto: datetime
     ) -> set[datetime]:
@@ -256,6 +267,7 @@ class RunRepository:
         row = await self.pool.fetchrow(query("ensure_schedule_state"), schedule, enabled, now)
         return ScheduleState(row["enabled"], row["checked_through"], row["tracked_since"])
 
+    @translate_unavailable
     async def get_state(self, schedule: str) -> ScheduleState | None:
         row = await self.pool.fetchrow(query("get_schedule_state"), schedule)
         if row is None:
@@ -279,6 +291,7 @@ class RunRepository:
         )
         return sorted(MissedPeriod(r["period_start"], r["reason"]) for r in rows)
 
+    @translate_unavailable
     async def outstanding_missed(
         self, schedule: str, limit: int
     ) -> tuple[int, datetime | None, list[MissedPeriod]]:
