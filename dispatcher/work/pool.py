@@ -93,7 +93,6 @@ class QueueWorker(Service):
 
     async def _claim_loop(self) -> None:
         while not self._halt.is_set():
-            fault_point(self.name)
             await self.inflight.wait_for_free_slot_or(self._halt)
             await self._executor.completion_backpressure(self.inflight.limit)
             if self._halt.is_set():
@@ -117,8 +116,10 @@ class QueueWorker(Service):
             self._return_unused(slots, tokens, len(jobs))
             if taken > len(jobs):
                 self._m_duplicates.inc(taken - len(jobs))
-            self._start_all(jobs)
-            if not jobs and taken == 0:
+            if jobs:
+                self._start_all(jobs)
+                fault_point(self.name)  # tests: a bug in a claim loop that has work in flight
+            elif taken == 0:
                 await self._pause(self._idle_poll_s, wake_on_signal=True)
 
     def _return_unused(self, slots: int, tokens: int, used: int) -> None:
