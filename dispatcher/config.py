@@ -169,6 +169,12 @@ class Settings(_Strict):
     overdue_after_s: float = Field(300.0, gt=0)
     schedules: list[ScheduleSettings] = []
 
+    def stop_budget_s(self) -> float:
+        """The longest a stop takes before the database is closed: the soft stop (drain), the
+        hard stop (cancelled attempts end) and the lease hand-back, each bounded. A supervisor's
+        stop timeout (systemd, compose, Kubernetes) must outlast it."""
+        return self.drain_timeout_s + 2 * self.hard_stop_timeout_s
+
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _any_case(cls, value: object, info: ValidationInfo) -> object:

@@ -18,7 +18,14 @@ STOP_MARGIN_S = 10
 
 
 def drain_timeout_s(env: dict[str, str]) -> float:
-    return float(env.get("DISPATCHER_DRAIN_TIMEOUT_S", Settings().drain_timeout_s))
+    """The daemon's worst-case stop with this environment: soft stop, hard stop, hand-back."""
+    settings = Settings(
+        drain_timeout_s=env.get("DISPATCHER_DRAIN_TIMEOUT_S", Settings().drain_timeout_s),
+        hard_stop_timeout_s=env.get(
+            "DISPATCHER_HARD_STOP_TIMEOUT_S", Settings().hard_stop_timeout_s
+        ),
+    )
+    return settings.stop_budget_s()
 
 
 def duration_s(text: str) -> float:

@@ -62,8 +62,7 @@ def test_readiness_and_watchdog_come_from_the_daemon() -> None:
 
 
 def test_stop_timeout_outlasts_the_default_drain() -> None:
-    drain_s = Settings().drain_timeout_s
-    assert int(only("Service", "TimeoutStopSec")) >= drain_s + STOP_MARGIN_S
+    assert int(only("Service", "TimeoutStopSec")) >= Settings().stop_budget_s() + STOP_MARGIN_S
     assert only("Service", "KillSignal") == "SIGTERM"
     # SIGTERM to the daemon only: the embedded PostgreSQL must outlive the drain.
     assert only("Service", "KillMode") == "mixed"
