@@ -8,12 +8,16 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from dispatcher.scheduling.cron import EARLIEST_INSTANT, LATEST_INSTANT, rfc3339
+
 # `\Z`, not `$` (which also matches before a final newline); [0-9], not `\d` (any script's digits)
 RFC3339 = re.compile(
     r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?"
     r"([Zz]|[+-][0-9]{2}:[0-9]{2})\Z"
 )
 MAX_BATCH = 1000
+# the due times every door accepts (migration 006 holds the same range in SQL)
+DUE_AT_RANGE = f"from {rfc3339(EARLIEST_INSTANT)} through {rfc3339(LATEST_INSTANT)}"
 
 
 class JobRequest(BaseModel):
@@ -26,7 +30,9 @@ class JobRequest(BaseModel):
     payload: dict[str, Any] = Field(default_factory=dict)
     queue: str | None = Field(None, min_length=1, max_length=63)
     tenant: str | None = Field(None, max_length=255)
-    due_at: datetime | None = Field(None, description="RFC 3339 with offset; omitted = now")
+    due_at: datetime | None = Field(
+        None, description=f"RFC 3339 with offset, {DUE_AT_RANGE}; omitted = now"
+    )
     # strict: a JSON integer only, not "5", 5.0 or true
     max_attempts: Annotated[int, Field(ge=1, le=1000, strict=True)] | None = None
     max_retry_age_s: Annotated[int, Field(ge=0, le=10 * 365 * 86400, strict=True)] | None = None
@@ -40,12 +46,16 @@ class JobRequest(BaseModel):
 
     @field_validator("due_at")
     @classmethod
-    def _representable(cls, value: datetime | None) -> datetime | None:
+    def _in_range(cls, value: datetime | None) -> datetime | None:
+        # the driver would send datetime.max as 'infinity'; a year past 9999 in UTC does not
+        # convert at all
         if value is not None:
             try:
-                value.astimezone(UTC)
+                in_range = EARLIEST_INSTANT <= value.astimezone(UTC) <= LATEST_INSTANT
             except OverflowError:
-                raise ValueError("is out of range; use a time before 9999-12-31 UTC") from None
+                in_range = False
+            if not in_range:
+                raise ValueError(f"is out of range; due times run {DUE_AT_RANGE}")
         return value
 
 

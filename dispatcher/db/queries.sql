@@ -30,8 +30,11 @@ SELECT id, queue, tenant, handler || ':' || handler_version FROM moved;
 -- name: seconds_to_next_due
 -- How long until the earliest scheduled job is due (NULL when none is waiting).
 -- (greatest() ignores NULL, so the empty case must be spelled out or the scan would spin)
+-- Epochs are subtracted, not times: `min(due_at) - now()` raises on a stored 'infinity', which
+-- made every scan fail; this gives Infinity (wait the scan interval) or 0 for '-infinity'.
 SELECT CASE WHEN min(due_at) IS NULL THEN NULL
-            ELSE greatest(0, extract(epoch FROM min(due_at) - now())) END::float8
+            ELSE greatest(0, extract(epoch FROM min(due_at)) - extract(epoch FROM now()))
+       END::float8
   FROM dispatcher.jobs WHERE state = 'scheduled';
 
 -- name: rescue_expired_leases
@@ -102,8 +105,16 @@ WITH RECURSIVE tenants AS (
            lease_expires_at = now() + make_interval(secs => $5), started_at = now()
      WHERE j.id = ANY (ARRAY(SELECT job_id FROM taken)) AND j.state = 'ready'
     RETURNING j.id, j.key, j.queue, j.tenant, j.handler, j.handler_version, j.target, j.payload,
-              j.attempt, j.max_attempts, j.due_at, j.progress, j.run_key,
-              extract(epoch FROM now() - j.due_at)::float8 AS due_to_start_s
+              j.attempt, j.max_attempts,
+              -- A due time out of range (stored before migration 006, or with its check
+              -- dropped) must not fail the claim of its whole queue: `now() - '-infinity'`
+              -- raises, and a year Python cannot hold fails the read. Report the nearest end
+              -- of the range, and no lateness.
+              least(greatest(j.due_at, lower(dispatcher.due_at_range())),
+                    upper(dispatcher.due_at_range())) AS due_at,
+              j.progress, j.run_key,
+              CASE WHEN j.due_at <@ dispatcher.due_at_range()
+                   THEN extract(epoch FROM now() - j.due_at) ELSE 0 END::float8 AS due_to_start_s
 )
 SELECT c.*, (SELECT count(*) FROM taken)::int AS taken_count FROM claimed c
 UNION ALL
@@ -251,7 +262,9 @@ SELECT queue, state, count(*)::bigint AS n FROM dispatcher.jobs GROUP BY queue, 
 
 -- name: oldest_ready_age
 -- Age of the oldest undelivered outbox row per queue (how long ready work has waited).
-SELECT queue, extract(epoch FROM now() - min(created_at))::float8 AS age_s
+-- (epochs, not `now() - min(created_at)`, which raises on a row written with '-infinity')
+SELECT queue,
+       (extract(epoch FROM now()) - extract(epoch FROM min(created_at)))::float8 AS age_s
   FROM dispatcher.outbox GROUP BY queue;
 
 -- name: now

@@ -17,6 +17,9 @@ Daylight saving time (the rules ISC cron documents):
   not exist and are skipped; wall times in the repeated hour fire in both occurrences.
 
 A period is identified by its start instant; its run key is `<schedule>:<start in UTC, RFC 3339>`.
+
+Instants near the ends of Python's calendar (years 1 and 9999) have no fire times: the arithmetic
+stops there instead of overflowing, and an instant that cannot be converted is a PeriodError.
 """
 
 from __future__ import annotations
@@ -39,6 +42,13 @@ _MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 # rarer, but with the crontab OR rule a restricted weekday always matches within a week).
 _SEARCH_DAYS = 366 * 8 + 2
 _STANDARD_TOKEN = re.compile(r"^[0-9a-z*,/-]+\Z")
+# The instants the dispatcher accepts at every door, as due times (HTTP API, SQL door) and as
+# period starts (cron triggers, catch-up): finite, from 2000-01-01T00:00:00Z through
+# 9999-12-31T23:59:59Z, both included. The upper end is the last whole second Python can hold in
+# UTC (drivers send datetime.max itself as 'infinity'). Migration 006 holds the same range in
+# SQL: dispatcher.due_at_range().
+EARLIEST_INSTANT = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST_INSTANT = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
 _EXTENSIONS = {
     "L": "'L' (last day of the month or last weekday) is a Quartz/cronie extension",
     "W": "'W' (nearest weekday) is a Quartz extension",
@@ -245,7 +255,10 @@ class CronSchedule:
             return cached
         found: tuple[datetime, ...] = ()
         if self.matches_date(day):
-            found = self._resolve_day(day)
+            try:
+                found = self._resolve_day(day)
+            except OverflowError:  # the first or last day of the calendar: not representable
+                found = ()
         if len(self._day_cache) > 4096:
             self._day_cache.clear()
         self._day_cache[day] = found
@@ -275,15 +288,22 @@ class CronSchedule:
         return [first_utc]
 
     def _local_date(self, instant: datetime) -> date:
-        return _aware(instant).astimezone(self.zone).date()
+        instant = _aware(instant)
+        try:
+            return instant.astimezone(self.zone).date()
+        except OverflowError:  # at the calendar's edge; the callers look a day either side
+            return instant.date()
 
     def next_after(self, instant: datetime) -> datetime | None:
         """The first period start strictly after `instant`."""
         instant = _aware(instant)
-        day = self._local_date(instant) - timedelta(days=1)
+        local = self._local_date(instant)
+        day = _shift(local, -1) or local
         best: datetime | None = None
         for offset in range(_SEARCH_DAYS):
-            later = [t for t in self.instants_on(day + timedelta(days=offset)) if t > instant]
+            if (current := _shift(day, offset)) is None:
+                break
+            later = [t for t in self.instants_on(current) if t > instant]
             if later:
                 candidate = later[0]
                 best = candidate if best is None else min(best, candidate)
@@ -294,10 +314,13 @@ class CronSchedule:
     def latest_at_or_before(self, instant: datetime) -> datetime | None:
         """The last period start at or before `instant` (within the search horizon)."""
         instant = _aware(instant)
-        day = self._local_date(instant) + timedelta(days=1)
+        local = self._local_date(instant)
+        day = _shift(local, 1) or local
         best: datetime | None = None
         for offset in range(_SEARCH_DAYS):
-            earlier = [t for t in self.instants_on(day - timedelta(days=offset)) if t <= instant]
+            if (current := _shift(day, -offset)) is None:
+                break
+            earlier = [t for t in self.instants_on(current) if t <= instant]
             if earlier:
                 candidate = earlier[-1]
                 best = candidate if best is None else max(best, candidate)
@@ -310,10 +333,11 @@ class CronSchedule:
     ) -> Iterator[datetime]:
         """Period starts in [start, end] (or (start, end] without `include_start`), in order."""
         start, end = _aware(start), _aware(end)
-        day = self._local_date(start) - timedelta(days=1)
-        last_day = self._local_date(end) + timedelta(days=1)
+        first, last = self._local_date(start), self._local_date(end)
+        day: date | None = _shift(first, -1) or first
+        last_day = _shift(last, 1) or last
         previous: datetime | None = None
-        while day <= last_day:
+        while day is not None and day <= last_day:
             for instant in self.instants_on(day):
                 in_range = (instant >= start if include_start else instant > start) and (
                     instant <= end
@@ -321,12 +345,13 @@ class CronSchedule:
                 if in_range and (previous is None or instant > previous):
                     previous = instant
                     yield instant
-            day += timedelta(days=1)
+            day = _shift(day, 1)
 
     def is_period_start(self, instant: datetime) -> bool:
         instant = _aware(instant)
         day = self._local_date(instant)
-        return any(instant in self.instants_on(day + timedelta(days=d)) for d in (-1, 0, 1))
+        days = [d for d in (_shift(day, -1), day, _shift(day, 1)) if d is not None]
+        return any(instant in self.instants_on(d) for d in days)
 
     def describe_near(self, instant: datetime) -> str:
         """Name the period starts around `instant` (for error messages)."""
@@ -339,7 +364,21 @@ class CronSchedule:
 def _aware(instant: datetime) -> datetime:
     if instant.tzinfo is None or instant.utcoffset() is None:
         raise PeriodError(f"{instant.isoformat()} has no UTC offset; give times with one")
-    return instant.astimezone(UTC)
+    try:
+        return instant.astimezone(UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+14:00 is in year 0 in UTC
+        raise PeriodError(
+            f"{instant.isoformat()} is out of range; times run from {rfc3339(EARLIEST_INSTANT)} "
+            f"through {rfc3339(LATEST_INSTANT)}"
+        ) from None
+
+
+def _shift(day: date, days: int) -> date | None:
+    """`day` moved by `days`, or None past the ends of the calendar (years 1 and 9999)."""
+    try:
+        return day + timedelta(days=days)
+    except OverflowError:
+        return None
 
 
 def _exists(local: datetime) -> bool:

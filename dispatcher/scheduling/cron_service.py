@@ -45,7 +45,14 @@ from dispatcher.db.runs import (
 )
 from dispatcher.errors import DispatcherError
 from dispatcher.model import NewJob
-from dispatcher.scheduling.cron import CronSchedule, PeriodError, query_units, rfc3339, run_key
+from dispatcher.scheduling.cron import (
+    EARLIEST_INSTANT,
+    CronSchedule,
+    PeriodError,
+    query_units,
+    rfc3339,
+    run_key,
+)
 from dispatcher.scheduling.schedules import QueryFanout, ScheduleSettings
 
 if TYPE_CHECKING:
@@ -224,6 +231,7 @@ class CronService:
         start, end = _utc(start, "from"), _utc(end, "to")
         if end < start:
             raise PeriodError(f"catch-up range ends ({rfc3339(end)}) before it starts")
+        _check_not_too_early(start, f"catch-up range start {rfc3339(start)}")
         if end > self._clock() + FUTURE_TOLERANCE:
             raise PeriodError(
                 f"catch-up range ends in the future ({rfc3339(end)}); the schedule fires those "
@@ -326,16 +334,17 @@ class CronService:
 
     def _check_period(self, s: ScheduleSettings, period_start: datetime) -> datetime:
         period = _utc(period_start, "period_start")
+        _check_not_too_early(period, f"period {rfc3339(period)} of {s.name!r}")
+        if period > self._clock() + FUTURE_TOLERANCE:
+            raise PeriodError(
+                f"period {rfc3339(period)} of {s.name!r} is in the future; the schedule fires "
+                "it when it is due"
+            )
         schedule = s.schedule()
         if not schedule.is_period_start(period):
             raise PeriodError(
                 f"{rfc3339(period)} is not a period start of schedule {s.name!r} "
                 f"({s.cron!r} in {s.timezone}); nearest: {schedule.describe_near(period)}"
-            )
-        if period > self._clock() + FUTURE_TOLERANCE:
-            raise PeriodError(
-                f"period {rfc3339(period)} of {s.name!r} is in the future; the schedule fires "
-                "it when it is due"
             )
         return period
 
@@ -462,7 +471,19 @@ class CronService:
 def _utc(value: datetime, what: str) -> datetime:
     if value.tzinfo is None or value.utcoffset() is None:
         raise PeriodError(f"{what} {value.isoformat()} needs a UTC offset, e.g. ...T02:00:00Z")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00:00+14:00 lies before the calendar in UTC
+        raise PeriodError(f"{what} {value.isoformat()} is out of range") from None
+
+
+def _check_not_too_early(instant: datetime, what: str) -> None:
+    """Periods start no earlier than due times may be (the same bound at every door)."""
+    if instant < EARLIEST_INSTANT:
+        raise PeriodError(
+            f"{what} is before {rfc3339(EARLIEST_INSTANT)}, the earliest time the dispatcher "
+            "accepts"
+        )
 
 
 def _catch_up_hint(
