@@ -7,6 +7,7 @@ import hmac
 import json
 import logging
 import math
+import re
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
@@ -87,6 +88,53 @@ def create_app(
     return app
 
 
+class ProblemRequestHandler(web.RequestHandler):
+    """aiohttp's connection protocol, except for requests its HTTP parser refuses (a byte not
+    allowed in the request line or a header, such as NUL or another control character; a line
+    over 8,190 bytes; too many headers): those are answered with a problem document like every
+    other 4xx, and logged as one INFO line, not as an error with a traceback, since anyone who
+    can connect can send them."""
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status >= 500:
+            return super().handle_error(request, status, exc, message)
+        # the parser's message quotes the offending bytes on the lines below its first
+        reason = (message or str(exc) or "malformed").split("\n", 1)[0]
+        reason = re.sub(r":\s*(b'|bytearray\().*", "", reason).rstrip(": .")[:200]
+        log.info("refused an unparseable HTTP request from %s: %s", request.remote, reason)
+        if request.writer.output_size > 0:
+            raise ConnectionError("an answer was already started; cannot send a problem")
+        response = problem(
+            status,
+            f"the HTTP request could not be parsed: {reason}; header values may not hold NUL "
+            "or other control characters, and a request line or header may not exceed 8190 "
+            "bytes",
+        )
+        response.force_close()
+        return response
+
+
+class _ProblemServer(web.Server):
+    def __call__(self) -> web.RequestHandler:
+        return ProblemRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class ProblemAppRunner(web.AppRunner):
+    """`web.AppRunner` whose connections are `ProblemRequestHandler`s. aiohttp offers no
+    setting for the protocol class: its `Server` names `RequestHandler` itself."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _ProblemServer  # same state; only `__call__` differs
+        return server
+
+
 def create_metrics_app(readiness: Readiness) -> web.Application:
     """The optional separate listener: health and metrics only, nothing that changes state."""
     app = web.Application(middlewares=[problem_middleware])
@@ -137,7 +185,7 @@ async def auth_middleware(request: web.Request, handler: Any) -> web.StreamRespo
     if tokens and request.path not in PUBLIC_PATHS:
         header = request.headers.get("Authorization", "")
         scheme, _, presented = header.partition(" ")
-        given = presented.strip().encode()
+        given = header_bytes(presented.strip())
         # compare against every token so timing reveals neither which nor how much matched
         matched = False
         for token in tokens:
@@ -150,6 +198,13 @@ async def auth_middleware(request: web.Request, handler: Any) -> web.StreamRespo
                 headers={"WWW-Authenticate": 'Bearer realm="dispatcher"'},
             )
     return await handler(request)
+
+
+def header_bytes(value: str) -> bytes:
+    """A header value as bytes, never raising: aiohttp hands bytes that are not UTF-8 over as
+    lone surrogates, on which `str.encode()` raises; encoded as they are, they match no token
+    (tokens are valid UTF-8)."""
+    return value.encode("utf-8", "surrogatepass")
 
 
 def database_unavailable(detail: str = "") -> web.Response:
@@ -228,9 +283,20 @@ def accepted_view(result: EnqueueResult) -> dict[str, Any]:
     }
 
 
+def idempotency_key(raw: str) -> str | None:
+    """The key of a unit of work as both doors store it, or None when `raw` is not a key.
+
+    HTTP drops the spaces and tabs around a header value, so a batch item's key loses them
+    too: " k " and "k" name the same job whether sent as `Idempotency-Key` or in a batch. What
+    remains must be 1 to 255 printable ASCII characters (space to tilde)."""
+    key = raw.strip(" \t")
+    return key if valid_key(key) else None
+
+
 async def post_job(request: web.Request) -> web.Response:
-    key = request.headers.get("Idempotency-Key")
-    if not valid_key(key):
+    raw_key = request.headers.get("Idempotency-Key")
+    key = None if raw_key is None else idempotency_key(raw_key)
+    if key is None:
         raise Problem(
             400,
             "header Idempotency-Key is required: 1 to 255 printable ASCII "
@@ -240,7 +306,7 @@ async def post_job(request: web.Request) -> web.Response:
     if (problem_text := storable_json(data, has_escapes=has_escapes)) is not None:
         raise Problem(422, problem_text)
     job = parse(JobRequest, data)
-    (result,) = await request.app[INTAKE].accept([(key, job)])  # type: ignore[list-item]
+    (result,) = await request.app[INTAKE].accept([(key, job)])
     if isinstance(result, Rejected):
         raise Problem(result.status, result.detail)
     if result.outcome == "conflict":
@@ -274,9 +340,11 @@ async def post_batch(request: web.Request) -> web.Response:
                 raise Problem(422, "item must be a JSON object with an idempotency_key")
             if (problem_text := storable_json(item, has_escapes=has_escapes)) is not None:
                 raise Problem(422, problem_text)
+            if isinstance(raw_key := item.get("idempotency_key"), str):
+                if (key := idempotency_key(raw_key)) is None:
+                    raise Problem(422, "idempotency_key: 1 to 255 printable ASCII characters")
+                item = {**item, "idempotency_key": key}
             model = BatchItem.model_validate(item)
-            if not valid_key(model.idempotency_key):
-                raise Problem(422, "idempotency_key: 1 to 255 printable ASCII characters")
             # a BatchItem is a JobRequest: validating it again would re-parse due_at as a string
             parsed.append((model.idempotency_key, model))
         except ValidationError as exc:

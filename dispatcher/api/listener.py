@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from dispatcher.api.app import ProblemAppRunner
 from dispatcher.config import host_port
 from dispatcher.errors import ConfigError
 from dispatcher.lifecycle import Service
@@ -27,7 +28,7 @@ class HttpListener(Service):
     async def start(self) -> None:
         # keepalive_timeout also bounds a connection that never finishes its headers (aiohttp
         # has no separate header timeout), so slow-loris clients are dropped after it.
-        runner = web.AppRunner(
+        runner = ProblemAppRunner(
             self._app,
             handle_signals=False,
             access_log=None,

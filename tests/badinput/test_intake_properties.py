@@ -347,7 +347,8 @@ async def test_batch_answers_per_item_and_never_a_5xx(api: Api, items: Any) -> N
             assert isinstance(result["error"], str) and result["error"]
         if result["status"] == "accepted":
             created += 1
-            await assert_stored_as_sent(api, result["id"], item["idempotency_key"], encoded(item))
+            key = item["idempotency_key"].strip(" \t")  # as an Idempotency-Key header's
+            await assert_stored_as_sent(api, result["id"], key, encoded(item))
     assert (await table_sizes(api))[0] == before[0] + created
 
 
