@@ -132,7 +132,8 @@ async def apply(
             if stale:
                 attempt_job = Job(**{**_fields(lease.job), "attempt": lease.job.attempt + 7})
             done = await repo.complete([job_id], [attempt_job.attempt], [{"ok": True}], owner)
-            assert (job_id in done) == (current and not stale), (op, dict(holder))
+            recorded = (job_id, attempt_job.attempt) in done
+            assert recorded == (current and not stale), (op, dict(holder))
         elif kind == "fail":
             permanent, delay_s = op[3], op[4]
             outcome = await repo.record_failure(
@@ -145,12 +146,10 @@ async def apply(
             )
             assert (outcome is not None) == current, (op, dict(holder), outcome)
         else:
-            released = await repo.release_leases([job_id], owner)
-            assert (released == 1) == (
-                holder["state"] == "running" and holder["lease_owner"] == owner
-            ), (op, dict(holder))
+            released = await repo.release_leases([(job_id, lease.job.attempt)], owner)
+            assert (released == 1) == current, (op, dict(holder))
     elif kind == "heartbeat":
-        mine = [i for i, lease in leases.items() if lease.owner == op[1]]
+        mine = [(i, lease.job.attempt) for i, lease in leases.items() if lease.owner == op[1]]
         await repo.extend_leases(mine, op[1], 60.0)
     elif kind == "rescue":
         await repo.rescue_expired_leases(100)

@@ -59,7 +59,8 @@ async def run_units(repo: JobRepository, effect: SqlEffect, queue: str) -> list[
         if not jobs:
             return done
         for job in jobs:
-            await effect.run(job, complete)
+            async with repo.connection() as conn:
+                await effect.run(job, complete, conn)
             done.append(job)
 
 
