@@ -32,6 +32,9 @@ from dispatcher.errors import ConfigError
 from dispatcher.scheduling.schedules import ScheduleSettings
 
 ENV_PREFIX = "DISPATCHER_"
+# No duration setting may exceed ten years: every one must stay a finite time when the
+# database adds it to now().
+MAX_DURATION_S = 10 * 365 * 86400
 NAME_PATTERN = r"^[a-z][a-z0-9_.-]{0,62}$"
 PositiveFloat = Annotated[float, Field(gt=0)]
 
@@ -47,9 +50,9 @@ class QueueSettings(_Strict):
     burst: int = Field(1000, ge=1)
     max_inflight: int = Field(200, ge=1, le=100_000)
     max_attempts: int = Field(10, ge=1)
-    max_retry_age_s: int = Field(86_400, ge=0)
-    backoff_base_s: PositiveFloat = 1.0
-    backoff_cap_s: PositiveFloat = 3600.0
+    max_retry_age_s: int = Field(86_400, ge=0, le=MAX_DURATION_S)
+    backoff_base_s: float = Field(1.0, gt=0, le=MAX_DURATION_S)
+    backoff_cap_s: float = Field(3600.0, gt=0, le=MAX_DURATION_S)
     claim_batch: int = Field(500, ge=1, le=10_000)
 
 
@@ -63,7 +66,7 @@ class HandlerSettings(_Strict):
     statement: str | None = None
     params: list[str] = []
     page_size: int = Field(1000, ge=1, le=1_000_000)
-    timeout_s: PositiveFloat = 300.0
+    timeout_s: float = Field(300.0, gt=0, le=MAX_DURATION_S)
     version: int = Field(1, ge=1)
     accepts_versions: list[int] = []
 
@@ -91,8 +94,8 @@ class HttpSettings(_Strict):
 
     signing_secret: SecretStr | None = None
     signing_secret_file: Path | None = None
-    default_timeout_s: PositiveFloat = 30.0
-    max_timeout_s: PositiveFloat = 900.0
+    default_timeout_s: float = Field(30.0, gt=0, le=MAX_DURATION_S)
+    max_timeout_s: float = Field(900.0, gt=0, le=MAX_DURATION_S)
     max_connections: int = Field(100, ge=1)
     response_excerpt_bytes: int = Field(512, ge=0, le=65_536)
     user_agent: str = "dispatcher"
@@ -117,14 +120,14 @@ class HttpSettings(_Strict):
 class RetentionSettings(_Strict):
     """How long terminal jobs stay visible before the pruner deletes them (in bounded batches)."""
 
-    succeeded_s: int = Field(7 * 86400, ge=0)
-    cancelled_s: int = Field(7 * 86400, ge=0)
+    succeeded_s: int = Field(7 * 86400, ge=0, le=MAX_DURATION_S)
+    cancelled_s: int = Field(7 * 86400, ge=0, le=MAX_DURATION_S)
     # Dead letters are what an operator must see: never pruned sooner than a day.
-    dead_s: int = Field(30 * 86400, ge=86400)
+    dead_s: int = Field(30 * 86400, ge=86400, le=MAX_DURATION_S)
     # Cron run receipts, once finished and their units pruned.
-    runs_s: int = Field(90 * 86400, ge=86400)
+    runs_s: int = Field(90 * 86400, ge=86400, le=MAX_DURATION_S)
     batch: int = Field(1000, ge=1, le=100_000)
-    interval_s: PositiveFloat = 60.0
+    interval_s: float = Field(60.0, gt=0, le=MAX_DURATION_S)
 
 
 class Settings(_Strict):
@@ -139,18 +142,18 @@ class Settings(_Strict):
     api_tokens_file: Path | None = None
     target_allow_cidrs: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
     target_allow_http: bool = False
-    drain_timeout_s: float = Field(30.0, ge=0)
+    drain_timeout_s: float = Field(30.0, ge=0, le=MAX_DURATION_S)
     # After the drain: how long cancelled attempts get to end, and the lease hand-back to run.
     hard_stop_timeout_s: float = Field(10.0, gt=0, le=300)
     auto_migrate: bool = True
     # How long start-up waits for an unreachable database (with backoff) before giving up.
-    database_wait_s: float = Field(60.0, ge=0)
+    database_wait_s: float = Field(60.0, ge=0, le=MAX_DURATION_S)
     body_limit_bytes: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024)
     # A request body must arrive within this long (aiohttp itself has no read timeout).
     body_read_timeout_s: float = Field(30.0, gt=0, le=3600)
-    due_at_past_tolerance_s: float = Field(300.0, ge=0)
-    lease_s: PositiveFloat = 60.0
-    scan_interval_s: PositiveFloat = 1.0
+    due_at_past_tolerance_s: float = Field(300.0, ge=0, le=MAX_DURATION_S)
+    lease_s: float = Field(60.0, gt=0, le=MAX_DURATION_S)
+    scan_interval_s: float = Field(1.0, gt=0, le=MAX_DURATION_S)
     scan_batch: int = Field(2000, ge=1, le=100_000)
     # Connections for intake and operator reads. Claims, completions and the scan have a pool
     # of their own, the heartbeat one connection of its own, transactional handlers another.
@@ -166,7 +169,7 @@ class Settings(_Strict):
     http: HttpSettings = HttpSettings()
     retention: RetentionSettings = RetentionSettings()
     # A job due longer ago than this and not terminal counts as overdue (the correctness SLI).
-    overdue_after_s: float = Field(300.0, gt=0)
+    overdue_after_s: float = Field(300.0, gt=0, le=MAX_DURATION_S)
     schedules: list[ScheduleSettings] = []
 
     def stop_budget_s(self) -> float:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from dispatcher import metrics
-from dispatcher.config import QueueSettings
+from dispatcher.config import MAX_DURATION_S, QueueSettings
 from dispatcher.db.jobs import JobRepository
 from dispatcher.effects.base import Effect, LeaseLost
 from dispatcher.errors import Reject, RetryLater
@@ -164,8 +164,11 @@ class Executor:
         return backoff_s(job.attempt, self._settings.backoff_base_s, self._settings.backoff_cap_s)
 
     async def _retry(self, job: Job, error: str, delay_s: float | None, reason: str) -> bool:
-        if delay_s is None:
+        if delay_s is None or delay_s != delay_s:  # none asked for, or NaN
             delay_s = self._backoff(job)
+        # a handler's delay is input: an infinite or huge one is past any retry age (dead),
+        # and the database must always be able to add it to now()
+        delay_s = min(max(delay_s, 0.0), MAX_DURATION_S)
         return await self._fail(job, permanent=False, delay_s=delay_s, error=error, reason=reason)
 
     async def _fail(
