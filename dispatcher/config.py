@@ -117,6 +117,27 @@ class HttpSettings(_Strict):
         return value
 
 
+class TlsSettings(_Strict):
+    """TLS on the API listener (TLS 1.2 and newer). Both files or neither; SIGHUP reloads them."""
+
+    cert_file: Path | None = None  # PEM: the certificate, then any intermediates
+    key_file: Path | None = None  # PEM private key (unencrypted)
+
+    @model_validator(mode="after")
+    def _both_readable(self) -> TlsSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("tls needs both cert_file and key_file (or neither)")
+        for name in ("cert_file", "key_file"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"tls.{name} = {str(path)!r} is not a readable file")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert_file is not None
+
+
 class RetentionSettings(_Strict):
     """How long terminal jobs stay visible before the pruner deletes them (in bounded batches)."""
 
@@ -167,6 +188,10 @@ class Settings(_Strict):
     queues: dict[str, QueueSettings] = {"default": QueueSettings()}
     handlers: dict[str, HandlerSettings] = {}
     http: HttpSettings = HttpSettings()
+    tls: TlsSettings = TlsSettings()
+    # Bearer tokens cross the network in the clear without TLS: off loopback that needs this
+    # explicit yes (e.g. TLS ends at a proxy on the same host or a private network).
+    allow_plain_http_tokens: bool = False
     retention: RetentionSettings = RetentionSettings()
     # A job due longer ago than this and not terminal counts as overdue (the correctness SLI).
     overdue_after_s: float = Field(300.0, gt=0, le=MAX_DURATION_S)
@@ -234,6 +259,13 @@ class Settings(_Strict):
             raise ValueError(
                 f"listen = {self.listen!r} is not loopback, so API tokens are required: set "
                 "DISPATCHER_API_TOKENS or api_tokens_file (or listen on 127.0.0.1)"
+            )
+        if not is_loopback_host(host) and not self.tls.enabled and not self.allow_plain_http_tokens:
+            raise ValueError(
+                f"listen = {self.listen!r} is not loopback and has no TLS, so API tokens would "
+                "cross the network in the clear: set tls.cert_file and tls.key_file "
+                "(DISPATCHER_TLS__CERT_FILE, DISPATCHER_TLS__KEY_FILE), or, if TLS ends before "
+                "this listener, allow_plain_http_tokens = true (DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS)"
             )
         return self
 

@@ -25,6 +25,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from dispatcher import sdnotify
 from dispatcher.api.app import create_app, create_metrics_app
 from dispatcher.api.listener import HttpListener
+from dispatcher.api.tls import ServerTls
 from dispatcher.config import Settings
 from dispatcher.db import migrations
 from dispatcher.db.embedded import EmbeddedPostgres
@@ -195,6 +196,16 @@ class Daemon:
         self.ready = asyncio.Event()
         self._group = ServiceGroup()
         self._repo: JobRepository | None = None
+        self._tls: ServerTls | None = None
+        if settings.tls.cert_file is not None and settings.tls.key_file is not None:
+            self._tls = ServerTls(settings.tls.cert_file, settings.tls.key_file)
+
+    def reload(self) -> None:
+        """SIGHUP: load the TLS certificate again (after a renewal); the listener stays up."""
+        if self._tls is None:
+            log.info("SIGHUP: nothing to reload (no TLS configured)")
+        else:
+            self._tls.reload()
 
     def request_stop(self) -> None:
         if self.stop_requested.is_set():
@@ -226,6 +237,7 @@ class Daemon:
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, self.request_stop)
+            loop.add_signal_handler(signal.SIGHUP, self.reload)
         group = self._group
         try:
             database = await group.start(Database(self.settings))
@@ -299,7 +311,9 @@ class Daemon:
         services: list[Startable] = [
             effect_service(effects),
             completer,
-            HttpListener("api", api, s.listen, "DISPATCHER_LISTEN"),
+            HttpListener(
+                "api", api, s.listen, "DISPATCHER_LISTEN", self._tls and self._tls.context
+            ),
             LeaseHeartbeat(
                 JobRepository(pools["lease"]), self.owner, s.lease_s, workers.running_attempts
             ),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ssl
+
 from aiohttp import web
 
 from dispatcher.api.app import ProblemAppRunner
@@ -18,9 +20,17 @@ class HttpListener(Service):
 
     stop_timeout_s = SHUTDOWN_TIMEOUT_S + 5
 
-    def __init__(self, name: str, app: web.Application, listen: str, setting: str):
+    def __init__(
+        self,
+        name: str,
+        app: web.Application,
+        listen: str,
+        setting: str,
+        tls: ssl.SSLContext | None = None,
+    ):
         self.name = name
         self._app = app
+        self._tls = tls
         self._listen = listen
         self._setting = setting
         self._runner: web.AppRunner | None = None
@@ -38,7 +48,7 @@ class HttpListener(Service):
         await runner.setup()
         host, port = host_port(self._listen)
         try:
-            await web.TCPSite(runner, host, port, backlog=1024).start()
+            await web.TCPSite(runner, host, port, backlog=1024, ssl_context=self._tls).start()
         except OSError as exc:
             await runner.cleanup()
             raise ConfigError(

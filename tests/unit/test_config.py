@@ -231,7 +231,8 @@ def assert_no_secret(text: str) -> None:
 
 
 def test_public_view_masks_every_secret() -> None:
-    view = load_settings(None, {**secret_env(), "DISPATCHER_LISTEN": "0.0.0.0:8080"}).public_view()
+    env = {**secret_env(), "DISPATCHER_LISTEN": "0.0.0.0:8080"}
+    view = load_settings(None, {**env, "DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS": "1"}).public_view()
     text = json.dumps(view)
     assert_no_secret(text)
     assert view["database_url"] == "postgresql://app:*****@db.internal:5432/jobs"
@@ -303,8 +304,17 @@ def test_loopback_listen_needs_no_tokens(listen: str) -> None:
     assert load_settings(None, {"DISPATCHER_LISTEN": listen}).listen == listen
 
 
-def test_non_loopback_listen_with_tokens_is_accepted() -> None:
-    s = load_settings(None, {"DISPATCHER_LISTEN": "0.0.0.0:8080", "DISPATCHER_API_TOKENS": "t1"})
+def test_non_loopback_listen_with_tokens_and_no_tls_is_refused() -> None:
+    message = config_error(DISPATCHER_LISTEN="0.0.0.0:8080", DISPATCHER_API_TOKENS="t1")
+    assert "\n" not in message
+    assert "has no TLS" in message
+    assert "DISPATCHER_TLS__CERT_FILE" in message and "DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS" in message
+    assert_no_secret(message)
+
+
+def test_non_loopback_listen_with_tokens_over_plain_http_when_allowed() -> None:
+    env = {"DISPATCHER_LISTEN": "0.0.0.0:8080", "DISPATCHER_API_TOKENS": "t1"}
+    s = load_settings(None, {**env, "DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS": "true"})
     assert s.all_api_tokens() == ["t1"]
 
 
@@ -314,6 +324,7 @@ def test_tokens_file_supplies_tokens(tmp_path: Path) -> None:
         None,
         {
             "DISPATCHER_LISTEN": "0.0.0.0:8080",
+            "DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS": "true",
             "DISPATCHER_API_TOKENS_FILE": str(tokens),
             "DISPATCHER_API_TOKENS": "tok-env",
         },
