@@ -24,7 +24,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from dispatcher import sdnotify
 from dispatcher.api.app import create_app, create_metrics_app
-from dispatcher.api.listener import HttpListener
+from dispatcher.api.listener import HttpListener, check_can_listen
 from dispatcher.api.tls import ServerTls
 from dispatcher.config import Settings
 from dispatcher.db import migrations
@@ -238,6 +238,9 @@ class Daemon:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, self.request_stop)
             loop.add_signal_handler(signal.SIGHUP, self.reload)
+        check_can_listen(self.settings.listen, "DISPATCHER_LISTEN")
+        if self.settings.metrics_listen is not None:
+            check_can_listen(self.settings.metrics_listen, "DISPATCHER_METRICS_LISTEN")
         group = self._group
         try:
             database = await group.start(Database(self.settings))

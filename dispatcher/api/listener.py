@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 import ssl
 
 from aiohttp import web
@@ -12,6 +14,28 @@ from dispatcher.errors import ConfigError
 from dispatcher.lifecycle import Service
 
 SHUTDOWN_TIMEOUT_S = 5.0
+
+
+def check_can_listen(listen: str, setting: str) -> None:
+    """Fail with one line naming the address and the setting if `listen` cannot be bound, before
+    anything else starts (the listener binds again for real later; this only checks early)."""
+    host, port = host_port(listen)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, address in infos:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds
+                probe.bind(address)
+    except OSError as exc:
+        raise ConfigError(_cannot_listen(listen, setting, exc)) from None
+
+
+def _cannot_listen(listen: str, setting: str, exc: OSError) -> str:
+    reason = exc.strerror or str(exc)
+    hint = "another process may use that port; stop it or set"
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        hint = "that address is not one of this host's; set"
+    return f"cannot listen on {listen} ({reason}): {hint} {setting} to a free host:port"
 
 
 class HttpListener(Service):
@@ -51,10 +75,7 @@ class HttpListener(Service):
             await web.TCPSite(runner, host, port, backlog=1024, ssl_context=self._tls).start()
         except OSError as exc:
             await runner.cleanup()
-            raise ConfigError(
-                f"cannot listen on {self._listen} ({exc.strerror or exc}): another process may "
-                f"use that port; stop it or set {self._setting} to a free host:port"
-            ) from None
+            raise ConfigError(_cannot_listen(self._listen, self._setting, exc)) from None
         self._runner = runner
 
     async def stop(self) -> None:
