@@ -156,19 +156,27 @@ class TargetPolicy:
             parsed = ipaddress.ip_address(address)
         except ValueError:
             raise TargetRefused(f"address {address!r}{via} is not an IP address") from None
-        if self._allow_listed(parsed):
-            return
-        reason = refusal_reason(parsed)
-        if reason is not None:
-            raise TargetRefused(
-                f"address {parsed}{via} is {reason}; targets must be public addresses "
-                "unless target_allow_cidrs lists them"
-            )
+        problem = self._address_problem(parsed, via)
+        if problem is not None:
+            raise TargetRefused(problem)
+
+    def _address_problem(self, address: IPAddress, via: str = "") -> str | None:
+        if self._allow_listed(address):
+            return None
+        reason = refusal_reason(address)
+        if reason is None:
+            return None
+        network = "127.0.0.0/8" if address in _IPV4_LOOPBACK else str(address)
+        return (
+            f"address {address}{via} is {reason}; targets must be public addresses unless "
+            f"target_allow_cidrs lists them (env DISPATCHER_TARGET_ALLOW_CIDRS={network})"
+        )
 
     def check_url(self, url: str | URL) -> None:
         """Raise TargetRefused unless `url` is an allowed target (literal IPs checked here)."""
         parsed = _parse(url)
-        self._check_scheme(parsed)
+        if parsed.scheme not in ("http", "https"):
+            raise TargetRefused(f"scheme {parsed.scheme!r} is not allowed: use an https:// url")
         if parsed.raw_user is not None or parsed.raw_password is not None:
             raise TargetRefused(
                 "credentials in the URL are not allowed; send them in target.headers "
@@ -178,18 +186,23 @@ class TargetPolicy:
         if not host:
             raise TargetRefused(f"url {str(parsed)!r} has no host")
         address = _literal_address(host)
+        # a scheme and an address both refused are told together: one error, both settings
+        problems = [self._scheme_problem(parsed)]
         if address is not None:
-            self.check_address(address)
+            problems.append(self._address_problem(address))
+        told = [p for p in problems if p is not None]
+        if told:
+            raise TargetRefused("; and ".join(told))
 
-    def _check_scheme(self, url: URL) -> None:
+    def _scheme_problem(self, url: URL) -> str | None:
         if url.scheme == "https" or (url.scheme == "http" and self.allow_http):
-            return
+            return None
         if url.scheme == "http":
-            raise TargetRefused(
-                "plain http is not allowed: use https (target_allow_http = true permits http, "
-                "for development only)"
+            return (
+                "plain http is not allowed: use https (target_allow_http = true, env "
+                "DISPATCHER_TARGET_ALLOW_HTTP=true, permits http, for development only)"
             )
-        raise TargetRefused(f"scheme {url.scheme!r} is not allowed: use an https:// url")
+        return f"scheme {url.scheme!r} is not allowed: use an https:// url"
 
     def _allow_listed(self, address: IPAddress) -> bool:
         candidates: list[IPAddress] = [address]
@@ -209,6 +222,9 @@ def _parse(url: str | URL) -> URL:
     if not parsed.scheme:
         raise TargetRefused(f"url {str(url)!r} must be absolute, like https://host/path")
     return parsed
+
+
+_IPV4_LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
 
 def _literal_address(host: str) -> IPAddress | None:

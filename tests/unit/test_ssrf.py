@@ -192,6 +192,14 @@ def test_check_url_leaves_names_to_the_resolver() -> None:
     TargetPolicy().check_url("https://localhost/")
 
 
+def test_plain_http_to_loopback_names_both_settings_at_once() -> None:
+    with pytest.raises(TargetRefused) as refused:
+        TargetPolicy().check_url("http://127.0.0.1:8080/hook")
+    message = str(refused.value)
+    assert "DISPATCHER_TARGET_ALLOW_HTTP=true" in message
+    assert "DISPATCHER_TARGET_ALLOW_CIDRS=127.0.0.0/8" in message
+
+
 def test_plain_http_needs_allow_http() -> None:
     policy = TargetPolicy([ipaddress.ip_network("127.0.0.0/8")], allow_http=True)
     policy.check_url("http://127.0.0.1:8080/")
