@@ -352,11 +352,11 @@ def load_settings(
             raise ConfigError(f"config file {path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: invalid TOML: {exc}") from None
-    _apply_env(raw, environ)
+    from_env = _apply_env(raw, environ)
     try:
         return Settings.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, raw)) from None
+        raise ConfigError(_describe(exc, raw, from_env, path)) from None
 
 
 # DISPATCHER_* variables that are not settings: the config path and the crash-test fault point.
@@ -365,7 +365,9 @@ _LIST_SETTINGS = {"api_tokens", "target_allow_cidrs", "params", "accepts_version
 _SECRET_SETTINGS = {"api_tokens", "database_url", "signing_secret"}
 
 
-def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
+def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> set[tuple[str, ...]]:
+    """Overlay DISPATCHER_* variables on the file's settings; return the setting paths they set."""
+    from_env: set[tuple[str, ...]] = set()
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or name in _NOT_SETTINGS:
             continue
@@ -381,10 +383,18 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
         node[leaf] = (
             [v.strip() for v in value.split(",") if v.strip()] if leaf in _LIST_SETTINGS else value
         )
+        from_env.add(tuple(path))
+    return from_env
 
 
-def _describe(exc: ValidationError, raw: dict[str, Any]) -> str:
-    """One line per bad setting: its name, its value (never a secret's), what is allowed."""
+def _describe(
+    exc: ValidationError,
+    raw: dict[str, Any],
+    from_env: set[tuple[str, ...]] = frozenset(),  # type: ignore[assignment]
+    path: str | Path | None = None,
+) -> str:
+    """One line per bad setting: its name, its value (never a secret's), what is allowed, and
+    where the value came from: the environment variable that set it, or the file."""
     problems: dict[tuple[Any, ...], list[str]] = {}
     for error in exc.errors():
         # drop the tags pydantic adds for the members of a union, e.g. 'lax-or-strict[...]'
@@ -408,8 +418,15 @@ def _describe(exc: ValidationError, raw: dict[str, Any]) -> str:
         hidden = value is _MISSING or isinstance(value, dict) or message.startswith("unknown")
         shown = "" if hidden else f" = {value!r}"
         location = ".".join(str(part) for part in loc)
-        env = ENV_PREFIX + "__".join(str(p) for p in loc if not isinstance(p, int)).upper()
-        lines.append(f"setting {location}{shown}: {message} (env {env})")
+        names = tuple(str(p).lower() for p in loc if not isinstance(p, int))
+        env = ENV_PREFIX + "__".join(names).upper()
+        if any(names[: len(p)] == p for p in from_env):
+            origin = f"from env {env}"
+        elif value is not _MISSING and path is not None:
+            origin = f"in {path}; env {env} overrides it"
+        else:
+            origin = f"env {env}"
+        lines.append(f"setting {location}{shown}: {message} ({origin})")
     return "\n".join(lines)
 
 

@@ -199,7 +199,16 @@ def test_a_bad_value_in_the_file_names_the_setting_and_its_env_override(tmp_path
     message = config_error(path)
     assert message == (
         "setting queues.default.burst = 0: Input should be greater than or equal to 1 "
-        "(env DISPATCHER_QUEUES__DEFAULT__BURST)"
+        f"(in {path}; env DISPATCHER_QUEUES__DEFAULT__BURST overrides it)"
+    )
+
+
+def test_a_bad_value_from_the_environment_says_so(tmp_path: Path) -> None:
+    path = write(tmp_path, "[queues.default]\nburst = 5\n")
+    message = config_error(path, DISPATCHER_QUEUES__DEFAULT__BURST="0")
+    assert message == (
+        "setting queues.default.burst = '0': Input should be greater than or equal to 1 "
+        "(from env DISPATCHER_QUEUES__DEFAULT__BURST)"
     )
 
 
