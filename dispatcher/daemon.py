@@ -31,6 +31,7 @@ from dispatcher.db import migrations
 from dispatcher.db.embedded import EmbeddedPostgres
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.notifications import WakeListener
+from dispatcher.db.ownership import Role
 from dispatcher.db.pool import PoolSet, connect, wait_for_database
 from dispatcher.db.vacuum import vacuum_problems
 from dispatcher.effects.base import Effect
@@ -59,12 +60,19 @@ def instance_owner(settings: Settings) -> str:
     return f"{name}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-async def resolve_database(settings: Settings, stack: AsyncExitStack) -> str:
-    """The configured URL, or the embedded server's (started now, stopped at exit)."""
+async def resolve_database(settings: Settings, stack: AsyncExitStack, role: Role = "daemon") -> str:
+    """The configured URL, or the embedded server's: a daemon owns it (starts it now, stops it
+    at exit); a command attaches to a running daemon's, or owns it for its own short life."""
     if settings.database_url is not None:
-        log.info("using PostgreSQL from DISPATCHER_DATABASE_URL")
+        if role == "daemon":
+            log.info("using PostgreSQL from DISPATCHER_DATABASE_URL")
         return settings.database_url.get_secret_value()
-    embedded = EmbeddedPostgres(settings.state_dir)
+    embedded = EmbeddedPostgres(
+        settings.state_dir,
+        role=role,
+        bin_dir=settings.embedded_postgres_bin,
+        wait_s=settings.database_wait_s,
+    )
     dsn = await asyncio.to_thread(embedded.start)
     stack.callback(embedded.stop)
     return dsn

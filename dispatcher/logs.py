@@ -53,5 +53,5 @@ def configure(level: str = "INFO", fmt: str = "auto") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    for noisy in ("apscheduler", "aiohttp.access", "pgserver"):
+    for noisy in ("apscheduler", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))

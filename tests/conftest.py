@@ -15,8 +15,6 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="dispatcher-run-"))
-
 from dispatcher.db import migrations
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import connect, create_pool

@@ -2,7 +2,7 @@
 CPU accounting, figures with targets, the printed table and the JSON results file.
 
 Every benchmark runs against a fresh database (`bench_<pid>_<n>`) on the server named by
-`DATABASE_URL`, else the local PostgreSQL on 127.0.0.1:5432, else an embedded pgserver; the
+`DATABASE_URL`, else the local PostgreSQL on 127.0.0.1:5432, else an embedded PostgreSQL; the
 database is dropped at the end. The database clock is the reference for every latency.
 
 Environment: BENCH_QUIET_WAIT_S bounds the wait for an idle machine before each workload
@@ -210,16 +210,16 @@ class Server:
             await conn.close()
             self.url, self.origin = url, url.split("@")[-1]
             return self
-        import pgserver  # the fallback: an embedded PostgreSQL in a temporary directory
+        from dispatcher.db.embedded import EmbeddedPostgres  # the fallback, in a temporary dir
 
         self._tmp = tempfile.mkdtemp(prefix="bench-pg-")
-        self._embedded = pgserver.get_server(Path(self._tmp) / "pgdata", cleanup_mode="stop")
-        self.url, self.origin = self._embedded.get_uri(), "embedded pgserver"
+        self._embedded = EmbeddedPostgres(Path(self._tmp))
+        self.url, self.origin = self._embedded.start(), "embedded PostgreSQL"
         return self
 
     def close(self) -> None:
         if self._embedded is not None:
-            self._embedded.cleanup()
+            self._embedded.stop()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
 

@@ -4,11 +4,9 @@ reads, and a private embedded PostgreSQL that a test may stop and start at will.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 import asyncpg
@@ -107,37 +105,27 @@ async def http_status(url: str) -> int | None:
 
 class PrivatePostgres:
     """An embedded PostgreSQL owned by one test, so the test may stop and restart it without
-    touching the server every other test shares. Stop/start go through pgserver's own pg_ctl
-    (as its `pgserver` system user when we run as root, as pgserver itself does)."""
+    touching the server every other test shares. Stop/start go through the embedded server's
+    own pg_ctl, as the server user, with the options it starts with (Unix socket only)."""
 
     def __init__(self, state_dir: Path):
         from dispatcher.db.embedded import EmbeddedPostgres
 
         self._embedded = EmbeddedPostgres(state_dir)
         self.url = ""
-        self._socket_dir = ""
 
     async def start(self) -> str:
         self.url = await asyncio.to_thread(self._embedded.start)
-        self._socket_dir = parse_qs(urlsplit(self.url).query)["host"][0]
         return self.url
-
-    def _pg_ctl(self, *args: str) -> None:
-        from pgserver import _commands
-
-        user = "pgserver" if os.geteuid() == 0 else None
-        _commands.pg_ctl(list(args), pgdata=self._embedded.data_dir, user=user, timeout=60)
 
     async def stop_server(self) -> None:
         """Fast shutdown: every client connection is terminated, as in a real restart."""
-        await asyncio.to_thread(self._pg_ctl, "-w", "-m", "fast", "stop")
+        await asyncio.to_thread(self._embedded._pg_ctl, "stop", "-w", "-m", "fast")
 
     async def start_server(self) -> None:
-        """Start again with the options pgserver uses (Unix socket only, same directory)."""
-        log = str(self._embedded.data_dir / "log")
-        await asyncio.to_thread(
-            self._pg_ctl, "-w", "-o", '-h ""', "-o", f"-k {self._socket_dir}", "-l", log, "start"
-        )
+        """Start again, same directory and socket; this test still owns the server."""
+        args = self._embedded._start_args()
+        await asyncio.to_thread(self._embedded._pg_ctl, "start", "-w", *args)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._embedded.stop)
