@@ -66,6 +66,9 @@ class HandlerSettings(_Strict):
     statement: str | None = None
     params: list[str] = []
     page_size: int = Field(1000, ge=1, le=1_000_000)
+    # sql: page by this column (dispatcher.effects.sql): the statement takes the last cursor
+    # (params entry "cursor", NULL on the first page) and ends in RETURNING this column
+    cursor: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_]{0,62}$")
     timeout_s: float = Field(300.0, gt=0, le=MAX_DURATION_S)
     version: int = Field(1, ge=1)
     accepts_versions: list[int] = []
@@ -83,7 +86,26 @@ class HandlerSettings(_Strict):
                     f"statement uses parameters {sorted(used)} but params names "
                     f"{len(self.params)}: list one payload key (or 'page_size') per $n"
                 )
+        if self.cursor is not None:
+            self._check_cursor(self.cursor)
         return self
+
+    def _check_cursor(self, column: str) -> None:
+        if self.kind != "sql":
+            raise ValueError("cursor pages a sql handler's statement; remove it from this one")
+        missing = [p for p in ("cursor", "page_size") if p not in self.params]
+        if missing:
+            raise ValueError(
+                f"a cursor-paged statement takes the last cursor and the page size: add "
+                f"{missing} to params and use them, e.g. `WHERE {column} > coalesce($n, 0) "
+                f"ORDER BY {column} LIMIT $m`"
+            )
+        returning = re.search(r"\breturning\b(.*)\Z", self.statement or "", re.I | re.S)
+        if returning is None or not re.search(rf"\b{column}\b|\*", returning.group(1), re.I):
+            raise ValueError(
+                f"a cursor-paged statement must return the cursor column of every row it "
+                f"touches: end it with `RETURNING {column}` (the largest one is the next cursor)"
+            )
 
     def runnable_versions(self) -> list[int]:
         return sorted(set(self.accepts_versions) | {self.version})
@@ -248,6 +270,14 @@ class Settings(_Strict):
             if schedule.handler != "http" and schedule.handler not in self.handlers:
                 raise ValueError(
                     f'{where}: handler {schedule.handler!r} is neither "http" nor in [handlers]'
+                )
+            follow = schedule.on_finished
+            if follow is not None and follow.queue not in (None, *self.queues):
+                raise ValueError(f"{where}: on_finished queue {follow.queue!r} is not in [queues]")
+            if follow is not None and follow.handler not in ("http", *self.handlers):
+                raise ValueError(
+                    f'{where}: on_finished handler {follow.handler!r} is neither "http" nor in '
+                    "[handlers]"
                 )
         return self
 

@@ -146,6 +146,12 @@ CRON_MISSED = Counter(
     ["schedule"],
     registry=REGISTRY,
 )
+SCHEDULE_PAUSED = Gauge(
+    "dispatcher_schedule_paused",
+    "1 while an operator has paused the schedule (its periods are recorded missed), else 0.",
+    ["schedule"],
+    registry=REGISTRY,
+)
 OVERDUE = Gauge(
     "dispatcher_overdue_jobs",
     "Jobs due longer ago than overdue_after_s and not yet terminal.",

@@ -5,11 +5,18 @@ period has either a receipt with all of its units or nothing: a trigger that fai
 (137 of 240 units written, then the connection drops) leaves no trace, and its retry creates
 the run once. The unit keys are deterministic as well, so even units that did survive elsewhere
 (enqueued through the SQL door with the same keys) converge instead of doubling.
+
+A run finishes when none of its units is scheduled, ready or running. The statement that marks
+it finished (`finished_at IS NULL` -> now, at most once whoever runs it) and the enqueue of its
+`on_finished` follow-up (key `<run_key>:finished`) commit in one transaction, so a follow-up
+exists exactly when its run is finished: a crash between the two rolls both back and the next
+sweep, on any instance, does it again; the key makes a second follow-up impossible anyway.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,7 +28,10 @@ from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import translate_unavailable
 from dispatcher.db.queries import query
 from dispatcher.errors import DatabaseUnavailable, DispatcherError
+from dispatcher.faults import fault_point
 from dispatcher.model import NewJob
+
+log = logging.getLogger(__name__)
 
 _DECISIONS = {"allow": "allowed", "skip": "skipped", "queue": "queued"}
 # Errors that mean the trigger's transaction did not commit (it rolled back or never finished).
@@ -47,11 +57,16 @@ class UnitConflict(TriggerFailed):
     """A unit key already names a job with a different request (so the run cannot be created)."""
 
 
+class SchedulePaused(DispatcherError):
+    """A cron fire found its schedule paused by an operator (checked under the schedule's lock,
+    so no fire creates a run once a pause has committed)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RunReceipt:
     """What one period of a schedule produced. `outcome` says what this call did: `created`
     the run, or found it `existing`. Counters cover the units that exist; `pending` is what
-    is neither succeeded, dead nor cancelled (including units of a queued run)."""
+    is neither succeeded, dead, discarded nor cancelled (including units of a queued run)."""
 
     run_key: str
     schedule: str
@@ -66,11 +81,13 @@ class RunReceipt:
     succeeded: int
     dead: int
     cancelled: int
+    discarded: int
     outcome: str = "existing"
 
     @property
     def pending(self) -> int:
-        return max(0, self.unit_count - self.succeeded - self.dead - self.cancelled)
+        done = self.succeeded + self.dead + self.cancelled + self.discarded
+        return max(0, self.unit_count - done)
 
     def to_json(self) -> dict[str, Any]:
         def iso(value: datetime | None) -> str | None:
@@ -92,6 +109,7 @@ class RunReceipt:
                 "succeeded": self.succeeded,
                 "dead": self.dead,
                 "cancelled": self.cancelled,
+                "discarded": self.discarded,
                 "pending": self.pending,
             },
         }
@@ -114,6 +132,26 @@ class ScheduleState:
     enabled: bool
     checked_through: datetime
     tracked_since: datetime
+    paused: bool = False
+    paused_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRun:
+    """A run that has just finished (every unit terminal), with its unit counts."""
+
+    run_key: str
+    schedule: str
+    period_start: datetime
+    unit_count: int
+    succeeded: int
+    dead: int
+    cancelled: int
+    discarded: int
+
+
+# Plans the on_finished follow-up of a finished run (None: its schedule has none).
+PlanFollowUp = Callable[[FinishedRun], NewJob | None]
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -123,11 +161,19 @@ class MissedPeriod:
     detected_at: datetime | None = None
 
 
+def _state(row: asyncpg.Record) -> ScheduleState:
+    return ScheduleState(
+        row["enabled"], row["checked_through"], row["tracked_since"], row["paused"],
+        row["paused_at"],
+    )  # fmt: skip
+
+
 def _receipt(row: asyncpg.Record, outcome: str) -> RunReceipt:
     return RunReceipt(**{k: row[k] for k in _RECEIPT_COLUMNS}, outcome=outcome)
 
 
 _RECEIPT_COLUMNS = [f.name for f in dataclasses.fields(RunReceipt) if f.name != "outcome"]
+_FINISHED_COLUMNS = [f.name for f in dataclasses.fields(FinishedRun)]
 
 
 class RunRepository:
@@ -140,10 +186,12 @@ class RunRepository:
         *,
         unit_batch: int = 1000,
         after_unit_batch: AfterUnitBatch | None = None,
+        follow_up: PlanFollowUp | None = None,
     ):
         self.pool = pool
         self._jobs = jobs
         self._unit_batch = unit_batch
+        self._follow_up = follow_up
         # test seam: runs inside the trigger transaction after each batch of units
         self._after_unit_batch = after_unit_batch
 
@@ -151,13 +199,18 @@ class RunRepository:
     async def create_run(self, request: RunRequest, plan_jobs: PlanJobs) -> tuple[RunReceipt, int]:
         """Find or create the run of one period; return its receipt and the jobs created.
 
-        Raise TriggerFailed (nothing committed) when the database or the fan-out fails."""
+        Raise TriggerFailed (nothing committed) when the database or the fan-out fails, and
+        SchedulePaused when a cron fire (`via` cron) finds its schedule paused."""
         try:
             async with self.pool.acquire() as conn, conn.transaction():
                 await conn.execute(query("lock_schedule"), request.schedule)
                 row = await conn.fetchrow(query("get_run"), request.run_key)
                 if row is not None:
                     return _receipt(row, "existing"), 0
+                if request.via == "cron" and await conn.fetchval(
+                    query("schedule_paused"), request.schedule
+                ):
+                    raise SchedulePaused(f"schedule {request.schedule} is paused")
                 created = await self._create_locked(conn, request, plan_jobs)
                 row = await conn.fetchrow(query("get_run"), request.run_key)
                 return _receipt(row, "created"), created
@@ -170,7 +223,7 @@ class RunRepository:
     async def _create_locked(
         self, conn: asyncpg.Connection, request: RunRequest, plan_jobs: PlanJobs
     ) -> int:
-        await conn.fetch(query("finish_runs"), request.schedule)
+        created = await self._finish(conn, request.schedule)
         earlier = await conn.fetchval(
             query("unfinished_before"), request.schedule, request.period_start
         )
@@ -189,8 +242,10 @@ class RunRepository:
         if inserted is None:  # impossible under the lock; fail loudly rather than double
             raise TriggerFailed(f"run {request.run_key} appeared concurrently; retry the trigger")
         if queued is not None:
-            return 0
-        return await self._enqueue(conn, jobs)
+            return created
+        created += await self._enqueue(conn, jobs)
+        # a run without units is finished at once (and gets its follow-up in this transaction)
+        return created + await self._finish(conn, request.schedule)
 
     async def _enqueue(self, conn: asyncpg.Connection, jobs: Sequence[NewJob]) -> int:
         created = 0
@@ -217,7 +272,7 @@ class RunRepository:
             async with self.pool.acquire() as conn, conn.transaction():
                 await conn.execute(query("lock_schedule"), schedule)
                 while True:
-                    await conn.fetch(query("finish_runs"), schedule)
+                    created += await self._finish(conn, schedule)
                     row = await conn.fetchrow(query("first_queued_run"), schedule)
                     if row is None:
                         break
@@ -236,12 +291,45 @@ class RunRepository:
             ) from exc
         return released, created
 
-    # reading runs (the status view: DatabaseUnavailable when the database cannot be reached)
+    # finishing runs -----------------------------------------------------------------------
     @translate_unavailable
-    async def finish_runs(self, schedule: str) -> list[str]:
-        rows = await self.pool.fetch(query("finish_runs"), schedule)
-        return [r["run_key"] for r in rows]
+    async def finish_runs(self, schedule: str) -> int:
+        """Finish the runs of `schedule` whose units are all terminal and enqueue their
+        follow-ups; return the follow-up jobs created. Skipped (0) while another transaction
+        holds the schedule's lock: a trigger in progress finishes runs itself, and the sweep
+        comes back soon, so nothing waits behind a large fan-out."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            if not await conn.fetchval(query("try_lock_schedule"), schedule):
+                return 0
+            return await self._finish(conn, schedule)
 
+    async def _finish(self, conn: asyncpg.Connection, schedule: str) -> int:
+        """Inside a transaction holding the schedule's lock: finish what is done, enqueue each
+        finished run's follow-up; return the follow-up jobs created."""
+        rows = await conn.fetch(query("finish_runs"), schedule)
+        if not rows:
+            return 0
+        fault_point("run_finished_before_follow_up")
+        finished = [FinishedRun(**{k: r[k] for k in _FINISHED_COLUMNS}) for r in rows]
+        jobs = [job for run in finished if (job := self._plan_follow_up(run)) is not None]
+        if not jobs:
+            return 0
+        results = await self._jobs.enqueue_many(jobs, conn=conn)
+        for result in results:
+            if result.outcome == "conflict":
+                # Someone else's job holds the key (say, through the SQL door). The run stays
+                # finished; the follow-up cannot be created under its key.
+                log.error(
+                    "cron run follow-up %s not enqueued: the key already names job %d with a "
+                    "different request",
+                    result.key, result.id,
+                )  # fmt: skip
+        return sum(r.outcome == "created" for r in results)
+
+    def _plan_follow_up(self, run: FinishedRun) -> NewJob | None:
+        return None if self._follow_up is None else self._follow_up(run)
+
+    # reading runs (the status view: DatabaseUnavailable when the database cannot be reached)
     async def get(self, run_key: str) -> RunReceipt | None:
         row = await self.pool.fetchrow(query("get_run"), run_key)
         return None if row is None else _receipt(row, "existing")
@@ -265,14 +353,23 @@ class RunRepository:
     # accounting of periods ----------------------------------------------------------------
     async def ensure_state(self, schedule: str, enabled: bool, now: datetime) -> ScheduleState:
         row = await self.pool.fetchrow(query("ensure_schedule_state"), schedule, enabled, now)
-        return ScheduleState(row["enabled"], row["checked_through"], row["tracked_since"])
+        return _state(row)
 
     @translate_unavailable
     async def get_state(self, schedule: str) -> ScheduleState | None:
         row = await self.pool.fetchrow(query("get_schedule_state"), schedule)
-        if row is None:
-            return None
-        return ScheduleState(row["enabled"], row["checked_through"], row["tracked_since"])
+        return None if row is None else _state(row)
+
+    @translate_unavailable
+    async def set_paused(
+        self, schedule: str, enabled: bool, paused: bool, now: datetime
+    ) -> ScheduleState:
+        """Pause (from `now` on; an earlier pause keeps its start) or resume a schedule, under
+        its lock: once this returns, no cron fire of any instance creates a run while paused."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute(query("lock_schedule"), schedule)
+            row = await conn.fetchrow(query("set_schedule_paused"), schedule, enabled, now, paused)
+        return _state(row)
 
     async def advance_state(self, schedule: str, through: datetime, enabled: bool) -> None:
         await self.pool.execute(query("advance_schedule_state"), schedule, through, enabled)

@@ -13,6 +13,16 @@ periods since then: a period without a run that is still within `misfire_grace_s
 (`not_fired` or `disabled`), counted in `dispatcher_cron_missed_periods`, logged, and listed by
 `status()` until an operator creates their runs with `catch_up`. Nothing is backfilled silently.
 
+Pause: an operator may pause a schedule at runtime (`pause`/`resume`, stored in the database, so
+every instance honours it from the moment it commits, across restarts). A paused schedule fires
+nothing; its periods are recorded as missed with reason `paused`. Explicit triggers and catch-up
+still create runs (the operator asked for those periods). `catch_up`/`trigger` have dry runs
+(`plan_catch_up`, `plan_trigger`) that list what they would create and create nothing.
+
+Follow-ups: a schedule with `on_finished` gets one follow-up job per finished run, enqueued in
+the transaction that marks the run finished (see dispatcher.db.runs); a sweep every
+`finish_interval_s` finds the runs whose last unit became terminal.
+
 Timing follows the process clock (APScheduler's); identity never depends on it.
 """
 
@@ -24,6 +34,7 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import islice
 from typing import TYPE_CHECKING, Any
@@ -36,10 +47,12 @@ from dispatcher import metrics
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.runs import (
     AfterUnitBatch,
+    FinishedRun,
     MissedPeriod,
     RunReceipt,
     RunRepository,
     RunRequest,
+    SchedulePaused,
     ScheduleState,
     TriggerFailed,
 )
@@ -74,6 +87,25 @@ STATUS_MISSED_SHOWN = 20
 
 class UnknownSchedule(DispatcherError, LookupError):
     """No schedule of that name is configured."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRun:
+    """What a trigger or catch-up would do for one period (a dry run): create its run
+    (`would_create`, with the unit count when the fan-out is static) or find it `existing`."""
+
+    run_key: str
+    period_start: datetime
+    outcome: str
+    units: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_key": self.run_key,
+            "period_start": rfc3339(self.period_start),
+            "outcome": self.outcome,
+            "units": self.units,
+        }
 
 
 class _PeriodTrigger(BaseTrigger):
@@ -118,11 +150,17 @@ class CronService:
         stop_timeout_s: float = 10.0,
         unit_batch: int = 1000,
         after_unit_batch: AfterUnitBatch | None = None,
+        finish_interval_s: float = 1.0,
     ):
         self._schedules = {s.name: s for s in schedules}
         self._runs = RunRepository(
-            pool, repo, unit_batch=unit_batch, after_unit_batch=after_unit_batch
+            pool,
+            repo,
+            unit_batch=unit_batch,
+            after_unit_batch=after_unit_batch,
+            follow_up=self._follow_up_job,
         )
+        self._finish_interval_s = finish_interval_s
         self._scheduler = scheduler
         self._owns_scheduler = scheduler is None
         self._on_enqueued = on_enqueued
@@ -161,6 +199,19 @@ class CronService:
                 seconds=self._housekeeping_s,
                 id="dispatcher.cron:housekeeping",
                 name="cron housekeeping",
+                coalesce=True,
+                max_instances=1,
+                replace_existing=True,
+            )
+            self._job_ids.append(job.id)
+        if any(s.on_finished is not None for s in self._schedules.values()):
+            # follow-ups promptly after a run's last unit ends (housekeeping also finishes runs)
+            job = self._scheduler.add_job(
+                self._finish_job,
+                "interval",
+                seconds=self._finish_interval_s,
+                id="dispatcher.cron:finish",
+                name="cron run-finished sweep",
                 coalesce=True,
                 max_instances=1,
                 replace_existing=True,
@@ -214,6 +265,8 @@ class CronService:
         )
         try:
             receipt, created = await self._runs.create_run(request, self._planner(s, period))
+        except SchedulePaused:
+            raise
         except Exception:
             metrics.CRON_RUNS.labels(s.name, "failed").inc()
             raise
@@ -227,7 +280,29 @@ class CronService:
     async def catch_up(self, name: str, start: datetime, end: datetime) -> list[RunReceipt]:
         """Create the runs of every period starting in [start, end] that has none yet (the
         receipts of all of them, `created` or `existing`); refuse a range reaching the future."""
+        periods = self._catch_up_periods(self._schedule(name), start, end)
+        receipts = [await self.trigger(name, p, via="catch_up") for p in periods]
+        created = sum(r.outcome == "created" for r in receipts)
+        log.info(
+            "cron catch-up of %s from %s to %s: %d periods, %d runs created",
+            name, rfc3339(start), rfc3339(end), len(periods), created,
+        )  # fmt: skip
+        return receipts
+
+    async def plan_catch_up(self, name: str, start: datetime, end: datetime) -> list[PlannedRun]:
+        """The dry run of `catch_up`: the same checks and periods, nothing created."""
         s = self._schedule(name)
+        return await self._plan(s, self._catch_up_periods(s, start, end))
+
+    async def plan_trigger(self, name: str, period_start: datetime) -> PlannedRun:
+        """The dry run of `trigger`: the same checks, nothing created."""
+        s = self._schedule(name)
+        (planned,) = await self._plan(s, [self._check_period(s, period_start)])
+        return planned
+
+    def _catch_up_periods(
+        self, s: ScheduleSettings, start: datetime, end: datetime
+    ) -> list[datetime]:
         start, end = _utc(start, "from"), _utc(end, "to")
         if end < start:
             raise PeriodError(f"catch-up range ends ({rfc3339(end)}) before it starts")
@@ -240,16 +315,88 @@ class CronService:
         periods = list(islice(s.schedule().periods(start, end), MAX_CATCH_UP_PERIODS + 1))
         if len(periods) > MAX_CATCH_UP_PERIODS:
             raise PeriodError(
-                f"the range holds more than {MAX_CATCH_UP_PERIODS} periods of {name!r}; "
+                f"the range holds more than {MAX_CATCH_UP_PERIODS} periods of {s.name!r}; "
                 "catch up in smaller ranges"
             )
-        receipts = [await self.trigger(name, p, via="catch_up") for p in periods]
-        created = sum(r.outcome == "created" for r in receipts)
+        return periods
+
+    async def _plan(self, s: ScheduleSettings, periods: list[datetime]) -> list[PlannedRun]:
+        if not periods:
+            return []
+        after = periods[0] - timedelta(microseconds=1)
+        have = await self._runs.run_periods_between(s.name, after, periods[-1])
+        static = s.static_units()
+        units = None if static is None else len(static)  # a query's units: known when created
+        return [
+            PlannedRun(
+                run_key(s.name, p),
+                p,
+                "existing" if p in have else "would_create",
+                None if p in have else units,
+            )
+            for p in periods
+        ]
+
+    # pausing ------------------------------------------------------------------------------
+    async def pause(self, name: str, now: datetime | None = None) -> dict[str, Any]:
+        """Pause a schedule on every instance (idempotent: a pause keeps its start); return
+        its status. Its periods are recorded missed (`paused`) until it is resumed."""
+        s = self._schedule(name)
+        now = _utc(now or self._clock(), "now")
+        state = await self._runs.set_paused(s.name, s.enabled, True, now)
+        metrics.SCHEDULE_PAUSED.labels(s.name).set(1)
+        log.warning("cron %s paused (since %s)", s.name, rfc3339(state.paused_at or now))
+        return await self._status_of(s, now)
+
+    async def resume(self, name: str, now: datetime | None = None) -> dict[str, Any]:
+        """Resume a schedule (idempotent); return its status. The periods that passed while it
+        was paused are recorded missed (`paused`) first, so none fires late or silently."""
+        s = self._schedule(name)
+        now = _utc(now or self._clock(), "now")
+        state = await self._runs.get_state(s.name)
+        if state is not None and state.paused:
+            await self._account(s, now)
+        await self._runs.set_paused(s.name, s.enabled, False, now)
+        metrics.SCHEDULE_PAUSED.labels(s.name).set(0)
+        if state is not None and state.paused:
+            log.warning(
+                "cron %s resumed (paused since %s)", s.name, rfc3339(state.paused_at or now)
+            )
+        return await self._status_of(s, now)
+
+    # follow-ups ---------------------------------------------------------------------------
+    async def finish_runs(self) -> int:
+        """Finish the runs whose units are all terminal, for every schedule with on_finished,
+        enqueueing their follow-ups; return how many were created. Failures are logged and
+        retried at the next sweep (nothing was committed)."""
+        created = 0
+        for s in self._schedules.values():
+            if s.on_finished is None:
+                continue
+            try:
+                created += await self._runs.finish_runs(s.name)
+            except Exception as exc:
+                log.error("cron %s: finishing runs failed, retrying next sweep: %s", s.name, exc)
+        if created:
+            self._notify()
+        return created
+
+    def _follow_up_job(self, run: FinishedRun) -> NewJob | None:
+        s = self._schedules.get(run.schedule)
+        if s is None or s.on_finished is None:
+            return None
+        counts = {
+            "succeeded": run.succeeded,
+            "dead": run.dead,
+            "discarded": run.discarded,
+            "cancelled": run.cancelled,
+        }
         log.info(
-            "cron catch-up of %s from %s to %s: %d periods, %d runs created",
-            name, rfc3339(start), rfc3339(end), len(periods), created,
+            "cron run %s finished (%d units: %s); follow-up %s:finished",
+            run.run_key, run.unit_count, ", ".join(f"{n} {k}" for k, n in counts.items()),
+            run.run_key,
         )  # fmt: skip
-        return receipts
+        return s.follow_up_job(run.run_key, run.period_start, run.unit_count, counts)
 
     async def fire(self, name: str, now: datetime | None = None) -> RunReceipt | None:
         """Account for the periods of one schedule up to `now` (default: the clock): fire the
@@ -288,17 +435,21 @@ class CronService:
         state = await self._runs.get_state(s.name)
         unrecorded = await self._unrecorded_missed(s, state, now) if state else []
         missed = sorted(recorded + unrecorded, reverse=True)[:STATUS_MISSED_SHOWN]
-        next_fire = schedule.next_after(now) if s.enabled else None
+        paused = state is not None and state.paused
+        next_fire = schedule.next_after(now) if s.enabled and not paused else None
         return {
             "name": s.name,
             "cron": s.cron,
             "timezone": s.timezone,
             "enabled": s.enabled,
+            "paused": paused,
+            "paused_at": rfc3339(state.paused_at) if state and state.paused_at else None,
             "handler": s.handler,
             "queue": s.queue,
             "overlap": s.overlap,
             "misfire_grace_s": s.misfire_grace_s,
             "fanout": s.describe_fanout(),
+            "on_finished": None if s.on_finished is None else s.on_finished.model_dump(),
             "next_fire_at": None if next_fire is None else rfc3339(next_fire),
             "last_run": None if latest is None else latest.to_json(),
             "queued_runs": await self._runs.count_queued(s.name),
@@ -321,8 +472,11 @@ class CronService:
             return []
         periods = list(islice(s.schedule().periods(since, until, include_start=False), 10_000))
         have = await self._runs.run_periods_between(s.name, since, until)
-        reason = "disabled" if not (s.enabled and state.enabled) else "not_fired"
-        return [MissedPeriod(p, reason) for p in periods if p not in have]
+        return [
+            MissedPeriod(p, self._missed_reason(s, state, p, within_grace=False))
+            for p in periods
+            if p not in have
+        ]
 
     # internals ----------------------------------------------------------------------------
     def _schedule(self, name: str) -> ScheduleSettings:
@@ -364,6 +518,7 @@ class CronService:
 
     async def _account(self, s: ScheduleSettings, now: datetime) -> RunReceipt | None:
         state = await self._runs.ensure_state(s.name, s.enabled, now)
+        metrics.SCHEDULE_PAUSED.labels(s.name).set(1 if state.paused else 0)
         since = max(state.checked_through, now - MAX_LOOKBACK)
         have = await self._runs.run_periods_between(s.name, since, now)
         # the newest periods without a run (bounded: a long outage is summarised, not listed)
@@ -375,11 +530,15 @@ class CronService:
                 total += 1
         grace = timedelta(seconds=s.misfire_grace_s)
         fire_period = None
-        # A period passed while the schedule was disabled (as last configured) is never fired.
-        if s.enabled and state.enabled and missing and now - missing[-1] <= grace:
+        # A period passed while the schedule was disabled (as last configured) or paused (by an
+        # operator) is never fired.
+        live = s.enabled and state.enabled and not state.paused
+        if live and missing and now - missing[-1] <= grace:
             fire_period = missing.pop()
             total -= 1
-        missed = [MissedPeriod(p, self._missed_reason(s, state, now - p <= grace)) for p in missing]
+        missed = [
+            MissedPeriod(p, self._missed_reason(s, state, p, now - p <= grace)) for p in missing
+        ]
         if total > len(missed):
             log.warning(
                 "cron %s: %d older periods without a run are not recorded individually",
@@ -391,6 +550,10 @@ class CronService:
         if fire_period is not None:
             try:
                 receipt = await self.trigger(s.name, fire_period, via="cron")
+            except SchedulePaused:
+                # paused after this pass read the state: the period passed while paused
+                paused = [MissedPeriod(fire_period, "paused")]
+                await self._report_missed(s, await self._runs.record_missed(s.name, paused))
             except Exception:
                 # the fire did not happen: the next fire or tick retries it (or records it
                 # missed once it is past grace)
@@ -401,9 +564,14 @@ class CronService:
         return receipt
 
     @staticmethod
-    def _missed_reason(s: ScheduleSettings, state: ScheduleState, within_grace: bool) -> str:
+    def _missed_reason(
+        s: ScheduleSettings, state: ScheduleState, period: datetime, within_grace: bool
+    ) -> str:
         if not (s.enabled and state.enabled):
             return "disabled"
+        # paused: a period that would have fired now, or one that started after the pause
+        if state.paused and (within_grace or (state.paused_at and period > state.paused_at)):
+            return "paused"
         return "coalesced" if within_grace else "not_fired"
 
     async def _report_missed(self, s: ScheduleSettings, new: list[MissedPeriod]) -> None:
@@ -453,6 +621,16 @@ class CronService:
             await self.fire(name)
         except Exception as exc:
             log.error("cron %s: fire failed, retrying at the next tick: %s", name, exc)
+        finally:
+            if task is not None:
+                self._inflight.discard(task)
+
+    async def _finish_job(self) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
+        try:
+            await self.finish_runs()
         finally:
             if task is not None:
                 self._inflight.discard(task)

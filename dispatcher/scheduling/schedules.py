@@ -11,11 +11,18 @@ fanout = { ranges = 16, key_space = [0, 65536] }   # or { tenants = [...] } or {
 queue = "maintenance"
 overlap = "skip"                 # allow | skip | queue, when the previous run is unfinished
 misfire_grace_s = 300            # a fire this late still counts as on time
+on_finished = { handler = "report", payload = { channel = "ops" } }   # optional, see below
 ```
 
 Every unit's payload is `params` plus `schedule`, `period_start` (RFC 3339, UTC), `unit` and the
 fan-out's fields: `tenant` for tenants; `range_start`, `range_end` (exclusive), `range_index`,
 `range_count` for ranges.
+
+`on_finished` (the fan-out join): when every unit of a run is terminal, exactly one follow-up
+job is enqueued with key `<run_key>:finished` (in the queue given, else the schedule's), its
+payload `payload` plus `schedule`, `period_start`, `run_key`, `units` and the run's counts
+`succeeded`, `dead`, `discarded`, `cancelled`. A run the overlap policy skipped has no units
+and no follow-up.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from dispatcher.model import NewJob
 from dispatcher.scheduling.cron import (
     UNIT_NAME,
     CronSchedule,
+    PeriodError,
     Unit,
     load_zone,
     parse_cron,
@@ -64,8 +72,67 @@ RESERVED_PAYLOAD_KEYS = frozenset(
 )
 
 
+# The unit name the follow-up's key ends with (`<run_key>:finished`), so no unit may take it.
+FOLLOW_UP_UNIT = "finished"
+FOLLOW_UP_KEYS = frozenset(
+    {
+        "schedule",
+        "period_start",
+        "run_key",
+        "units",
+        "succeeded",
+        "dead",
+        "discarded",
+        "cancelled",
+    }
+)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _json_values(value: dict[str, Any], what: str) -> dict[str, Any]:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{what} must be JSON values (TOML dates and times are not: quote them)"
+        ) from None
+    return value
+
+
+class FollowUp(_Strict):
+    """The job enqueued once when every unit of a run is terminal (`on_finished`)."""
+
+    handler: str
+    payload: dict[str, Any] = {}
+    queue: str | None = None  # None: the schedule's queue
+    target: dict[str, Any] | None = None
+
+    @field_validator("payload")
+    @classmethod
+    def _payload(cls, value: dict[str, Any]) -> dict[str, Any]:
+        clash = sorted(FOLLOW_UP_KEYS & set(value))
+        if clash:
+            raise ValueError(
+                f"on_finished.payload may not set {clash}: the dispatcher fills those in with "
+                "the run and its counts"
+            )
+        return _json_values(value, "on_finished.payload")
+
+    @model_validator(mode="after")
+    def _target(self) -> FollowUp:
+        if self.handler == "http":
+            if not self.target or not isinstance(self.target.get("url"), str):
+                raise ValueError(
+                    'on_finished handler "http" needs target = { url = "https://..." }'
+                )
+        elif self.target is not None:
+            raise ValueError(
+                f'on_finished handler {self.handler!r} takes no target (only "http" does)'
+            )
+        return self
 
 
 class TenantsFanout(_Strict):
@@ -159,6 +226,7 @@ class ScheduleSettings(_Strict):
     overlap: Literal["allow", "skip", "queue"] = "skip"
     max_attempts: int | None = Field(None, ge=1)
     max_retry_age_s: int | None = Field(None, ge=0)
+    on_finished: FollowUp | None = None
 
     @field_validator("timezone")
     @classmethod
@@ -196,6 +264,19 @@ class ScheduleSettings(_Strict):
             raise ValueError(f'handler {self.handler!r} takes no target (only "http" does)')
         return self
 
+    @model_validator(mode="after")
+    def _follow_up_key_free(self) -> ScheduleSettings:
+        if (
+            self.on_finished is not None
+            and isinstance(self.fanout, TenantsFanout)
+            and FOLLOW_UP_UNIT in self.fanout.tenants
+        ):
+            raise ValueError(
+                f"tenant {FOLLOW_UP_UNIT!r} would share its key with the on_finished follow-up "
+                f"(<run_key>:{FOLLOW_UP_UNIT}); rename that tenant or drop on_finished"
+            )
+        return self
+
     # derived ------------------------------------------------------------------------------
     def schedule(self) -> CronSchedule:
         return parse_cron(self.cron, self.timezone)
@@ -214,6 +295,11 @@ class ScheduleSettings(_Strict):
     def jobs_for(self, period_start: datetime, units: list[Unit]) -> list[NewJob]:
         """One job per unit, key `<run_key>:<unit>`: a pure function of the schedule, the
         period and the unit, so every retry of a trigger asks for exactly the same jobs."""
+        if self.on_finished is not None and any(u.name == FOLLOW_UP_UNIT for u in units):
+            raise PeriodError(
+                f"the fan-out listed unit {FOLLOW_UP_UNIT!r}, whose key is reserved for the "
+                f"on_finished follow-up of schedule {self.name!r}; rename that unit"
+            )
         run = run_key(self.name, period_start)
         base = {**self.params, "schedule": self.name, "period_start": rfc3339(period_start)}
         return [
@@ -230,6 +316,33 @@ class ScheduleSettings(_Strict):
             )
             for unit in units
         ]
+
+    def follow_up_job(
+        self, run: str, period_start: datetime, units: int, counts: dict[str, int]
+    ) -> NewJob | None:
+        """The on_finished job of a finished run (None when none is configured). `run_key` is
+        left unset: the follow-up is not a unit of the run it reports on."""
+        follow = self.on_finished
+        if follow is None:
+            return None
+        payload = {
+            **follow.payload,
+            "schedule": self.name,
+            "period_start": rfc3339(period_start),
+            "run_key": run,
+            "units": units,
+            **{
+                name: counts.get(name, 0)
+                for name in ("succeeded", "dead", "discarded", "cancelled")
+            },
+        }
+        return NewJob(
+            key=unit_key(run, FOLLOW_UP_UNIT),
+            handler=follow.handler,
+            payload=payload,
+            queue=follow.queue or self.queue,
+            target=follow.target,
+        )
 
     def describe_fanout(self) -> dict[str, Any]:
         if self.fanout is None:

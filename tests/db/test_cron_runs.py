@@ -490,6 +490,7 @@ async def test_status_shows_next_fire_last_receipt_and_unit_counts(
         "succeeded": 1,
         "dead": 1,
         "cancelled": 0,
+        "discarded": 0,
         "pending": 1,
     }
     assert view["last_run"]["finished_at"] is None

@@ -112,6 +112,7 @@ async def test_example_session_cleanup_deletes_exactly_the_expired_rows(
         "succeeded": 16,
         "dead": 0,
         "cancelled": 0,
+        "discarded": 0,
         "pending": 0,
     }
     assert view["last_run"]["finished_at"] is not None
