@@ -71,8 +71,22 @@ def build_parser() -> argparse.ArgumentParser:
     status = command("status", "jobs per queue and state, oldest ready age, dead letters")
     status.add_argument("--json", action="store_true", help="one JSON document for scripts")
 
-    schedules = command("schedules", "schedules: next fire, last run receipt, missed periods")
+    schedules = command(
+        "schedules", "schedules: next fire, last run receipt, missed periods; pause, resume"
+    )
     schedules.add_argument("--json", action="store_true", help="one JSON document for scripts")
+    schedule_actions = schedules.add_subparsers(dest="schedule_action", metavar="ACTION")
+    for action, help_text in (
+        (
+            "pause",
+            "pause a schedule on every daemon of this database (persisted; its periods are "
+            "recorded missed with reason 'paused', never backfilled silently)",
+        ),
+        ("resume", "resume a paused schedule (its missed periods stay listed for catch-up)"),
+    ):
+        p = schedule_actions.add_parser(action, help=help_text, description=help_text)
+        p.add_argument("name", help="schedule name from [[schedules]]")
+        p.add_argument("--json", action="store_true", help="one JSON document for scripts")
     catch_up = command("catch-up", "create the runs of missed periods of a schedule (idempotent)")
     catch_up.add_argument("schedule", help="schedule name from [[schedules]]")
     catch_up.add_argument(
@@ -88,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         metavar="T",
         help="last period start, RFC 3339 (inclusive)",
+    )
+    catch_up.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the periods it would create (and those that already have a run); create nothing",
     )
     catch_up.add_argument("--json", action="store_true")
 
@@ -262,6 +281,13 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_schedules(settings: Settings, args: argparse.Namespace) -> int:
     async def run(service: Any) -> int:
+        action = getattr(args, "schedule_action", None)
+        if action is not None:
+            entry = await getattr(service, action)(args.name)
+            print(
+                json.dumps(entry, indent=2, default=_plain) if args.json else format_schedule(entry)
+            )
+            return 0
         status = await service.status()
         if args.json:
             print(json.dumps({"schedules": status}, indent=2, default=_plain))
@@ -279,6 +305,17 @@ def cmd_catch_up(settings: Settings, args: argparse.Namespace) -> int:
     start, end = parse_time(args.start, "--from"), parse_time(args.end, "--to")
 
     async def run(service: Any) -> int:
+        if args.dry_run:
+            planned = [p.to_json() for p in await service.plan_catch_up(args.schedule, start, end)]
+            if args.json:
+                print(json.dumps(planned, indent=2))
+                return 0
+            for v in planned:
+                units = "" if v["units"] is None else f" units={v['units']}"
+                print(f"{v['run_key']}  {v['outcome']:<12}{units}")
+            would = sum(1 for v in planned if v["outcome"] == "would_create")
+            print(f"dry run: {would} run(s) would be created, {len(planned) - would} exist")
+            return 0
         receipts = await service.catch_up(args.schedule, start, end)
         views = [r.to_json() for r in receipts]
         if args.json:
@@ -326,11 +363,17 @@ def format_schedule(entry: dict[str, Any]) -> str:
         f"{entry.get('name')}  cron={entry.get('cron')!r} tz={entry.get('timezone')} "
         f"enabled={entry.get('enabled')} next={entry.get('next_fire_at')}"
     ]
+    if entry.get("paused"):
+        lines.append(
+            f"  PAUSED since {entry.get('paused_at')} (resume: dispatcher schedules resume "
+            f"{entry.get('name')})"
+        )
     last = entry.get("last_run")
     if last:
         u = last["units"]
         lines.append(
             f"  last run {last['run_key']}: {u['succeeded']} done, {u['dead']} dead, "
+            f"{u.get('discarded', 0)} discarded, {u['cancelled']} cancelled, "
             f"{u['pending']} pending of {u['total']} ({last['overlap_decision']})"
         )
     else:

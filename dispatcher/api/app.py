@@ -81,6 +81,9 @@ def create_app(
     app.router.add_post("/v1/jobs/{id}/cancel", cancel_job)
     app.router.add_get("/v1/schedules", list_schedules)
     app.router.add_post("/v1/schedules/{name}/trigger", trigger_schedule)
+    app.router.add_post("/v1/schedules/{name}/catch-up", catch_up_schedule)
+    app.router.add_post("/v1/schedules/{name}/pause", pause_schedule)
+    app.router.add_post("/v1/schedules/{name}/resume", resume_schedule)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
@@ -498,25 +501,50 @@ async def list_schedules(request: web.Request) -> web.Response:
     return web.json_response({"schedules": await service.status()}, dumps=_dumps)
 
 
-async def trigger_schedule(request: web.Request) -> web.Response:
+def schedule_named(request: web.Request) -> tuple[Any, str]:
+    """The cron service and the schedule named in the path; 404 for a name not configured."""
     service = request.app[SCHEDULES]
     name = request.match_info["name"]
     if service is None or name not in service.names():
         raise Problem(404, f"no schedule {name!r}; GET /v1/schedules lists them")
-    data = await read_json(request)
-    if (
-        not isinstance(data, dict)
-        or set(data) != {"period_start"}
-        or not isinstance(data["period_start"], str)
-    ):
-        raise Problem(422, 'body must be {"period_start": "<RFC 3339 start of the period>"}')
+    return service, name
+
+
+def schedule_body(data: Any, required: tuple[str, ...], usage: str) -> dict[str, Any]:
+    """A trigger or catch-up body: exactly the `required` fields (RFC 3339 strings) and an
+    optional boolean `dry_run`; 422 naming the expected shape otherwise."""
+    if not isinstance(data, dict) or not set(required) <= set(data) <= {*required, "dry_run"}:
+        raise Problem(422, f"body must be {usage}")
+    if not isinstance(data.get("dry_run", False), bool):
+        raise Problem(422, "dry_run: must be true or false")
+    for field in required:
+        if not isinstance(data[field], str):
+            raise Problem(422, f"{field}: must be an RFC 3339 timestamp string")
+    return data
+
+
+def rfc3339_field(value: str, field: str) -> datetime:
     try:
-        period = datetime.fromisoformat(data["period_start"].replace("Z", "+00:00"))
+        instant = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise Problem(422, "period_start: not an RFC 3339 timestamp") from None
-    if period.tzinfo is None:
-        raise Problem(422, "period_start: needs a UTC offset, e.g. 2026-05-31T02:00:00Z")
+        raise Problem(422, f"{field}: not an RFC 3339 timestamp") from None
+    if instant.tzinfo is None:
+        raise Problem(422, f"{field}: needs a UTC offset, e.g. 2026-05-31T02:00:00Z")
+    return instant
+
+
+async def trigger_schedule(request: web.Request) -> web.Response:
+    service, name = schedule_named(request)
+    data = schedule_body(
+        await read_json(request),
+        ("period_start",),
+        '{"period_start": "<RFC 3339 start of the period>", "dry_run": false}',
+    )
+    period = rfc3339_field(data["period_start"], "period_start")
     try:
+        if data.get("dry_run"):
+            planned = await service.plan_trigger(name, period)
+            return web.json_response({**planned.to_json(), "dry_run": True}, dumps=_dumps)
         receipt = await service.trigger(name, period)
     except PeriodError as exc:
         raise Problem(422, f"period_start: {exc}") from None
@@ -525,6 +553,48 @@ async def trigger_schedule(request: web.Request) -> web.Response:
     return web.json_response(
         receipt.to_json(), dumps=_dumps, status=202 if receipt.outcome == "created" else 200
     )
+
+
+async def catch_up_schedule(request: web.Request) -> web.Response:
+    """Create the runs of the periods in [from, to] that have none (idempotent); `dry_run`
+    lists what it would create and creates nothing."""
+    service, name = schedule_named(request)
+    data = schedule_body(
+        await read_json(request),
+        ("from", "to"),
+        '{"from": "<RFC 3339>", "to": "<RFC 3339, inclusive>", "dry_run": false}',
+    )
+    start, end = rfc3339_field(data["from"], "from"), rfc3339_field(data["to"], "to")
+    try:
+        if data.get("dry_run"):
+            planned = [p.to_json() for p in await service.plan_catch_up(name, start, end)]
+            would = sum(p["outcome"] == "would_create" for p in planned)
+            body = {"schedule": name, "dry_run": True, "runs": planned, "would_create": would}
+            return web.json_response({**body, "existing": len(planned) - would}, dumps=_dumps)
+        receipts = [r.to_json() for r in await service.catch_up(name, start, end)]
+    except PeriodError as exc:
+        raise Problem(422, str(exc)) from None
+    except TriggerFailed as exc:
+        return database_unavailable(f"{exc}; retry the same request (it is idempotent)")
+    created = sum(r["outcome"] == "created" for r in receipts)
+    body = {"schedule": name, "dry_run": False, "runs": receipts, "created": created}
+    return web.json_response(
+        {**body, "existing": len(receipts) - created},
+        dumps=_dumps,
+        status=202 if created else 200,
+    )
+
+
+async def pause_schedule(request: web.Request) -> web.Response:
+    """Pause a schedule on every instance (idempotent); its periods are recorded missed."""
+    service, name = schedule_named(request)
+    return web.json_response(await service.pause(name), dumps=_dumps)
+
+
+async def resume_schedule(request: web.Request) -> web.Response:
+    """Resume a paused schedule (idempotent); the periods it missed stay listed as missed."""
+    service, name = schedule_named(request)
+    return web.json_response(await service.resume(name), dumps=_dumps)
 
 
 def _dumps(value: Any) -> str:

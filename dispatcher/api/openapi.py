@@ -26,6 +26,10 @@ def _json(schema: dict[str, Any], description: str = "ok") -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
+def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
 JOB_ID = {
     "name": "id",
     "in": "path",
@@ -33,6 +37,51 @@ JOB_ID = {
     "schema": {"type": "string", "pattern": "^[0-9]+$"},
 }
 JOB = {"$ref": "#/components/schemas/Job"}
+SCHEDULE_NAME = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+}
+# A run receipt (trigger), or what a dry run would do for the period (`outcome`
+# would_create | existing, `units`: the unit count when the fan-out is static).
+RUN = {
+    "type": "object",
+    "required": ["run_key", "period_start", "outcome"],
+    "properties": {
+        "run_key": {"type": "string"},
+        "period_start": {"type": "string", "format": "date-time"},
+        "outcome": {"enum": ["created", "existing", "would_create"]},
+        "dry_run": {"type": "boolean"},
+        "units": {"type": ["object", "integer", "null"]},
+    },
+}
+CATCH_UP = {
+    "type": "object",
+    "required": ["schedule", "dry_run", "runs"],
+    "properties": {
+        "schedule": {"type": "string"},
+        "dry_run": {"type": "boolean"},
+        "runs": {"type": "array", "items": RUN},
+        "created": {"type": "integer"},
+        "would_create": {"type": "integer"},
+        "existing": {"type": "integer"},
+    },
+}
+SCHEDULE = {
+    "type": "object",
+    "required": ["name", "enabled", "paused"],
+    "properties": {
+        "name": {"type": "string"},
+        "enabled": {"type": "boolean"},
+        "paused": {"type": "boolean"},
+        "paused_at": {"type": ["string", "null"], "format": "date-time"},
+        "next_fire_at": {"type": ["string", "null"], "format": "date-time"},
+        "missed": {"type": "object"},
+        "last_run": {"type": ["object", "null"]},
+        "on_finished": {"type": ["object", "null"]},
+    },
+}
 ACCEPTED = {"$ref": "#/components/schemas/Accepted"}
 
 
@@ -209,38 +258,92 @@ def _describe_api() -> dict[str, Any]:
             },
             "/v1/schedules": {
                 "get": {
-                    "summary": "Schedules, last runs and missed periods",
-                    "responses": {"200": _json({"type": "object"}), **_problem_responses(401)},
+                    "summary": "Schedules, last runs, missed periods, paused or not",
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "properties": {"schedules": {"type": "array", "items": SCHEDULE}},
+                            }
+                        ),
+                        **_problem_responses(401),
+                    },
                 }
             },
             "/v1/schedules/{name}/trigger": {
                 "post": {
-                    "summary": "Create the run of one explicit period (idempotent)",
-                    "parameters": [
+                    "summary": "Create the run of one explicit period (idempotent); a dry run "
+                    "says whether it would create it",
+                    "description": "Works on a paused schedule too (an explicit request). "
+                    "`dry_run`: 200 with `outcome` `would_create` or `existing`, nothing created.",
+                    "parameters": [SCHEDULE_NAME],
+                    "requestBody": _json_body(
                         {
-                            "name": "name",
-                            "in": "path",
-                            "required": True,
-                            "schema": {"type": "string"},
+                            "type": "object",
+                            "required": ["period_start"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "period_start": {"type": "string", "format": "date-time"},
+                                "dry_run": {"type": "boolean", "default": False},
+                            },
                         }
-                    ],
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["period_start"],
-                                    "properties": {
-                                        "period_start": {"type": "string", "format": "date-time"}
-                                    },
-                                }
-                            }
-                        },
-                    },
+                    ),
                     "responses": {
-                        "202": _json({"type": "object"}),
-                        **_problem_responses(400, 401, 404, 422),
+                        "200": _json(RUN, "the run existed already (or the dry run's answer)"),
+                        "202": _json(RUN, "the run was created"),
+                        **_problem_responses(400, 401, 404, 422, 503),
+                    },
+                }
+            },
+            "/v1/schedules/{name}/catch-up": {
+                "post": {
+                    "summary": "Create the runs of every period in [from, to] that has none "
+                    "(idempotent); a dry run lists them and creates nothing",
+                    "description": "Missed periods (reasons not_fired, coalesced, disabled, "
+                    "paused) are never backfilled on their own; this is the explicit way. "
+                    "At most 1,000 periods per request; `to` may not lie in the future.",
+                    "parameters": [SCHEDULE_NAME],
+                    "requestBody": _json_body(
+                        {
+                            "type": "object",
+                            "required": ["from", "to"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "from": {"type": "string", "format": "date-time"},
+                                "to": {"type": "string", "format": "date-time"},
+                                "dry_run": {"type": "boolean", "default": False},
+                            },
+                        }
+                    ),
+                    "responses": {
+                        "200": _json(CATCH_UP, "nothing created (every run existed, or a dry run)"),
+                        "202": _json(CATCH_UP, "runs created"),
+                        **_problem_responses(400, 401, 404, 422, 503),
+                    },
+                }
+            },
+            "/v1/schedules/{name}/pause": {
+                "post": {
+                    "summary": "Pause a schedule on every daemon of this database (idempotent)",
+                    "description": "Persisted; holds across restarts. Its periods are recorded "
+                    "as missed with reason `paused` and never backfilled silently; explicit "
+                    "triggers and catch-up still work. Answers the schedule's status.",
+                    "parameters": [SCHEDULE_NAME],
+                    "responses": {
+                        "200": _json(SCHEDULE),
+                        **_problem_responses(401, 404, 503),
+                    },
+                }
+            },
+            "/v1/schedules/{name}/resume": {
+                "post": {
+                    "summary": "Resume a paused schedule (idempotent)",
+                    "description": "The periods that passed while paused stay listed as missed "
+                    "(`paused`) for an explicit catch-up. Answers the schedule's status.",
+                    "parameters": [SCHEDULE_NAME],
+                    "responses": {
+                        "200": _json(SCHEDULE),
+                        **_problem_responses(401, 404, 503),
                     },
                 }
             },

@@ -351,6 +351,7 @@ class RunRepository:
         return {r["period_start"] for r in rows}
 
     # accounting of periods ----------------------------------------------------------------
+    @translate_unavailable
     async def ensure_state(self, schedule: str, enabled: bool, now: datetime) -> ScheduleState:
         row = await self.pool.fetchrow(query("ensure_schedule_state"), schedule, enabled, now)
         return _state(row)
@@ -371,9 +372,11 @@ class RunRepository:
             row = await conn.fetchrow(query("set_schedule_paused"), schedule, enabled, now, paused)
         return _state(row)
 
+    @translate_unavailable
     async def advance_state(self, schedule: str, through: datetime, enabled: bool) -> None:
         await self.pool.execute(query("advance_schedule_state"), schedule, through, enabled)
 
+    @translate_unavailable
     async def record_missed(
         self, schedule: str, missed: Sequence[MissedPeriod]
     ) -> list[MissedPeriod]:
