@@ -9,6 +9,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from dispatcher import __version__, logs
@@ -109,6 +110,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="list the periods it would create (and those that already have a run); create nothing",
     )
     catch_up.add_argument("--json", action="store_true")
+
+    backup = command(
+        "backup",
+        "write the dispatcher schema (jobs, idempotency keys, run receipts) to FILE with "
+        "pg_dump; consistent while the daemon runs",
+    )
+    backup.add_argument("file", metavar="FILE", help="archive to write (pg_dump custom format)")
+    backup.add_argument("--force", action="store_true", help="replace FILE if it exists")
+    restore = command(
+        "restore",
+        "load FILE (from dispatcher backup) in one transaction; stop the daemon first. "
+        "Refuses a database that already has a dispatcher schema unless --force",
+    )
+    restore.add_argument("file", metavar="FILE", help="archive written by dispatcher backup")
+    restore.add_argument(
+        "--force", action="store_true", help="drop the existing dispatcher schema and replace it"
+    )
 
     jobs = command("jobs", "inspect and operate jobs (works whether the daemon runs or not)")
     jobs_sub = jobs.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -330,6 +348,71 @@ def cmd_catch_up(settings: Settings, args: argparse.Namespace) -> int:
     return with_cron(settings, run)
 
 
+def client_bin_dir(settings: Settings) -> Path:
+    from dispatcher.db.embedded import default_bin_dir
+
+    return settings.embedded_postgres_bin or default_bin_dir()
+
+
+def cmd_backup(settings: Settings, args: argparse.Namespace) -> int:
+    from dispatcher.db.backup import BackupRepository, dump
+
+    file = Path(args.file)
+    if file.exists() and not args.force:
+        print(f"dispatcher: {file} exists; pass --force to replace it", file=sys.stderr)
+        return EXIT_USAGE
+    if not file.absolute().parent.is_dir():
+        print(f"dispatcher: {file.absolute().parent} is not a directory", file=sys.stderr)
+        return EXIT_USAGE
+
+    async def run() -> int:
+        async with database(settings, check_schema=False) as (dsn, pool):
+            if not await BackupRepository(pool).schema_exists():
+                print(
+                    "dispatcher: this database has no dispatcher schema to back up "
+                    "(run dispatcher migrate or the daemon first)",
+                    file=sys.stderr,
+                )
+                return EXIT_FAILURE
+            size = await asyncio.to_thread(dump, dsn, file, client_bin_dir(settings))
+        print(f"backed up the dispatcher schema to {file} ({size} bytes)")
+        return 0
+
+    return asyncio.run(run())
+
+
+def cmd_restore(settings: Settings, args: argparse.Namespace) -> int:
+    from dispatcher.db.backup import BackupRepository, check_archive, restore
+
+    file = Path(args.file)
+    check_archive(file, client_bin_dir(settings))  # a wrong file changes nothing
+
+    async def run() -> int:
+        async with database(settings, check_schema=False) as (dsn, pool):
+            repo = BackupRepository(pool)
+            if await repo.daemon_sessions():
+                print(
+                    "dispatcher: a daemon is connected to this database; stop every "
+                    "dispatcher run on it, then restore",
+                    file=sys.stderr,
+                )
+                return EXIT_FAILURE
+            if await repo.schema_exists() and not args.force:
+                print(
+                    "dispatcher: this database already has a dispatcher schema; restore into "
+                    "an empty one (a new state directory), or pass --force to replace it",
+                    file=sys.stderr,
+                )
+                return EXIT_FAILURE
+            bin_dir = client_bin_dir(settings)
+            await asyncio.to_thread(restore, dsn, file, bin_dir, replace=args.force)
+            contents = await repo.contents()
+        print(f"restored {file}: {contents.jobs} jobs, {contents.runs} run receipts")
+        return 0
+
+    return asyncio.run(run())
+
+
 def with_cron(settings: Settings, body: Callable[[Any], Awaitable[int]]) -> int:
     from dispatcher.db.jobs import JobRepository
     from dispatcher.scheduling.cron_service import CronService
@@ -421,6 +504,8 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "status": cmd_status,
     "schedules": cmd_schedules,
     "catch-up": cmd_catch_up,
+    "backup": cmd_backup,
+    "restore": cmd_restore,
 }
 
 if __name__ == "__main__":

@@ -241,8 +241,8 @@ class EmbeddedPostgres:
         log.log(logging.INFO if self.role == "daemon" else logging.DEBUG, message, *args)
 
     def start(self) -> str:
-        if not self.state_dir.exists():
-            self.state_dir.mkdir(mode=0o700, parents=True)
+        if not self.state_dir.exists():  # as root, the server user must be able to enter it
+            self.state_dir.mkdir(mode=0o711 if os.geteuid() == 0 else 0o700, parents=True)
         dsn = self._attach_or_own()
         if dsn is not None:
             log.debug("attached to the embedded PostgreSQL in %s", self.data_dir)

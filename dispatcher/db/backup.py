@@ -1,0 +1,145 @@
+"""`dispatcher backup` and `dispatcher restore`: the dispatcher schema (jobs with their
+idempotency keys and attempts, cron run receipts, schedule state) through PostgreSQL's own
+pg_dump and pg_restore, the ones shipped with the embedded server.
+
+A backup is one pg_dump snapshot, so it is consistent while a daemon keeps working; it is
+written beside FILE and renamed into place, so FILE is never a half-written archive. A restore
+reads the archive first (a file pg_restore cannot list changes nothing), refuses a database
+that already has a dispatcher schema unless forced, refuses while a daemon is connected, and
+runs in one transaction: it lands whole or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+import asyncpg
+
+from dispatcher.db.pool import translate_unavailable
+from dispatcher.db.queries import query
+from dispatcher.errors import DispatcherError
+
+SCHEMA = "dispatcher"
+TIMEOUT_S = 3600.0
+
+
+class BackupError(DispatcherError):
+    """A backup or restore could not be made; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class Contents:
+    jobs: int
+    runs: int
+
+
+class BackupRepository:
+    """The few reads a backup or a restore decides on."""
+
+    def __init__(self, pool: asyncpg.Pool):
+        self.pool = pool
+
+    @translate_unavailable
+    async def schema_exists(self) -> bool:
+        return bool(await self.pool.fetchval(query("dispatcher_schema_exists")))
+
+    @translate_unavailable
+    async def contents(self) -> Contents:
+        row = await self.pool.fetchrow(query("backup_contents"))
+        return Contents(jobs=row["jobs"], runs=row["runs"])
+
+    @translate_unavailable
+    async def daemon_sessions(self) -> int:
+        return int(await self.pool.fetchval(query("daemon_sessions")))
+
+
+def client_env(dsn: str) -> tuple[str, dict[str, str]]:
+    """The DSN without its password, and an environment carrying it (argv is public in ps)."""
+    parts = urlsplit(dsn)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    if parts.password is None:
+        return dsn, env
+    env["PGPASSWORD"] = unquote(parts.password)
+    netloc = parts.netloc.rsplit("@", 1)
+    userinfo = netloc[0].split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{userinfo}@{netloc[1]}")), env
+
+
+def _failure(program: str, stderr: bytes) -> str:
+    lines = stderr.decode(errors="replace").strip().splitlines()
+    return f"{program} failed: " + (" | ".join(lines[-5:]) or "no message")
+
+
+def dump(dsn: str, file: Path, bin_dir: Path) -> int:
+    """Write the dispatcher schema to `file` (pg_dump's custom format); returns its size."""
+    dsn, env = client_env(dsn)
+    file = file.absolute()
+    fd, partial = tempfile.mkstemp(prefix=f".{file.name}.", suffix=".partial", dir=file.parent)
+    os.close(fd)
+    try:
+        command = [str(bin_dir / "pg_dump"), "--format=custom", f"--schema={SCHEMA}"]
+        command += [f"--file={partial}", f"--dbname={dsn}"]
+        result = subprocess.run(
+            command, env=env, capture_output=True, timeout=TIMEOUT_S, umask=0o077, check=False
+        )
+        if result.returncode != 0:
+            raise BackupError(_failure("pg_dump", result.stderr))
+        os.replace(partial, file)
+    finally:
+        Path(partial).unlink(missing_ok=True)
+    return file.stat().st_size
+
+
+def check_archive(file: Path, bin_dir: Path) -> None:
+    """Refuse, before touching the database, a file that is not a dispatcher backup."""
+    if not file.is_file():
+        raise BackupError(f"{file}: no such file; name a file written by dispatcher backup")
+    result = subprocess.run(
+        [str(bin_dir / "pg_restore"), "--list", str(file)],
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise BackupError(
+            f"{file} is not a backup written by dispatcher backup ("
+            + _failure("pg_restore", result.stderr)
+            + ")"
+        )
+    if f" SCHEMA - {SCHEMA} " not in result.stdout.decode(errors="replace"):
+        raise BackupError(
+            f"{file} holds no dispatcher schema; name a file written by dispatcher backup"
+        )
+
+
+def restore(dsn: str, file: Path, bin_dir: Path, *, replace: bool) -> None:
+    """Load `file` in one transaction; with `replace`, the existing schema is dropped first in
+    that same transaction (so a failed restore leaves the old data as it was)."""
+    dsn, env = client_env(dsn)
+    script = subprocess.Popen(
+        [str(bin_dir / "pg_restore"), "--no-owner", "--file=-", str(file)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    command = [str(bin_dir / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction"]
+    if replace:
+        command += ["-c", f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"]
+    command += ["-f", "-", f"--dbname={dsn}"]
+    try:
+        loaded = subprocess.run(
+            command, stdin=script.stdout, capture_output=True, env=env, timeout=TIMEOUT_S
+        )
+    finally:
+        assert script.stdout is not None
+        script.stdout.close()
+        _, script_err = script.communicate(timeout=60)
+    if script.returncode != 0:
+        raise BackupError(_failure("pg_restore", script_err) + "; nothing was restored")
+    if loaded.returncode != 0:
+        raise BackupError(_failure("psql", loaded.stderr) + "; nothing was restored")
