@@ -15,6 +15,7 @@ from dispatcher.model import AttemptKey, EnqueueResult, Job, NewJob
 # Query texts resolved once; the hot paths look them up per call otherwise.
 _CLAIM = query("claim_ready")
 _COMPLETE = query("complete_succeeded")
+_RECORD_FAILURE = query("record_failure")
 
 
 class JobRepository:
@@ -74,16 +75,35 @@ class JobRepository:
         return jobs, taken
 
     async def complete(
-        self, ids: list[int], attempts: list[int], results: list[Any], owner: str
+        self,
+        ids: list[int],
+        attempts: list[int],
+        results: list[Any],
+        owner: str,
+        *,
+        http_statuses: list[int | None] | None = None,
+        latencies_s: list[float | None] | None = None,
+        excerpts: list[str | None] | None = None,
     ) -> set[AttemptKey]:
-        """Record successes; returns the (job id, attempt) pairs this owner still held."""
-        rows = await self.pool.fetch(_COMPLETE, ids, attempts, results, owner)
+        """Record successes and their attempt history rows (the optional lists run parallel to
+        `ids`; None records nothing for that column); returns the (job id, attempt) pairs this
+        owner still held."""
+        rows = await self.pool.fetch(
+            _COMPLETE, ids, attempts, results, owner, http_statuses, latencies_s, excerpts
+        )
         return {(r[0], r[1]) for r in rows}
 
     async def complete_in(
-        self, conn: asyncpg.Connection, job: Job, result: Any, owner: str
+        self,
+        conn: asyncpg.Connection,
+        job: Job,
+        result: Any,
+        owner: str,
+        latency_s: float | None = None,
     ) -> bool:
-        rows = await conn.fetch(_COMPLETE, [job.id], [job.attempt], [result], owner)
+        rows = await conn.fetch(
+            _COMPLETE, [job.id], [job.attempt], [result], owner, None, [latency_s], None
+        )
         return bool(rows)
 
     async def record_failure(
@@ -95,9 +115,26 @@ class JobRepository:
         delay_s: float,
         error: str,
         reason: str | None,
+        retry_after_s: float | None = None,
+        http_status: int | None = None,
+        latency_s: float | None = None,
     ) -> tuple[str, str | None] | None:
+        """Record a failed attempt and its history row. `retry_after_s` is the delay the target
+        asked for (its Retry-After), if any: when that alone reaches past the retry age, the
+        job is dead as `retry_after_beyond_age`. Returns the job's new state and dead reason,
+        or None when the lease was no longer this owner's."""
         row = await self.pool.fetchrow(
-            query("record_failure"), job.id, job.attempt, owner, permanent, delay_s, error, reason
+            _RECORD_FAILURE,
+            job.id,
+            job.attempt,
+            owner,
+            permanent,
+            delay_s,
+            error,
+            reason,
+            retry_after_s,
+            http_status,
+            latency_s,
         )
         return (row["state"], row["dead_reason"]) if row else None
 
@@ -125,6 +162,15 @@ class JobRepository:
     async def get(self, job_id: int) -> dict[str, Any] | None:
         row = await self.pool.fetchrow(query("get_job"), job_id)
         return dict(row) if row else None
+
+    @translate_unavailable
+    async def attempts(
+        self, job_id: int, *, before_id: int | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """The attempt history of one job, newest first (`before_id`: the page after the
+        history row with that id). Empty for an unknown job as for one never attempted."""
+        rows = await self.pool.fetch(query("list_attempts"), job_id, before_id, limit)
+        return [dict(r) for r in rows]
 
     @translate_unavailable
     async def get_by_key(self, key: str) -> dict[str, Any] | None:
@@ -172,8 +218,8 @@ class JobRepository:
         return {r["queue"]: r["n"] for r in rows}
 
     async def prune_terminal(self, state: str, older_than_s: float, batch: int) -> int:
-        status = await self.pool.execute(query("prune_terminal"), state, older_than_s, batch)
-        return int(status.rsplit(" ", 1)[-1])
+        """Delete a batch of old terminal jobs with their attempt history; returns the jobs."""
+        return int(await self.pool.fetchval(query("prune_terminal"), state, older_than_s, batch))
 
     async def prune_runs(self, older_than_s: float, batch: int) -> int:
         """Run receipts go only after their units: a receipt never outlives its evidence."""

@@ -39,9 +39,10 @@ SELECT CASE WHEN min(due_at) IS NULL THEN NULL
 
 -- name: rescue_expired_leases
 -- Put running jobs whose lease expired back to ready (the attempt counts), or dead when it was
--- the last attempt, or cancelled when an operator asked.
+-- the last attempt, or cancelled when an operator asked; each leaves a `lease_expired` history
+-- row naming the owner that lost it.
 WITH expired AS (
-    SELECT id FROM dispatcher.jobs
+    SELECT id, lease_owner FROM dispatcher.jobs
      WHERE state = 'running' AND lease_expires_at < now()
      ORDER BY lease_expires_at
      LIMIT $1
@@ -58,10 +59,17 @@ WITH expired AS (
                               THEN now() END,
            lease_owner = NULL, lease_expires_at = NULL
      WHERE j.id = ANY (ARRAY(SELECT id FROM expired))
-    RETURNING j.id, j.state, j.queue, j.tenant, j.handler, j.handler_version
+    RETURNING j.id, j.state, j.queue, j.tenant, j.handler, j.handler_version, j.attempt,
+              j.started_at, j.dead_reason, j.last_error
 ), outboxed AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
     SELECT id, queue, tenant, handler || ':' || handler_version FROM rescued WHERE state = 'ready'
+), history AS (
+    INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome,
+                                     reason, excerpt)
+    SELECT r.id, r.attempt, e.lease_owner, r.started_at, now(), 'lease_expired', r.dead_reason,
+           left(r.last_error, 500)
+      FROM rescued r JOIN expired e ON e.id = r.id
 )
 SELECT state, count(*)::int AS n FROM rescued GROUP BY state;
 
@@ -124,17 +132,31 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, N
  WHERE NOT EXISTS (SELECT 1 FROM claimed) AND EXISTS (SELECT 1 FROM taken);
 
 -- name: complete_succeeded
--- Record successful attempts in one statement; only the current lease holder may complete.
-UPDATE dispatcher.jobs j
-   SET state = 'succeeded', finished_at = now(), result = r.result,
-       lease_owner = NULL, lease_expires_at = NULL, last_error = NULL
-  FROM unnest($1::bigint[], $2::integer[], $3::jsonb[]) AS r(id, attempt, result)
- WHERE j.id = r.id AND j.attempt = r.attempt AND j.state = 'running' AND j.lease_owner = $4
-RETURNING j.id, j.attempt;
+-- Record successful attempts and their history rows in one statement; only the current lease
+-- holder may complete. $5-$7: HTTP status, latency (s) and response excerpt per attempt.
+WITH done AS (
+    UPDATE dispatcher.jobs j
+       SET state = 'succeeded', finished_at = now(), result = r.result,
+           lease_owner = NULL, lease_expires_at = NULL, last_error = NULL
+      FROM unnest($1::bigint[], $2::integer[], $3::jsonb[], $5::integer[], $6::float8[],
+                  $7::text[]) AS r(id, attempt, result, http_status, latency_s, excerpt)
+     WHERE j.id = r.id AND j.attempt = r.attempt AND j.state = 'running' AND j.lease_owner = $4
+    RETURNING j.id, j.attempt, j.started_at, r.http_status, r.latency_s, r.excerpt
+), history AS (
+    INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome,
+                                     http_status, latency_s, excerpt)
+    SELECT id, attempt, $4, started_at, now(), 'succeeded', http_status, latency_s,
+           left(excerpt, 500)
+      FROM done
+)
+SELECT id, attempt FROM done;
 
 -- name: record_failure
--- Record a failed attempt: retry later ('scheduled' at now + $5 s) while attempts and retry age
--- allow, else 'dead'; a permanent failure ($4, reason $7) or a cancel request ends it at once.
+-- Record a failed attempt and its history row: retry later ('scheduled' at now + $5 s) while
+-- attempts and retry age allow, else 'dead'; a permanent failure ($4, reason $7) or a cancel
+-- request ends it at once. Past the retry age, the reason is 'retry_after_beyond_age' when the
+-- delay the target itself asked for ($8 s, its Retry-After; NULL: none) reaches past it, else
+-- 'max_retry_age'. $9, $10: HTTP status and latency (s) for the history row.
 WITH failed AS (
     SELECT j.id,
            CASE WHEN j.cancel_requested THEN NULL
@@ -142,24 +164,35 @@ WITH failed AS (
                 WHEN j.attempt >= j.max_attempts THEN 'max_attempts'
                 WHEN now() + make_interval(secs => $5) > j.budget_started_at
                                                          + make_interval(secs => j.max_retry_age_s)
-                THEN 'max_retry_age'
+                THEN CASE WHEN now() + make_interval(secs => $8::float8)
+                               > j.budget_started_at + make_interval(secs => j.max_retry_age_s)
+                          THEN 'retry_after_beyond_age' ELSE 'max_retry_age' END
            END AS dead_reason,
            j.cancel_requested
       FROM dispatcher.jobs j
      WHERE j.id = $1 AND j.attempt = $2 AND j.state = 'running' AND j.lease_owner = $3
        FOR UPDATE
+), ended AS (
+    UPDATE dispatcher.jobs j
+       SET state = CASE WHEN f.cancel_requested THEN 'cancelled'
+                        WHEN f.dead_reason IS NOT NULL THEN 'dead'
+                        ELSE 'scheduled' END,
+           dead_reason = f.dead_reason,
+           due_at = CASE WHEN f.cancel_requested OR f.dead_reason IS NOT NULL THEN j.due_at
+                         ELSE now() + make_interval(secs => $5) END,
+           finished_at = CASE WHEN f.cancel_requested OR f.dead_reason IS NOT NULL THEN now() END,
+           last_error = $6, lease_owner = NULL, lease_expires_at = NULL
+      FROM failed f WHERE j.id = f.id
+    RETURNING j.id, j.attempt, j.started_at, j.state, j.dead_reason
+), history AS (
+    INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome,
+                                     reason, http_status, latency_s, excerpt)
+    SELECT id, attempt, $3, started_at, now(),
+           CASE state WHEN 'scheduled' THEN 'retried' ELSE state END,
+           coalesce(dead_reason, $7), $9::integer, $10::float8, left($6, 500)
+      FROM ended
 )
-UPDATE dispatcher.jobs j
-   SET state = CASE WHEN f.cancel_requested THEN 'cancelled'
-                    WHEN f.dead_reason IS NOT NULL THEN 'dead'
-                    ELSE 'scheduled' END,
-       dead_reason = f.dead_reason,
-       due_at = CASE WHEN f.cancel_requested OR f.dead_reason IS NOT NULL THEN j.due_at
-                     ELSE now() + make_interval(secs => $5) END,
-       finished_at = CASE WHEN f.cancel_requested OR f.dead_reason IS NOT NULL THEN now() END,
-       last_error = $6, lease_owner = NULL, lease_expires_at = NULL
-  FROM failed f WHERE j.id = f.id
-RETURNING j.state, j.dead_reason;
+SELECT state, dead_reason FROM ended;
 
 -- name: extend_leases
 -- Heartbeat: extend the leases of these attempts ($1 ids, $2 attempt numbers) that owner $3
@@ -174,17 +207,23 @@ UPDATE dispatcher.jobs j SET lease_expires_at = now() + make_interval(secs => $4
 
 -- name: release_leases
 -- Drain: hand unfinished attempts ($1 ids, $2 attempt numbers) of owner $3 back (ready, the
--- attempt not counted) so another instance takes them at once.
+-- attempt not counted) so another instance takes them at once. Each leaves a `released`
+-- history row under the number it ran as, which the next attempt then carries again.
 WITH released AS (
     UPDATE dispatcher.jobs j
        SET state = 'ready', attempt = greatest(0, j.attempt - 1),
            lease_owner = NULL, lease_expires_at = NULL
      WHERE j.id = ANY ($1::bigint[]) AND j.lease_owner = $3 AND j.state = 'running'
        AND (j.id, j.attempt) IN (SELECT * FROM unnest($1::bigint[], $2::integer[]))
-    RETURNING j.id, j.queue, j.tenant, j.handler, j.handler_version
+    -- RETURNING sees the decremented number; a running job's attempt is always >= 1
+    RETURNING j.id, j.queue, j.tenant, j.handler, j.handler_version, j.attempt + 1 AS ran_as,
+              j.started_at
 ), outboxed AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
     SELECT id, queue, tenant, handler || ':' || handler_version FROM released
+), history AS (
+    INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome)
+    SELECT id, ran_as, $3, started_at, now(), 'released' FROM released
 )
 SELECT count(*)::int FROM released;
 
@@ -200,6 +239,16 @@ SELECT * FROM dispatcher.jobs WHERE id = $1;
 -- name: get_job_by_key
 -- The status resource of one job, by its key.
 SELECT * FROM dispatcher.jobs WHERE key = $1;
+
+-- name: list_attempts
+-- The attempt history of job $1, newest first, up to $3 rows older than history row $2 (NULL:
+-- from the newest); one backward walk of the attempts primary key.
+SELECT id, attempt, owner, started_at, finished_at, outcome, reason, http_status, latency_s,
+       excerpt
+  FROM dispatcher.attempts
+ WHERE job_id = $1 AND ($2::bigint IS NULL OR id < $2)
+ ORDER BY id DESC
+ LIMIT $3;
 
 -- name: list_jobs
 -- Operator listing, newest first, keyset-paginated by id; NULL filters match everything.
@@ -294,15 +343,21 @@ SELECT queue, count(*)::bigint AS n FROM (
 GROUP BY queue;
 
 -- name: prune_terminal
--- Delete up to $3 jobs in terminal state $1 finished more than $2 seconds ago.
+-- Delete up to $3 jobs in terminal state $1 finished more than $2 seconds ago, with their
+-- attempt history (no foreign key does it: see migration 008); returns how many jobs went.
 WITH doomed AS (
     SELECT id FROM dispatcher.jobs
      WHERE state = $1 AND finished_at < now() - make_interval(secs => $2)
      ORDER BY finished_at
      LIMIT $3
        FOR UPDATE SKIP LOCKED
+), pruned AS (
+    DELETE FROM dispatcher.jobs j WHERE j.id = ANY (ARRAY(SELECT id FROM doomed))
+    RETURNING j.id
+), history AS (
+    DELETE FROM dispatcher.attempts a WHERE a.job_id = ANY (ARRAY(SELECT id FROM pruned))
 )
-DELETE FROM dispatcher.jobs j WHERE j.id = ANY (ARRAY(SELECT id FROM doomed));
+SELECT count(*)::int FROM pruned;
 
 -- name: estimated_jobs
 -- The planner's row estimate of the jobs table (pg_class.reltuples; -1 before any ANALYZE).
