@@ -140,13 +140,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     listing.add_argument("--json", action="store_true", help="one JSON document for scripts")
     for action, help_text in (
-        ("show", "show one job"),
+        ("show", "show one job and its attempt history"),
         ("retry", "retry a dead or cancelled job with a new attempt budget"),
         ("cancel", "cancel a waiting job (a running one is not retried)"),
     ):
         p = jobs_sub.add_parser(action, help=help_text)
         p.add_argument("id", type=bounded_int(1, JOB_ID_MAX), help="job id")
         p.add_argument("--json", action="store_true")
+        if action == "show":
+            p.add_argument(
+                "--attempts",
+                type=bounded_int(0, 1000),
+                default=10,
+                metavar="N",
+                help="also show the newest N attempts of its history (default 10; 0: none)",
+            )
     return parser
 
 
@@ -231,7 +239,7 @@ def cmd_check_config(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
-    from dispatcher.api.app import job_view, summary_view
+    from dispatcher.api.app import attempt_view, job_view, summary_view
     from dispatcher.db.jobs import JobRepository
 
     async def run() -> int:
@@ -256,6 +264,9 @@ def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
                     )
                 return EXIT_FAILURE
             view = job_view(row)
+            if args.action == "show" and args.attempts:
+                history = await repo.attempts(args.id, limit=args.attempts)
+                view["attempts"] = [attempt_view(a) for a in history]
             print(json.dumps(view, indent=2) if args.json else format_job(view))
             return 0
 
@@ -482,8 +493,31 @@ def print_jobs(views: list[dict[str, Any]], *, as_json: bool) -> None:
 
 
 def format_job(view: dict[str, Any]) -> str:
-    width = max(len(k) for k in view)
-    return "\n".join(f"{k:<{width}}  {_plain(v)}" for k, v in view.items())
+    fields = {k: v for k, v in view.items() if k != "attempts"}
+    width = max(len(k) for k in fields)
+    text = "\n".join(f"{k:<{width}}  {_plain(v)}" for k, v in fields.items())
+    if "attempts" in view:
+        text += "\n" + format_attempts(view["attempts"])
+    return text
+
+
+def format_attempts(attempts: list[dict[str, Any]]) -> str:
+    """A job's attempt history, newest first, one line each (the excerpt cut to 100)."""
+    if not attempts:
+        return "no attempt has ended yet"
+    lines = [
+        f"attempts, newest first:\n{'#':>5}  {'OUTCOME':<13} {'FINISHED':<32} {'HTTP':>4} "
+        f"{'LATENCY':>11}  REASON: EXCERPT"
+    ]
+    for a in attempts:
+        latency = "-" if a["latency_s"] is None else f"{a['latency_s'] * 1000:.1f} ms"
+        excerpt = " ".join((a["excerpt"] or "").split())[:100]
+        detail = ": ".join(part for part in (a["reason"], excerpt) if part) or "-"
+        lines.append(
+            f"{a['attempt']:>5}  {a['outcome']:<13} {a['finished_at']:<32} "
+            f"{_plain(a['http_status']):>4} {latency:>11}  {detail}"
+        )
+    return "\n".join(lines)
 
 
 def _plain(value: Any) -> str:

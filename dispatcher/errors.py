@@ -24,19 +24,34 @@ class JobControl(DispatcherError):
 
 
 class RetryLater(JobControl):
-    """Try again after `delay_s` seconds (or the queue's backoff when None)."""
+    """Try again after `delay_s` seconds (or the queue's backoff when None).
 
-    def __init__(self, reason: str, delay_s: float | None = None, *, rate_limited: bool = False):
+    `retry_after`: the delay is the target's own request (its Retry-After header), honoured up
+    to the job's retry age and never sooner than the backoff. `http_status` is recorded in the
+    attempt history."""
+
+    def __init__(
+        self,
+        reason: str,
+        delay_s: float | None = None,
+        *,
+        rate_limited: bool = False,
+        retry_after: bool = False,
+        http_status: int | None = None,
+    ):
         super().__init__(reason)
         self.reason = reason
         self.delay_s = delay_s
         self.rate_limited = rate_limited
+        self.retry_after = retry_after
+        self.http_status = http_status
 
 
 class Reject(JobControl):
     """Permanent failure: the job goes to `dead` now, with this reason."""
 
-    def __init__(self, reason: str, *, code: str = "rejected"):
+    def __init__(self, reason: str, *, code: str = "rejected", http_status: int | None = None):
         super().__init__(reason)
         self.reason = reason
         self.code = code
+        self.http_status = http_status

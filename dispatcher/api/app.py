@@ -77,6 +77,7 @@ def create_app(
     app.router.add_post("/v1/jobs/batch", post_batch)
     app.router.add_get("/v1/jobs", list_jobs)
     app.router.add_get("/v1/jobs/{id}", get_job)
+    app.router.add_get("/v1/jobs/{id}/attempts", list_attempts)
     app.router.add_post("/v1/jobs/{id}/retry", retry_job)
     app.router.add_post("/v1/jobs/{id}/cancel", cancel_job)
     app.router.add_get("/v1/schedules", list_schedules)
@@ -440,6 +441,54 @@ async def get_job(request: web.Request) -> web.Response:
     if row is None:
         raise Problem(404, f"no job {request.match_info['id']}")
     return json_response(job_view(row))
+
+
+def attempt_view(row: dict[str, Any]) -> dict[str, Any]:
+    """One row of a job's attempt history (`JobRepository.attempts`)."""
+    return {
+        "attempt": row["attempt"],
+        "outcome": row["outcome"],
+        "reason": row["reason"],
+        "owner": row["owner"],
+        "started_at": _ts(row["started_at"]),
+        "finished_at": _ts(row["finished_at"]),
+        "http_status": row["http_status"],
+        "latency_s": row["latency_s"],
+        "excerpt": row["excerpt"],
+    }
+
+
+ATTEMPT_PARAMETERS = ("limit", "cursor")
+
+
+async def list_attempts(request: web.Request) -> web.Response:
+    """A job's attempt history, newest first, paged like the job list."""
+    q = request.query
+    for name in q:
+        if name not in ATTEMPT_PARAMETERS or len(q.getall(name)) > 1:
+            raise Problem(
+                422, f"{name[:64]}: not a parameter here (or given twice); use limit, cursor"
+            )
+    limit_raw = q.get("limit", "100")
+    if not is_ascii_number(limit_raw, max_digits=4) or not 1 <= int(limit_raw) <= 1000:
+        raise Problem(422, "limit: an integer from 1 to 1000")
+    cursor = q.get("cursor") or None
+    if cursor is not None and not is_ascii_number(cursor, max_digits=18):
+        raise Problem(422, "cursor: pass the next_cursor of the previous page")
+    repo, jid, limit = request.app[REPO], job_id(request), int(limit_raw)
+    rows = await repo.attempts(jid, before_id=int(cursor) if cursor else None, limit=limit)
+    if not rows and await repo.get(jid) is None:
+        raise Problem(404, f"no job {request.match_info['id']}")
+    return json_response(
+        {
+            "job_id": jid,
+            "items": [attempt_view(r) for r in rows],
+            "next_cursor": str(rows[-1]["id"]) if len(rows) == limit else None,
+        }
+    )
+
+
+LIST_PARAMETERS = (*FILTERS, "limit", "cursor")
 
 
 async def list_jobs(request: web.Request) -> web.Response:

@@ -37,6 +37,8 @@ JOB_ID = {
     "schema": {"type": "string", "pattern": "^[0-9]+$"},
 }
 JOB = {"$ref": "#/components/schemas/Job"}
+ATTEMPT = {"$ref": "#/components/schemas/Attempt"}
+ATTEMPT_OUTCOMES = ("succeeded", "retried", "dead", "cancelled", "lease_expired", "released")
 SCHEDULE_NAME = {
     "name": "name",
     "in": "path",
@@ -120,6 +122,29 @@ def _describe_api() -> dict[str, Any]:
                         "state": {"enum": list(STATES)},
                         "due_at": {"type": "string", "format": "date-time"},
                         "created_at": {"type": "string", "format": "date-time"},
+                    },
+                },
+                "Attempt": {
+                    "type": "object",
+                    "required": ["attempt", "outcome", "owner", "finished_at"],
+                    "properties": {
+                        "attempt": {"type": "integer"},
+                        "outcome": {"enum": list(ATTEMPT_OUTCOMES)},
+                        "reason": {
+                            **nullable_str,
+                            "description": "why it failed: timeout, transient, rate_limited, "
+                            "error or a permanent failure's code; for dead, the dead reason",
+                        },
+                        "owner": {"type": "string", "description": "the lease owner"},
+                        "started_at": nullable_str,
+                        "finished_at": {"type": "string", "format": "date-time"},
+                        "http_status": {"type": ["integer", "null"]},
+                        "latency_s": {"type": ["number", "null"]},
+                        "excerpt": {
+                            **nullable_str,
+                            "maxLength": 500,
+                            "description": "the error, or an http success's response start",
+                        },
                     },
                 },
                 "Job": {
@@ -240,6 +265,40 @@ def _describe_api() -> dict[str, Any]:
                     "summary": "Job status",
                     "parameters": [JOB_ID],
                     "responses": {"200": _json(JOB), **_problem_responses(401, 404)},
+                }
+            },
+            "/v1/jobs/{id}/attempts": {
+                "get": {
+                    "summary": "The job's attempt history, newest first",
+                    "description": (
+                        "One item per attempt that ended: succeeded, retried, dead, cancelled, "
+                        "lease_expired (its worker vanished) or released (handed back by a "
+                        "graceful drain; not counted, so the next attempt has the same number). "
+                        "Rows go when the job is pruned."
+                    ),
+                    "parameters": [
+                        JOB_ID,
+                        {
+                            "name": "limit",
+                            "in": "query",
+                            "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+                        },
+                        {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+                    ],
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "required": ["job_id", "items", "next_cursor"],
+                                "properties": {
+                                    "job_id": {"type": "integer"},
+                                    "items": {"type": "array", "items": ATTEMPT},
+                                    "next_cursor": nullable_str,
+                                },
+                            }
+                        ),
+                        **_problem_responses(401, 404, 422),
+                    },
                 }
             },
             "/v1/jobs/{id}/retry": {

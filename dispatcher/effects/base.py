@@ -20,6 +20,23 @@ class LeaseLost(DispatcherError):
     """This process no longer holds the job's lease; its transaction must not commit."""
 
 
+# How much of an error or response body an attempt history row keeps.
+HISTORY_EXCERPT_CHARS = 500
+
+
+class Delivered(dict[str, Any]):
+    """A result summary (stored as the job's result, like any dict) that also carries what the
+    attempt history records beside it: the HTTP status and the start of the response body.
+    A dict subclass, so the executor learns them with one type check and no extra call."""
+
+    __slots__ = ("excerpt", "http_status")
+
+    def __init__(self, summary: dict[str, Any], *, http_status: int, excerpt: str | None):
+        super().__init__(summary)
+        self.http_status = http_status
+        self.excerpt = excerpt[:HISTORY_EXCERPT_CHARS] if excerpt else None
+
+
 class Effect(Protocol):
     """Runs one attempt of a job.
 

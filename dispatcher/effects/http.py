@@ -24,6 +24,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from dispatcher.config import Settings
+from dispatcher.effects.base import Delivered
 from dispatcher.effects.signing import decode_secret, webhook_headers
 from dispatcher.effects.ssrf import GuardedResolver, TargetPolicy, TargetRefused
 from dispatcher.errors import Reject, RetryLater
@@ -40,7 +41,6 @@ RESERVED_HEADER_PREFIX = "webhook-"
 MAX_TARGET_HEADERS = 32
 MAX_HEADER_VALUE_CHARS = 8192
 MAX_URL_CHARS = 4096
-MAX_RETRY_AFTER_S = 86_400.0
 MAX_LOCATION_CHARS = 512
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _SIGNED_INTEGER = re.compile(r"^-?[0-9]+\Z")
@@ -255,31 +255,50 @@ async def _read_excerpt(response: aiohttp.ClientResponse, limit: int) -> str:
     return text + "…" if len(data) > limit else text
 
 
-def classify(status: int, headers: Mapping[str, str], excerpt: str, now: float) -> dict[str, Any]:
-    """Success summary for 2xx; otherwise raise RetryLater or Reject with the status and body."""
+def classify(status: int, headers: Mapping[str, str], excerpt: str, now: float) -> Delivered:
+    """Success summary for 2xx; otherwise raise RetryLater or Reject with the status and body.
+
+    `Retry-After` is read on every 429 and 503 (rate limited: the queue's backoff when it is
+    absent or unreadable) and on any other 3xx or 5xx that sends it. It is honoured without a
+    cap of its own: the job's retry age bounds it (record_failure decides)."""
     if 200 <= status < 300:
-        return {"status": status}
+        return Delivered({"status": status}, http_status=status, excerpt=excerpt)
     reason = f"HTTP {status}" + (f": {excerpt}" if excerpt else "")
+    retry_after_s = None
+    if status == 429 or 300 <= status < 400 or 500 <= status < 600:
+        retry_after_s = parse_retry_after(headers.get("Retry-After"), now)
+    asked = retry_after_s is not None
     if 300 <= status < 400:
         location = headers.get("Location", "(no Location header)")[:MAX_LOCATION_CHARS]
+        redirect = f"HTTP {status}: redirect to {location} not followed"
+        response = f"; response: {excerpt}" if excerpt else ""
+        if asked:  # "come back later" (maintenance): the same URL is tried again then
+            raise RetryLater(
+                f"{redirect}; the target asked to retry after {retry_after_s:g} s{response}",
+                retry_after_s,
+                retry_after=True,
+                http_status=status,
+            )
         raise Reject(
-            f"HTTP {status}: redirect to {location} not followed; point the job at the final "
-            "URL" + (f"; response: {excerpt}" if excerpt else ""),
+            f"{redirect}; point the job at the final URL{response}",
             code="http_3xx",
+            http_status=status,
         )
     if status in (429, 503):
-        delay_s = parse_retry_after(headers.get("Retry-After"), now)
-        raise RetryLater(reason, delay_s, rate_limited=True)
+        raise RetryLater(
+            reason, retry_after_s, rate_limited=True, retry_after=asked, http_status=status
+        )
     if status == 408 or 500 <= status < 600:
-        raise RetryLater(reason)
+        raise RetryLater(reason, retry_after_s, retry_after=asked, http_status=status)
     if 400 <= status < 500:
-        raise Reject(reason, code="http_4xx")
-    raise RetryLater(f"unexpected {reason}")
+        raise Reject(reason, code="http_4xx", http_status=status)
+    raise RetryLater(f"unexpected {reason}", http_status=status)
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
-    """Seconds to wait from a Retry-After value (seconds or HTTP date), clamped to
-    [0, 1 day]; None when absent or unreadable."""
+    """Seconds to wait from a Retry-After value (delta-seconds or an HTTP date), at least 0 and
+    with no upper cap (a huge value may be infinite: the executor clamps it, and the job's
+    retry age decides); None when absent or unreadable."""
     if value is None:
         return None
     value = value.strip()
@@ -295,7 +314,7 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
         delay_s = when.timestamp() - now
     if math.isnan(delay_s):
         return None
-    return min(max(delay_s, 0.0), MAX_RETRY_AFTER_S)
+    return max(delay_s, 0.0)
 
 
 def _raise_transport_failure(exc: BaseException, timeout_s: float) -> NoReturn:

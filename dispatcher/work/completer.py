@@ -1,7 +1,8 @@
 """Batched completion: successful attempts are recorded many per statement.
 
-Callers `await record(job, result)`; a single writer task flushes everything queued so far in one
-UPDATE, so batching grows with load and costs nothing when idle (no timer, no added latency).
+Callers `await record(job, result, latency_s)`; a single writer task flushes everything queued so
+far in one statement (the jobs' UPDATE and their attempt history rows), so batching grows with
+load and costs nothing when idle (no timer, no added latency).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 from typing import Any
 
 from dispatcher.db.jobs import JobRepository
+from dispatcher.effects.base import Delivered
 from dispatcher.lifecycle import Service
 from dispatcher.model import Job
 
@@ -28,7 +30,7 @@ class Completer(Service):
     def __init__(self, repo: JobRepository, owner: str):
         self._repo = repo
         self._owner = owner
-        self._pending: list[tuple[Job, Any, asyncio.Future[bool]]] = []
+        self._pending: list[tuple[Job, Any, float, asyncio.Future[bool]]] = []
         self._wake = asyncio.Event()
         self._flushed = asyncio.Event()
         self._writing = 0
@@ -57,9 +59,11 @@ class Completer(Service):
             self._flushed.clear()
             await self._flushed.wait()
 
-    def record(self, job: Job, result: Any) -> asyncio.Future[bool]:
+    def record(self, job: Job, result: Any, latency_s: float) -> asyncio.Future[bool]:
+        """Queue a success; `latency_s` (the effect's duration) goes to the attempt history,
+        with the HTTP status and response excerpt when `result` is `Delivered`."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._pending.append((job, result, future))
+        self._pending.append((job, result, latency_s, future))
         self._wake.set()
         return future
 
@@ -78,20 +82,40 @@ class Completer(Service):
             if self._stopping:
                 return
 
-    async def _flush(self, batch: list[tuple[Job, Any, asyncio.Future[bool]]]) -> None:
+    async def _flush(self, batch: list[tuple[Job, Any, float, asyncio.Future[bool]]]) -> None:
+        statuses, excerpts = _delivery_details([r for _, r, _, _ in batch])
         try:
             done = await self._repo.complete(
-                [j.id for j, _, _ in batch],
-                [j.attempt for j, _, _ in batch],
-                [r for _, r, _ in batch],
+                [j.id for j, _, _, _ in batch],
+                [j.attempt for j, _, _, _ in batch],
+                [r for _, r, _, _ in batch],
                 self._owner,
+                http_statuses=statuses,
+                latencies_s=[latency for _, _, latency, _ in batch],
+                excerpts=excerpts,
             )
         except Exception as exc:  # the lease will expire and the job is retried: never lost
             log.error("could not record %d completions: %s", len(batch), exc)
-            for _, _, future in batch:
+            for _, _, _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
             return
-        for job, _, future in batch:
+        for job, _, _, future in batch:
             if not future.done():
                 future.set_result((job.id, job.attempt) in done)
+
+
+def _delivery_details(
+    results: list[Any],
+) -> tuple[list[int | None] | None, list[str | None] | None]:
+    """HTTP statuses and response excerpts of a batch, parallel to it; (None, None) when no
+    result carries them (every non-http batch), which the statement reads as all NULL."""
+    if not any(type(r) is Delivered for r in results):
+        return None, None
+    statuses: list[int | None] = []
+    excerpts: list[str | None] = []
+    for r in results:
+        delivered = type(r) is Delivered
+        statuses.append(r.http_status if delivered else None)
+        excerpts.append(r.excerpt if delivered else None)
+    return statuses, excerpts

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dispatcher import metrics
@@ -104,7 +105,7 @@ class Executor:
                     raise Reject(
                         f"no handler {job.handler!r} is configured", code="unknown_handler"
                     )
-                result = await self._run_effect(effect, job)
+                result = await self._run_effect(effect, job, started)
             except asyncio.CancelledError:
                 # a timeout, unless a drain cancelled the attempt as well
                 task = asyncio.current_task()
@@ -114,69 +115,94 @@ class Executor:
             finally:
                 attempt.effect_ended()
         except RetryLater as exc:
-            delay_s = exc.delay_s
-            if exc.rate_limited:  # honour Retry-After, but `Retry-After: 0` must not tight-loop
-                delay_s = max(delay_s or 0.0, self._backoff(job))
-            kind = "rate_limited" if exc.rate_limited else "transient"
-            return await self._retry(job, exc.reason, delay_s, kind)
+            return await self._retry_later(job, exc, time.perf_counter() - started)
         except Reject as exc:
             return await self._fail(
-                job, permanent=True, delay_s=0, error=exc.reason, reason=exc.code
+                job,
+                _Failure(exc.reason, exc.code, time.perf_counter() - started, exc.http_status),
+                permanent=True,
+                delay_s=0,
             )
-        except LeaseLost:
+        except LeaseLost:  # the rescuer wrote this attempt's history row (lease_expired)
             self._m_lease_lost.inc()
             log.warning("lease lost; the new holder finishes the job", extra=job.log_fields)
             return True
         except TimeoutError:
-            return await self._retry(job, "attempt timed out", None, "timeout")
+            failure = _Failure("attempt timed out", "timeout", time.perf_counter() - started)
+            return await self._retry(job, failure, None)
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            failure = _Failure(
+                f"{type(exc).__name__}: {exc}", "error", time.perf_counter() - started
+            )
             if _is_permanent_sql_error(exc):
-                return await self._fail(
-                    job, permanent=True, delay_s=0, error=error, reason="sql_error"
-                )
-            return await self._retry(job, error, None, "error")
+                failure.reason = "sql_error"
+                return await self._fail(job, failure, permanent=True, delay_s=0)
+            return await self._retry(job, failure, None)
         fault_point("after_effect")
-        self._m_duration.observe(time.perf_counter() - started)
-        if not effect.completes_in_transaction and not await self._completer.record(job, result):
+        latency_s = time.perf_counter() - started
+        self._m_duration.observe(latency_s)
+        if not effect.completes_in_transaction and not await self._completer.record(
+            job, result, latency_s
+        ):
             self._m_lease_lost.inc()
             return True
         fault_point("after_complete")
         self._m_succeeded.inc()
         return True
 
-    async def _run_effect(self, effect: Effect, job: Job) -> Any:
+    async def _run_effect(self, effect: Effect, job: Job, started: float) -> Any:
         if not effect.completes_in_transaction:
             return await effect.run(job, self._complete_in)
+
+        async def complete(conn: Any, job: Job, result: Any) -> bool:
+            return await self._complete_in(conn, job, result, time.perf_counter() - started)
+
         async with self._handler_repo.connection() as conn:
             async with asyncio.timeout(self._timeouts.get(job.handler)):
-                return await effect.run(job, self._complete_in, conn)
+                return await effect.run(job, complete, conn)
 
     async def completion_backpressure(self, limit: int) -> None:
         """Hold new claims while more than `limit` completions wait to be written."""
         await self._completer.wait_backlog_at_most(limit)
 
-    async def _complete_in(self, conn: Any, job: Job, result: Any) -> bool:
+    async def _complete_in(
+        self, conn: Any, job: Job, result: Any, latency_s: float | None = None
+    ) -> bool:
         fault_point("after_effect_in_transaction")
-        return await self._repo.complete_in(conn, job, result, self._owner)
+        return await self._repo.complete_in(conn, job, result, self._owner, latency_s)
 
     def _backoff(self, job: Job) -> float:
         return backoff_s(job.attempt, self._settings.backoff_base_s, self._settings.backoff_cap_s)
 
-    async def _retry(self, job: Job, error: str, delay_s: float | None, reason: str) -> bool:
+    async def _retry_later(self, job: Job, exc: RetryLater, latency_s: float) -> bool:
+        kind = "rate_limited" if exc.rate_limited else "transient"
+        failure = _Failure(exc.reason, kind, latency_s, exc.http_status)
+        delay_s = exc.delay_s
+        if exc.retry_after and delay_s is not None and delay_s == delay_s:  # not NaN
+            failure.retry_after_s = _clamped(delay_s)
+        if exc.rate_limited or exc.retry_after:
+            # honour Retry-After, but never sooner than the backoff: `Retry-After: 0` must not
+            # tight-loop
+            delay_s = max(delay_s or 0.0, self._backoff(job))
+        return await self._retry(job, failure, delay_s)
+
+    async def _retry(self, job: Job, failure: _Failure, delay_s: float | None) -> bool:
         if delay_s is None or delay_s != delay_s:  # none asked for, or NaN
             delay_s = self._backoff(job)
-        # a handler's delay is input: an infinite or huge one is past any retry age (dead),
-        # and the database must always be able to add it to now()
-        delay_s = min(max(delay_s, 0.0), MAX_DURATION_S)
-        return await self._fail(job, permanent=False, delay_s=delay_s, error=error, reason=reason)
+        return await self._fail(job, failure, permanent=False, delay_s=_clamped(delay_s))
 
-    async def _fail(
-        self, job: Job, *, permanent: bool, delay_s: float, error: str, reason: str
-    ) -> bool:
-        error = error[:ERROR_TEXT_LIMIT]
+    async def _fail(self, job: Job, failure: _Failure, *, permanent: bool, delay_s: float) -> bool:
+        error, reason = failure.error[:ERROR_TEXT_LIMIT], failure.reason
         outcome = await self._repo.record_failure(
-            job, self._owner, permanent=permanent, delay_s=delay_s, error=error, reason=reason
+            job,
+            self._owner,
+            permanent=permanent,
+            delay_s=delay_s,
+            error=error,
+            reason=reason,
+            retry_after_s=failure.retry_after_s,
+            http_status=failure.http_status,
+            latency_s=failure.latency_s,
         )
         if outcome is None:
             self._m_lease_lost.inc()
@@ -195,6 +221,24 @@ class Executor:
             self._on_rescheduled()
             log.info("retry in %.3f s (%s): %s", delay_s, reason, error, extra=fields)
         return True
+
+
+@dataclass(slots=True)
+class _Failure:
+    """How an attempt failed, as its outcome and history row record it. `reason` is the
+    failure's class (timeout, transient, rate_limited, error) or a permanent failure's code."""
+
+    error: str
+    reason: str
+    latency_s: float
+    http_status: int | None = None
+    retry_after_s: float | None = None  # the delay the target asked for, if any
+
+
+def _clamped(delay_s: float) -> float:
+    """A requested delay is input: an infinite or huge one is past any retry age (dead), and the
+    database must always be able to add it to now()."""
+    return min(max(delay_s, 0.0), MAX_DURATION_S)
 
 
 # SQLSTATE classes that no retry can fix: 42 (syntax, undefined table or column, privileges)

@@ -7,7 +7,8 @@ is no longer current. After every operation every job must be in a legal state r
 legal transition (DESIGN.md: scheduled -> ready -> running -> succeeded | scheduled | dead |
 cancelled; rescue and release put running back to ready; an operator retries dead or
 cancelled), with `running` <=> a lease owner, `ready` <=> exactly one outbox row, and the
-fencing rules honoured: only the lease holder's current attempt changes a running job.
+fencing rules honoured: only the lease holder's current attempt changes a running job. Every
+attempt that ends leaves exactly one attempt history row, and nothing else does.
 """
 
 from __future__ import annotations
@@ -78,10 +79,34 @@ class Lease:
 
 async def snapshot(repo: JobRepository) -> dict[int, dict[str, Any]]:
     rows = await repo.pool.fetch(
-        "SELECT j.*, (SELECT count(*) FROM dispatcher.outbox o WHERE o.job_id = j.id) AS outbox "
+        "SELECT j.*, (SELECT count(*) FROM dispatcher.outbox o WHERE o.job_id = j.id) AS outbox, "
+        "(SELECT count(*) FROM dispatcher.attempts a WHERE a.job_id = j.id) AS history, "
+        "(SELECT row(a.attempt, a.outcome, a.owner) FROM dispatcher.attempts a "
+        "  WHERE a.job_id = j.id ORDER BY a.id DESC LIMIT 1) AS last_attempt "
         "FROM dispatcher.jobs j ORDER BY id"
     )
     return {r["id"]: dict(r) for r in rows}
+
+
+# How an attempt may end, by the state its job went to (the attempt history's outcomes).
+ENDINGS = {
+    "succeeded": {"succeeded"},
+    "scheduled": {"retried"},
+    "dead": {"dead", "lease_expired"},
+    "cancelled": {"cancelled", "lease_expired"},
+    "ready": {"lease_expired", "released"},
+}
+
+
+def check_history(before: dict[str, Any], row: dict[str, Any]) -> None:
+    """Exactly the attempts that ended left one history row each, naming the attempt's number
+    and owner; a write fenced off (stale attempt, wrong owner) left none."""
+    ended = before["state"] == "running" and row["state"] != "running"
+    assert row["history"] == before["history"] + (1 if ended else 0), (before, row)
+    if ended:
+        attempt, outcome, owner = row["last_attempt"]
+        assert outcome in ENDINGS[row["state"]], (before["state"], row["state"], outcome)
+        assert (attempt, owner) == (before["attempt"], before["lease_owner"]), row
 
 
 def check_row(before: dict[str, Any] | None, row: dict[str, Any]) -> None:
@@ -179,7 +204,7 @@ async def test_every_sequence_of_operations_keeps_jobs_in_legal_states(
     clean_repo: JobRepository, ops: list[tuple[Any, ...]], future: list[bool]
 ) -> None:
     repo = clean_repo
-    await repo.pool.execute("TRUNCATE dispatcher.jobs, dispatcher.outbox")
+    await repo.pool.execute("TRUNCATE dispatcher.jobs, dispatcher.outbox, dispatcher.attempts")
     later = datetime.now(UTC) + timedelta(hours=1)
     created = await repo.enqueue_many(
         [
@@ -205,6 +230,7 @@ async def test_every_sequence_of_operations_keeps_jobs_in_legal_states(
         assert set(after) == set(before)  # nothing lost, nothing invented
         for job_id, row in after.items():
             check_row(before[job_id], row)
+            check_history(before[job_id], row)
             if row["state"] != before[job_id]["state"]:
                 event(f"{before[job_id]['state']} -> {row['state']}")
         before = after

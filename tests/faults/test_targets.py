@@ -75,7 +75,13 @@ async def test_target_answering_429_forever_dies_at_max_retry_age_honouring_retr
 
     target = Target(respond=respond)
     async with serve_target(target):
-        daemon = await spawn(daemon_env(db_url))
+        # a backoff far below 1 s: every delay is the target's Retry-After, never the jitter
+        env = daemon_env(
+            db_url,
+            DISPATCHER_QUEUES__DEFAULT__BACKOFF_BASE_S="0.01",
+            DISPATCHER_QUEUES__DEFAULT__BACKOFF_CAP_S="0.05",
+        )
+        daemon = await spawn(env)
         await post_job(
             daemon.base_url,
             "throttled",
@@ -94,7 +100,8 @@ async def test_target_answering_429_forever_dies_at_max_retry_age_honouring_retr
         assert await daemon.stop() == 0
 
     job = await job_row(db_url, "throttled")
-    assert job["dead_reason"] == "max_retry_age", job
+    # the next time the target asked for lay past the 4 s retry age
+    assert job["dead_reason"] == "retry_after_beyond_age", job
     assert job["last_error"].startswith("HTTP 429"), job["last_error"]
     at = [r["at"] for r in target.requests]
     gaps = [b - a for a, b in itertools.pairwise(at)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import math
 import socket
 import ssl
 import time
@@ -23,6 +24,7 @@ from aiohttp import web
 from standardwebhooks.webhooks import Webhook
 
 from dispatcher.config import Settings
+from dispatcher.effects.base import Delivered
 from dispatcher.effects.http import HttpEffect
 from dispatcher.effects.ssrf import GuardedResolver, TargetPolicy
 from dispatcher.errors import Reject, RetryLater
@@ -235,14 +237,79 @@ async def test_retry_after_as_http_date(serve, effects) -> None:
 
 @pytest.mark.parametrize(
     ("retry_after", "delay_s"),
-    [("soon", None), ("-5", 0.0), ("999999999", 86_400.0), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0)],
+    [
+        ("soon", None),
+        ("1.5", None),
+        ("", None),
+        ("-5", 0.0),
+        # no cap of its own any more (it was one day): the job's retry age decides
+        ("999999999", 999_999_999.0),
+        ("9" * 400, math.inf),
+        ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),
+    ],
 )
-async def test_retry_after_is_bounded(serve, effects, retry_after: str, delay_s: Any) -> None:
+async def test_retry_after_is_read_without_a_cap(
+    serve, effects, retry_after: str, delay_s: Any
+) -> None:
     target = await serve(reply(429, headers={"Retry-After": retry_after}))
     effect = await effects()
     with pytest.raises(RetryLater) as caught:
         await effect.run(make_job({"url": target.url}), None)
     assert caught.value.delay_s == delay_s
+    # an unreadable value is ignored: the queue's backoff, not the target's request
+    assert (caught.value.retry_after, caught.value.rate_limited) == (delay_s is not None, True)
+    assert caught.value.http_status == 429
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+async def test_retry_after_on_a_server_error_is_the_targets_request(
+    serve, effects, status: int
+) -> None:
+    now = float(int(time.time()))
+    when = formatdate(now + 7200, usegmt=True)
+    for value, delay_s in (("90", 90.0), (when, 7200.0)):
+        target = await serve(reply(status, "busy", {"Retry-After": value}))
+        effect = await effects(clock=lambda: now)
+        with pytest.raises(RetryLater) as caught:
+            await effect.run(make_job({"url": target.url}), None)
+        assert (caught.value.delay_s, caught.value.retry_after) == (delay_s, True)
+        assert caught.value.rate_limited == (status == 503)
+        assert (caught.value.http_status, caught.value.reason) == (status, f"HTTP {status}: busy")
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+async def test_a_redirect_with_retry_after_is_retried_then_not_rejected(
+    serve, effects, status: int
+) -> None:
+    target = await serve(reply(status, headers={"Location": "/elsewhere", "Retry-After": "600"}))
+    effect = await effects()
+    with pytest.raises(RetryLater) as caught:
+        await effect.run(make_job({"url": target.url}), None)
+    assert (caught.value.delay_s, caught.value.retry_after) == (600.0, True)
+    assert caught.value.http_status == status
+    assert "redirect to /elsewhere not followed; the target asked to retry after 600 s" in (
+        caught.value.reason
+    )
+
+
+async def test_retry_after_is_not_read_on_other_client_errors(serve, effects) -> None:
+    target = await serve(reply(400, "no", {"Retry-After": "60"}))
+    effect = await effects()
+    with pytest.raises(Reject) as caught:
+        await effect.run(make_job({"url": target.url}), None)
+    assert (caught.value.code, caught.value.http_status) == ("http_4xx", 400)
+
+
+async def test_a_success_carries_its_status_and_response_start_for_the_history(
+    serve, effects
+) -> None:
+    target = await serve(reply(201, "y" * 100))
+    effect = await effects()
+    result = await effect.run(make_job({"url": target.url}), None)
+    assert result == {"status": 201}  # the job's stored result is unchanged
+    assert isinstance(result, Delivered)
+    # bounded by response_excerpt_bytes (32) and marked as cut
+    assert (result.http_status, result.excerpt) == (201, "y" * 32 + "…")
 
 
 async def test_503_without_retry_after_uses_the_queue_backoff(serve, effects) -> None:
