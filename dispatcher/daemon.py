@@ -34,6 +34,7 @@ from dispatcher.db.notifications import WakeListener
 from dispatcher.db.ownership import Role
 from dispatcher.db.pool import PoolSet, connect, wait_for_database
 from dispatcher.db.vacuum import vacuum_problems
+from dispatcher.diskspace import CHECK_INTERVAL_S, DiskSpace
 from dispatcher.effects.base import Effect
 from dispatcher.effects.http import HttpEffect
 from dispatcher.effects.python import PythonEffect
@@ -204,6 +205,7 @@ class Daemon:
         self.ready = asyncio.Event()
         self._group = ServiceGroup()
         self._repo: JobRepository | None = None
+        self._disk: DiskSpace | None = None  # the embedded database's filesystem
         self._tls: ServerTls | None = None
         if settings.tls.cert_file is not None and settings.tls.key_file is not None:
             self._tls = ServerTls(settings.tls.cert_file, settings.tls.key_file)
@@ -228,6 +230,9 @@ class Daemon:
             return False, f"failed: {self._group.failure}"
         if self.draining:
             return False, "draining"
+        disk_problem = self._disk.problem() if self._disk is not None else None
+        if disk_problem is not None:
+            return False, disk_problem
         if self._repo is None or not self.ready.is_set():
             return False, "starting"
         try:
@@ -309,7 +314,9 @@ class Daemon:
         cron = CronService(
             pools["engine"], engine, s.schedules, scheduler=scheduler, on_enqueued=wake
         )
-        intake = Intake(s, repo, lambda t: HttpEffect.validate_target(t, s), wake)
+        disk = await self._disk_space()
+        refusal = disk.problem if disk is not None else lambda: None
+        intake = Intake(s, repo, lambda t: HttpEffect.validate_target(t, s), wake, refusal)
         api = create_app(
             repo=repo,
             intake=intake,
@@ -341,6 +348,8 @@ class Daemon:
             cron,
             sdnotify.Watchdog(),
         ]
+        if disk is not None:
+            services.append(Ticker("disk-space", CHECK_INTERVAL_S, disk.run_once))
         if s.metrics_listen is not None:
             metrics_app = create_metrics_app(self.readiness)
             listener = HttpListener(
@@ -348,6 +357,16 @@ class Daemon:
             )
             services.insert(3, listener)
         return services
+
+    async def _disk_space(self) -> DiskSpace | None:
+        """The embedded database's free space, looked at once now (so a daemon that starts on
+        a full disk is unready from its first answer), then every second."""
+        if self.settings.database_url is not None:
+            return None
+        reserve = self.settings.state_dir_min_free_mb * 1024 * 1024
+        self._disk = DiskSpace(self.settings.state_dir.absolute(), reserve)
+        await self._disk.run_once()
+        return self._disk
 
     def _workers(
         self,

@@ -44,8 +44,10 @@ class Intake:
         repo: JobRepository,
         validate_target: TargetValidator,
         on_accepted: Callable[[str], None] = lambda _state: None,
+        refusal: Callable[[], str | None] = lambda: None,
     ):
         self._settings = settings
+        self._refusal = refusal  # why no job can be accepted now (a full disk), if so
         self._repo = repo
         self._validate_target = validate_target
         self._on_accepted = on_accepted
@@ -127,6 +129,9 @@ class Intake:
         self, items: Sequence[tuple[str, JobRequest]]
     ) -> list[EnqueueResult | Rejected]:
         """Accept many; a bad item never rejects the others. Order of results = order of items."""
+        refused = self._refusal()
+        if refused is not None:  # 503: the client retries the same request later
+            raise DatabaseUnavailable(refused)
         now = datetime.now(UTC)
         checked = [self.check(key, request, now) for key, request in items]
         valid = [c for c in checked if isinstance(c, NewJob)]

@@ -161,3 +161,23 @@ OVERDUE = Gauge(
 PRUNED = Counter(
     "dispatcher_pruned_jobs", "Terminal jobs deleted by retention.", ["state"], registry=REGISTRY
 )
+STATE_DIR_FREE = Gauge(
+    "dispatcher_state_dir_free_bytes",
+    "Free bytes on the filesystem of the state directory (embedded database only).",
+    registry=REGISTRY,
+)
+STATE_DIR_RESERVE = Gauge(
+    "dispatcher_state_dir_reserve_bytes",
+    "Free space the embedded database keeps in reserve (state_dir_min_free_mb).",
+    registry=REGISTRY,
+)
+STATE_DIR_LOW = Gauge(
+    "dispatcher_state_dir_low_space",
+    "1 while free space in the state directory is below the reserve: unready, intake 503.",
+    registry=REGISTRY,
+)
+DATABASE_DISK_FULL = Counter(
+    "dispatcher_database_disk_full",
+    "Statements PostgreSQL refused because its disk is full (SQLSTATE 53100).",
+    registry=REGISTRY,
+)

@@ -12,7 +12,7 @@ from typing import ParamSpec, TypeVar
 
 import asyncpg
 
-from dispatcher import jsoncodec
+from dispatcher import jsoncodec, metrics
 from dispatcher.config import mask_url
 from dispatcher.errors import DatabaseUnavailable
 from dispatcher.lifecycle import Service
@@ -31,7 +31,8 @@ CONNECT_ERRORS = (
 
 # Errors that mean "the database cannot serve this request now; the same request may succeed
 # later": no connection (refused, reset, timed out: all OSError), a connection lost (class 08),
-# a server starting, stopping or crashed (57P0x), or out of connection slots (53300).
+# a server starting, stopping or crashed (57P0x), out of connection slots (53300), or its disk
+# full (53100: the write is refused whole and succeeds once space is freed).
 UNAVAILABLE_ERRORS = (
     OSError,
     asyncpg.PostgresConnectionError,
@@ -39,6 +40,7 @@ UNAVAILABLE_ERRORS = (
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
     asyncpg.TooManyConnectionsError,
+    asyncpg.DiskFullError,
 )
 
 
@@ -61,6 +63,8 @@ def translate_unavailable(method: Callable[P, Awaitable[R]]) -> Callable[P, Awai
         except (*UNAVAILABLE_ERRORS, asyncpg.InterfaceError) as exc:
             if not is_unavailable(exc):
                 raise
+            if isinstance(exc, asyncpg.DiskFullError):
+                metrics.DATABASE_DISK_FULL.inc()
             reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             raise DatabaseUnavailable(f"database unavailable ({reason})") from exc
 
