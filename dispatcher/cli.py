@@ -135,6 +135,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--state", choices=["scheduled", "ready", "running", "succeeded", "dead", "cancelled"]
     )
     listing.add_argument("--queue")
+    listing.add_argument("--key", help="the job with this idempotency key (exact)")
+    listing.add_argument("--tenant", help="jobs of this tenant")
+    listing.add_argument("--run-key", help="units of a cron run, e.g. nightly:2026-05-31T02:00:00Z")
+    listing.add_argument("--handler", help='"http" or a handler name from the configuration')
+    listing.add_argument(
+        "--due-before", metavar="T", help="due before T (exclusive), RFC 3339 with offset"
+    )
+    listing.add_argument(
+        "--due-after", metavar="T", help="due at or after T (inclusive), RFC 3339 with offset"
+    )
     listing.add_argument(
         "--limit", type=bounded_int(1, 1000), default=50, help="1 to 1000 (default 50)"
     )
@@ -240,15 +250,22 @@ def cmd_check_config(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
     from dispatcher.api.app import attempt_view, job_view, summary_view
+    from dispatcher.api.filters import FILTERS, FilterError, parse_job_filter
     from dispatcher.db.jobs import JobRepository
+
+    if args.action == "list":  # checked before any database is opened
+        try:
+            filters = parse_job_filter({name: getattr(args, name) for name in FILTERS})
+        except FilterError as exc:
+            name, _, reason = str(exc).partition(": ")  # "due_before: ..." -> --due-before
+            print(f"dispatcher: --{name.replace('_', '-')}: {reason}", file=sys.stderr)
+            return EXIT_USAGE
 
     async def run() -> int:
         async with database(settings) as (_dsn, pool):
             repo = JobRepository(pool)
             if args.action == "list":
-                rows = await repo.list_summaries(
-                    state=args.state, queue=args.queue, before_id=None, limit=args.limit
-                )
+                rows = await repo.list_summaries(filters, cursor=None, limit=args.limit)
                 print_jobs([summary_view(r) for r in rows], as_json=args.json)
                 return 0
             operation = {"show": repo.get, "retry": repo.retry, "cancel": repo.cancel}[args.action]
@@ -416,7 +433,10 @@ def cmd_restore(settings: Settings, args: argparse.Namespace) -> int:
                 )
                 return EXIT_FAILURE
             bin_dir = client_bin_dir(settings)
-            await asyncio.to_thread(restore, dsn, file, bin_dir, replace=args.force)
+            version = await repo.server_version()
+            await asyncio.to_thread(
+                restore, dsn, file, bin_dir, server_version=version, replace=args.force
+            )
             contents = await repo.contents()
         print(f"restored {file}: {contents.jobs} jobs, {contents.runs} run receipts")
         return 0

@@ -70,3 +70,34 @@ class Job:
         }
         if self.run_key:
             self.log_fields["run_key"] = self.run_key
+
+
+@dataclass(slots=True, frozen=True)
+class JobFilter:
+    """Which jobs an operator lists (every filter given must match; None matches every job).
+
+    `due_after` is inclusive and `due_before` exclusive, so adjacent windows neither overlap nor
+    leave a gap. `tenant` never matches jobs accepted without one."""
+
+    state: str | None = None
+    queue: str | None = None
+    key: str | None = None
+    tenant: str | None = None
+    run_key: str | None = None
+    handler: str | None = None
+    due_before: datetime | None = None
+    due_after: datetime | None = None
+
+    @property
+    def by_due(self) -> bool:
+        """A due window is listed earliest due first; any other filter newest first (by id)."""
+        return self.due_before is not None or self.due_after is not None
+
+
+@dataclass(slots=True, frozen=True)
+class ListCursor:
+    """Where the next page of a listing starts: after job `id` (newest first), or after
+    (`due_at`, `id`) in a due window (earliest due first)."""
+
+    id: int
+    due_at: datetime | None = None

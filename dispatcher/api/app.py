@@ -17,6 +17,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
 from dispatcher import jsoncodec, metrics
+from dispatcher.api.filters import (
+    FILTERS,
+    FilterError,
+    next_cursor,
+    parse_cursor,
+    parse_job_filter,
+)
 from dispatcher.api.openapi import openapi_document
 from dispatcher.api.problems import Problem, problem
 from dispatcher.api.schemas import (
@@ -25,16 +32,16 @@ from dispatcher.api.schemas import (
     BatchRequest,
     JobRequest,
     describe,
+    idempotency_key,
     is_ascii_number,
     storable_json,
     summary,
-    valid_key,
 )
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.runs import TriggerFailed
 from dispatcher.errors import DatabaseUnavailable
 from dispatcher.intake import Intake, Rejected
-from dispatcher.model import STATES, EnqueueResult
+from dispatcher.model import EnqueueResult
 from dispatcher.scheduling.cron import PeriodError
 
 log = logging.getLogger(__name__)
@@ -287,16 +294,6 @@ def accepted_view(result: EnqueueResult) -> dict[str, Any]:
     }
 
 
-def idempotency_key(raw: str) -> str | None:
-    """The key of a unit of work as both doors store it, or None when `raw` is not a key.
-
-    HTTP drops the spaces and tabs around a header value, so a batch item's key loses them
-    too: " k " and "k" name the same job whether sent as `Idempotency-Key` or in a batch. What
-    remains must be 1 to 255 printable ASCII characters (space to tilde)."""
-    key = raw.strip(" \t")
-    return key if valid_key(key) else None
-
-
 async def post_job(request: web.Request) -> web.Response:
     raw_key = request.headers.get("Idempotency-Key")
     key = None if raw_key is None else idempotency_key(raw_key)
@@ -406,6 +403,7 @@ def summary_view(row: dict[str, Any]) -> dict[str, Any]:
         "finished_at": _ts(row["finished_at"]),
         "last_error": row["last_error"],
         "dead_reason": row["dead_reason"],
+        "run_key": row["run_key"],
     }
 
 
@@ -491,28 +489,28 @@ async def list_attempts(request: web.Request) -> web.Response:
 LIST_PARAMETERS = (*FILTERS, "limit", "cursor")
 
 
+LIST_PARAMETERS = (*FILTERS, "limit", "cursor")
+
+
 async def list_jobs(request: web.Request) -> web.Response:
     q = request.query
-    state = q.get("state") or None
-    if state is not None and state not in STATES:
-        raise Problem(422, f"state: must be one of {', '.join(STATES)}")
+    # a misspelt filter must not list every job as if it had matched
+    for name in q:
+        if name not in LIST_PARAMETERS:
+            raise Problem(422, f"{name[:64]}: not a parameter; use {', '.join(LIST_PARAMETERS)}")
+        if len(q.getall(name)) > 1:
+            raise Problem(422, f"{name}: given more than once; give each parameter once")
+    try:
+        filters = parse_job_filter(q)
+        cursor = parse_cursor(q.get("cursor"), filters)
+    except FilterError as exc:
+        raise Problem(422, str(exc)) from None
     limit_raw = q.get("limit", "100")
     if not is_ascii_number(limit_raw, max_digits=4) or not 1 <= int(limit_raw) <= 1000:
         raise Problem(422, "limit: an integer from 1 to 1000")
-    queue = q.get("queue") or None
-    if queue is not None and not valid_key(queue):  # printable ASCII: no NUL reaches the database
-        raise Problem(422, "queue: a queue name from the configuration")
-    cursor = q.get("cursor") or None
-    if cursor is not None and not is_ascii_number(cursor, max_digits=18):
-        raise Problem(422, "cursor: pass the next_cursor of the previous page")
-    rows = await request.app[REPO].list_summaries(
-        state=state,
-        queue=queue,
-        before_id=int(cursor) if cursor else None,
-        limit=int(limit_raw),
-    )
-    next_cursor = str(rows[-1]["id"]) if len(rows) == int(limit_raw) else None
-    return json_response({"items": [summary_view(r) for r in rows], "next_cursor": next_cursor})
+    rows = await request.app[REPO].list_summaries(filters, cursor=cursor, limit=int(limit_raw))
+    after = next_cursor(rows[-1], filters) if len(rows) == int(limit_raw) else None
+    return json_response({"items": [summary_view(r) for r in rows], "next_cursor": after})
 
 
 async def operator_action(request: web.Request, action: str, refusal: str) -> dict[str, Any]:

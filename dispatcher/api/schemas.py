@@ -75,6 +75,16 @@ def valid_key(key: str | None) -> bool:
     return key is not None and 0 < len(key) <= 255 and key.isascii() and key.isprintable()
 
 
+def idempotency_key(raw: str) -> str | None:
+    """The key of a unit of work as both doors store it, or None when `raw` is not a key.
+
+    HTTP drops the spaces and tabs around a header value, so a batch item's key loses them
+    too: " k " and "k" name the same job whether sent as `Idempotency-Key` or in a batch. What
+    remains must be 1 to 255 printable ASCII characters (space to tilde)."""
+    key = raw.strip(" \t")
+    return key if valid_key(key) else None
+
+
 def describe(exc: ValidationError) -> list[dict[str, str]]:
     """Field-level errors, e.g. [{"field": "due_at", "message": "..."}]."""
     return [

@@ -11,6 +11,7 @@ runs in one transaction: it lands whole or not at all.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import tempfile
@@ -52,6 +53,10 @@ class BackupRepository:
     async def contents(self) -> Contents:
         row = await self.pool.fetchrow(query("backup_contents"))
         return Contents(jobs=row["jobs"], runs=row["runs"])
+
+    @translate_unavailable
+    async def server_version(self) -> int:
+        return int(await self.pool.fetchval(query("server_version_num")))
 
     @translate_unavailable
     async def daemon_sessions(self) -> int:
@@ -117,29 +122,58 @@ def check_archive(file: Path, bin_dir: Path) -> None:
         )
 
 
-def restore(dsn: str, file: Path, bin_dir: Path, *, replace: bool) -> None:
+# Settings a newer pg_restore writes that an older server does not know (PostgreSQL 17 added
+# transaction_timeout); left out for such a server, whose default is no such timeout anyway.
+NEWER_SETTINGS = {170000: b"SET transaction_timeout = 0;\n"}
+
+
+def restore(dsn: str, file: Path, bin_dir: Path, *, server_version: int, replace: bool) -> None:
     """Load `file` in one transaction; with `replace`, the existing schema is dropped first in
-    that same transaction (so a failed restore leaves the old data as it was)."""
+    that same transaction. COMMIT is sent only once pg_restore has read the whole archive: a
+    damaged archive or an error leaves the database as it was."""
     dsn, env = client_env(dsn)
-    script = subprocess.Popen(
-        [str(bin_dir / "pg_restore"), "--no-owner", "--file=-", str(file)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-    command = [str(bin_dir / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction"]
-    if replace:
-        command += ["-c", f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"]
-    command += ["-f", "-", f"--dbname={dsn}"]
-    try:
-        loaded = subprocess.run(
-            command, stdin=script.stdout, capture_output=True, env=env, timeout=TIMEOUT_S
+    unknown = {line for since, line in NEWER_SETTINGS.items() if server_version < since}
+    psql = [
+        str(bin_dir / "psql"),
+        "-X",
+        "-q",
+        "-v",
+        "ON_ERROR_STOP=1",
+        "-f",
+        "-",
+        f"--dbname={dsn}",
+    ]
+    with tempfile.TemporaryFile() as script_err, tempfile.TemporaryFile() as load_err:
+        script = subprocess.Popen(
+            [str(bin_dir / "pg_restore"), "--no-owner", "--file=-", str(file)],
+            stdout=subprocess.PIPE,
+            stderr=script_err,
+            env=env,
         )
-    finally:
-        assert script.stdout is not None
-        script.stdout.close()
-        _, script_err = script.communicate(timeout=60)
-    if script.returncode != 0:
-        raise BackupError(_failure("pg_restore", script_err) + "; nothing was restored")
-    if loaded.returncode != 0:
-        raise BackupError(_failure("psql", loaded.stderr) + "; nothing was restored")
+        load = subprocess.Popen(
+            psql, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=load_err, env=env
+        )
+        assert script.stdout is not None and load.stdin is not None
+        try:
+            load.stdin.write(b"BEGIN;\n")
+            if replace:
+                load.stdin.write(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE;\n".encode())
+            for line in script.stdout:
+                if line not in unknown:
+                    load.stdin.write(line)
+            if script.wait(timeout=TIMEOUT_S) == 0:
+                load.stdin.write(b"COMMIT;\n")
+        except BrokenPipeError:  # psql stopped at an error: its message says which
+            pass
+        finally:
+            script.stdout.close()
+            with contextlib.suppress(BrokenPipeError):
+                load.stdin.close()  # without COMMIT, psql's end rolls everything back
+            script.wait(timeout=TIMEOUT_S)
+            load.wait(timeout=TIMEOUT_S)
+        if script.returncode != 0:
+            script_err.seek(0)
+            raise BackupError(_failure("pg_restore", script_err.read()) + "; nothing was restored")
+        if load.returncode != 0:
+            load_err.seek(0)
+            raise BackupError(_failure("psql", load_err.read()) + "; nothing was restored")

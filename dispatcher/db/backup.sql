@@ -16,3 +16,7 @@ SELECT count(*)::int
   FROM pg_stat_activity
  WHERE datname = current_database() AND application_name LIKE 'dispatcher:%'
    AND pid <> pg_backend_pid();
+
+-- name: server_version_num
+-- The server's version as a number (150004, 180006): what a restore script may say to it.
+SELECT current_setting('server_version_num')::int;

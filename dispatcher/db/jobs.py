@@ -10,7 +10,7 @@ import asyncpg
 
 from dispatcher.db.pool import translate_unavailable
 from dispatcher.db.queries import query
-from dispatcher.model import AttemptKey, EnqueueResult, Job, NewJob
+from dispatcher.model import AttemptKey, EnqueueResult, Job, JobFilter, ListCursor, NewJob
 
 # Query texts resolved once; the hot paths look them up per call otherwise.
 _CLAIM = query("claim_ready")
@@ -179,11 +179,24 @@ class JobRepository:
 
     @translate_unavailable
     async def list_summaries(
-        self, *, state: str | None, queue: str | None, before_id: int | None, limit: int
+        self, filters: JobFilter, *, cursor: ListCursor | None, limit: int
     ) -> list[dict[str, Any]]:
-        """Newest first: the columns of a list view, with `last_error` cut to 500 characters
-        (never payload, target, result or progress, which may each be near the body limit)."""
-        rows = await self.pool.fetch(query("list_jobs"), state, queue, before_id, limit)
+        """The columns of a list view, with `last_error` cut to 500 characters (never payload,
+        target, result or progress, which may each be near the body limit); newest first, or
+        earliest due first for a due window (`JobFilter.by_due`)."""
+        f = filters
+        common = (f.key, f.tenant, f.run_key, f.handler, f.due_before, f.due_after)
+        if f.by_due:
+            after_due = cursor.due_at if cursor is not None else None
+            after_id = cursor.id if cursor is not None else None
+            rows = await self.pool.fetch(
+                query("list_jobs_by_due"), f.state, f.queue, after_due, limit, *common, after_id
+            )
+        else:
+            before_id = cursor.id if cursor is not None else None
+            rows = await self.pool.fetch(
+                query("list_jobs"), f.state, f.queue, before_id, limit, *common
+            )
         return [dict(r) for r in rows]
 
     @translate_unavailable
