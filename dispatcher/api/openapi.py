@@ -7,6 +7,7 @@ from typing import Any
 
 from dispatcher import __version__
 from dispatcher.api.schemas import MAX_BATCH, BatchItem, JobRequest
+from dispatcher.config import NAME_PATTERN
 from dispatcher.model import STATES
 
 PROBLEM = {"$ref": "#/components/schemas/Problem"}
@@ -85,6 +86,47 @@ SCHEDULE = {
     },
 }
 ACCEPTED = {"$ref": "#/components/schemas/Accepted"}
+PRINTABLE_ASCII = "^[ -~]{1,255}$"
+CURSOR_PATTERN = "^[0-9]{1,18}([.][0-9]{1,18})?$"
+# GET /v1/jobs: the filters beside state and queue (dispatcher.api.filters checks them)
+LIST_FILTERS = [
+    {
+        "name": "key",
+        "in": "query",
+        "description": "an idempotency key (exact; surrounding spaces and tabs dropped)",
+        "schema": {"type": "string", "pattern": PRINTABLE_ASCII},
+    },
+    {
+        "name": "tenant",
+        "in": "query",
+        "description": "jobs of this tenant (UTF-8, no NUL)",
+        "schema": {"type": "string", "maxLength": 255},
+    },
+    {
+        "name": "run_key",
+        "in": "query",
+        "description": "units of one cron run, e.g. nightly:2026-05-31T02:00:00Z",
+        "schema": {"type": "string", "pattern": PRINTABLE_ASCII},
+    },
+    {
+        "name": "handler",
+        "in": "query",
+        "description": '"http" or a handler name from the configuration',
+        "schema": {"type": "string", "pattern": NAME_PATTERN},
+    },
+    {
+        "name": "due_before",
+        "in": "query",
+        "description": "due before this time (exclusive), RFC 3339 with offset",
+        "schema": {"type": "string", "format": "date-time"},
+    },
+    {
+        "name": "due_after",
+        "in": "query",
+        "description": "due at or after this time (inclusive), RFC 3339 with offset",
+        "schema": {"type": "string", "format": "date-time"},
+    },
+]
 
 
 def _describe_api() -> dict[str, Any]:
@@ -162,6 +204,9 @@ def _describe_api() -> dict[str, Any]:
                         "finished_at": nullable_str,
                         "last_error": nullable_str,
                         "dead_reason": nullable_str,
+                        "tenant": nullable_str,
+                        "handler": {"type": "string"},
+                        "run_key": nullable_str,
                     },
                 },
             },
@@ -193,16 +238,28 @@ def _describe_api() -> dict[str, Any]:
                     },
                 },
                 "get": {
-                    "summary": "List jobs, newest first",
+                    "summary": "List jobs, newest first (a due window: earliest due first)",
+                    "description": (
+                        "Summaries of the jobs matching every filter given (an empty value "
+                        "filters nothing). `key` is exact: the one job, or an empty list. "
+                        "`due_after` is inclusive, `due_before` exclusive; with either, items "
+                        "come earliest due first. Pass `next_cursor` as `cursor`, with the same "
+                        "filters, for the next page. An unknown or repeated parameter is a 422."
+                    ),
                     "parameters": [
                         {"name": "state", "in": "query", "schema": {"enum": list(STATES)}},
                         {"name": "queue", "in": "query", "schema": {"type": "string"}},
+                        *LIST_FILTERS,
                         {
                             "name": "limit",
                             "in": "query",
                             "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
                         },
-                        {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+                        {
+                            "name": "cursor",
+                            "in": "query",
+                            "schema": {"type": "string", "pattern": CURSOR_PATTERN},
+                        },
                     ],
                     "responses": {
                         "200": _json(

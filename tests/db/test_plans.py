@@ -7,6 +7,8 @@ to the table, not to the batch. These plans are checked on a table big enough to
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import asyncpg
 import pytest
 
@@ -55,6 +57,121 @@ async def test_batch_statements_never_scan_the_whole_jobs_table(
     text = await plan(big_table, query(name), *args)
     assert "Seq Scan on jobs" not in text, text
     assert "Seq Scan on outbox" not in text, text
+
+
+# the attempt history ----------------------------------------------------------------------------
+@pytest.fixture
+async def with_history(big_table: asyncpg.Pool) -> asyncpg.Pool:
+    """Three attempts for every job of big_table, half of them finished long ago."""
+    await big_table.execute("""
+        UPDATE dispatcher.jobs SET state = 'succeeded', finished_at = now() - interval '30 days'
+         WHERE id % 2 = 0 AND state = 'scheduled';
+        INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome)
+        SELECT j.id, n, 'w:1', now(), now(), 'retried'
+          FROM dispatcher.jobs j, generate_series(1, 3) n""")
+    await big_table.execute("ANALYZE dispatcher.jobs, dispatcher.attempts")
+    return big_table
+
+
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [
+        ("list_attempts", (4242, None, 100)),
+        ("list_attempts", (4242, 9000, 100)),
+        ("prune_terminal", ("succeeded", 86400.0, 1000)),
+    ],
+)
+async def test_the_attempt_history_is_read_and_pruned_by_index(
+    with_history: asyncpg.Pool, name: str, args: tuple[object, ...]
+) -> None:
+    text = await plan(with_history, query(name), *args)
+    assert "Seq Scan on attempts" not in text, text
+    assert "Seq Scan on jobs" not in text, text
+    assert "attempts_pkey" in text, text
+
+
+# the operator's filters (GET /v1/jobs, `dispatcher jobs list`) --------------------------------
+# Handlers, tenants and runs the way a busy installation has them: one handler does nearly all
+# the work, each tenant and run is a sliver of the table. A filter for a sliver walked by id
+# (the primary key, newest first) reads the whole table before it fills a page; its own index
+# reads only the sliver. Times are spread over a year so a narrow due window is rare too.
+LIST_ROWS = 40_000
+WINDOW = ("2025-03-01T00:00:00Z", "2025-03-01T06:00:00Z")
+
+
+@pytest.fixture
+async def listed_table(pool: asyncpg.Pool) -> asyncpg.Pool:
+    await pool.execute(f"""
+        INSERT INTO dispatcher.jobs (key, request_hash, queue, tenant, handler, payload, state,
+               due_at, max_attempts, max_retry_age_s, budget_started_at, run_key, finished_at)
+        SELECT 'k-' || g, md5(g::text), 'default',
+               CASE WHEN g % 2 = 0 THEN 't-' || (g % 1000) ELSE '' END,
+               CASE WHEN g % 1000 = 0 THEN 'rare' ELSE 'noop' END,
+               '{{}}'::jsonb, CASE WHEN g % 50 = 0 THEN 'dead' ELSE 'succeeded' END,
+               due, 10, 86400, due,
+               CASE WHEN g % 5 = 0 THEN 'nightly:' || (g / 500) END, due
+          FROM generate_series(1, {LIST_ROWS}) g,
+               LATERAL (SELECT timestamptz '2025-01-01' + g * interval '13 minutes' AS due) d""")
+    await pool.execute("ANALYZE dispatcher.jobs")
+    return pool
+
+
+def list_args(statement: str, cursor: object = None, **filters: object) -> tuple[object, ...]:
+    """The parameters of list_jobs or list_jobs_by_due, in their order (as the repository)."""
+    f = {k: datetime.fromisoformat(str(v)) if "due" in k else v for k, v in filters.items()}
+    common = tuple(f.get(k) for k in ("key", "tenant", "run_key", "handler"))
+    common += (f.get("due_before"), f.get("due_after"))
+    if statement == "list_jobs_by_due":
+        after_due, after_id = cursor if isinstance(cursor, tuple) else (None, None)
+        after_due = None if after_due is None else datetime.fromisoformat(after_due)
+        return (f.get("state"), f.get("queue"), after_due, 100, *common, after_id)
+    return (f.get("state"), f.get("queue"), cursor, 100, *common)
+
+
+BY_DUE = {"due_after": WINDOW[0], "due_before": WINDOW[1]}
+
+
+@pytest.mark.parametrize(
+    ("statement", "filters", "index"),
+    [
+        ("list_jobs", {"key": "k-777"}, "jobs_key_key"),
+        ("list_jobs", {"tenant": "t-42"}, "jobs_tenant_id"),
+        ("list_jobs", {"tenant": "t-42", "cursor": 20_000}, "jobs_tenant_id"),
+        ("list_jobs", {"tenant": "t-42", "state": "dead", "queue": "default"}, "jobs_tenant_id"),
+        ("list_jobs", {"run_key": "nightly:7"}, "jobs_run_key_id"),
+        ("list_jobs", {"handler": "rare"}, "jobs_handler_id"),
+        ("list_jobs", {"handler": "rare", "state": "dead", "cursor": 30_000}, "jobs_handler_id"),
+        ("list_jobs_by_due", BY_DUE, "jobs_due_at_id"),
+        ("list_jobs_by_due", {"due_after": WINDOW[0]}, "jobs_due_at_id"),
+        ("list_jobs_by_due", {"due_before": WINDOW[1]}, "jobs_due_at_id"),
+        ("list_jobs_by_due", {**BY_DUE, "cursor": (WINDOW[0], 4500)}, "jobs_due_at_id"),
+        ("list_jobs_by_due", {**BY_DUE, "state": "dead"}, "jobs_due_at_id"),
+    ],
+    ids=lambda v: "+".join(v) if isinstance(v, dict) else v,
+)
+async def test_each_list_filter_reaches_its_index(
+    listed_table: asyncpg.Pool, statement: str, filters: dict[str, object], index: str
+) -> None:
+    args = list_args(statement, filters.pop("cursor", None), **filters)
+    text = await plan(listed_table, query(statement), *args)
+    assert "Seq Scan on jobs" not in text, text
+    assert index in text, text
+
+
+async def test_the_list_statement_is_never_planned_generically(listed_table: asyncpg.Pool) -> None:
+    """list_jobs holds `$n IS NULL OR col = $n` for every filter: only a plan made with the
+    values folds the unused ones away. The pools plan every execution so; were that setting
+    lost, PostgreSQL would switch to a generic plan after five executions."""
+    async with listed_table.acquire() as conn:
+        assert await conn.fetchval("SHOW plan_cache_mode") == "force_custom_plan"
+        statement = await conn.prepare(query("list_jobs"))
+        for tenant in range(10):
+            await statement.fetch(*list_args("list_jobs", tenant=f"t-{tenant}"))
+        generic, custom = await conn.fetchrow(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = $1",
+            statement.get_name(),
+        )
+    assert (generic, custom) == (0, 10)
 
 
 # the attempt history ----------------------------------------------------------------------------

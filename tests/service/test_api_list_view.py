@@ -24,6 +24,7 @@ SUMMARY_FIELDS = {
     "finished_at",
     "last_error",
     "dead_reason",
+    "run_key",
 }
 
 

@@ -1,0 +1,73 @@
+"""Migration 009 on a table that already has some of its indexes: the README tells operators of a
+large table to build them with CREATE INDEX CONCURRENTLY before upgrading. The migration must
+keep those (build nothing twice), rebuild one a failed concurrent build left invalid, and leave
+every filter index valid."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import asyncpg
+
+from dispatcher.db import migrations
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+INDEXES = ("jobs_tenant_id", "jobs_handler_id", "jobs_run_key_id", "jobs_due_at_id")
+
+
+def documented_statements() -> list[str]:
+    """The CREATE INDEX CONCURRENTLY statements of the README's upgrade note."""
+    found = re.findall(r"^CREATE INDEX CONCURRENTLY IF NOT EXISTS .*;$", README.read_text(), re.M)
+    assert len(found) == len(INDEXES), found
+    return found
+
+
+async def index_states(conn: asyncpg.Connection) -> dict[str, tuple[int, bool]]:
+    rows = await conn.fetch(
+        """SELECT c.relname, c.oid, i.indisvalid
+             FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+            WHERE i.indrelid = 'dispatcher.jobs'::regclass""",
+    )
+    return {r["relname"]: (r["oid"], r["indisvalid"]) for r in rows}
+
+
+async def back_to_before_009(conn: asyncpg.Connection) -> None:
+    names = ", ".join(f"dispatcher.{name}" for name in INDEXES)
+    await conn.execute(f"""
+        DROP INDEX {names};
+        CREATE INDEX jobs_run_key ON dispatcher.jobs (run_key) WHERE run_key IS NOT NULL;
+        DELETE FROM dispatcher.migrations WHERE name = '009_list_filters.sql'""")
+
+
+async def test_indexes_built_concurrently_beforehand_are_kept_and_invalid_ones_rebuilt(
+    db_url: str,
+) -> None:
+    conn = await asyncpg.connect(db_url)
+    try:
+        await back_to_before_009(conn)
+        await conn.execute(
+            "INSERT INTO dispatcher.jobs (key, request_hash, queue, tenant, handler, payload,"
+            " state, due_at, max_attempts, max_retry_age_s, budget_started_at, run_key)"
+            " SELECT 'k-' || g, 'h', 'default', 't', 'http', '{}', 'scheduled', now(), 1, 0,"
+            " now(), 'r:' || g FROM generate_series(1, 100) g"
+        )
+        for statement in documented_statements():
+            await conn.execute(statement)  # one at a time, outside any transaction
+        # what a concurrent build that failed half-way leaves behind
+        await conn.execute(
+            "UPDATE pg_index SET indisvalid = false"
+            " WHERE indexrelid = 'dispatcher.jobs_handler_id'::regclass"
+        )
+        before = await index_states(conn)
+
+        assert await migrations.migrate(conn) == ["009_list_filters.sql"]
+
+        after = await index_states(conn)
+        assert "jobs_run_key" not in after
+        for name in INDEXES:
+            assert after[name][1], f"{name} is not valid"
+        kept = {n for n in INDEXES if after[n][0] == before[n][0]}
+        assert kept == {"jobs_tenant_id", "jobs_run_key_id", "jobs_due_at_id"}
+    finally:
+        await conn.close()
