@@ -1,12 +1,19 @@
-"""The sidecar examples: the grace period outlasts the drain, probes and secrets are wired, and
-the environment they give the daemon is a configuration it accepts."""
+"""The sidecar examples: valid against their schemas (Kubernetes' OpenAPI schemas through
+kubernetes-validate, the compose-spec JSON schema shipped by check-jsonschema), the grace period
+outlasts the daemon's stop budget, probes and secrets are wired, and the environment they give
+the daemon is a configuration it accepts."""
 
 from __future__ import annotations
 
+import copy
+import json
 import re
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+import kubernetes_validate
 import pytest
 
 from dispatcher.config import Settings, load_settings
@@ -54,6 +61,43 @@ def compose() -> dict[str, Any]:
     return yaml.safe_load((SIDECAR / "docker-compose.yml").read_text())
 
 
+def compose_problems(document: dict[str, Any]) -> list[str]:
+    """What the compose-spec schema (as check-jsonschema ships it) finds wrong."""
+    vendored = resources.files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json"
+    schema = json.loads(vendored.read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(document)]
+
+
+def test_compose_example_matches_the_compose_spec(compose: dict[str, Any]) -> None:
+    assert compose_problems(compose) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("services", "dispatcher", "stop_grace_periode"), "65s"),  # misspelt
+        (("services", "app", "depends_on", "dispatcher", "condition"), "service_ready"),
+        (("services", "dispatcher", "environment"), 42),
+    ],
+)
+def test_compose_schema_check_finds_mistakes(
+    compose: dict[str, Any], path: tuple[str, ...], value: object
+) -> None:
+    broken = copy.deepcopy(compose)
+    place = broken
+    for key in path[:-1]:
+        place = place[key]
+    place[path[-1]] = value
+    assert compose_problems(broken)
+
+
+def test_compose_dispatcher_is_healthy_by_the_images_check(compose: dict[str, Any]) -> None:
+    # The application starts once the image's HEALTHCHECK (/healthz) passes; nothing disables it.
+    assert compose["services"]["app"]["depends_on"]["dispatcher"]["condition"] == "service_healthy"
+    assert not compose["services"]["dispatcher"].get("healthcheck", {}).get("disable", False)
+
+
 def test_compose_grace_period_outlasts_the_drain(compose: dict[str, Any]) -> None:
     dispatcher = compose["services"]["dispatcher"]
     grace_s = duration_s(dispatcher["stop_grace_period"])
@@ -80,12 +124,56 @@ def test_compose_tokens_come_from_a_secret(compose: dict[str, Any], tmp_path: Pa
 # Kubernetes
 
 
+# Native sidecars (an init container with restartPolicy: Always), which the example uses, are
+# on by default from 1.29: check it there and on the newest version the validator knows.
+KUBERNETES_VERSIONS = ("1.29", kubernetes_validate.latest_version())
+
+
 @pytest.fixture(scope="module")
-def pod() -> dict[str, Any]:
-    documents = list(yaml.safe_load_all((SIDECAR / "kubernetes.yaml").read_text()))
-    (deployment,) = [d for d in documents if d and d["kind"] == "Deployment"]
+def manifests() -> list[dict[str, Any]]:
+    documents = yaml.safe_load_all((SIDECAR / "kubernetes.yaml").read_text())
+    return [d for d in documents if d]
+
+
+@pytest.fixture(scope="module")
+def deployment(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    (found,) = [d for d in manifests if d["kind"] == "Deployment"]
+    return found
+
+
+@pytest.fixture(scope="module")
+def pod(deployment: dict[str, Any]) -> dict[str, Any]:
     spec: dict[str, Any] = deployment["spec"]["template"]["spec"]
     return spec
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_kubernetes_example_matches_the_schema(
+    manifests: list[dict[str, Any]], version: str
+) -> None:
+    for manifest in manifests:
+        # strict: a field the schema does not know (a typo) is an error, not ignored
+        kubernetes_validate.validate(manifest, version, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("spec", "template", "spec", "terminationGracePeriodSecond"), 65),  # misspelt
+        (("spec", "template", "spec", "terminationGracePeriodSeconds"), "65s"),
+        (("spec", "replicas"), "two"),
+    ],
+)
+def test_kubernetes_schema_check_finds_mistakes(
+    deployment: dict[str, Any], path: tuple[str, ...], value: object
+) -> None:
+    broken = copy.deepcopy(deployment)
+    place = broken
+    for key in path[:-1]:
+        place = place[key]
+    place[path[-1]] = value
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSIONS[-1], strict=True)
 
 
 @pytest.fixture(scope="module")
@@ -107,11 +195,17 @@ def test_kubernetes_grace_period_outlasts_the_drain(
 
 
 def test_kubernetes_probes(sidecar: dict[str, Any]) -> None:
+    assert sidecar["startupProbe"]["httpGet"]["path"] == "/readyz"
     assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    port_names = {p["name"] for p in sidecar["ports"]}
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert sidecar[probe]["httpGet"]["port"] in port_names
+    # The probed port is the listener that answers them without a token: the health listener
+    # when there is one, else the API listener.
+    env = container_env(sidecar)
+    serving = env.get("DISPATCHER_METRICS_LISTEN") or env["DISPATCHER_LISTEN"]
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        port = sidecar[probe]["httpGet"]["port"]
+        assert str(ports.get(port, port)) == serving.rpartition(":")[2], probe
 
 
 def test_kubernetes_secrets_come_from_a_secret(
