@@ -98,6 +98,13 @@ def test_compose_dispatcher_is_healthy_by_the_images_check(compose: dict[str, An
     assert not compose["services"]["dispatcher"].get("healthcheck", {}).get("disable", False)
 
 
+def test_compose_dispatcher_is_unprivileged(compose: dict[str, Any]) -> None:
+    dispatcher = compose["services"]["dispatcher"]
+    assert dispatcher["read_only"] is True
+    assert dispatcher["cap_drop"] == ["ALL"]
+    assert "no-new-privileges:true" in dispatcher["security_opt"]
+
+
 def test_compose_grace_period_outlasts_the_drain(compose: dict[str, Any]) -> None:
     dispatcher = compose["services"]["dispatcher"]
     grace_s = duration_s(dispatcher["stop_grace_period"])
