@@ -97,8 +97,8 @@ class HandlerSettings(_Strict):
         if missing:
             raise ValueError(
                 f"a cursor-paged statement takes the last cursor and the page size: add "
-                f"{missing} to params and use them, e.g. `WHERE {column} > coalesce($n, 0) "
-                f"ORDER BY {column} LIMIT $m`"
+                f"{missing} to params and use them, e.g. `WHERE {column} > "
+                f"coalesce($n::bigint, 0) ORDER BY {column} LIMIT $m`"
             )
         returning = re.search(r"\breturning\b(.*)\Z", self.statement or "", re.I | re.S)
         if returning is None or not re.search(rf"\b{column}\b|\*", returning.group(1), re.I):
