@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,8 @@ async def live_daemon(module_db_url: str) -> AsyncIterator[DaemonProcess]:
             "DISPATCHER_BODY_LIMIT_BYTES": str(BODY_LIMIT_BYTES),
             "DISPATCHER_HANDLERS__REPORT__KIND": "python",
             "DISPATCHER_HANDLERS__REPORT__FUNCTION": "tests.badinput.handlers:noop",
+            # one schedule, "nightly", for the schedule routes (SCHEDULE in test_schemathesis)
+            "DISPATCHER_CONFIG": str(Path(__file__).with_name("schedules.toml")),
             # accepted jobs must wait, not run: these tests are about the front door
             "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "0.001",
             "DISPATCHER_QUEUES__DEFAULT__BURST": "1",
