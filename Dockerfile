@@ -17,6 +17,14 @@
 # (tests/e2e/test_container.py). Everything is installed into a venv, so the base needs no pip.
 ARG BASE=python:3.11-slim
 
+# The run-time dependencies, listed from pyproject.toml in a stage of their own: the build stage
+# copies only this list, so their install layer stays cached until the list itself changes (not
+# when the code, the version or the test extra does).
+FROM ${BASE} AS requirements
+WORKDIR /src
+COPY pyproject.toml ./
+RUN python3 -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > requirements.txt
+
 FROM ${BASE} AS build
 # A CA bundle for pip, where TLS to the package index is intercepted (unset: the system's).
 ARG PIP_CERT
@@ -24,11 +32,9 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 RUN python3 -m venv /opt/dispatcher
 WORKDIR /src
-# The dependencies get a layer of their own, so a change to the code alone rebuilds in seconds.
-COPY pyproject.toml ./
-RUN python3 -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > requirements.txt \
-    && /opt/dispatcher/bin/pip install -r requirements.txt
-COPY README.md ./
+COPY --from=requirements /src/requirements.txt ./
+RUN /opt/dispatcher/bin/pip install -r requirements.txt
+COPY pyproject.toml README.md ./
 COPY dispatcher ./dispatcher
 # pip and setuptools are not needed at run time.
 RUN /opt/dispatcher/bin/pip install --no-deps . \
