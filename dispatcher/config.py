@@ -30,6 +30,7 @@ from pydantic import (
 
 from dispatcher.errors import ConfigError
 from dispatcher.scheduling.schedules import ScheduleSettings
+from dispatcher.tokens import ApiToken, check_distinct, parse_file, parse_list, split_environment
 
 ENV_PREFIX = "DISPATCHER_"
 # No duration setting may exceed ten years: every one must stay a finite time when the
@@ -289,7 +290,7 @@ class Settings(_Strict):
         if "http" in self.handlers:
             raise ValueError("'http' is the built-in HTTP push handler; name yours differently")
         host, _ = host_port(self.listen)
-        tokens = self.all_api_tokens()  # reads api_tokens_file now, not at the first request
+        tokens = self.api_token_entries()  # reads api_tokens_file now, not at the first request
         self._check_signing_secret()
         if not is_loopback_host(host) and not tokens:
             raise ValueError(
@@ -319,10 +320,22 @@ class Settings(_Strict):
                 ) from None
 
     def all_api_tokens(self) -> list[str]:
-        tokens = [t.get_secret_value() for t in self.api_tokens]
+        return [t.secret for t in self.api_token_entries()]
+
+    def api_token_entries(self) -> list[ApiToken]:
+        """Every API token with its name and scopes (dispatcher.tokens has the format); reads
+        api_tokens_file now. Errors name the entry or line, never the token."""
+        entries = parse_list((t.get_secret_value() for t in self.api_tokens), "api_tokens")
         if self.api_tokens_file is not None:
-            tokens += read_secret_lines(self.api_tokens_file, "api_tokens_file")
-        return [t for t in tokens if t]
+            try:
+                text = self.api_tokens_file.read_text()
+            except OSError as exc:
+                raise ValueError(
+                    f"api_tokens_file: cannot read {self.api_tokens_file}: {exc.strerror}"
+                ) from None
+            entries += parse_file(text, "api_tokens_file")
+        check_distinct(entries)
+        return entries
 
     def signing_secret(self) -> str | None:
         if self.http.signing_secret is not None:
@@ -337,6 +350,8 @@ class Settings(_Strict):
         view = self.model_dump(mode="json")
         if self.database_url is not None:
             view["database_url"] = mask_url(self.database_url.get_secret_value())
+        # names, scopes and where each token is configured; the tokens stay masked
+        view["api_token_scopes"] = [t.public_view() for t in self.api_token_entries()]
         return view
 
 
@@ -419,6 +434,8 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> set[tuple[str
         node[leaf] = (
             [v.strip() for v in value.split(",") if v.strip()] if leaf in _LIST_SETTINGS else value
         )
+        if path == ["api_tokens"]:  # commas may separate scopes: see split_environment
+            node[leaf] = split_environment(value)
         from_env.add(tuple(path))
     return from_env
 

@@ -321,7 +321,7 @@ class Daemon:
             repo=repo,
             intake=intake,
             readiness=self.readiness,
-            tokens=s.all_api_tokens(),
+            tokens=s.api_token_entries(),
             body_limit_bytes=s.body_limit_bytes,
             body_read_timeout_s=s.body_read_timeout_s,
             schedules=cron,

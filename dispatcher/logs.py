@@ -11,7 +11,7 @@ import logging
 import sys
 from datetime import UTC, datetime
 
-FIELDS = ("job_id", "job_key", "queue", "attempt", "run_key", "state", "schedule")
+FIELDS = ("job_id", "job_key", "queue", "attempt", "run_key", "state", "schedule", "token")
 
 
 class JsonFormatter(logging.Formatter):

@@ -8,7 +8,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -37,16 +37,20 @@ from dispatcher.api.schemas import (
     storable_json,
     summary,
 )
+from dispatcher.api.scopes import required_scope
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.runs import TriggerFailed
 from dispatcher.errors import DatabaseUnavailable
 from dispatcher.intake import Intake, Rejected
 from dispatcher.model import EnqueueResult
 from dispatcher.scheduling.cron import PeriodError
+from dispatcher.tokens import SCOPES, ApiToken, digest
 
 log = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
+# Who operator actions are logged as when the API has no tokens (loopback only).
+ANONYMOUS = "anonymous (no API tokens configured)"
 # What a client is told to wait when the database cannot be reached (503 + Retry-After).
 RETRY_AFTER_S = 5
 Readiness = Callable[[], Awaitable[tuple[bool, str]]]
@@ -65,7 +69,7 @@ def create_app(
     repo: JobRepository,
     intake: Intake,
     readiness: Readiness,
-    tokens: list[str],
+    tokens: Sequence[str | ApiToken],
     body_limit_bytes: int,
     schedules: Any = None,
     body_read_timeout_s: float = 30.0,
@@ -73,10 +77,14 @@ def create_app(
     app = web.Application(
         client_max_size=body_limit_bytes, middlewares=[problem_middleware, auth_middleware]
     )
+    # Each route needs a token scope: dispatcher.api.scopes.ROUTE_SCOPES (add new routes there).
     app[REPO] = repo
     app[INTAKE] = intake
     app[READINESS] = readiness
-    app[TOKENS] = [t.encode() for t in tokens]
+    app[TOKENS] = [
+        t if isinstance(t, ApiToken) else ApiToken(f"token {n}", frozenset(SCOPES), "api", t)
+        for n, t in enumerate(tokens, 1)
+    ]
     app[SCHEDULES] = schedules
     app[BODY_LIMIT] = body_limit_bytes
     app[BODY_TIMEOUT] = body_read_timeout_s
@@ -192,23 +200,78 @@ async def problem_middleware(request: web.Request, handler: Any) -> web.StreamRe
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-    tokens: list[bytes] = request.app[TOKENS]
-    if tokens and request.path not in PUBLIC_PATHS:
-        header = request.headers.get("Authorization", "")
-        scheme, _, presented = header.partition(" ")
-        given = header_bytes(presented.strip())
-        # compare against every token so timing reveals neither which nor how much matched
-        matched = False
-        for token in tokens:
-            matched |= hmac.compare_digest(given, token)
-        if scheme.lower() != "bearer" or not matched:
+    """Authenticate (with tokens configured), check the route's scope, log operator actions."""
+    if request.path in PUBLIC_PATHS:
+        return await handler(request)
+    tokens: list[ApiToken] = request.app[TOKENS]
+    routed = request.match_info.http_exception is None  # else a 404 or 405 follows
+    route = request.match_info.route.resource
+    scope = required_scope(request.method, route.canonical) if routed and route else None
+    caller = ANONYMOUS
+    if tokens:
+        token = authenticate(tokens, request.headers.get("Authorization", ""))
+        if token is None:
             return problem(
                 401,
                 "missing or invalid bearer token: send 'Authorization: Bearer "
                 "<token>' with a token from DISPATCHER_API_TOKENS",
                 headers={"WWW-Authenticate": 'Bearer realm="dispatcher"'},
             )
-    return await handler(request)
+        if scope is not None and scope not in token.scopes:
+            log.warning(
+                "token %r refused %s %s: it lacks scope %s",
+                token.name,
+                request.method,
+                request.path,
+                scope,
+                extra={"token": token.name},
+            )
+            return problem(
+                403,
+                f"token {token.name!r} lacks scope {scope!r}, which {request.method} "
+                f"{route.canonical if route else request.path} needs; give the token that scope "
+                "(TOKEN read,enqueue,operate in DISPATCHER_API_TOKENS_FILE) or use another",
+                scope=scope,
+            )
+        caller = token.name
+    if scope != "operate":
+        return await handler(request)
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except Problem as exc:
+        status = exc.status
+        raise
+    except DatabaseUnavailable:
+        status = 503
+        raise
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        # who did what, for the audit trail: the token's name, never the token
+        log.info(
+            "operator action %s %s by %r: %d",
+            request.method,
+            request.path,
+            caller,
+            status,
+            extra={"token": caller},
+        )
+
+
+def authenticate(tokens: list[ApiToken], header: str) -> ApiToken | None:
+    """The token the Authorization header presents, or None. Every configured token is
+    compared, in constant time, against the SHA-256 of what was presented (a fixed length),
+    so the time taken reveals neither which token nor how much of one matched."""
+    scheme, _, presented = header.partition(" ")
+    given = digest(header_bytes(presented.strip()))
+    matches = [hmac.compare_digest(given, token.digest) for token in tokens]
+    if scheme.lower() != "bearer" or True not in matches:
+        return None
+    return tokens[matches.index(True)]
 
 
 def header_bytes(value: str) -> bytes:

@@ -7,6 +7,7 @@ from typing import Any
 
 from dispatcher import __version__
 from dispatcher.api.schemas import MAX_BATCH, BatchItem, JobRequest
+from dispatcher.api.scopes import required_scope
 from dispatcher.config import NAME_PATTERN
 from dispatcher.model import STATES
 
@@ -141,7 +142,18 @@ def _describe_api() -> dict[str, Any]:
             "description": "Durable delayed jobs on PostgreSQL. Errors are RFC 9457 problems.",
         },
         "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": (
+                        "A token from DISPATCHER_API_TOKENS or DISPATCHER_API_TOKENS_FILE, when "
+                        "any is configured. Each token has scopes: read (GET), enqueue (POST "
+                        "/v1/jobs, /v1/jobs/batch), operate (everything that changes existing "
+                        "jobs, queues or schedules); each operation lists the one it needs."
+                    ),
+                }
+            },
             "schemas": {
                 "JobRequest": job_request,
                 "BatchItem": batch_item,
@@ -512,7 +524,21 @@ MALFORMED = {
 @cache
 def openapi_document() -> dict[str, Any]:
     document = _describe_api()
-    for operations in document["paths"].values():
-        for operation in operations.values():
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
             operation["responses"].setdefault("400", MALFORMED)
+            if operation.get("security") != []:  # [] marks the public routes
+                _require_scope(operation, required_scope(method.upper(), path))
     return document
+
+
+def _require_scope(operation: dict[str, Any], scope: str) -> None:
+    """The token scope the route needs (dispatcher.api.scopes), as a role of the bearer scheme
+    (OpenAPI 3.1), and the answers to a token that is missing (401) or lacks it (403)."""
+    operation["security"] = [{"bearer": [scope]}]
+    operation["description"] = (
+        operation.get("description", "") + f" Needs a token with scope `{scope}`."
+    ).strip()
+    operation["responses"].update(
+        {k: v for k, v in _problem_responses(401, 403).items() if k not in operation["responses"]}
+    )

@@ -12,6 +12,7 @@ CONTENT_TYPE = "application/problem+json"
 TITLES = {
     400: "Bad Request",
     401: "Unauthorized",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
     408: "Request Timeout",

@@ -90,7 +90,7 @@ async def serve_api(
         repo=repo,
         intake=intake,
         readiness=readiness,
-        tokens=settings.all_api_tokens() if tokens is None else tokens,
+        tokens=settings.api_token_entries() if tokens is None else tokens,
         body_limit_bytes=body_limit_bytes or settings.body_limit_bytes,
     )
     async with TestServer(app, host="127.0.0.1", port=0) as server, TestClient(server) as client:
