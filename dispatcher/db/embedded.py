@@ -296,15 +296,18 @@ class EmbeddedPostgres:
     def _prepare_data_dir(self) -> None:
         self.data_dir.mkdir(mode=0o700, exist_ok=True)
         user = self._user
+        uid = os.geteuid() if user is None else user.uid
         if user is not None:
             allow_search(self.state_dir)
             allow_search(self.bin_dir)
-            if self.data_dir.stat().st_uid != user.uid:
-                os.chown(self.data_dir, user.uid, user.gid)
-        elif self.data_dir.stat().st_uid != os.geteuid():
+        owner = self.data_dir.stat().st_uid
+        if owner != uid and user is not None and data_major(self.data_dir) is None:
+            os.chown(self.data_dir, user.uid, user.gid)  # new: initdb runs as the server user
+        elif owner != uid:
+            runs_as = f"{user.name} (uid {uid})" if user else f"this user (uid {uid})"
             raise EmbeddedDatabaseError(
-                f"{self.data_dir} belongs to uid {self.data_dir.stat().st_uid}, not to this user "
-                f"(uid {os.geteuid()}); run the dispatcher as its owner, or chown -R it"
+                f"{self.data_dir} belongs to uid {owner}, but the server would run as "
+                f"{runs_as}; run the dispatcher as the directory's owner, or chown -R it"
             )
         self.data_dir.chmod(0o700)  # PostgreSQL insists; nobody else reads the jobs either
 

@@ -4,8 +4,16 @@ while the daemon runs restore whole. Real `dispatcher` processes, real signals, 
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import os
+import pwd
+import shutil
 import signal
+import stat
+import sys
+import sysconfig
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -166,6 +174,55 @@ async def test_a_second_daemon_on_the_same_state_directory_is_refused(state: Pat
         assert await first.is_ready()
         await terminate(first)
     await no_server_left(state / "pgdata")
+
+
+# not root -------------------------------------------------------------------------------------
+def reachable(path: Path) -> bool:
+    """Whether another user can reach `path` (every directory above it has the search bit)."""
+    return all(d.stat().st_mode & stat.S_IXOTH for d in path.parents)
+
+
+def as_nobody() -> list[str]:
+    """A command prefix running Python as `nobody` with this checkout and its packages, or a
+    skip saying why that cannot be done here."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become another user (run as non-root, every test is this case)")
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    found = [f"/usr/bin/{version}", f"/usr/local/bin/{version}", shutil.which(version) or "/"]
+    pythons = [p for p in found if os.access(p, os.X_OK) and reachable(Path(p))]
+    paths = [str(Path(__file__).parents[2]), sysconfig.get_paths()["purelib"]]
+    if not pythons or not all(reachable(Path(p)) for p in paths):
+        pytest.skip(f"no {version} and packages that other users can reach")
+    return [
+        *("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"),
+        *("env", f"PYTHONPATH={os.pathsep.join(paths)}", pythons[0], "-m", "dispatcher.cli"),
+    ]
+
+
+async def test_a_non_root_user_runs_its_own_server_in_a_private_directory() -> None:
+    prefix = as_nobody()
+    home = Path(tempfile.mkdtemp(prefix="dispatcher-nonroot-"))
+    try:
+        os.chmod(home, 0o755)
+        os.chown(home, pwd.getpwnam("nobody").pw_uid, -1)
+        state = home / "state"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHER_")}
+        env["DISPATCHER_STATE_DIR"] = str(state)
+        proc = await asyncio.create_subprocess_exec(
+            *prefix, "migrate", cwd=home, env=env, stderr=asyncio.subprocess.PIPE
+        )
+        _, err = await asyncio.wait_for(proc.communicate(), 120)
+        assert proc.returncode == 0, err.decode()
+        data = (state / "pgdata").stat()
+        assert (data.st_uid, stat.S_IMODE(data.st_mode)) == (pwd.getpwnam("nobody").pw_uid, 0o700)
+        await no_server_left(state / "pgdata")
+
+        # root does not take over another user's database: one line naming the fix
+        result = await run_cli(state, "migrate")
+        assert result.code == 1 and "belongs to uid" in result.stderr, result.stderr
+        assert (state / "pgdata").stat().st_uid == data.st_uid
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 # major-version guard ------------------------------------------------------------------------
