@@ -552,9 +552,6 @@ async def list_attempts(request: web.Request) -> web.Response:
 LIST_PARAMETERS = (*FILTERS, "limit", "cursor")
 
 
-LIST_PARAMETERS = (*FILTERS, "limit", "cursor")
-
-
 async def list_jobs(request: web.Request) -> web.Response:
     q = request.query
     # a misspelt filter must not list every job as if it had matched
