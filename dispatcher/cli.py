@@ -15,6 +15,7 @@ from typing import Any
 from dispatcher import __version__, logs
 from dispatcher.config import Settings, load_settings
 from dispatcher.errors import DispatcherError
+from dispatcher.model import STATES
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -131,9 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     jobs = command("jobs", "inspect and operate jobs (works whether the daemon runs or not)")
     jobs_sub = jobs.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = jobs_sub.add_parser("list", help="list jobs, newest first")
-    listing.add_argument(
-        "--state", choices=["scheduled", "ready", "running", "succeeded", "dead", "cancelled"]
-    )
+    listing.add_argument("--state", choices=STATES)
     listing.add_argument("--queue")
     listing.add_argument("--key", help="the job with this idempotency key (exact)")
     listing.add_argument("--tenant", help="jobs of this tenant")
@@ -165,7 +164,61 @@ def build_parser() -> argparse.ArgumentParser:
                 metavar="N",
                 help="also show the newest N attempts of its history (default 10; 0: none)",
             )
+    add_operator_commands(command, jobs_sub)
     return parser
+
+
+def add_operator_commands(command: Callable[..., argparse.ArgumentParser], jobs_sub: Any) -> None:
+    """`jobs discard|redrive|reschedule` and `queues` (pause, resume, the overview)."""
+    discard = jobs_sub.add_parser(
+        "discard",
+        help="discard a dead job (ID), or in bulk every dead job matching the filters",
+        description="Discard dead letters: terminal state `discarded`, kept (and pruned) like "
+        "the dead letter. Give a job ID, or filters (or --all) for a bulk discard.",
+    )
+    discard.add_argument("id", nargs="?", type=bounded_int(1, JOB_ID_MAX), help="one dead job")
+    dead_letter_options(discard)
+    redrive = jobs_sub.add_parser(
+        "redrive",
+        help="bulk: dead jobs matching the filters go back to ready with a fresh attempt budget",
+        description="Redrive dead letters in batches of 1,000; repeating it moves nothing twice.",
+    )
+    dead_letter_options(redrive)
+    reschedule = jobs_sub.add_parser(
+        "reschedule",
+        help="move a scheduled or ready job to another due time, or run it now",
+    )
+    reschedule.add_argument("id", type=bounded_int(1, JOB_ID_MAX), help="job id")
+    reschedule.add_argument(
+        "--at", required=True, metavar="TIME|now", help='RFC 3339 with offset, or "now"'
+    )
+    reschedule.add_argument("--json", action="store_true")
+
+    queues = command(
+        "queues",
+        "queues: paused or not, jobs per state, oldest ready age, limits; pause or resume one",
+    )
+    queues.add_argument("--json", action="store_true", help="one JSON document for scripts")
+    queues_sub = queues.add_subparsers(dest="action", metavar="ACTION")
+    for action, help_text in (
+        ("pause", "stop claiming the queue's jobs on every daemon (intake and due-scan go on)"),
+        ("resume", "claim the queue's jobs again"),
+    ):
+        p = queues_sub.add_parser(action, help=help_text, description=help_text)
+        p.add_argument("name", help="queue name (see `dispatcher queues`)")
+        p.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+
+
+def dead_letter_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--queue", help="dead jobs of this queue")
+    p.add_argument("--reason", dest="dead_reason", help="dead reason, e.g. http_4xx")
+    p.add_argument("--tenant", help="dead jobs of this tenant")
+    p.add_argument("--since", dest="dead_since", metavar="T", help="died at or after T (RFC 3339)")
+    p.add_argument("--before", dest="dead_before", metavar="T", help="died before T (RFC 3339)")
+    p.add_argument("--limit", type=bounded_int(1, 10_000_000), help="move at most this many")
+    p.add_argument("--all", action="store_true", help="every dead job (needed without a filter)")
+    p.add_argument("--dry-run", action="store_true", help="count the matching jobs; change nothing")
+    p.add_argument("--json", action="store_true")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,6 +302,8 @@ def cmd_check_config(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
+    if args.action in ("discard", "redrive", "reschedule"):
+        return cmd_jobs_operate(settings, args)
     from dispatcher.api.app import attempt_view, job_view, summary_view
     from dispatcher.api.filters import FILTERS, FilterError, parse_job_filter
     from dispatcher.db.jobs import JobRepository
@@ -288,6 +343,167 @@ def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
             return 0
 
     return asyncio.run(run())
+
+
+def cmd_jobs_operate(settings: Settings, args: argparse.Namespace) -> int:
+    """`jobs discard [ID]`, `jobs redrive` and `jobs reschedule ID --at`: the checks and the
+    operations of the HTTP API (dispatcher.operations), straight on the database."""
+    from pydantic import BaseModel, ValidationError
+
+    from dispatcher.api.schemas import DeadLetterRequest, RescheduleRequest
+
+    request: BaseModel
+    try:
+        if args.action == "reschedule":
+            request = RescheduleRequest.model_validate({"due_at": args.at})
+        elif args.action == "discard" and args.id is not None:
+            if any(getattr(args, name) for name in (*DEAD_LETTER_OPTIONS, "limit", "all")):
+                print("dispatcher: give a job ID or filters, not both", file=sys.stderr)
+                return EXIT_USAGE
+            request = DeadLetterRequest(all=True)  # unused: one job
+        else:
+            given = {k: getattr(args, k) for k in (*DEAD_LETTER_OPTIONS, "limit", "dry_run")}
+            given["all"] = args.all
+            request = DeadLetterRequest.model_validate(
+                {k: v for k, v in given.items() if v is not None}
+            )
+    except ValidationError as exc:
+        for error in exc.errors():
+            field = ".".join(str(p) for p in error["loc"])
+            option = OPTION_NAMES.get(field, "--at" if args.action == "reschedule" else field)
+            message = error["msg"].removeprefix("Value error, ")
+            print(
+                f"dispatcher: {option}: {message}" if field else f"dispatcher: {message}",
+                file=sys.stderr,
+            )
+        return EXIT_USAGE
+    return asyncio.run(_operate(settings, args, request))
+
+
+# the CLI spelling of the bulk filters (DeadLetterRequest fields)
+DEAD_LETTER_OPTIONS = ("queue", "dead_reason", "tenant", "dead_since", "dead_before")
+OPTION_NAMES = {
+    "queue": "--queue",
+    "dead_reason": "--reason",
+    "tenant": "--tenant",
+    "dead_since": "--since",
+    "dead_before": "--before",
+    "limit": "--limit",
+}
+
+
+async def _operate(settings: Settings, args: argparse.Namespace, request: Any) -> int:
+    from datetime import UTC
+
+    from dispatcher.api.app import job_view
+    from dispatcher.db.jobs import JobRepository
+    from dispatcher.operations import long_past, move_dead_letters, unknown_queue
+
+    async with database(settings) as (_dsn, pool):
+        repo = JobRepository(pool)
+        if args.action == "reschedule":
+            due = request.due_at
+            why = due and long_past(due, datetime.now(UTC), settings.due_at_past_tolerance_s)
+            if why:
+                print(f"dispatcher: --at: {why.removeprefix('due_at: ')}", file=sys.stderr)
+                return EXIT_USAGE
+            outcome = await repo.reschedule(args.id, due)
+            refusal = "only scheduled or ready jobs can be rescheduled"
+        elif getattr(args, "id", None) is not None:  # `discard ID` (redrive has no ID)
+            outcome = await repo.discard(args.id)
+            if outcome is None:
+                current = await repo.get(args.id)
+                outcome = None if current is None else str(current["state"])
+            refusal = "only dead jobs can be discarded"
+        else:
+            if request.queue is not None and (why := await unknown_queue(repo, request.queue)):
+                print(f"dispatcher: --queue: {why}", file=sys.stderr)
+                return EXIT_USAGE
+            result = await move_dead_letters(repo, args.action, request)
+            if args.json:
+                print(json.dumps(result, indent=2))
+            else:
+                verb = "would move" if result["dry_run"] else "moved"
+                target = "ready" if args.action == "redrive" else "discarded"
+                print(f"{args.action}: {verb} {result['count']} dead job(s) to {target}")
+            return 0
+    if outcome is None:
+        print(f"dispatcher: no job {args.id}", file=sys.stderr)
+        return EXIT_FAILURE
+    if isinstance(outcome, str):
+        print(f"dispatcher: job {args.id} is {outcome}; {refusal}", file=sys.stderr)
+        return EXIT_FAILURE
+    view = job_view(outcome)
+    print(json.dumps(view, indent=2) if args.json else format_job(view))
+    return 0
+
+
+def cmd_queues(settings: Settings, args: argparse.Namespace) -> int:
+    import re
+
+    from dispatcher.config import NAME_PATTERN
+    from dispatcher.db.jobs import JobRepository
+    from dispatcher.operations import queue_overview
+    from dispatcher.scheduling.sampler import MetricsSampler
+
+    async def run() -> int:
+        async with database(settings) as (_dsn, pool):
+            repo = JobRepository(pool)
+            if args.action in ("pause", "resume"):
+                known = re.match(NAME_PATTERN, args.name) is not None
+                row = (
+                    await repo.set_queue_paused(args.name, args.action == "pause")
+                    if known
+                    else None
+                )
+                if row is None:
+                    names = ", ".join(q["name"] for q in await repo.list_queues())
+                    print(f"dispatcher: no queue {args.name!r}; queues: {names}", file=sys.stderr)
+                    return EXIT_FAILURE
+                registry = [row]
+            else:
+                registry = await repo.list_queues()
+            sample = await MetricsSampler(repo, settings.overdue_after_s).sample()
+            views = queue_overview(registry, sample, settings)
+        if args.action is not None:
+            view = views[0]
+            if args.json:
+                print(json.dumps(view, indent=2))
+            else:
+                print(
+                    f"queue {view['name']} {'paused' if view['paused'] else 'resumed'}"
+                    f" ({view['jobs']['ready']} ready)"
+                )
+            return 0
+        if args.json:
+            print(json.dumps({"queues": views}, indent=2))
+        else:
+            print(format_queues(views))
+        return 0
+
+    return asyncio.run(run())
+
+
+def format_queues(views: list[dict[str, Any]]) -> str:
+    header = f"{'QUEUE':<16} {'PAUSED':<7}" + "".join(f"{s.upper():>11}" for s in STATES)
+    lines = [header + f"{'OLDEST READY':>14}{'OVERDUE':>9}  LIMITS"]
+    for v in views:
+        cells = "".join(f"{v['jobs'][s]:>11}" for s in STATES)
+        limits = v["limits"]
+        rate = (
+            f"rate {limits['rate_per_s']:g}/s burst {limits['burst']} inflight "
+            f"{limits['max_inflight']}"
+            if v["configured_here"]
+            else "(not configured here)"
+        )
+        paused = "yes" if v["paused"] else "no"
+        lines.append(
+            f"{v['name']:<16} {paused:<7}{cells}{v['oldest_ready_age_s']:>13.1f}s"
+            f"{v['overdue']:>9}  {rate}, attempts {limits['max_attempts']}"
+        )
+        if v["paused"]:
+            lines.append(f"{'':<16} paused since {v['paused_at']}")
+    return "\n".join(lines)
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
@@ -556,6 +772,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "check-config": cmd_check_config,
     "jobs": cmd_jobs,
     "status": cmd_status,
+    "queues": cmd_queues,
     "schedules": cmd_schedules,
     "catch-up": cmd_catch_up,
     "backup": cmd_backup,

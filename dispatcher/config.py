@@ -44,6 +44,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class DeadLetterNoticeSettings(_Strict):
+    """`on_dead` of a queue: each of its jobs that goes dead is reported by a signed http POST
+    to `url`, itself a job (in `queue`, default the dead job's own) with its own retries."""
+
+    url: str = Field(min_length=1, max_length=4096)
+    queue: str | None = None
+
+
 class QueueSettings(_Strict):
     """Limits and retry policy of one queue. Starts obey the token bucket, running jobs the cap."""
 
@@ -55,6 +63,7 @@ class QueueSettings(_Strict):
     backoff_base_s: float = Field(1.0, gt=0, le=MAX_DURATION_S)
     backoff_cap_s: float = Field(3600.0, gt=0, le=MAX_DURATION_S)
     claim_batch: int = Field(500, ge=1, le=10_000)
+    on_dead: DeadLetterNoticeSettings | None = None
 
 
 class HandlerSettings(_Strict):
@@ -284,6 +293,36 @@ class Settings(_Strict):
                     "[handlers]"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _dead_letter_notices(self) -> Settings:
+        """Every `on_dead` target passes the checks intake applies to an http job's target
+        (scheme, SSRF guard), so a notification can never be refused later for its URL."""
+        for name in self.queues:
+            self.dead_letter_target(name)
+        return self
+
+    def dead_letter_target(self, queue: str) -> dict[str, Any] | None:
+        """The normalized http target of `queue`'s dead-letter notifications, or None;
+        ValueError names the setting and the fix."""
+        notice = self.queues[queue].on_dead
+        if notice is None:
+            return None
+        from dispatcher.effects.http import normalize_target
+        from dispatcher.effects.ssrf import TargetPolicy
+
+        where = f"queues.{queue}.on_dead"
+        env = f"DISPATCHER_QUEUES__{queue.upper()}__ON_DEAD"
+        if notice.queue is not None and notice.queue not in self.queues:
+            known = ", ".join(sorted(self.queues))
+            raise ValueError(
+                f"{where}.queue: {notice.queue!r} is not in [queues] (configured: {known}) "
+                f"(env {env}__QUEUE)"
+            )
+        try:
+            return normalize_target({"url": notice.url}, self, TargetPolicy.from_settings(self))
+        except ValueError as exc:
+            raise ValueError(f"{where}.url: {exc} (env {env}__URL)") from None
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

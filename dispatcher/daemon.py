@@ -297,6 +297,10 @@ class Daemon:
         await engine.sync_registry(
             {q: (c.max_attempts, c.max_retry_age_s) for q, c in s.queues.items()},
             {n: (h.kind, h.version) for n, h in s.handlers.items()},
+            {
+                q: (s.dead_letter_target(q), c.on_dead.queue if c.on_dead else None)
+                for q, c in s.queues.items()
+            },
         )
         effects = build_effects(s, engine, self.owner)
         log_handler_concurrency(s, effects)
@@ -317,6 +321,9 @@ class Daemon:
         disk = await self._disk_space()
         refusal = disk.problem if disk is not None else lambda: None
         intake = Intake(s, repo, lambda t: HttpEffect.validate_target(t, s), wake, refusal)
+        # one sampler for the gauges and the queue overview (GET /v1/queues), which share its
+        # samples; on the API's pool, as an operator read
+        sampler = MetricsSampler(repo, s.overdue_after_s)
         api = create_app(
             repo=repo,
             intake=intake,
@@ -325,6 +332,8 @@ class Daemon:
             body_limit_bytes=s.body_limit_bytes,
             body_read_timeout_s=s.body_read_timeout_s,
             schedules=cron,
+            settings=s,
+            sampler=sampler,
         )
         services: list[Startable] = [
             effect_service(effects),
@@ -341,7 +350,7 @@ class Daemon:
             Ticker(
                 "metrics-sampler",
                 SAMPLE_INTERVAL_S,
-                MetricsSampler(engine, s.overdue_after_s).run_once,
+                sampler.run_once,
             ),
             Ticker("pruner", s.retention.interval_s, Pruner(engine, s.retention).run_once),
             scheduler_service(scheduler),

@@ -158,6 +158,13 @@ OVERDUE = Gauge(
     ["queue"],
     registry=REGISTRY,
 )
+QUEUE_PAUSED = Gauge(
+    "dispatcher_queue_paused",
+    "1 while an operator has paused the queue (nothing is claimed; intake and the due-scan go"
+    " on), else 0.",
+    ["queue"],
+    registry=REGISTRY,
+)
 PRUNED = Counter(
     "dispatcher_pruned_jobs", "Terminal jobs deleted by retention.", ["state"], registry=REGISTRY
 )

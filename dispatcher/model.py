@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-STATES = ("scheduled", "ready", "running", "succeeded", "dead", "cancelled")
-TERMINAL_STATES = ("succeeded", "dead", "cancelled")
+STATES = ("scheduled", "ready", "running", "succeeded", "dead", "cancelled", "discarded")
+# `discarded`: a dead letter an operator decided not to run (dead -> discarded only).
+TERMINAL_STATES = ("succeeded", "dead", "cancelled", "discarded")
 
 # One attempt of one job: what everything in memory about a running job is keyed by.
 AttemptKey = tuple[int, int]  # (job id, attempt number)
@@ -101,3 +102,17 @@ class ListCursor:
 
     id: int
     due_at: datetime | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class DeadLetterFilter:
+    """Which dead jobs a bulk redrive or discard takes (every filter given must match).
+
+    `dead_since` is inclusive and `dead_before` exclusive (both compare the time the job died,
+    its finished_at); `tenant` never matches jobs accepted without one."""
+
+    queue: str | None = None
+    dead_reason: str | None = None
+    tenant: str | None = None
+    dead_since: datetime | None = None
+    dead_before: datetime | None = None

@@ -9,12 +9,12 @@ import logging
 import math
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from dispatcher import jsoncodec, metrics
 from dispatcher.api.filters import (
@@ -30,7 +30,9 @@ from dispatcher.api.schemas import (
     MAX_BATCH,
     BatchItem,
     BatchRequest,
+    DeadLetterRequest,
     JobRequest,
+    RescheduleRequest,
     describe,
     idempotency_key,
     is_ascii_number,
@@ -38,12 +40,15 @@ from dispatcher.api.schemas import (
     summary,
 )
 from dispatcher.api.scopes import required_scope
+from dispatcher.config import NAME_PATTERN, Settings
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.runs import TriggerFailed
 from dispatcher.errors import DatabaseUnavailable
 from dispatcher.intake import Intake, Rejected
 from dispatcher.model import EnqueueResult
+from dispatcher.operations import long_past, move_dead_letters, queue_overview, unknown_queue
 from dispatcher.scheduling.cron import PeriodError
+from dispatcher.scheduling.sampler import MetricsSampler
 from dispatcher.tokens import SCOPES, ApiToken, digest
 
 log = logging.getLogger(__name__)
@@ -62,6 +67,11 @@ TOKENS = web.AppKey("tokens", list)
 SCHEDULES = web.AppKey("schedules", object)
 BODY_LIMIT = web.AppKey("body_limit_bytes", int)
 BODY_TIMEOUT = web.AppKey("body_read_timeout_s", float)
+SETTINGS = web.AppKey("settings", Settings)
+SAMPLER = web.AppKey("sampler", MetricsSampler)
+# The queue overview's job counts may be this old: concurrent requests share one sample.
+OVERVIEW_MAX_AGE_S = 1.0
+M = TypeVar("M", bound=BaseModel)
 
 
 def create_app(
@@ -73,6 +83,8 @@ def create_app(
     body_limit_bytes: int,
     schedules: Any = None,
     body_read_timeout_s: float = 30.0,
+    settings: Settings | None = None,
+    sampler: MetricsSampler | None = None,
 ) -> web.Application:
     app = web.Application(
         client_max_size=body_limit_bytes, middlewares=[problem_middleware, auth_middleware]
@@ -88,6 +100,8 @@ def create_app(
     app[SCHEDULES] = schedules
     app[BODY_LIMIT] = body_limit_bytes
     app[BODY_TIMEOUT] = body_read_timeout_s
+    app[SETTINGS] = settings = settings or Settings()
+    app[SAMPLER] = sampler or MetricsSampler(repo, settings.overdue_after_s)
     app.router.add_post("/v1/jobs", post_job)
     app.router.add_post("/v1/jobs/batch", post_batch)
     app.router.add_get("/v1/jobs", list_jobs)
@@ -95,6 +109,13 @@ def create_app(
     app.router.add_get("/v1/jobs/{id}/attempts", list_attempts)
     app.router.add_post("/v1/jobs/{id}/retry", retry_job)
     app.router.add_post("/v1/jobs/{id}/cancel", cancel_job)
+    app.router.add_post("/v1/jobs/{id}/discard", discard_job)
+    app.router.add_post("/v1/jobs/{id}/reschedule", reschedule_job)
+    app.router.add_post("/v1/jobs/redrive", redrive_jobs)
+    app.router.add_post("/v1/jobs/discard", discard_jobs)
+    app.router.add_get("/v1/queues", list_queues)
+    app.router.add_post("/v1/queues/{name}/pause", pause_queue)
+    app.router.add_post("/v1/queues/{name}/resume", resume_queue)
     app.router.add_get("/v1/schedules", list_schedules)
     app.router.add_post("/v1/schedules/{name}/trigger", trigger_schedule)
     app.router.add_post("/v1/schedules/{name}/catch-up", catch_up_schedule)
@@ -494,6 +515,8 @@ def job_view(row: dict[str, Any]) -> dict[str, Any]:
         "result": row["result"],
         "progress": row["progress"],
         "run_key": row["run_key"],
+        # a dead-letter notification: the id of the job whose death it reports
+        "dead_letter_of": row.get("dead_letter_of"),
     }
 
 
@@ -573,8 +596,11 @@ async def list_jobs(request: web.Request) -> web.Response:
     return json_response({"items": [summary_view(r) for r in rows], "next_cursor": after})
 
 
-async def operator_action(request: web.Request, action: str, refusal: str) -> dict[str, Any]:
-    """Run `retry` or `cancel`; 404 for an unknown job, 409 naming the state that forbids it."""
+async def operator_action(
+    request: web.Request, action: str, refusal: str, hints: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run `retry`, `cancel` or `discard`; 404 for an unknown job, 409 naming the state that
+    forbids it (plus the hint for that state, if any)."""
     repo = request.app[REPO]
     row = await getattr(repo, action)(job_id(request))
     if row is not None:
@@ -582,22 +608,123 @@ async def operator_action(request: web.Request, action: str, refusal: str) -> di
     current = await repo.get(job_id(request))
     if current is None:
         raise Problem(404, f"no job {request.match_info['id']}")
-    raise Problem(409, refusal.format(state=current["state"]))
+    state = current["state"]
+    raise Problem(409, refusal.format(state=state) + (hints or {}).get(state, ""), state=state)
 
 
 async def retry_job(request: web.Request) -> web.Response:
     row = await operator_action(
-        request, "retry", "job is {state}; only dead or cancelled jobs can be retried"
+        request, "retry", "job is {state}; only dead, cancelled or discarded jobs can be retried"
     )
     request.app[INTAKE].notify_accepted()
     return json_response(job_view(row))
 
 
 async def cancel_job(request: web.Request) -> web.Response:
-    row = await operator_action(request, "cancel", "job is already {state}; nothing to cancel")
+    # a dead job is not cancelled: an operator discards it (one verb per verdict)
+    hint = {"dead": f"; to set a dead letter aside, POST /v1/jobs/{job_id(request)}/discard"}
+    row = await operator_action(
+        request, "cancel", "job is already {state}; nothing to cancel", hints=hint
+    )
     if row["state"] == "cancelled":
         metrics.JOBS_COMPLETED.labels(row["queue"], "cancelled").inc()
     return json_response(job_view(row))
+
+
+# dead letters, reschedule, paused queues (operator control) ---------------------------------
+def parse_body(model: type[M], data: Any, shape: str) -> M:
+    """`data` as `model`, or a 422 problem naming each bad field (`shape`: what to send)."""
+    if not isinstance(data, dict):
+        raise Problem(422, f"body must be a JSON object: {shape}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = describe(exc)
+        raise Problem(422, summary(errors), errors=errors) from None
+
+
+async def discard_job(request: web.Request) -> web.Response:
+    row = await operator_action(
+        request, "discard", "job is {state}; only dead jobs can be discarded"
+    )
+    log.info("job %s discarded by an operator", row["id"], extra={"job_key": row["key"]})
+    return json_response(job_view(row))
+
+
+async def reschedule_job(request: web.Request) -> web.Response:
+    jid = job_id(request)
+    body = parse_body(
+        RescheduleRequest, await read_json(request), '{"due_at": "now" | "<RFC 3339 time>"}'
+    )
+    tolerance_s = request.app[SETTINGS].due_at_past_tolerance_s
+    if body.due_at is not None and (why := long_past(body.due_at, datetime.now(UTC), tolerance_s)):
+        raise Problem(422, why)
+    outcome = await request.app[REPO].reschedule(jid, body.due_at)
+    if outcome is None:
+        raise Problem(404, f"no job {request.match_info['id']}")
+    if isinstance(outcome, str):
+        raise Problem(
+            409,
+            f"job is {outcome}; only scheduled or ready jobs can be rescheduled",
+            state=outcome,
+        )
+    if outcome["state"] == "ready":
+        request.app[INTAKE].notify_accepted()
+    return json_response(job_view(outcome))
+
+
+async def redrive_jobs(request: web.Request) -> web.Response:
+    return await bulk_dead_letters(request, "redrive")
+
+
+async def discard_jobs(request: web.Request) -> web.Response:
+    return await bulk_dead_letters(request, "discard")
+
+
+async def bulk_dead_letters(request: web.Request, action: str) -> web.Response:
+    body = parse_body(
+        DeadLetterRequest,
+        await read_json(request),
+        '{"queue": ..., "dead_reason": ..., "tenant": ..., "dead_since": ..., '
+        '"dead_before": ..., "limit": ..., "dry_run": false} (at least one filter, or "all": true)',
+    )
+    repo = request.app[REPO]
+    if body.queue is not None and (why := await unknown_queue(repo, body.queue)):
+        raise Problem(422, f"queue: {why}")
+    result = await move_dead_letters(repo, action, body)
+    if result["count"] and not body.dry_run:
+        log.warning("%s of %d dead jobs by an operator", action, result["count"])
+        if action == "redrive":
+            request.app[INTAKE].notify_accepted()
+    return json_response(result)
+
+
+async def list_queues(request: web.Request) -> web.Response:
+    registry = await request.app[REPO].list_queues()  # live: a pause shows at once
+    sample = await request.app[SAMPLER].sample(max_age_s=OVERVIEW_MAX_AGE_S)
+    return json_response({"queues": queue_overview(registry, sample, request.app[SETTINGS])})
+
+
+async def pause_queue(request: web.Request) -> web.Response:
+    return await set_queue_paused(request, paused=True)
+
+
+async def resume_queue(request: web.Request) -> web.Response:
+    return await set_queue_paused(request, paused=False)
+
+
+async def set_queue_paused(request: web.Request, *, paused: bool) -> web.Response:
+    """Pause or resume a queue of the registry (every daemon on the database honours it at its
+    next claim); idempotent. 404 lists the queues for an unknown name."""
+    repo, name = request.app[REPO], request.match_info["name"]
+    row = await repo.set_queue_paused(name, paused) if re.match(NAME_PATTERN, name) else None
+    if row is None:
+        known = [q["name"] for q in await repo.list_queues()]
+        raise Problem(404, f"no queue {name[:100]!r}; queues: {', '.join(known)}", queues=known)
+    metrics.QUEUE_PAUSED.labels(name).set(1 if paused else 0)
+    log.warning("queue %s %s by an operator", name, "paused" if paused else "resumed")
+    sample = await request.app[SAMPLER].sample(max_age_s=OVERVIEW_MAX_AGE_S)
+    return json_response(queue_overview([row], sample, request.app[SETTINGS])[0])
 
 
 # schedules (filled in by the cron service) ----------------------------------------------------

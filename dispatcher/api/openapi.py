@@ -6,7 +6,13 @@ from functools import cache
 from typing import Any
 
 from dispatcher import __version__
-from dispatcher.api.schemas import MAX_BATCH, BatchItem, JobRequest
+from dispatcher.api.schemas import (
+    MAX_BATCH,
+    BatchItem,
+    DeadLetterRequest,
+    JobRequest,
+    RescheduleRequest,
+)
 from dispatcher.api.scopes import required_scope
 from dispatcher.config import NAME_PATTERN
 from dispatcher.model import STATES
@@ -219,8 +225,13 @@ def _describe_api() -> dict[str, Any]:
                         "tenant": nullable_str,
                         "handler": {"type": "string"},
                         "run_key": nullable_str,
+                        "dead_letter_of": {
+                            "type": ["integer", "null"],
+                            "description": "a dead-letter notification: the job it reports on",
+                        },
                     },
                 },
+                **_operator_schemas(),
             },
         },
         "security": [{"bearer": []}],
@@ -384,6 +395,7 @@ def _describe_api() -> dict[str, Any]:
                     "responses": {"200": _json(JOB), **_problem_responses(401, 404, 409)},
                 }
             },
+            **_operator_paths(),
             "/v1/schedules": {
                 "get": {
                     "summary": "Schedules, last runs, missed periods, paused or not",
@@ -506,6 +518,144 @@ def _describe_api() -> dict[str, Any]:
                     "responses": {"200": _json({"type": "object"})},
                 }
             },
+        },
+    }
+
+
+# dead letters, reschedule, paused queues (operator control) ----------------------------------
+QUEUE_NAME = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+    "description": "a queue of the registry (GET /v1/queues); 404 lists them",
+}
+BULK_RESULT = {"$ref": "#/components/schemas/BulkResult"}
+QUEUE = {"$ref": "#/components/schemas/Queue"}
+
+
+def _operator_schemas() -> dict[str, Any]:
+    template = "#/components/schemas/{model}"
+    nullable_str = {"type": ["string", "null"]}
+    return {
+        "RescheduleRequest": RescheduleRequest.model_json_schema(ref_template=template),
+        "DeadLetterRequest": DeadLetterRequest.model_json_schema(ref_template=template),
+        "BulkResult": {
+            "type": "object",
+            "required": ["action", "dry_run", "count"],
+            "properties": {
+                "action": {"enum": ["redrive", "discard"]},
+                "dry_run": {"type": "boolean"},
+                "count": {
+                    "type": "integer",
+                    "description": "jobs moved (a dry run: jobs that match, up to limit)",
+                },
+                "batches": {"type": "integer", "description": "statements of at most 1,000"},
+            },
+        },
+        "Queue": {
+            "type": "object",
+            "required": ["name", "paused", "jobs", "limits"],
+            "properties": {
+                "name": {"type": "string"},
+                "paused": {"type": "boolean"},
+                "paused_at": {**nullable_str, "format": "date-time"},
+                "configured_here": {
+                    "type": "boolean",
+                    "description": "this daemon's configuration has the queue (and its limits)",
+                },
+                "jobs": {
+                    "type": "object",
+                    "description": "jobs per state (sampled, at most a second old; estimated "
+                    "from planner statistics above a million jobs)",
+                    "properties": {state: {"type": "integer"} for state in STATES},
+                },
+                "oldest_ready_age_s": {"type": "number"},
+                "overdue": {"type": "integer"},
+                "limits": {"type": "object"},
+                "on_dead": {
+                    "type": ["object", "null"],
+                    "description": "where dead letters are reported (the target's origin only)",
+                },
+            },
+        },
+    }
+
+
+def _operator_paths() -> dict[str, Any]:
+    conflict = _problem_responses(401, 404, 409, 503)
+    bulk = {
+        "requestBody": _json_body({"$ref": "#/components/schemas/DeadLetterRequest"}),
+        "responses": {"200": _json(BULK_RESULT), **_problem_responses(400, 401, 422, 503)},
+    }
+    bulk_text = (
+        "Dead jobs matching every filter given (at least one, or `all`), in batches of 1,000, "
+        "each committed on its own; only jobs dead when the call began. Idempotent: repeating "
+        "a finished call moves nothing. `dry_run` counts and changes nothing."
+    )
+    return {
+        "/v1/jobs/{id}/discard": {
+            "post": {
+                "summary": "Discard a dead job: terminal `discarded`, kept for the dead retention",
+                "parameters": [JOB_ID],
+                "responses": {"200": _json(JOB), **conflict},
+            }
+        },
+        "/v1/jobs/{id}/reschedule": {
+            "post": {
+                "summary": 'Move a scheduled or ready job to another due time, or "now"',
+                "description": "Later than now: `scheduled` (a ready job's outbox row is "
+                "withdrawn). Now or earlier: `ready` at once. The idempotency fingerprint is "
+                "unchanged. Running and terminal jobs: 409 naming the state.",
+                "parameters": [JOB_ID],
+                "requestBody": _json_body({"$ref": "#/components/schemas/RescheduleRequest"}),
+                "responses": {"200": _json(JOB), **conflict, **_problem_responses(422)},
+            }
+        },
+        "/v1/jobs/redrive": {
+            "post": {
+                "summary": "Bulk redrive: dead jobs back to ready with a fresh attempt budget",
+                "description": bulk_text,
+                **bulk,
+            }
+        },
+        "/v1/jobs/discard": {
+            "post": {
+                "summary": "Bulk discard of dead jobs",
+                "description": bulk_text,
+                **bulk,
+            }
+        },
+        "/v1/queues": {
+            "get": {
+                "summary": "Queues: paused or not, jobs per state, oldest ready age, limits",
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {"queues": {"type": "array", "items": QUEUE}},
+                        }
+                    ),
+                    **_problem_responses(401, 503),
+                },
+            }
+        },
+        "/v1/queues/{name}/pause": {
+            "post": {
+                "summary": "Pause a queue on every daemon of this database (idempotent)",
+                "description": "Persisted; holds across restarts. Nothing of the queue is "
+                "claimed; running attempts finish; intake and the due-scan go on. Answers the "
+                "queue.",
+                "parameters": [QUEUE_NAME],
+                "responses": {"200": _json(QUEUE), **_problem_responses(401, 404, 503)},
+            }
+        },
+        "/v1/queues/{name}/resume": {
+            "post": {
+                "summary": "Resume a paused queue (idempotent); its backlog starts at once",
+                "parameters": [QUEUE_NAME],
+                "responses": {"200": _json(QUEUE), **_problem_responses(401, 404, 503)},
+            }
         },
     }
 

@@ -6,7 +6,14 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from dispatcher.scheduling.cron import EARLIEST_INSTANT, LATEST_INSTANT, rfc3339
 
@@ -40,23 +47,33 @@ class JobRequest(BaseModel):
     @field_validator("due_at", mode="before")
     @classmethod
     def _rfc3339(cls, value: Any) -> Any:
-        if value is not None and (not isinstance(value, str) or not RFC3339.match(value)):
-            raise ValueError("must be an RFC 3339 timestamp with offset, e.g. 2026-05-31T00:00:00Z")
-        return value
+        return rfc3339_text(value)
 
     @field_validator("due_at")
     @classmethod
     def _in_range(cls, value: datetime | None) -> datetime | None:
-        # the driver would send datetime.max as 'infinity'; a year past 9999 in UTC does not
-        # convert at all
-        if value is not None:
-            try:
-                in_range = EARLIEST_INSTANT <= value.astimezone(UTC) <= LATEST_INSTANT
-            except OverflowError:
-                in_range = False
-            if not in_range:
-                raise ValueError(f"is out of range; due times run {DUE_AT_RANGE}")
-        return value
+        return due_in_range(value)
+
+
+def rfc3339_text(value: Any) -> Any:
+    """A validator's first step for a time field: None, or RFC 3339 text with an offset."""
+    if value is not None and (not isinstance(value, str) or not RFC3339.match(value)):
+        raise ValueError("must be an RFC 3339 timestamp with offset, e.g. 2026-05-31T00:00:00Z")
+    return value
+
+
+def due_in_range(value: datetime | None) -> datetime | None:
+    """A due time inside the range every door accepts (migration 006 holds it in SQL)."""
+    # the driver would send datetime.max as 'infinity'; a year past 9999 in UTC does not
+    # convert at all
+    if value is not None:
+        try:
+            in_range = EARLIEST_INSTANT <= value.astimezone(UTC) <= LATEST_INSTANT
+        except OverflowError:
+            in_range = False
+        if not in_range:
+            raise ValueError(f"is out of range; due times run {DUE_AT_RANGE}")
+    return value
 
 
 class BatchItem(JobRequest):
@@ -68,6 +85,84 @@ class BatchRequest(BaseModel):
 
     # items are checked one by one (a bad item, even a non-object, never rejects the others)
     jobs: list[Any] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class RescheduleRequest(BaseModel):
+    """POST /v1/jobs/{id}/reschedule. `due_at` is None after validation when "now" was sent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    due_at: datetime | None = Field(
+        description=f'"now", or RFC 3339 with offset, {DUE_AT_RANGE}',
+        json_schema_extra={"anyOf": [{"const": "now"}, {"type": "string", "format": "date-time"}]},
+    )
+
+    @field_validator("due_at", mode="before")
+    @classmethod
+    def _now_or_rfc3339(cls, value: Any) -> Any:
+        if value == "now":
+            return None
+        if value is None:
+            raise ValueError('send "now" or an RFC 3339 timestamp, e.g. 2026-05-31T00:00:00Z')
+        return rfc3339_text(value)
+
+    @field_validator("due_at")
+    @classmethod
+    def _in_range(cls, value: datetime | None) -> datetime | None:
+        return due_in_range(value)
+
+
+# One bulk call moves at most this many dead jobs (each batch of 1,000 commits on its own).
+MAX_BULK_LIMIT = 10_000_000
+DEAD_LETTER_FILTERS = ("queue", "dead_reason", "tenant", "dead_since", "dead_before")
+
+
+class DeadLetterRequest(BaseModel):
+    """POST /v1/jobs/redrive and /v1/jobs/discard (and their CLI verbs): which dead jobs, how
+    many at most, and whether only to count them. At least one filter, or `all`, is required,
+    so an empty body never takes every dead letter by accident."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queue: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[a-z][a-z0-9_.-]*$")
+    dead_reason: str | None = Field(None, min_length=1, max_length=200)
+    tenant: str | None = Field(None, min_length=1, max_length=255)
+    dead_since: datetime | None = Field(None, description="died at or after (RFC 3339)")
+    dead_before: datetime | None = Field(None, description="died before (RFC 3339)")
+    limit: Annotated[int, Field(ge=1, le=MAX_BULK_LIMIT, strict=True)] | None = None
+    dry_run: bool = Field(False, strict=True)
+    all: bool = Field(False, strict=True, description="take every dead job (no filter needed)")
+
+    @field_validator("dead_reason", "tenant")
+    @classmethod
+    def _storable(cls, value: str | None) -> str | None:
+        if value is not None and (reason := _storable_text(value)) is not None:
+            raise ValueError(reason)
+        return value
+
+    @field_validator("dead_since", "dead_before", mode="before")
+    @classmethod
+    def _rfc3339(cls, value: Any) -> Any:
+        return rfc3339_text(value)
+
+    @field_validator("dead_since", "dead_before")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        try:
+            return None if value is None else value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("is out of range; use a time from 0001 to 9999 in UTC") from None
+
+    @model_validator(mode="after")
+    def _bounded(self) -> DeadLetterRequest:
+        if not self.all and all(getattr(self, name) is None for name in DEAD_LETTER_FILTERS):
+            raise ValueError(
+                f"name at least one filter ({', '.join(DEAD_LETTER_FILTERS)}), or send "
+                '"all": true to take every dead job'
+            )
+        if self.dead_since and self.dead_before and self.dead_since >= self.dead_before:
+            raise ValueError("dead_since must be earlier than dead_before")
+        return self
 
 
 def valid_key(key: str | None) -> bool:

@@ -4,18 +4,35 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Any
 
 import asyncpg
 
 from dispatcher.db.pool import translate_unavailable
 from dispatcher.db.queries import query
-from dispatcher.model import AttemptKey, EnqueueResult, Job, JobFilter, ListCursor, NewJob
+from dispatcher.model import (
+    AttemptKey,
+    DeadLetterFilter,
+    EnqueueResult,
+    Job,
+    JobFilter,
+    ListCursor,
+    NewJob,
+)
 
 # Query texts resolved once; the hot paths look them up per call otherwise.
 _CLAIM = query("claim_ready")
 _COMPLETE = query("complete_succeeded")
 _RECORD_FAILURE = query("record_failure")
+
+# Only waiting jobs can be rescheduled; a look that raced a claim or the scan is retried.
+RESCHEDULABLE = ("scheduled", "ready")
+RESCHEDULE_ROUNDS = 5
+
+
+class _MovedMeanwhile(Exception):
+    """The job left the state a reschedule saw before its move (internal: roll back, retry)."""
 
 
 class JobRepository:
@@ -211,21 +228,106 @@ class JobRepository:
         row = await self.pool.fetchrow(query("cancel_job"), job_id)
         return dict(row) if row else None
 
+    # dead letters, reschedule and paused queues (operator control) -------------------------
+    @translate_unavailable
+    async def discard(self, job_id: int) -> dict[str, Any] | None:
+        """Discard a dead job; None when the job is not dead (or does not exist)."""
+        row = await self.pool.fetchrow(query("discard_job"), job_id)
+        return dict(row) if row else None
+
+    @translate_unavailable
+    async def move_dead(
+        self, to_state: str, found: DeadLetterFilter, limit: int, fence: datetime
+    ) -> int:
+        """One batch of a bulk redrive (`to_state` "ready") or discard ("discarded"): up to
+        `limit` dead jobs that match and died at or before `fence`; returns how many moved."""
+        f = found
+        args = (limit, f.queue, f.dead_reason, f.tenant, f.dead_since, f.dead_before, fence)
+        moved: int = await self.pool.fetchval(query("move_dead"), *args, to_state)
+        if moved and to_state == "ready":
+            await self.pool.execute("SELECT pg_notify('dispatcher_wake', 'ready')")
+        return moved
+
+    @translate_unavailable
+    async def count_dead(self, found: DeadLetterFilter, limit: int, fence: datetime) -> int:
+        """How many dead jobs `move_dead` would take (at most `limit`); changes nothing."""
+        f = found
+        args = (limit, f.queue, f.dead_reason, f.tenant, f.dead_since, f.dead_before, fence)
+        return int(await self.pool.fetchval(query("count_dead"), *args))
+
+    @translate_unavailable
+    async def now(self) -> datetime:
+        """The database clock."""
+        return await self.pool.fetchval(query("now"))  # type: ignore[no-any-return]
+
+    @translate_unavailable
+    async def reschedule(self, job_id: int, due_at: datetime | None) -> dict[str, Any] | str | None:
+        """Move a scheduled or ready job to `due_at` (None: now). Returns the job after the move,
+        or the state that forbids it, or None for an unknown job. A job a worker claims (or the
+        scan moves) between the look and the move is looked at again."""
+        for _ in range(RESCHEDULE_ROUNDS):
+            try:
+                async with self.pool.acquire() as conn, conn.transaction():
+                    return await self._reschedule_in(conn, job_id, due_at)
+            except _MovedMeanwhile:
+                continue
+        current = await self.get(job_id)
+        return None if current is None else str(current["state"])
+
+    async def _reschedule_in(
+        self, conn: asyncpg.Connection, job_id: int, due_at: datetime | None
+    ) -> dict[str, Any] | str | None:
+        seen = await conn.fetchrow(query("job_placement"), job_id)
+        if seen is None:
+            return None
+        state = str(seen["state"])
+        if state not in RESCHEDULABLE:
+            return state
+        if state == "ready":
+            await conn.execute(
+                query("withdraw_outbox_row"), job_id, seen["queue"], seen["tenant"], due_at
+            )
+        row = await conn.fetchrow(query("reschedule_job"), job_id, due_at, state)
+        if row is None:
+            raise _MovedMeanwhile  # roll back the withdrawal and look again
+        await conn.execute("SELECT pg_notify('dispatcher_wake', $1)", row["state"])
+        return dict(row)
+
+    @translate_unavailable
+    async def list_queues(self) -> list[dict[str, Any]]:
+        """The queue registry (every queue any daemon on this database configured)."""
+        return [dict(r) for r in await self.pool.fetch(query("list_queues"))]
+
+    @translate_unavailable
+    async def set_queue_paused(self, name: str, paused: bool) -> dict[str, Any] | None:
+        """Pause or resume a queue (None: no such queue). A resume wakes the workers of every
+        daemon on the database (NOTIFY, sent at commit)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(query("set_queue_paused"), name, paused)
+            if row is not None and not paused:
+                await conn.execute("SELECT pg_notify('dispatcher_wake', 'ready')")
+        return dict(row) if row else None
+
+    @translate_unavailable  # also read by the queue overview (GET /v1/queues)
     async def estimated_jobs(self) -> float:
         return await self.pool.fetchval(query("estimated_jobs")) or 0.0
 
+    @translate_unavailable  # also read by the queue overview (GET /v1/queues)
     async def estimate_by_state(self, total: float) -> list[tuple[str, str, int]]:
         rows = await self.pool.fetch(query("estimate_by_state"), total)
         return [(r["queue"], r["state"], r["n"]) for r in rows]
 
+    @translate_unavailable  # also read by the queue overview (GET /v1/queues)
     async def counts_by_state(self) -> list[tuple[str, str, int]]:
         rows = await self.pool.fetch(query("count_by_state"))
         return [(r["queue"], r["state"], r["n"]) for r in rows]
 
+    @translate_unavailable  # also read by the queue overview (GET /v1/queues)
     async def oldest_ready_age(self) -> dict[str, float]:
         rows = await self.pool.fetch(query("oldest_ready_age"))
         return {r["queue"]: r["age_s"] for r in rows}
 
+    @translate_unavailable  # also read by the queue overview (GET /v1/queues)
     async def count_overdue(self, overdue_after_s: float) -> dict[str, int]:
         rows = await self.pool.fetch(query("count_overdue"), overdue_after_s)
         return {r["queue"]: r["n"] for r in rows}
@@ -240,11 +342,18 @@ class JobRepository:
         return int(status.rsplit(" ", 1)[-1])
 
     async def sync_registry(
-        self, queues: dict[str, tuple[int, int]], handlers: dict[str, tuple[str, int]]
+        self,
+        queues: dict[str, tuple[int, int]],
+        handlers: dict[str, tuple[str, int]],
+        on_dead: dict[str, tuple[dict[str, Any] | None, str | None]] | None = None,
     ) -> None:
+        """Write the configured queues and handlers to the registry; `on_dead` gives each
+        queue's dead-letter notification (normalized target, notification queue)."""
         async with self.pool.acquire() as conn, conn.transaction():
             for name, (max_attempts, max_retry_age_s) in queues.items():
                 await conn.execute(query("upsert_queue"), name, max_attempts, max_retry_age_s)
+            for name, (target, notice_queue) in (on_dead or {}).items():
+                await conn.execute(query("sync_queue_on_dead"), name, target, notice_queue)
             for name, (kind, version) in handlers.items():
                 await conn.execute(query("upsert_handler"), name, kind, version)
 

@@ -88,7 +88,12 @@ WITH RECURSIVE tenants AS (
       FROM tenants t
      WHERE t.tenant IS NOT NULL
 ), tenant_list AS MATERIALIZED (
-    SELECT tenant FROM tenants WHERE tenant IS NOT NULL LIMIT 1000
+    -- A paused queue offers no tenant, so nothing is claimed: one primary-key probe of the
+    -- queue registry per claim batch (an init plan, checked before the tenant walk runs).
+    SELECT tenant FROM tenants
+     WHERE tenant IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM dispatcher.queues q WHERE q.name = $1 AND q.paused)
+     LIMIT 1000
 ), per_tenant AS (
     SELECT ceil($2::float8 / greatest(1, (SELECT count(*) FROM tenant_list)))::int AS n
 ), candidates AS (
@@ -288,12 +293,13 @@ SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, star
  LIMIT $4;
 
 -- name: retry_job
--- Operator retry of a dead (or cancelled) job: ready now, with a fresh attempt budget.
+-- Operator retry of a dead (or cancelled, or discarded) job: ready now, with a fresh attempt
+-- budget.
 WITH retried AS (
     UPDATE dispatcher.jobs j
        SET state = 'ready', attempt = 0, due_at = now(), budget_started_at = now(),
            finished_at = NULL, dead_reason = NULL, cancel_requested = false
-     WHERE j.id = $1 AND j.state IN ('dead', 'cancelled')
+     WHERE j.id = $1 AND j.state IN ('dead', 'cancelled', 'discarded')
     RETURNING j.*
 ), outboxed AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
@@ -316,6 +322,101 @@ WITH target AS (
     DELETE FROM dispatcher.outbox o USING cancelled c WHERE o.job_id = c.id
 )
 SELECT * FROM cancelled;
+
+-- name: discard_job
+-- Discard one dead letter: terminal `discarded`, kept and pruned like the dead letter it was.
+UPDATE dispatcher.jobs SET state = 'discarded' WHERE id = $1 AND state = 'dead' RETURNING *;
+
+-- name: move_dead
+-- Bulk redrive ($8 = 'ready': like a retry, with a fresh attempt budget and an outbox row) or
+-- discard ($8 = 'discarded') of up to $1 dead jobs matching the filters: $2 queue, $3 dead
+-- reason, $4 tenant, $5 died at or after, $6 died before (NULL matches all). $7 fences the
+-- walk at the time the bulk call began: a redriven job that dies again is not taken twice.
+WITH picked AS (
+    SELECT id FROM dispatcher.jobs
+     WHERE state = 'dead' AND finished_at <= $7
+       AND ($2::text IS NULL OR queue = $2) AND ($3::text IS NULL OR dead_reason = $3)
+       AND ($4::text IS NULL OR tenant = $4)
+       AND ($5::timestamptz IS NULL OR finished_at >= $5)
+       AND ($6::timestamptz IS NULL OR finished_at < $6)
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE dispatcher.jobs j
+       SET state = $8,
+           attempt = CASE WHEN $8 = 'ready' THEN 0 ELSE j.attempt END,
+           due_at = CASE WHEN $8 = 'ready' THEN now() ELSE j.due_at END,
+           budget_started_at = CASE WHEN $8 = 'ready' THEN now() ELSE j.budget_started_at END,
+           finished_at = CASE WHEN $8 = 'ready' THEN NULL ELSE j.finished_at END,
+           dead_reason = CASE WHEN $8 = 'ready' THEN NULL ELSE j.dead_reason END,
+           cancel_requested = false
+     WHERE j.id = ANY (ARRAY(SELECT id FROM picked)) AND j.state = 'dead'
+    RETURNING j.id, j.state, j.queue, j.tenant, j.handler, j.handler_version
+), outboxed AS (
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
+    SELECT id, queue, tenant, handler || ':' || handler_version FROM moved WHERE state = 'ready'
+)
+SELECT count(*)::int FROM moved;
+
+-- name: count_dead
+-- A bulk call's dry run: how many dead jobs match the filters of move_dead (same parameters
+-- $1 to $7), counting at most $1.
+SELECT count(*)::int FROM (
+    SELECT 1 FROM dispatcher.jobs
+     WHERE state = 'dead' AND finished_at <= $7
+       AND ($2::text IS NULL OR queue = $2) AND ($3::text IS NULL OR dead_reason = $3)
+       AND ($4::text IS NULL OR tenant = $4)
+       AND ($5::timestamptz IS NULL OR finished_at >= $5)
+       AND ($6::timestamptz IS NULL OR finished_at < $6)
+     LIMIT $1
+) matching;
+
+-- name: job_placement
+-- Reschedule, first step: the state of job $1 and where its outbox row would be (no lock).
+SELECT state, queue, tenant FROM dispatcher.jobs WHERE id = $1;
+
+-- name: withdraw_outbox_row
+-- Reschedule of ready job $1 to a time $4 later than now: withdraw its outbox row first ($2
+-- queue and $3 tenant reach it by the claim index), so the outbox lock is taken before the job
+-- row's, in the order a claim takes them (never a deadlock with a claim in flight).
+DELETE FROM dispatcher.outbox
+ WHERE queue = $2 AND tenant = $3 AND job_id = $1 AND $4::timestamptz > now();
+
+-- name: reschedule_job
+-- Move job $1, seen in state $3, to due time $2 (NULL = now): `scheduled` when later than now,
+-- else `ready` (an outbox row written here if it was scheduled). A job never attempted measures
+-- its retry age from the new due time. The idempotency fingerprint (request_hash) is untouched.
+WITH moved AS (
+    UPDATE dispatcher.jobs j
+       SET due_at = coalesce($2, now()),
+           state = CASE WHEN coalesce($2, now()) > now() THEN 'scheduled' ELSE 'ready' END,
+           budget_started_at = CASE WHEN j.attempt = 0 THEN coalesce($2, now())
+                                    ELSE j.budget_started_at END
+     WHERE j.id = $1 AND j.state = $3
+    RETURNING j.*
+), outboxed AS (
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
+    SELECT id, queue, tenant, handler || ':' || handler_version FROM moved
+     WHERE state = 'ready' AND $3 = 'scheduled'
+)
+SELECT * FROM moved;
+
+-- name: list_queues
+-- The queue registry: pause state, dead-letter notification, the SQL door's defaults.
+SELECT name, paused, paused_at, max_attempts, max_retry_age_s, on_dead_target, on_dead_queue
+  FROM dispatcher.queues
+ ORDER BY name;
+
+-- name: set_queue_paused
+-- Pause ($2 true) or resume ($2 false) queue $1; pausing a paused queue keeps its paused_at.
+UPDATE dispatcher.queues q
+   SET paused = $2, paused_at = CASE WHEN $2 THEN coalesce(q.paused_at, now()) END
+ WHERE q.name = $1
+RETURNING name, paused, paused_at, max_attempts, max_retry_age_s, on_dead_target, on_dead_queue;
+
+-- name: sync_queue_on_dead
+-- Keep queue $1's dead-letter notification ($2 target, $3 queue; NULL: none) as configured.
+UPDATE dispatcher.queues SET on_dead_target = $2::jsonb, on_dead_queue = $3 WHERE name = $1;
 
 -- name: upsert_queue
 -- Keep the queue registry (defaults the SQL door applies) in step with the configuration.

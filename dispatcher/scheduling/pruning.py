@@ -27,6 +27,8 @@ class Pruner:
             ("succeeded", s.succeeded_s),
             ("cancelled", s.cancelled_s),
             ("dead", s.dead_s),
+            # a discarded job is a dead letter set aside: kept exactly as long, from its death
+            ("discarded", s.dead_s),
         ):
 
             def prune_state(state: str = state, keep_s: int = keep_s) -> Awaitable[int]:

@@ -32,6 +32,8 @@ EXAMPLES = 25
 # The schedule the live daemon has (tests/badinput/schedules.toml): valid requests to the schedule
 # routes name it, so they reach the handlers behind the 404 of an unknown name.
 SCHEDULE = "nightly"
+# likewise the queue routes name a queue of the registry (every daemon has "default")
+QUEUE = "default"
 # the operations the daemon documents, each in both modes (negative only where there is an
 # input to break: a parameter or a body)
 CASES = [
@@ -69,6 +71,8 @@ def test_every_response_conforms_to_the_openapi_document(
     def conforms(case: schemathesis.Case) -> None:
         if mode is GenerationMode.POSITIVE and path.startswith("/v1/schedules/{name}"):
             case.path_parameters = {**(case.path_parameters or {}), "name": SCHEDULE}
+        if mode is GenerationMode.POSITIVE and path.startswith("/v1/queues/{name}"):
+            case.path_parameters = {**(case.path_parameters or {}), "name": QUEUE}
         case.call_and_validate(base_url=live_daemon.base_url, checks=CHECKS, timeout=10)
 
     conforms()

@@ -7,7 +7,7 @@ to the table, not to the batch. These plans are checked on a table big enough to
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 import asyncpg
 import pytest
@@ -15,6 +15,7 @@ import pytest
 from dispatcher.db.queries import query
 
 ROWS = 30_000
+FENCE = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -49,6 +50,12 @@ async def plan(pool: asyncpg.Pool, statement: str, *args: object) -> str:
         ("scan_due", (2000,)),
         ("rescue_expired_leases", (1000,)),
         ("prune_terminal", ("succeeded", 86400.0, 1000)),
+        ("prune_terminal", ("discarded", 86400.0, 1000)),
+        # bulk redrive / discard of dead letters, with no filter and with each one
+        ("move_dead", (1000, None, None, None, None, None, FENCE, "ready")),
+        ("move_dead", (1000, "default", "http_4xx", "t-1", FENCE, FENCE, FENCE, "discarded")),
+        ("count_dead", (None, None, None, None, None, None, FENCE)),
+        ("count_dead", (1000, "default", None, None, FENCE, None, FENCE)),
     ],
 )
 async def test_batch_statements_never_scan_the_whole_jobs_table(

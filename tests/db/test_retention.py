@@ -32,10 +32,19 @@ async def test_pruning_deletes_exactly_the_expired_terminal_rows(pool: asyncpg.P
         await seed(conn, "dead", 40, 31, "old-dead-")
         await seed(conn, "dead", 50, 29, "young-dead-")
         await seed(conn, "cancelled", 5, 8, "old-cancel-")
+        # discarded dead letters are kept for the dead retention, from the time they died
+        await seed(conn, "discarded", 12, 31, "old-discarded-")
+        await seed(conn, "discarded", 9, 29, "young-discarded-")
         await seed(conn, "scheduled", 60, None, "waiting-")
         await seed(conn, "running", 7, None, "running-")
     pruner = Pruner(JobRepository(pool), RetentionSettings(batch=1000))
-    assert await pruner.run_once() == {"succeeded": 2500, "cancelled": 5, "dead": 40, "runs": 0}
+    assert await pruner.run_once() == {
+        "succeeded": 2500,
+        "cancelled": 5,
+        "dead": 40,
+        "discarded": 12,
+        "runs": 0,
+    }
     async with pool.acquire() as conn:
         left = await conn.fetch(
             r"SELECT regexp_replace(key, '\d+$', '') AS kind, count(*) AS n"
@@ -44,10 +53,17 @@ async def test_pruning_deletes_exactly_the_expired_terminal_rows(pool: asyncpg.P
     assert {r["kind"]: r["n"] for r in left} == {
         "young-ok-": 30,
         "young-dead-": 50,
+        "young-discarded-": 9,
         "waiting-": 60,
         "running-": 7,
     }
-    assert await pruner.run_once() == {"succeeded": 0, "cancelled": 0, "dead": 0, "runs": 0}
+    assert await pruner.run_once() == {
+        "succeeded": 0,
+        "cancelled": 0,
+        "dead": 0,
+        "discarded": 0,
+        "runs": 0,
+    }
 
 
 async def test_run_receipts_go_only_after_their_units(pool: asyncpg.Pool) -> None:

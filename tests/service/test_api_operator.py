@@ -182,7 +182,7 @@ async def test_retry_of_a_dead_job_makes_it_ready_with_a_fresh_budget(api: Api) 
 
     # a second retry finds it ready: nothing to retry, and no second outbox row
     doc = await problem(await api.client.post(f"/v1/jobs/{job_id}/retry"), 409)
-    assert "job is ready; only dead or cancelled jobs can be retried" in doc["detail"]
+    assert "job is ready; only dead, cancelled or discarded jobs can be retried" in doc["detail"]
     assert await outbox_rows(api, job_id) == 1
 
 
