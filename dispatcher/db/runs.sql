@@ -29,8 +29,10 @@ RETURNING run_key;
 -- Mark the released runs of schedule $1 whose units are all terminal as finished; return them.
 -- A unit is terminal unless it is scheduled, ready or running (so `discarded` counts as well);
 -- the probe is one lookup in jobs_run_unfinished per unfinished run. The caller enqueues the
--- on_finished follow-ups of the returned runs in the same transaction.
-WITH done AS (
+-- on_finished follow-ups of the returned runs in the same transaction. `done` is MATERIALIZED:
+-- inlined, the planner may join every unit of every unfinished run before it probes (118 ms
+-- for one run of 100,000 units with one still running, instead of a probe).
+WITH done AS MATERIALIZED (
     SELECT r.run_key
       FROM dispatcher.runs r
      WHERE r.schedule = $1 AND r.finished_at IS NULL AND r.released_at IS NOT NULL
