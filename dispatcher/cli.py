@@ -352,7 +352,7 @@ def cmd_jobs_operate(settings: Settings, args: argparse.Namespace) -> int:
 
     from dispatcher.api.schemas import DeadLetterRequest, RescheduleRequest
 
-    request: BaseModel
+    request: BaseModel | None = None  # None: `discard ID`, one job, no filters
     try:
         if args.action == "reschedule":
             request = RescheduleRequest.model_validate({"due_at": args.at})
@@ -360,7 +360,6 @@ def cmd_jobs_operate(settings: Settings, args: argparse.Namespace) -> int:
             if any(getattr(args, name) for name in (*DEAD_LETTER_OPTIONS, "limit", "all")):
                 print("dispatcher: give a job ID or filters, not both", file=sys.stderr)
                 return EXIT_USAGE
-            request = DeadLetterRequest(all=True)  # unused: one job
         else:
             given = {k: getattr(args, k) for k in (*DEAD_LETTER_OPTIONS, "limit", "dry_run")}
             given["all"] = args.all

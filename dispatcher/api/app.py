@@ -647,7 +647,7 @@ async def discard_job(request: web.Request) -> web.Response:
     row = await operator_action(
         request, "discard", "job is {state}; only dead jobs can be discarded"
     )
-    log.info("job %s discarded by an operator", row["id"], extra={"job_key": row["key"]})
+    log.info("discarded by an operator", extra={"job_id": row["id"], "job_key": row["key"]})
     return json_response(job_view(row))
 
 
