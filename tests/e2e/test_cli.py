@@ -125,7 +125,7 @@ async def test_a_bad_value_exits_2_with_one_line(tmp_path: Path, command_name: s
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
         "dispatcher: configuration error: setting drain_timeout_s = 'soon': Input should be a "
-        "valid number, unable to parse string as a number (env DISPATCHER_DRAIN_TIMEOUT_S)"
+        "valid number, unable to parse string as a number (from env DISPATCHER_DRAIN_TIMEOUT_S)"
     ]
     assert_no_secret(result)
 
