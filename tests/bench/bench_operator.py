@@ -12,7 +12,7 @@ the machine's load hits both alike.
   (c) 1,000 running jobs made dead in one statement, without and with an on_dead target (the
       trigger then writes one notification job and its outbox row per death)
 
-    .venv/bin/python -m tests.bench.bench_operator [--rounds 30]
+    .venv/bin/python -m tests.bench.bench_operator [--rounds 80]
 """
 
 from __future__ import annotations
@@ -199,5 +199,5 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=30, help="timed rounds per variant")
+    parser.add_argument("--rounds", type=int, default=80, help="timed rounds per variant")
     run(lambda: main(parser.parse_args()))
