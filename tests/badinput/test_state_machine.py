@@ -9,6 +9,11 @@ cancelled; rescue and release put running back to ready; an operator retries dea
 cancelled), with `running` <=> a lease owner, `ready` <=> exactly one outbox row, and the
 fencing rules honoured: only the lease holder's current attempt changes a running job. Every
 attempt that ends leaves exactly one attempt history row, and nothing else does.
+
+Operator control joins in: discard (dead -> discarded), reschedule (scheduled <-> ready, the outbox
+row following), bulk redrive and discard, and pausing the queue (a paused queue's claim takes
+nothing). The queue reports its dead letters (`on_dead`, notifications in a queue of their own):
+every transition into `dead` writes exactly one notification job, and nothing else writes any.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
+from dispatcher.api.schemas import DeadLetterRequest
 from dispatcher.db.jobs import JobRepository
 from dispatcher.model import Job, NewJob
+from dispatcher.operations import move_dead_letters
 
 N_JOBS = 3
 OWNERS = ("owner-a", "owner-b")
@@ -31,13 +38,20 @@ MAX_ATTEMPTS = 2
 
 LEGAL = {
     "scheduled": {"scheduled", "ready", "cancelled"},
-    "ready": {"ready", "running", "cancelled"},
+    "ready": {"ready", "running", "cancelled", "scheduled"},
     "running": {"running", "succeeded", "scheduled", "dead", "cancelled", "ready"},
     "succeeded": {"succeeded"},
-    "dead": {"dead", "ready"},
+    "dead": {"dead", "ready", "discarded"},
     "cancelled": {"cancelled", "ready"},
+    "discarded": {"discarded", "ready"},
 }
-TERMINAL = {"succeeded", "dead", "cancelled"}
+TERMINAL = {"succeeded", "dead", "cancelled", "discarded"}
+NOTICE_TARGET = {
+    "url": "https://alerts.example.com/dead",
+    "method": "POST",
+    "headers": {},
+    "timeout_s": 30.0,
+}
 
 job_index = st.integers(0, N_JOBS - 1)
 owners = st.sampled_from(OWNERS)
@@ -63,6 +77,12 @@ operations = st.lists(
         st.tuples(st.just("release"), job_index, impostor),
         st.tuples(st.just("cancel"), job_index),
         st.tuples(st.just("retry"), job_index),
+        st.tuples(st.just("discard"), job_index),
+        st.tuples(st.just("discard"), job_index),
+        st.tuples(st.just("reschedule"), job_index, st.booleans()),
+        st.tuples(st.just("bulk"), st.sampled_from(["redrive", "discard"]), st.booleans()),
+        st.tuples(st.just("bulk"), st.sampled_from(["redrive", "discard"]), st.booleans()),
+        st.tuples(st.just("pause"), st.booleans()),
     ),
     min_size=8,
     max_size=40,
@@ -78,14 +98,23 @@ class Lease:
 
 
 async def snapshot(repo: JobRepository) -> dict[int, dict[str, Any]]:
+    """The jobs under test (not the dead-letter notifications), each with its outbox rows,
+    history rows and notifications, read in one statement (one snapshot)."""
     rows = await repo.pool.fetch(
         "SELECT j.*, (SELECT count(*) FROM dispatcher.outbox o WHERE o.job_id = j.id) AS outbox, "
         "(SELECT count(*) FROM dispatcher.attempts a WHERE a.job_id = j.id) AS history, "
         "(SELECT row(a.attempt, a.outcome, a.owner) FROM dispatcher.attempts a "
-        "  WHERE a.job_id = j.id ORDER BY a.id DESC LIMIT 1) AS last_attempt "
-        "FROM dispatcher.jobs j ORDER BY id"
+        "  WHERE a.job_id = j.id ORDER BY a.id DESC LIMIT 1) AS last_attempt, "
+        "(SELECT count(*) FROM dispatcher.jobs n WHERE n.dead_letter_of = j.id) AS notices "
+        "FROM dispatcher.jobs j WHERE j.dead_letter_of IS NULL ORDER BY id"
     )
     return {r["id"]: dict(r) for r in rows}
+
+
+def check_notices(before: dict[str, Any], row: dict[str, Any]) -> None:
+    """One dead-letter notification per transition into `dead`, none otherwise."""
+    died = before["state"] != "dead" and row["state"] == "dead"
+    assert row["notices"] == before["notices"] + (1 if died else 0), (before, row)
 
 
 # How an attempt may end, by the state its job went to (the attempt history's outcomes).
@@ -118,7 +147,8 @@ def check_row(before: dict[str, Any] | None, row: dict[str, Any]) -> None:
     assert (state == "running") == (row["lease_expires_at"] is not None), row
     assert row["outbox"] == (1 if state == "ready" else 0), row
     assert (state in TERMINAL) == (row["finished_at"] is not None), row
-    assert (state == "dead") == (row["dead_reason"] is not None), row
+    # a discarded job keeps the reason it died
+    assert (state in ("dead", "discarded")) == (row["dead_reason"] is not None), row
     assert 0 <= row["attempt"] <= row["max_attempts"], row
     if state == "succeeded":
         assert row["result"] is not None, row
@@ -133,7 +163,11 @@ async def apply(
         await repo.scan_due(100)
     elif kind == "claim":
         _, owner, limit, lease_s = op
+        paused = await repo.pool.fetchval(
+            "SELECT paused FROM dispatcher.queues WHERE name = 'default'"
+        )
         jobs, _ = await repo.claim("default", limit, CAPABILITIES, owner, lease_s)
+        assert not (paused and jobs), "a paused queue's claim took jobs"
         for job in jobs:
             leases[job.id] = Lease(owner, job)
     elif kind in ("complete", "fail", "release"):
@@ -182,6 +216,16 @@ async def apply(
         await repo.cancel(ids[op[1]])
     elif kind == "retry":
         await repo.retry(ids[op[1]])
+    elif kind == "discard":
+        await repo.discard(ids[op[1]])
+    elif kind == "reschedule":
+        later = datetime.now(UTC) + timedelta(hours=2) if op[2] else None
+        await repo.reschedule(ids[op[1]], later)
+    elif kind == "bulk":
+        request = DeadLetterRequest(all=True, dry_run=op[2])
+        await move_dead_letters(repo, op[1], request, batch=2)
+    elif kind == "pause":
+        await repo.set_queue_paused("default", op[1])
 
 
 def _fields(job: Job) -> dict[str, Any]:
@@ -190,7 +234,11 @@ def _fields(job: Job) -> dict[str, Any]:
 
 @pytest.fixture
 async def clean_repo(repo: JobRepository) -> JobRepository:
-    await repo.sync_registry({"default": (MAX_ATTEMPTS, 3600)}, {"work": ("python", 1)})
+    await repo.sync_registry(
+        {"default": (MAX_ATTEMPTS, 3600), "notices": (5, 3600)},
+        {"work": ("python", 1)},
+        {"default": (NOTICE_TARGET, "notices")},
+    )
     return repo
 
 
@@ -205,6 +253,7 @@ async def test_every_sequence_of_operations_keeps_jobs_in_legal_states(
 ) -> None:
     repo = clean_repo
     await repo.pool.execute("TRUNCATE dispatcher.jobs, dispatcher.outbox, dispatcher.attempts")
+    await repo.set_queue_paused("default", False)
     later = datetime.now(UTC) + timedelta(hours=1)
     created = await repo.enqueue_many(
         [
@@ -231,6 +280,7 @@ async def test_every_sequence_of_operations_keeps_jobs_in_legal_states(
         for job_id, row in after.items():
             check_row(before[job_id], row)
             check_history(before[job_id], row)
+            check_notices(before[job_id], row)
             if row["state"] != before[job_id]["state"]:
                 event(f"{before[job_id]['state']} -> {row['state']}")
         before = after
