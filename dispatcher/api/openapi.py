@@ -677,6 +677,8 @@ def openapi_document() -> dict[str, Any]:
     for path, operations in document["paths"].items():
         for method, operation in operations.items():
             operation["responses"].setdefault("400", MALFORMED)
+            if "requestBody" in operation:  # any body past body_limit_bytes
+                operation["responses"].setdefault("413", _problem_responses(413)["413"])
             if operation.get("security") != []:  # [] marks the public routes
                 _require_scope(operation, required_scope(method.upper(), path))
     return document
@@ -689,6 +691,5 @@ def _require_scope(operation: dict[str, Any], scope: str) -> None:
     operation["description"] = (
         operation.get("description", "") + f" Needs a token with scope `{scope}`."
     ).strip()
-    operation["responses"].update(
-        {k: v for k, v in _problem_responses(401, 403).items() if k not in operation["responses"]}
-    )
+    for code, answer in _problem_responses(401, 403).items():
+        operation["responses"].setdefault(code, answer)

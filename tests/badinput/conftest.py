@@ -24,21 +24,24 @@ async def module_db_url(server_url: str, template_url: str) -> AsyncIterator[str
         yield url
 
 
+def live_env(db_url: str) -> dict[str, str]:
+    """The environment of the suite's live daemon."""
+    return {
+        "DISPATCHER_DATABASE_URL": db_url,
+        "DISPATCHER_BODY_LIMIT_BYTES": str(BODY_LIMIT_BYTES),
+        "DISPATCHER_HANDLERS__REPORT__KIND": "python",
+        "DISPATCHER_HANDLERS__REPORT__FUNCTION": "tests.badinput.handlers:noop",
+        # one schedule, "nightly", for the schedule routes (SCHEDULE in test_schemathesis)
+        "DISPATCHER_CONFIG": str(Path(__file__).with_name("schedules.toml")),
+        # accepted jobs must wait, not run: these tests are about the front door
+        "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "0.001",
+        "DISPATCHER_QUEUES__DEFAULT__BURST": "1",
+    }
+
+
 @pytest.fixture(scope="module")
 async def live_daemon(module_db_url: str) -> AsyncIterator[DaemonProcess]:
-    daemon = DaemonProcess(
-        {
-            "DISPATCHER_DATABASE_URL": module_db_url,
-            "DISPATCHER_BODY_LIMIT_BYTES": str(BODY_LIMIT_BYTES),
-            "DISPATCHER_HANDLERS__REPORT__KIND": "python",
-            "DISPATCHER_HANDLERS__REPORT__FUNCTION": "tests.badinput.handlers:noop",
-            # one schedule, "nightly", for the schedule routes (SCHEDULE in test_schemathesis)
-            "DISPATCHER_CONFIG": str(Path(__file__).with_name("schedules.toml")),
-            # accepted jobs must wait, not run: these tests are about the front door
-            "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "0.001",
-            "DISPATCHER_QUEUES__DEFAULT__BURST": "1",
-        }
-    )
+    daemon = DaemonProcess(live_env(module_db_url))
     try:
         yield await daemon.start()
     finally:
