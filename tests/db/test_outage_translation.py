@@ -15,7 +15,7 @@ from dispatcher.db.pool import create_pool
 from dispatcher.db.runs import RunRepository
 from dispatcher.errors import DatabaseUnavailable
 from dispatcher.intake import GroupWriter
-from dispatcher.model import EnqueueResult, NewJob
+from dispatcher.model import EnqueueResult, JobFilter, NewJob
 from tests.outage_proxy import OutageProxy, outage_proxy
 
 TARGET = {"url": "https://hooks.example.com/x"}
@@ -89,9 +89,7 @@ async def test_api_reads_and_operator_actions_raise_database_unavailable(
     calls = {
         "get": lambda: jobs.get(1),
         "get_by_key": lambda: jobs.get_by_key("k"),
-        "list_summaries": lambda: jobs.list_summaries(
-            state=None, queue=None, before_id=None, limit=10
-        ),
+        "list_summaries": lambda: jobs.list_summaries(JobFilter(), cursor=None, limit=10),
         "retry": lambda: jobs.retry(1),
         "cancel": lambda: jobs.cancel(1),
         "enqueue_many": lambda: jobs.enqueue_many([job("k")]),

@@ -88,7 +88,13 @@ async def test_check_config_prints_the_effective_configuration_with_secrets_mask
     tmp_path: Path,
 ) -> None:
     result = await cli(
-        "check-config", cwd=tmp_path, env={**SECRET_ENV, "DISPATCHER_LISTEN": "0.0.0.0:9000"}
+        "check-config",
+        cwd=tmp_path,
+        env={
+            **SECRET_ENV,
+            "DISPATCHER_LISTEN": "0.0.0.0:9000",
+            "DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS": "true",
+        },
     )
     assert result.code == 0, result.stderr
     view = json.loads(result.stdout)
