@@ -17,6 +17,7 @@ import signal
 import socket
 import ssl
 import uuid
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from datetime import UTC
 
@@ -178,12 +179,17 @@ def log_handler_concurrency(settings: Settings, effects: dict[str, Effect]) -> N
         )
 
 
+def _nothing() -> None:
+    return None
+
+
 class Wakeups:
     """Wakes whom a change concerns: workers for ready work, the scan for new due times.
     Bound once both exist; a wake-up before that is harmless (both look on start)."""
 
     def __init__(self) -> None:
-        self._workers = self._scanner = lambda: None
+        self._workers: Callable[[], None] = _nothing
+        self._scanner: Callable[[], None] = _nothing
 
     def bind(self, workers: WorkerPool, scanner: DueScanner) -> None:
         self._workers, self._scanner = workers.wake, scanner.wake
@@ -339,7 +345,7 @@ class Daemon:
             effect_service(effects),
             completer,
             HttpListener(
-                "api", api, s.listen, "DISPATCHER_LISTEN", self._tls and self._tls.context
+                "api", api, s.listen, "DISPATCHER_LISTEN", self._tls.context if self._tls else None
             ),
             LeaseHeartbeat(
                 JobRepository(pools["lease"]), self.owner, s.lease_s, workers.running_attempts

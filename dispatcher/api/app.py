@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
@@ -64,7 +65,7 @@ REPO = web.AppKey("repo", JobRepository)
 INTAKE = web.AppKey("intake", Intake)
 READINESS = web.AppKey("readiness", object)
 TOKENS = web.AppKey("tokens", list)
-SCHEDULES = web.AppKey("schedules", object)
+SCHEDULES: web.AppKey[Any] = web.AppKey("schedules")  # the cron service (or None)
 BODY_LIMIT = web.AppKey("body_limit_bytes", int)
 BODY_TIMEOUT = web.AppKey("body_read_timeout_s", float)
 SETTINGS = web.AppKey("settings", Settings)
@@ -187,7 +188,7 @@ def create_metrics_app(readiness: Readiness) -> web.Application:
 
 # middlewares -------------------------------------------------------------------------------
 @web.middleware
-async def problem_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+async def problem_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except Problem as exc:
@@ -220,7 +221,7 @@ async def problem_middleware(request: web.Request, handler: Any) -> web.StreamRe
 
 
 @web.middleware
-async def auth_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Authenticate (with tokens configured), check the route's scope, log operator actions."""
     if request.path in PUBLIC_PATHS:
         return await handler(request)
@@ -602,7 +603,7 @@ async def operator_action(
     """Run `retry`, `cancel` or `discard`; 404 for an unknown job, 409 naming the state that
     forbids it (plus the hint for that state, if any)."""
     repo = request.app[REPO]
-    row = await getattr(repo, action)(job_id(request))
+    row: dict[str, Any] | None = await getattr(repo, action)(job_id(request))
     if row is not None:
         return row
     current = await repo.get(job_id(request))

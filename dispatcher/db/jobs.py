@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 
@@ -60,12 +60,12 @@ class JobRepository:
         )
         executor = conn if conn is not None else self.pool
         rows = await executor.fetch(query("enqueue_many"), *args)
-        results = [None] * len(items)
+        results: list[EnqueueResult | None] = [None] * len(items)
         for r in rows:
             results[r["ord"] - 1] = EnqueueResult(
                 r["id"], r["key"], r["state"], r["due_at"], r["created_at"], r["outcome"]
             )
-        return results  # type: ignore[return-value]
+        return cast(list[EnqueueResult], results)  # the function answers every item
 
     # scanning and rescue ------------------------------------------------------------------
     async def scan_due(self, batch: int) -> int:
@@ -73,7 +73,8 @@ class JobRepository:
         return int(status.rsplit(" ", 1)[-1])
 
     async def seconds_to_next_due(self) -> float | None:
-        return await self.pool.fetchval(query("seconds_to_next_due"))
+        seconds: float | None = await self.pool.fetchval(query("seconds_to_next_due"))
+        return seconds
 
     async def rescue_expired_leases(self, batch: int) -> dict[str, int]:
         rows = await self.pool.fetch(query("rescue_expired_leases"), batch)
@@ -158,7 +159,9 @@ class JobRepository:
     async def save_progress(
         self, conn: asyncpg.Connection, job: Job, owner: str, progress: dict[str, Any]
     ) -> bool:
-        status = await conn.execute(query("save_progress"), job.id, job.attempt, owner, progress)
+        status: str = await conn.execute(
+            query("save_progress"), job.id, job.attempt, owner, progress
+        )
         return status.endswith(" 1")
 
     async def extend_leases(
@@ -172,7 +175,7 @@ class JobRepository:
 
     async def release_leases(self, attempts: Sequence[AttemptKey], owner: str) -> int:
         ids, numbers = _split(attempts)
-        return await self.pool.fetchval(query("release_leases"), ids, numbers, owner)
+        return int(await self.pool.fetchval(query("release_leases"), ids, numbers, owner))
 
     # status and operators (DatabaseUnavailable when the database cannot be reached) ---------
     @translate_unavailable
@@ -249,7 +252,9 @@ class JobRepository:
         return moved
 
     @translate_unavailable
-    async def count_dead(self, found: DeadLetterFilter, limit: int, fence: datetime) -> int:
+    async def count_dead(
+        self, found: DeadLetterFilter, limit: int | None, fence: datetime
+    ) -> int:
         """How many dead jobs `move_dead` would take (at most `limit`); changes nothing."""
         f = found
         args = (limit, f.queue, f.dead_reason, f.tenant, f.dead_since, f.dead_before, fence)
@@ -359,7 +364,8 @@ class JobRepository:
 
     async def lock_running(self, conn: asyncpg.Connection, job: Job, owner: str) -> bool:
         """Inside a transaction: lock the job if this owner still holds its lease."""
-        return await conn.fetchval(query("lock_running_job"), job.id, job.attempt, owner) == 1
+        locked = await conn.fetchval(query("lock_running_job"), job.id, job.attempt, owner)
+        return bool(locked == 1)
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[asyncpg.Connection]:

@@ -59,7 +59,8 @@ async def current_version(conn: asyncpg.Connection) -> int | None:
     exists = await conn.fetchval("SELECT to_regclass('dispatcher.migrations') IS NOT NULL")
     if not exists:
         return None
-    return await conn.fetchval("SELECT max(version) FROM dispatcher.migrations")
+    version: int | None = await conn.fetchval("SELECT max(version) FROM dispatcher.migrations")
+    return version
 
 
 async def check_current(conn: asyncpg.Connection) -> None:

@@ -341,7 +341,7 @@ class RunRepository:
 
     @translate_unavailable
     async def count_queued(self, schedule: str) -> int:
-        return await self.pool.fetchval(query("count_queued_runs"), schedule)
+        return int(await self.pool.fetchval(query("count_queued_runs"), schedule))
 
     @translate_unavailable
     async def run_periods_between(

@@ -96,7 +96,7 @@ class HttpEffect:
         if resolver is not None:
             await resolver.close()
 
-    async def run(self, job: Job, complete: Any) -> dict[str, Any]:
+    async def run(self, job: Job, complete: Any, conn: Any = None) -> dict[str, Any]:
         """One attempt. `complete` is unused: the executor records completion afterwards."""
         del complete
         target = self._target(job)

@@ -141,10 +141,10 @@ def _parse_field(expression: str, spec: _Field, text: str) -> frozenset[int]:
     for word in re.findall(r"[a-z]+", lowered):
         if word in spec.names:
             continue
-        mark = next((m for m in "LWH" if m.lower() in word), None) if len(word) <= 2 else None
-        if mark is not None:
+        letter = next((m for m in "LWH" if m.lower() in word), None) if len(word) <= 2 else None
+        if letter is not None:
             raise _refuse(
-                expression, f"{spec.name} {text!r}: {_EXTENSIONS[mark]}, not standard cron"
+                expression, f"{spec.name} {text!r}: {_EXTENSIONS[letter]}, not standard cron"
             )
         allowed = f"names {', '.join(spec.names)}" if spec.names else "no names"
         raise _refuse(expression, f"{spec.name} {text!r}: {word!r} is not a name ({allowed})")

@@ -108,7 +108,7 @@ class PlannedRun:
         }
 
 
-class _PeriodTrigger(BaseTrigger):
+class _PeriodTrigger(BaseTrigger):  # type: ignore[misc]  # APScheduler 3 has no types
     """An APScheduler trigger firing at the period starts `CronSchedule` computes, so the times
     APScheduler waits for and the periods the service derives can never disagree."""
 
