@@ -27,7 +27,7 @@ from dispatcher import sdnotify
 from dispatcher.api.app import create_app, create_metrics_app
 from dispatcher.api.listener import HttpListener, check_can_listen
 from dispatcher.api.tls import ServerTls
-from dispatcher.config import Settings
+from dispatcher.config import Settings, mask_url
 from dispatcher.db import migrations
 from dispatcher.db.embedded import EmbeddedPostgres
 from dispatcher.db.jobs import JobRepository
@@ -62,18 +62,23 @@ def instance_owner(settings: Settings) -> str:
     return f"{name}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-async def resolve_database(settings: Settings, stack: AsyncExitStack, role: Role = "daemon") -> str:
+async def resolve_database(
+    settings: Settings, stack: AsyncExitStack, role: Role = "daemon", *, create: bool = True
+) -> str:
     """The configured URL, or the embedded server's: a daemon owns it (starts it now, stops it
-    at exit); a command attaches to a running daemon's, or owns it for its own short life."""
+    at exit); a command attaches to a running daemon's, or owns it for its own short life.
+    `create=False`: an embedded database that does not exist yet is refused, not created."""
     if settings.database_url is not None:
+        url = settings.database_url.get_secret_value()
         if role == "daemon":
-            log.info("using PostgreSQL from DISPATCHER_DATABASE_URL")
-        return settings.database_url.get_secret_value()
+            log.info("using the external PostgreSQL at %s (database_url)", mask_url(url))
+        return url
     embedded = EmbeddedPostgres(
         settings.state_dir,
         role=role,
         bin_dir=settings.embedded_postgres_bin,
         wait_s=settings.database_wait_s,
+        create=create,
     )
     dsn = await asyncio.to_thread(embedded.start)
     stack.callback(embedded.stop)
@@ -307,6 +312,7 @@ class Daemon:
                 q: (s.dead_letter_target(q), c.on_dead.queue if c.on_dead else None)
                 for q, c in s.queues.items()
             },
+            {q: (c.rate_per_s, c.burst, c.max_inflight) for q, c in s.queues.items()},
         )
         effects = build_effects(s, engine, self.owner)
         log_handler_concurrency(s, effects)

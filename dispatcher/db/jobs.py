@@ -85,12 +85,19 @@ class JobRepository:
         self, queue: str, limit: int, capabilities: list[str], owner: str, lease_s: float
     ) -> tuple[list[Job], int]:
         """Claim up to `limit` jobs; return them and the number of outbox rows consumed."""
-        rows = await self.pool.fetch(_CLAIM, queue, limit, capabilities, owner, lease_s)
-        if not rows:
-            return [], 0
-        taken = rows[0]["taken_count"]
-        jobs = [Job(*r[:14]) for r in rows if r[0] is not None]
+        jobs, taken, _wait_s = await self.claim_limited(queue, limit, capabilities, owner, lease_s)
         return jobs, taken
+
+    async def claim_limited(
+        self, queue: str, limit: int, capabilities: list[str], owner: str, lease_s: float
+    ) -> tuple[list[Job], int, float | None]:
+        """Claim up to `limit` jobs within the queue's global limits; return them, the number
+        of outbox rows consumed and, when the start rate held the claim back, the seconds until
+        the next token (the last row of the claim is always its marker)."""
+        rows = await self.pool.fetch(_CLAIM, queue, limit, capabilities, owner, lease_s)
+        marker = rows[-1]
+        jobs = [Job(*r[:14]) for r in rows if r[0] is not None]
+        return jobs, marker["taken_count"], marker["wait_s"]
 
     async def complete(
         self,
@@ -304,6 +311,12 @@ class JobRepository:
         return [dict(r) for r in await self.pool.fetch(query("list_queues"))]
 
     @translate_unavailable
+    async def dead_letter_groups(self, per_queue: int) -> list[dict[str, Any]]:
+        """Dead letters by queue and reason among each queue's newest `per_queue` (the
+        console): `n`, `newest`, `oldest` per group, the most recent group first."""
+        return [dict(r) for r in await self.pool.fetch(query("dead_letter_groups"), per_queue)]
+
+    @translate_unavailable
     async def set_queue_paused(self, name: str, paused: bool) -> dict[str, Any] | None:
         """Pause or resume a queue (None: no such queue). A resume wakes the workers of every
         daemon on the database (NOTIFY, sent at commit)."""
@@ -351,12 +364,23 @@ class JobRepository:
         queues: dict[str, tuple[int, int]],
         handlers: dict[str, tuple[str, int]],
         on_dead: dict[str, tuple[dict[str, Any] | None, str | None]] | None = None,
+        limits: dict[str, tuple[float | None, int | None, int | None]] | None = None,
     ) -> None:
         """Write the configured queues and handlers to the registry; `on_dead` gives each
-        queue's dead-letter notification (normalized target, notification queue)."""
+        queue's dead-letter notification (normalized target, notification queue), `limits` its
+        global limits (rate_per_s, burst, max_inflight; a queue left out has none)."""
         async with self.pool.acquire() as conn, conn.transaction():
             for name, (max_attempts, max_retry_age_s) in queues.items():
-                await conn.execute(query("upsert_queue"), name, max_attempts, max_retry_age_s)
+                rate, burst, inflight = (limits or {}).get(name, (None, None, None))
+                await conn.execute(
+                    query("upsert_queue"),
+                    name,
+                    max_attempts,
+                    max_retry_age_s,
+                    rate,
+                    burst if rate is not None else None,
+                    inflight,
+                )
             for name, (target, notice_queue) in (on_dead or {}).items():
                 await conn.execute(query("sync_queue_on_dead"), name, target, notice_queue)
             for name, (kind, version) in handlers.items():

@@ -79,8 +79,12 @@ SELECT state, count(*)::int AS n FROM rescued GROUP BY state;
 -- Fairness: every tenant with ready work offers its oldest rows; rows are taken by rank within
 -- their tenant (all first rows, then all second rows, ...), ties broken at random, so a tenant
 -- with 10,000 ready jobs and one with 1 get equal shares of each claim. Outbox rows whose job
--- is no longer ready are duplicate deliveries: consumed without effect.
-WITH RECURSIVE tenants AS (
+-- is no longer ready are duplicate deliveries: consumed without effect. The queue's global
+-- limits (migration 013) grant how many may start; the last row, always present, gives back
+-- what the claim did not use and carries the seconds until a token is free (NULL: none missing).
+WITH RECURSIVE grant_ AS MATERIALIZED (
+    SELECT granted, wait_s FROM dispatcher.claim_grant($1, $2)
+), tenants AS (
     (SELECT o.tenant FROM dispatcher.outbox o WHERE o.queue = $1 ORDER BY o.tenant LIMIT 1)
     UNION ALL
     SELECT (SELECT o.tenant FROM dispatcher.outbox o
@@ -95,7 +99,8 @@ WITH RECURSIVE tenants AS (
        AND NOT EXISTS (SELECT 1 FROM dispatcher.queues q WHERE q.name = $1 AND q.paused)
      LIMIT 1000
 ), per_tenant AS (
-    SELECT ceil($2::float8 / greatest(1, (SELECT count(*) FROM tenant_list)))::int AS n
+    SELECT ceil((SELECT granted FROM grant_)::float8
+                / greatest(1, (SELECT count(*) FROM tenant_list)))::int AS n
 ), candidates AS (
     SELECT c.id, c.job_id
       FROM tenant_list t
@@ -108,7 +113,7 @@ WITH RECURSIVE tenants AS (
                       FOR UPDATE SKIP LOCKED) l
            ) c
      ORDER BY c.rank, random()
-     LIMIT $2
+     LIMIT (SELECT granted FROM grant_)
 ), taken AS (
     DELETE FROM dispatcher.outbox o WHERE o.id = ANY (ARRAY(SELECT c.id FROM candidates c))
     RETURNING o.job_id
@@ -129,12 +134,14 @@ WITH RECURSIVE tenants AS (
               CASE WHEN j.due_at <@ dispatcher.due_at_range()
                    THEN extract(epoch FROM now() - j.due_at) ELSE 0 END::float8 AS due_to_start_s
 )
-SELECT c.*, (SELECT count(*) FROM taken)::int AS taken_count FROM claimed c
+SELECT c.*, (SELECT count(*) FROM taken)::int AS taken_count, NULL::float8 AS wait_s
+  FROM claimed c
 UNION ALL
--- one marker row so the caller learns how many duplicates were dropped even if none was claimed
+-- the marker row: how many outbox rows were taken (duplicates dropped) and the limiter's wait
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       (SELECT count(*) FROM taken)::int
- WHERE NOT EXISTS (SELECT 1 FROM claimed) AND EXISTS (SELECT 1 FROM taken);
+       (SELECT count(*) FROM taken)::int,
+       dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM claimed)::int, g.wait_s)
+  FROM grant_ g;
 
 -- name: complete_succeeded
 -- Record successful attempts and their history rows in one statement; only the current lease
@@ -419,10 +426,18 @@ RETURNING name, paused, paused_at, max_attempts, max_retry_age_s, on_dead_target
 UPDATE dispatcher.queues SET on_dead_target = $2::jsonb, on_dead_queue = $3 WHERE name = $1;
 
 -- name: upsert_queue
--- Keep the queue registry (defaults the SQL door applies) in step with the configuration.
-INSERT INTO dispatcher.queues (name, max_attempts, max_retry_age_s) VALUES ($1, $2, $3)
+-- Keep the queue registry (defaults the SQL door applies, global limits $4-$6) in step with the
+-- configuration; a new bucket (new queue, or no rate before) starts full, a lowered burst caps
+-- the tokens held.
+INSERT INTO dispatcher.queues (name, max_attempts, max_retry_age_s, rate_per_s, burst,
+                               max_inflight, tokens)
+VALUES ($1, $2, $3, $4, $5, $6, coalesce($5, 0))
     ON CONFLICT (name) DO UPDATE
-   SET max_attempts = excluded.max_attempts, max_retry_age_s = excluded.max_retry_age_s;
+   SET max_attempts = excluded.max_attempts, max_retry_age_s = excluded.max_retry_age_s,
+       rate_per_s = excluded.rate_per_s, burst = excluded.burst,
+       max_inflight = excluded.max_inflight,
+       tokens = CASE WHEN dispatcher.queues.rate_per_s IS NULL THEN excluded.tokens
+                     ELSE least(dispatcher.queues.tokens, excluded.tokens) END;
 
 -- name: upsert_handler
 -- Register a handler; the current version only moves forward, so old and new releases agree.
@@ -502,3 +517,17 @@ WITH states AS (
      WHERE s.schemaname = 'dispatcher' AND s.tablename = 'jobs' AND s.attname = 'queue'
 )
 SELECT q.queue, s.state, round($1 * s.freq * q.freq)::bigint AS n FROM states s, queues q;
+
+-- name: dead_letter_groups
+-- The console's dead letters by queue and reason: per queue of the registry, its newest $1
+-- dead jobs (a backward walk of jobs_terminal), grouped; a queue's counts add up to $1 at most.
+SELECT q.name AS queue, d.dead_reason, count(*)::int AS n, max(d.finished_at) AS newest,
+       min(d.finished_at) AS oldest
+  FROM dispatcher.queues q
+ CROSS JOIN LATERAL (
+       SELECT j.dead_reason, j.finished_at FROM dispatcher.jobs j
+        WHERE j.state = 'dead' AND j.queue = q.name
+        ORDER BY j.finished_at DESC
+        LIMIT $1) d
+ GROUP BY q.name, d.dead_reason
+ ORDER BY max(d.finished_at) DESC;

@@ -23,6 +23,8 @@ from dispatcher.model import Job
 class Delivery(NamedTuple):
     jobs: list[Job]
     consumed: int  # outbox rows taken; more than len(jobs) means duplicate deliveries
+    # the queue's global limits held the claim back: look again after this many seconds
+    wait_s: float | None = None
 
 
 class Transport(Protocol):
@@ -39,7 +41,7 @@ class InProcessTransport:
         self._lease_s = lease_s
 
     async def receive(self, queue: str, limit: int) -> Delivery:
-        jobs, consumed = await self._repo.claim(
+        jobs, consumed, wait_s = await self._repo.claim_limited(
             queue, limit, self._capabilities, self._owner, self._lease_s
         )
-        return Delivery(jobs, consumed)
+        return Delivery(jobs, consumed, wait_s)

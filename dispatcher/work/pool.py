@@ -107,7 +107,7 @@ class QueueWorker(Service):
             slots = self.inflight.reserve_up_to(tokens)
             self._wake.clear()
             try:
-                jobs, taken = await self._transport.receive(self.queue, slots)
+                jobs, taken, wait_s = await self._transport.receive(self.queue, slots)
             except Exception as exc:  # the database may be restarting: try again shortly
                 log.error("claim failed on queue %s: %s", self.queue, exc)
                 self._return_unused(slots, tokens, 0)
@@ -119,6 +119,9 @@ class QueueWorker(Service):
             if jobs:
                 self._start_all(jobs)
                 fault_point(self.name)  # tests: a bug in a claim loop that has work in flight
+            elif wait_s is not None:  # the global limits (all daemons together) are spent
+                self._m_limiter_wait.inc(wait_s)
+                await self._pause(min(wait_s, self._idle_poll_s), wake_on_signal=False)
             elif taken == 0:
                 await self._pause(self._idle_poll_s, wake_on_signal=True)
 
