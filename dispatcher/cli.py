@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     command("run", "run the daemon until SIGTERM/SIGINT (then drain gracefully)")
     command("migrate", "apply pending database migrations and exit")
     command("check-config", "validate the configuration and print it with secrets masked")
+    command(
+        "db-url",
+        "print the URL of the database on stdout (embedded: its Unix socket; for libraries and "
+        'psql "$(dispatcher db-url)") and, on stderr, the psql command; starts nothing, works '
+        "while the daemon runs (exit 1 when the embedded server is not running)",
+    )
 
     status = command("status", "jobs per queue and state, oldest ready age, dead letters")
     status.add_argument("--json", action="store_true", help="one JSON document for scripts")
@@ -265,8 +271,12 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
 
 
 @asynccontextmanager
-async def database(settings: Settings, *, check_schema: bool = True) -> AsyncIterator[Any]:
-    """A pool on the configured or embedded database, for one-shot commands."""
+async def database(
+    settings: Settings, *, check_schema: bool = True, create: bool = False
+) -> AsyncIterator[Any]:
+    """A pool on the configured or embedded database, for one-shot commands. Only `create=True`
+    (migrate, restore) may create an embedded database; the others refuse, naming where they
+    looked, so a command run from the wrong directory never leaves an empty database behind."""
     from contextlib import AsyncExitStack
 
     from dispatcher.daemon import resolve_database
@@ -274,13 +284,17 @@ async def database(settings: Settings, *, check_schema: bool = True) -> AsyncIte
     from dispatcher.db.pool import create_pool, wait_for_database
 
     async with AsyncExitStack() as stack:
-        dsn = await resolve_database(settings, stack, role="command")
+        dsn = await resolve_database(settings, stack, role="command", create=create)
         await wait_for_database(dsn, timeout_s=15)
         pool = await create_pool(dsn, size=2, application_name="dispatcher-cli")
         stack.push_async_callback(pool.close)
+    from dispatcher.errors import SchemaMismatch
         if check_schema:
             async with pool.acquire() as conn:
-                await migrations.check_current(conn)
+                try:
+                    await migrations.check_current(conn)
+                except SchemaMismatch as exc:
+                    raise SchemaMismatch(f"{database_place(settings)}: {exc}") from None
         yield dsn, pool
 
 
@@ -288,8 +302,20 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
     from dispatcher.db import migrations
 
     async def run() -> int:
-        async with database(settings, check_schema=False) as (_dsn, pool), pool.acquire() as conn:
+        async with (
+            database(settings, check_schema=False, create=True) as (_dsn, pool),
+            pool.acquire() as conn,
+        ):
             applied = await migrations.migrate(conn)
+def database_place(settings: Settings) -> str:
+    """Where a command looked for the database, as the error about it says it."""
+    from dispatcher.config import mask_url
+
+    if settings.database_url is not None:
+        return f"the database at {mask_url(settings.database_url.get_secret_value())}"
+    return f"the embedded database in {settings.state_dir.absolute()}"
+
+
         print("applied: " + ", ".join(applied) if applied else "schema is current")
         return 0
 
@@ -307,6 +333,38 @@ def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
     from dispatcher.api.app import attempt_view, job_view, summary_view
     from dispatcher.api.filters import FILTERS, FilterError, parse_job_filter
     from dispatcher.db.jobs import JobRepository
+def cmd_db_url(settings: Settings, args: argparse.Namespace) -> int:
+    """The URL alone on stdout (`psql "$(dispatcher db-url)"`); the advice on stderr."""
+    import shlex
+
+    from dispatcher.config import mask_url
+    from dispatcher.db.embedded import connection_url
+
+    if settings.database_url is not None:
+        print(mask_url(settings.database_url.get_secret_value()))
+        print(
+            "dispatcher: an external PostgreSQL (database_url; password masked): connect with "
+            'the URL you configured, e.g. psql "$DISPATCHER_DATABASE_URL"',
+            file=sys.stderr,
+        )
+        return 0
+    url, running = connection_url(settings.state_dir)
+    print(url)
+    psql = client_bin_dir(settings) / "psql"
+    print(
+        f"connect with: {shlex.quote(str(psql)) if psql.exists() else 'psql'} {shlex.quote(url)}",
+        file=sys.stderr,
+    )
+    if not running:
+        print(
+            f"dispatcher: the embedded PostgreSQL in {settings.state_dir.absolute()} is not "
+            "running: it runs while `dispatcher run` does; start the daemon, then connect",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
+    return 0
+
+
 
     if args.action == "list":  # checked before any database is opened
         try:
@@ -631,7 +689,7 @@ def cmd_restore(settings: Settings, args: argparse.Namespace) -> int:
     check_archive(file, client_bin_dir(settings))  # a wrong file changes nothing
 
     async def run() -> int:
-        async with database(settings, check_schema=False) as (dsn, pool):
+        async with database(settings, check_schema=False, create=True) as (dsn, pool):
             repo = BackupRepository(pool)
             if await repo.daemon_sessions():
                 print(
@@ -775,6 +833,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "schedules": cmd_schedules,
     "catch-up": cmd_catch_up,
     "backup": cmd_backup,
+    "db-url": cmd_db_url,
     "restore": cmd_restore,
 }
 

@@ -7,7 +7,9 @@ else (initdb, start, stop, who owns the server) is here, so the lifecycle is our
   owns the server: it starts it (or adopts one a killed predecessor left running) and stops it
   when it closes. `dispatcher run` is the long-lived owner; a second `dispatcher run` on the same
   directory is refused. A one-shot command attaches to a daemon's server without owning it, or,
-  with no daemon running, owns it for its own short life, quietly.
+  with no daemon running, owns it for its own short life, quietly. Only `run`, `migrate` and
+  `restore` create a database (`create=True`); any other command finding none says where it
+  looked, so a command run from the wrong directory never leaves an empty database behind.
 - **One major.** A data directory whose `PG_VERSION` names another major is never started.
 - **Root.** PostgreSQL refuses to run as root; then the server runs as the system user
   `dispatcher-postgres` (created on first use), which owns the data directory (mode 0700).
@@ -27,6 +29,7 @@ import stat
 import subprocess
 import tempfile
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,7 +175,27 @@ class RunningServer:
     status: str  # "starting", "ready", "stopping"
 
     def dsn(self) -> str:
-        return f"postgresql://{SUPERUSER}@/{SUPERUSER}?host={self.socket_dir}&port={self.port}"
+        return socket_url(self.socket_dir, self.port)
+
+
+def socket_url(socket_dir: Path, port: int = PORT) -> str:
+    """The URL of a server on a Unix socket, as libpq, psql and asyncpg read it (the directory
+    percent-encoded, so a path with spaces or '&' survives)."""
+    host = urllib.parse.quote(str(socket_dir), safe="/")
+    return f"postgresql://{SUPERUSER}@/{SUPERUSER}?host={host}&port={port}"
+
+
+def connection_url(state_dir: Path) -> tuple[str, bool]:
+    """The URL of the embedded database of `state_dir` and whether its server runs now; starts
+    nothing. No database there: the error says where it looked."""
+    state_dir = state_dir.absolute()
+    data_dir = state_dir / "pgdata"
+    if data_major(data_dir) is None:
+        raise EmbeddedDatabaseError(missing_database(state_dir))
+    server = running_server(data_dir)
+    if server is not None:
+        return server.dsn(), True
+    return socket_url(socket_dir_for(data_dir)), False
 
 
 def running_server(data_dir: Path) -> RunningServer | None:
@@ -194,6 +217,19 @@ def postmaster_alive(pid: int, data_dir: Path) -> bool:
     except OSError:
         return False
     return str(data_dir).encode() in args
+
+
+def missing_database(state_dir: Path) -> str:
+    """Why a command that must not create a database found none, where it looked, and how to
+    point it at the right one."""
+    return (
+        f"no embedded database in {state_dir} (the state directory: DISPATCHER_STATE_DIR or "
+        "state_dir, default ./var under the current directory); nothing was created. Run the "
+        "command from the directory `dispatcher run` was started in, or set "
+        "DISPATCHER_STATE_DIR to the daemon's state directory (DISPATCHER_DATABASE_URL for an "
+        "external PostgreSQL); `dispatcher run` or `dispatcher migrate` creates a new database "
+        "here"
+    )
 
 
 def socket_dir_for(data_dir: Path) -> Path:
@@ -219,10 +255,12 @@ class EmbeddedPostgres:
         role: Role = "daemon",
         bin_dir: Path | None = None,
         wait_s: float = 60.0,
+        create: bool = True,
     ):
         self.state_dir = state_dir.absolute()
         self.data_dir = self.state_dir / "pgdata"
         self.role = role
+        self.create = create  # False: a database that does not exist yet is refused, not made
         self._bin_dir = bin_dir
         self.wait_s = wait_s
         self._lock = OwnerLock(self.state_dir)
@@ -241,6 +279,8 @@ class EmbeddedPostgres:
         log.log(logging.INFO if self.role == "daemon" else logging.DEBUG, message, *args)
 
     def start(self) -> str:
+        if not self.create and data_major(self.data_dir) is None:
+            raise EmbeddedDatabaseError(missing_database(self.state_dir))
         if not self.state_dir.exists():  # as root, the server user must be able to enter it
             self.state_dir.mkdir(mode=0o711 if os.geteuid() == 0 else 0o700, parents=True)
         dsn = self._attach_or_own()
@@ -282,16 +322,19 @@ class EmbeddedPostgres:
         self._prepare_data_dir()
         if data_major(self.data_dir) is None:
             self._initdb()
+        version = binaries_version(self.bin_dir)
         server = running_server(self.data_dir)
         if server is not None:
-            self._say("adopted the embedded PostgreSQL (pid %d) a previous owner left", server.pid)
+            self._say(
+                "adopted the embedded PostgreSQL %s (pid %d) a killed owner left running in %s",
+                version,
+                server.pid,
+                self.data_dir,
+            )
         else:
             self._pg_ctl("start", "-w", "-t", str(max(int(self.wait_s), 1)), *self._start_args())
-        server = self._wait_ready()
-        self._say(
-            "embedded PostgreSQL %s running in %s", binaries_version(self.bin_dir), self.data_dir
-        )
-        return server.dsn()
+            self._say("started the embedded PostgreSQL %s in %s", version, self.data_dir)
+        return self._wait_ready().dsn()
 
     def _prepare_data_dir(self) -> None:
         self.data_dir.mkdir(mode=0o700, exist_ok=True)
@@ -312,7 +355,8 @@ class EmbeddedPostgres:
         self.data_dir.chmod(0o700)  # PostgreSQL insists; nobody else reads the jobs either
 
     def _initdb(self) -> None:
-        self._say("initialising the embedded database in %s", self.data_dir)
+        # news even from a one-shot command (`migrate`, `restore`): a new, empty database
+        log.info("creating a new embedded database in %s", self.data_dir)
         initdb = str(self.bin_dir / "initdb")
         args = ["-D", str(self.data_dir), "-U", SUPERUSER, "--auth=trust", "-E", "UTF8"]
         self._execute([initdb, *args, "--no-locale"])
@@ -346,7 +390,7 @@ class EmbeddedPostgres:
         try:
             if running_server(self.data_dir) is not None:
                 self._pg_ctl("stop", "-w", "-m", "fast", "-t", "60")
-                self._say("stopped embedded PostgreSQL")
+                self._say("stopped the embedded PostgreSQL in %s", self.data_dir)
         finally:
             self._lock.release()
 

@@ -66,8 +66,18 @@ async def current_version(conn: asyncpg.Connection) -> int | None:
 async def check_current(conn: asyncpg.Connection) -> None:
     version = await current_version(conn)
     expected = latest_version()
-    if version != expected:
+    if version is None:
+        raise SchemaMismatch(
+            f"no dispatcher schema (this release needs version {expected}): if this is the "
+            "right database, run `dispatcher migrate` (or `dispatcher run` with auto_migrate)"
+        )
+    if version < expected:
         raise SchemaMismatch(
             f"database schema is at version {version}, this release needs {expected}: "
             "run `dispatcher migrate` (or enable auto_migrate)"
+        )
+    if version > expected:
+        raise SchemaMismatch(
+            f"database schema is at version {version}, newer than this release knows "
+            f"({expected}): run a dispatcher release at least as new as the one that migrated it"
         )
