@@ -282,13 +282,13 @@ async def database(
     from dispatcher.daemon import resolve_database
     from dispatcher.db import migrations
     from dispatcher.db.pool import create_pool, wait_for_database
+    from dispatcher.errors import SchemaMismatch
 
     async with AsyncExitStack() as stack:
         dsn = await resolve_database(settings, stack, role="command", create=create)
         await wait_for_database(dsn, timeout_s=15)
         pool = await create_pool(dsn, size=2, application_name="dispatcher-cli")
         stack.push_async_callback(pool.close)
-    from dispatcher.errors import SchemaMismatch
         if check_schema:
             async with pool.acquire() as conn:
                 try:
@@ -296,6 +296,15 @@ async def database(
                 except SchemaMismatch as exc:
                     raise SchemaMismatch(f"{database_place(settings)}: {exc}") from None
         yield dsn, pool
+
+
+def database_place(settings: Settings) -> str:
+    """Where a command looked for the database, as the error about it says it."""
+    from dispatcher.config import mask_url
+
+    if settings.database_url is not None:
+        return f"the database at {mask_url(settings.database_url.get_secret_value())}"
+    return f"the embedded database in {settings.state_dir.absolute()}"
 
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
@@ -307,15 +316,6 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
             pool.acquire() as conn,
         ):
             applied = await migrations.migrate(conn)
-def database_place(settings: Settings) -> str:
-    """Where a command looked for the database, as the error about it says it."""
-    from dispatcher.config import mask_url
-
-    if settings.database_url is not None:
-        return f"the database at {mask_url(settings.database_url.get_secret_value())}"
-    return f"the embedded database in {settings.state_dir.absolute()}"
-
-
         print("applied: " + ", ".join(applied) if applied else "schema is current")
         return 0
 
@@ -327,12 +327,6 @@ def cmd_check_config(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
-    if args.action in ("discard", "redrive", "reschedule"):
-        return cmd_jobs_operate(settings, args)
-    from dispatcher.api.app import attempt_view, job_view, summary_view
-    from dispatcher.api.filters import FILTERS, FilterError, parse_job_filter
-    from dispatcher.db.jobs import JobRepository
 def cmd_db_url(settings: Settings, args: argparse.Namespace) -> int:
     """The URL alone on stdout (`psql "$(dispatcher db-url)"`); the advice on stderr."""
     import shlex
@@ -365,6 +359,12 @@ def cmd_db_url(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
+    if args.action in ("discard", "redrive", "reschedule"):
+        return cmd_jobs_operate(settings, args)
+    from dispatcher.api.app import attempt_view, job_view, summary_view
+    from dispatcher.api.filters import FILTERS, FilterError, parse_job_filter
+    from dispatcher.db.jobs import JobRepository
 
     if args.action == "list":  # checked before any database is opened
         try:
@@ -827,13 +827,13 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "run": cmd_run,
     "migrate": cmd_migrate,
     "check-config": cmd_check_config,
+    "db-url": cmd_db_url,
     "jobs": cmd_jobs,
     "status": cmd_status,
     "queues": cmd_queues,
     "schedules": cmd_schedules,
     "catch-up": cmd_catch_up,
     "backup": cmd_backup,
-    "db-url": cmd_db_url,
     "restore": cmd_restore,
 }
 
