@@ -183,6 +183,37 @@ class RetentionSettings(_Strict):
     interval_s: float = Field(60.0, gt=0, le=MAX_DURATION_S)
 
 
+class RabbitSettings(_Strict):
+    """The RabbitMQ transport: one durable quorum queue per dispatcher queue, named
+    `queue_prefix` + queue name; the URL's password is a secret (`url_file` reads it from a
+    file: DISPATCHER_RABBITMQ__URL_FILE)."""
+
+    url: SecretStr | None = None
+    url_file: Path | None = None
+    queue_prefix: str = Field("dispatcher.", max_length=200, pattern=r"^[A-Za-z0-9._:-]*$")
+    relay_batch: int = Field(500, ge=1, le=10_000)
+    relay_lease_s: float = Field(30.0, gt=0, le=3600)
+    reconnect_max_s: float = Field(10.0, gt=0, le=600)
+
+    @model_validator(mode="after")
+    def _one_url(self) -> RabbitSettings:
+        if self.url is not None and self.url_file is not None:
+            raise ValueError("set rabbitmq.url or rabbitmq.url_file, not both")
+        if self.url is not None and not self.url.get_secret_value().startswith(
+            ("amqp://", "amqps://")
+        ):
+            raise ValueError("rabbitmq.url must start with amqp:// or amqps://")
+        return self
+
+    def resolved_url(self) -> str | None:
+        if self.url is not None:
+            return self.url.get_secret_value()
+        if self.url_file is not None:
+            lines = read_secret_lines(self.url_file, "rabbitmq.url_file")
+            return lines[0] if lines else None
+        return None
+
+
 class Settings(_Strict):
     """The daemon's whole configuration."""
 
@@ -212,6 +243,20 @@ class Settings(_Strict):
     body_read_timeout_s: float = Field(30.0, gt=0, le=3600)
     due_at_past_tolerance_s: float = Field(300.0, ge=0, le=MAX_DURATION_S)
     lease_s: float = Field(60.0, gt=0, le=MAX_DURATION_S)
+    # in-process: the outbox is claimed straight from PostgreSQL; rabbitmq: a relay publishes it
+    # to RabbitMQ and consumers claim what they receive (the [rabbitmq] section)
+    transport: Literal["in-process", "rabbitmq"] = "in-process"
+    rabbitmq: RabbitSettings = RabbitSettings()
+
+    @model_validator(mode="after")
+    def _rabbitmq_url_given(self) -> Settings:
+        r = self.rabbitmq
+        if self.transport == "rabbitmq" and r.url is None and r.url_file is None:
+            raise ValueError(
+                "transport = 'rabbitmq' needs [rabbitmq] url = 'amqp://user:password@host/' "
+                "(DISPATCHER_RABBITMQ__URL, or DISPATCHER_RABBITMQ__URL_FILE)"
+            )
+        return self
     scan_interval_s: float = Field(1.0, gt=0, le=MAX_DURATION_S)
     scan_batch: int = Field(2000, ge=1, le=100_000)
     # Connections for intake and operator reads. Claims, completions and the scan have a pool
@@ -389,6 +434,8 @@ class Settings(_Strict):
         view = self.model_dump(mode="json")
         if self.database_url is not None:
             view["database_url"] = mask_url(self.database_url.get_secret_value())
+        if self.rabbitmq.url is not None:
+            view["rabbitmq"]["url"] = mask_url(self.rabbitmq.url.get_secret_value())
         # names, scopes and where each token is configured; the tokens stay masked
         view["api_token_scopes"] = [t.public_view() for t in self.api_token_entries()]
         return view

@@ -42,7 +42,7 @@ from dispatcher.effects.python import PythonEffect
 from dispatcher.effects.sql import SqlEffect
 from dispatcher.intake import Intake
 from dispatcher.lifecycle import CallbackService, Service, ServiceGroup, Startable, Ticker
-from dispatcher.relay.transport import InProcessTransport
+from dispatcher.relay.transport import InProcessTransport, Transport
 from dispatcher.scheduling.cron_service import CronService
 from dispatcher.scheduling.due_scan import DueScanner
 from dispatcher.scheduling.pruning import Pruner
@@ -217,6 +217,7 @@ class Daemon:
         self._group = ServiceGroup()
         self._repo: JobRepository | None = None
         self._disk: DiskSpace | None = None  # the embedded database's filesystem
+        self._broker: list[Service] = []  # RabbitMQ link and relay (transport = "rabbitmq")
         self._tls: ServerTls | None = None
         if settings.tls.cert_file is not None and settings.tls.key_file is not None:
             self._tls = ServerTls(settings.tls.cert_file, settings.tls.key_file)
@@ -246,13 +247,15 @@ class Daemon:
             return False, disk_problem
         if self._repo is None or not self.ready.is_set():
             return False, "starting"
+        # the broker down is degraded, not unready: intake and the due-scan still work
+        degraded = next((b.problem for b in self._broker if getattr(b, "problem", None)), None)
         try:
             async with asyncio.timeout(2):
                 async with self._repo.pool.acquire() as conn:
                     await migrations.check_current(conn)
         except Exception as exc:
             return False, f"database: {type(exc).__name__}: {exc}"
-        return True, "ok"
+        return True, f"ok; degraded: {degraded}" if degraded else "ok"
 
     async def run(self, *, handle_signals: bool = True) -> int:
         """Start everything, run until a stop signal or a service failure, stop everything.
@@ -356,6 +359,7 @@ class Daemon:
             LeaseHeartbeat(
                 JobRepository(pools["lease"]), self.owner, s.lease_s, workers.running_attempts
             ),
+            *self._broker,  # the RabbitMQ link and relay: up before the consumers, down after
             workers,
             scanner,
             WakeListener(dsn, wake),
@@ -399,9 +403,27 @@ class Daemon:
     ) -> WorkerPool:
         s = self.settings
         timeouts = {n: h.timeout_s for n, h in s.handlers.items()}
-        transport = InProcessTransport(
+        transport: Transport = InProcessTransport(
             engine, owner=self.owner, capabilities=capabilities(s), lease_s=s.lease_s
         )
+        if s.transport == "rabbitmq":
+            from dispatcher.relay import rabbitmq  # aio_pika only when the broker is used
+
+            url = s.rabbitmq.resolved_url()
+            assert url is not None  # the settings refuse rabbitmq without a URL
+            link = rabbitmq.RabbitLink(
+                url,
+                s.rabbitmq.queue_prefix,
+                {q: qs.max_inflight for q, qs in s.queues.items()},
+                reconnect_max_s=s.rabbitmq.reconnect_max_s,
+            )
+            relay = rabbitmq.OutboxRelay(
+                engine, link, batch=s.rabbitmq.relay_batch, lease_s=s.rabbitmq.relay_lease_s
+            )
+            self._broker = [link, relay]
+            transport = rabbitmq.RabbitTransport(
+                engine, link, owner=self.owner, lease_s=s.lease_s, wait_s=s.scan_interval_s
+            )
 
         def executor(queue: str) -> Executor:
             return Executor(

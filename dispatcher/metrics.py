@@ -66,6 +66,12 @@ DUPLICATE_DELIVERIES = Counter(
     ["queue"],
     registry=REGISTRY,
 )
+BROKER_FAILURES = Counter(
+    "dispatcher_broker_failures",
+    "RabbitMQ connection attempts that failed, connections the broker closed, failed relay "
+    "rounds.",
+    registry=REGISTRY,
+)
 OUTCOMES_UNRECORDED = Counter(
     "dispatcher_outcomes_unrecorded",
     "Attempts whose outcome could not be written (database unavailable); retried after their"

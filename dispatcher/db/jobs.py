@@ -99,6 +99,28 @@ class JobRepository:
         jobs = [Job(*r[:14]) for r in rows if r[0] is not None]
         return jobs, marker["taken_count"], marker["wait_s"]
 
+    async def claim_delivered(
+        self, queue: str, deliveries: Sequence[AttemptKey], owner: str, lease_s: float
+    ) -> tuple[list[Job], set[int], float | None]:
+        """Lease delivered jobs, each fenced by the attempt its message was published after;
+        return the jobs claimed, the ids that were eligible (ready for that attempt: those not
+        claimed were held back by the queue's limits) and the limiter's wait."""
+        ids, attempts = _split(deliveries)
+        rows = await self.pool.fetch(
+            query("claim_delivered"), queue, ids, attempts, owner, lease_s
+        )
+        marker = rows[-1]
+        jobs = [Job(*r[:14]) for r in rows if r[0] is not None]
+        return jobs, set(marker["eligible"]), marker["wait_s"]
+
+    async def lease_outbox(self, batch: int, lease_s: float) -> list[asyncpg.Record]:
+        """Relay: lease a batch of unpublished outbox rows (id, job_id, queue, key, attempt,
+        age_s)."""
+        return await self.pool.fetch(query("lease_outbox"), batch, lease_s)
+
+    async def delete_outbox_rows(self, ids: list[int]) -> None:
+        await self.pool.execute(query("delete_outbox_rows"), ids)
+
     async def complete(
         self,
         ids: list[int],

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol
 
 from dispatcher.db.jobs import JobRepository
-from dispatcher.model import Job
+from dispatcher.model import AttemptKey, Job
 
 
 class Delivery(NamedTuple):
@@ -29,6 +29,9 @@ class Delivery(NamedTuple):
 
 class Transport(Protocol):
     async def receive(self, queue: str, limit: int) -> Delivery: ...
+
+    def finished(self, key: AttemptKey) -> None:
+        """The attempt `key` ended (a broker transport acknowledges its delivery now)."""
 
 
 class InProcessTransport:
@@ -45,3 +48,6 @@ class InProcessTransport:
             queue, limit, self._capabilities, self._owner, self._lease_s
         )
         return Delivery(jobs, consumed, wait_s)
+
+    def finished(self, key: AttemptKey) -> None:
+        return None  # the claim took the outbox row: nothing to acknowledge

@@ -152,6 +152,7 @@ class QueueWorker(Service):
     def _finished(self, attempt: _Attempt, task: asyncio.Task[bool]) -> None:
         if self.running.get(attempt.key) is task:
             del self.running[attempt.key]
+        self._transport.finished(attempt.key)
         attempt.effect_ended()  # no-op unless the task ended before its effect did (cancelled)
         if task.cancelled():
             return  # the drain cancelled it and hands its lease back

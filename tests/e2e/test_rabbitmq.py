@@ -1,0 +1,200 @@
+"""The RabbitMQ transport through real daemons and a real broker (127.0.0.1:5672, guest/guest):
+the relay publishes every ready job, consumers lease and run it once, a re-published outbox row
+is a counted duplicate, the broker closing the connection mid-drain loses nothing, and a daemon
+whose broker is down starts, takes jobs and says it is degraded. Each test uses its own queue
+prefix and deletes its queues afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import aiohttp
+import asyncpg
+import pytest
+
+from tests.harness import DaemonProcess, Target, free_port, serve_target, wait_until
+
+BROKER = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+def broker_up() -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", 5672)) == 0
+
+
+pytestmark = [
+    pytest.mark.rabbitmq,
+    pytest.mark.skipif(not broker_up(), reason="needs a RabbitMQ broker on 127.0.0.1:5672"),
+]
+
+
+@pytest.fixture
+async def prefix() -> AsyncIterator[str]:
+    import aio_pika
+
+    name = f"t{uuid.uuid4().hex[:10]}."
+    yield name
+    connection = await aio_pika.connect(BROKER)
+    async with connection:
+        channel = await connection.channel()
+        await channel.queue_delete(name + "default")
+
+
+@pytest.fixture
+async def target() -> AsyncIterator[Target]:
+    async with serve_target(Target()) as t:
+        yield t
+
+
+def env(db_url: str, prefix: str, url: str = BROKER) -> dict[str, str]:
+    return {
+        "DISPATCHER_DATABASE_URL": db_url,
+        "DISPATCHER_TRANSPORT": "rabbitmq",
+        "DISPATCHER_RABBITMQ__URL": url,
+        "DISPATCHER_RABBITMQ__QUEUE_PREFIX": prefix,
+        "DISPATCHER_TARGET_ALLOW_HTTP": "true",
+        "DISPATCHER_TARGET_ALLOW_CIDRS": "127.0.0.0/8",
+        "DISPATCHER_SCAN_INTERVAL_S": "0.2",
+    }
+
+
+async def enqueue(db_url: str, n: int, url: str, prefix: str = "j") -> None:
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.fetchval(
+            """SELECT count(*) FROM dispatcher.enqueue_many(
+                   (SELECT array_agg($3 || g) FROM generate_series(1, $1) g),
+                   array_fill('http'::text, ARRAY[$1]),
+                   array_fill('{}'::jsonb, ARRAY[$1]), NULL, NULL, NULL,
+                   array_fill($2::jsonb, ARRAY[$1]))""",
+            n,
+            json.dumps({"url": url}),
+            prefix,
+        )
+    finally:
+        await conn.close()
+
+
+async def succeeded(db_url: str) -> int:
+    conn = await asyncpg.connect(db_url)
+    try:
+        return int(
+            await conn.fetchval("SELECT count(*) FROM dispatcher.jobs WHERE state = 'succeeded'")
+        )
+    finally:
+        await conn.close()
+
+
+async def rabbitmqctl(*args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        "rabbitmqctl", "-q", *args, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    return out.decode()
+
+
+async def close_connections_named(prefix: str) -> int:
+    """Close, from the broker's side, the connections of this test's daemons only (the broker
+    is shared with other tests)."""
+    listed = await rabbitmqctl("list_connections", "pid", "client_properties")
+    pids = [line.split()[0] for line in listed.splitlines() if f"dispatcher {prefix}" in line]
+    for pid in pids:
+        await rabbitmqctl("close_connection", pid, "closed by test")
+    return len(pids)
+
+
+async def done(db_url: str, n: int) -> bool:
+    return await succeeded(db_url) >= n
+
+
+async def metric(daemon: DaemonProcess, name: str) -> float:
+    async with aiohttp.ClientSession() as s, s.get(f"{daemon.base_url}/metrics") as r:
+        text = await r.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and not line.startswith("#")
+    )
+
+
+async def test_two_daemons_drain_through_the_broker_once_each(
+    db_url: str, prefix: str, target: Target
+) -> None:
+    daemons = [DaemonProcess(env(db_url, prefix)) for _ in range(2)]
+    try:
+        await asyncio.gather(*(d.start() for d in daemons))
+        await enqueue(db_url, 400, target.url)
+        await wait_until(lambda: done(db_url, 400), timeout_s=60, what="400 jobs")
+    finally:
+        await asyncio.gather(*(d.stop() for d in daemons))
+    counts = Counter(target.request_keys())
+    assert len(counts) == 400 and max(counts.values()) == 1
+
+
+async def test_an_outbox_row_published_twice_has_one_effect(
+    db_url: str, prefix: str, target: Target
+) -> None:
+    daemon = await DaemonProcess(env(db_url, prefix)).start()
+    try:
+        await enqueue(db_url, 1, target.url)
+        await wait_until(lambda: done(db_url, 1), timeout_s=30, what="the job")
+        # the relay crashed after the confirm and before the delete: the row is back
+        conn = await asyncpg.connect(db_url)
+        try:
+            await conn.execute("""
+                INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
+                SELECT id, queue, tenant, 'http:1' FROM dispatcher.jobs""")
+            await wait_until(
+                lambda: conn.fetchval("SELECT count(*) = 0 FROM dispatcher.outbox"),
+                timeout_s=30,
+                what="the row published again",
+            )
+        finally:
+            await conn.close()
+
+        async def duplicate_counted() -> bool:
+            return await metric(daemon, "dispatcher_duplicate_deliveries_total") >= 1
+
+        await wait_until(duplicate_counted, timeout_s=30, what="a counted duplicate")
+    finally:
+        await daemon.stop()
+    assert len(target.requests) == 1
+
+
+async def test_the_broker_closing_the_connection_mid_drain_loses_nothing(
+    db_url: str, prefix: str, target: Target
+) -> None:
+    target.delay_s = 0.01
+    daemon = await DaemonProcess(env(db_url, prefix)).start()
+    try:
+        await enqueue(db_url, 1000, target.url)
+        await wait_until(lambda: bool(len(target.requests) > 100), timeout_s=30, what="work")
+        closed = await close_connections_named(prefix)
+        assert closed >= 1
+        await wait_until(lambda: done(db_url, 1000), timeout_s=90, what="1000 jobs")
+        assert await metric(daemon, "dispatcher_broker_failures_total") >= 1
+    finally:
+        await daemon.stop()
+    counts = Counter(target.request_keys())
+    assert len(counts) == 1000
+
+
+async def test_a_daemon_with_its_broker_down_starts_and_says_it_is_degraded(
+    db_url: str, prefix: str, target: Target
+) -> None:
+    nowhere = f"amqp://guest:guest@127.0.0.1:{free_port()}/"
+    daemon = await DaemonProcess(env(db_url, prefix, nowhere)).start()
+    try:
+        async with aiohttp.ClientSession() as s, s.get(f"{daemon.base_url}/readyz") as r:
+            body = await r.text()
+        assert r.status == 200 and "degraded" in body and "RabbitMQ" in body, body
+        await enqueue(db_url, 3, target.url)  # intake and the due-scan go on
+        assert await metric(daemon, "dispatcher_broker_failures_total") >= 1
+    finally:
+        await daemon.stop()
