@@ -228,6 +228,11 @@ class Settings(_Strict):
     listen: str = "127.0.0.1:8080"
     # Optional second listener serving only /metrics, /healthz and /readyz (no API, no auth).
     metrics_listen: str | None = None
+    # The web console (dispatcher.console) is served under /console/ on `listen`, or on this
+    # separate listener instead; the same tokens sign in, the same loopback and TLS rules hold.
+    console_listen: str | None = None
+    # How long a console sign-in lasts before the token must be entered again.
+    console_session_s: float = Field(8 * 3600.0, ge=60, le=30 * 86400)
     api_tokens: list[SecretStr] = []
     api_tokens_file: Path | None = None
     target_allow_cidrs: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
@@ -294,7 +299,7 @@ class Settings(_Strict):
             return value
         return value.upper() if info.field_name == "log_level" else value.lower()
 
-    @field_validator("listen", "metrics_listen")
+    @field_validator("listen", "metrics_listen", "console_listen")
     @classmethod
     def _listen_format(cls, value: str | None) -> str | None:
         if value is not None:
@@ -388,7 +393,28 @@ class Settings(_Strict):
                 "(DISPATCHER_TLS__CERT_FILE, DISPATCHER_TLS__KEY_FILE), or, if TLS ends before "
                 "this listener, allow_plain_http_tokens = true (DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS)"
             )
+        self._check_console_listener(bool(tokens))
         return self
+
+    def _check_console_listener(self, has_tokens: bool) -> None:
+        """The console's own listener signs in with the API tokens: the API's rules hold."""
+        if self.console_listen is None:
+            return
+        host, _ = host_port(self.console_listen)
+        if is_loopback_host(host):
+            return
+        if not has_tokens:
+            raise ValueError(
+                f"console_listen = {self.console_listen!r} is not loopback, so API tokens are "
+                "required: set DISPATCHER_API_TOKENS or api_tokens_file (or listen on 127.0.0.1)"
+            )
+        if not self.tls.enabled and not self.allow_plain_http_tokens:
+            raise ValueError(
+                f"console_listen = {self.console_listen!r} is not loopback and has no TLS, so "
+                "tokens and session cookies would cross the network in the clear: set "
+                "tls.cert_file and tls.key_file, or, if TLS ends before this listener, "
+                "allow_plain_http_tokens = true (DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS)"
+            )
 
     def _check_signing_secret(self) -> None:
         secret = self.signing_secret()  # reads signing_secret_file now, not at start of the effect

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from datetime import UTC
 
+from aiohttp import web
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from dispatcher import sdnotify
@@ -28,6 +29,8 @@ from dispatcher.api.app import create_app, create_metrics_app
 from dispatcher.api.listener import HttpListener, check_can_listen
 from dispatcher.api.tls import ServerTls
 from dispatcher.config import Settings, mask_url
+from dispatcher.console import web as console
+from dispatcher.console.series import StartSeries
 from dispatcher.db import migrations
 from dispatcher.db.embedded import EmbeddedPostgres
 from dispatcher.db.jobs import JobRepository
@@ -268,6 +271,8 @@ class Daemon:
         check_can_listen(self.settings.listen, "DISPATCHER_LISTEN")
         if self.settings.metrics_listen is not None:
             check_can_listen(self.settings.metrics_listen, "DISPATCHER_METRICS_LISTEN")
+        if self.settings.console_listen is not None:
+            check_can_listen(self.settings.console_listen, "DISPATCHER_CONSOLE_LISTEN")
         group = self._group
         try:
             database = await group.start(Database(self.settings))
@@ -375,12 +380,28 @@ class Daemon:
         ]
         if disk is not None:
             services.append(Ticker("disk-space", CHECK_INTERVAL_S, disk.run_once))
+        services += self._console(api)
         if s.metrics_listen is not None:
             metrics_app = create_metrics_app(self.readiness)
             listener = HttpListener(
                 "metrics", metrics_app, s.metrics_listen, "DISPATCHER_METRICS_LISTEN"
             )
             services.insert(3, listener)
+        return services
+
+    def _console(self, api: web.Application) -> list[Startable]:
+        """The web console: under /console/ on the API listener, or on its own listener; its
+        chart's ring of samples is filled by a ticker (dispatcher.console.series)."""
+        s, series = self.settings, StartSeries()
+        services: list[Startable] = [Ticker("console-series", series.interval_s, series.run_once)]
+        if s.console_listen is None:
+            console.mount(api, series, s.console_session_s)
+        else:
+            tls = self._tls.context if self._tls else None
+            app = console.standalone(api, series, s.console_session_s)
+            services.append(
+                HttpListener("console", app, s.console_listen, "DISPATCHER_CONSOLE_LISTEN", tls)
+            )
         return services
 
     async def _disk_space(self) -> DiskSpace | None:

@@ -70,6 +70,9 @@ BODY_LIMIT = web.AppKey("body_limit_bytes", int)
 BODY_TIMEOUT = web.AppKey("body_read_timeout_s", float)
 SETTINGS = web.AppKey("settings", Settings)
 SAMPLER = web.AppKey("sampler", MetricsSampler)
+# Set on a sub-application that authenticates its own requests (the console: session cookies);
+# the bearer-token check below leaves its routes to it.
+OWN_AUTH = web.AppKey("own_auth", bool)
 # The queue overview's job counts may be this old: concurrent requests share one sample.
 OVERVIEW_MAX_AGE_S = 1.0
 M = TypeVar("M", bound=BaseModel)
@@ -223,7 +226,7 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Authenticate (with tokens configured), check the route's scope, log operator actions."""
-    if request.path in PUBLIC_PATHS:
+    if request.path in PUBLIC_PATHS or owns_auth(request):
         return await handler(request)
     tokens: list[ApiToken] = request.app[TOKENS]
     routed = request.match_info.http_exception is None  # else a 404 or 405 follows
@@ -282,6 +285,13 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             status,
             extra={"token": caller},
         )
+
+
+def owns_auth(request: web.Request) -> bool:
+    """Whether the route belongs to a sub-application marked OWN_AUTH, or is a handler marked
+    `own_auth` (the console's redirect from /console to /console/)."""
+    info = request.match_info
+    return any(OWN_AUTH in app for app in info.apps) or getattr(info.handler, "own_auth", False)
 
 
 def authenticate(tokens: list[ApiToken], header: str) -> ApiToken | None:
@@ -598,38 +608,61 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 
 async def operator_action(
-    request: web.Request, action: str, refusal: str, hints: dict[str, str] | None = None
+    app: web.Application,
+    jid: int,
+    action: str,
+    refusal: str,
+    hints: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run `retry`, `cancel` or `discard`; 404 for an unknown job, 409 naming the state that
     forbids it (plus the hint for that state, if any)."""
-    repo = request.app[REPO]
-    row: dict[str, Any] | None = await getattr(repo, action)(job_id(request))
+    repo = app[REPO]
+    row: dict[str, Any] | None = await getattr(repo, action)(jid)
     if row is not None:
         return row
-    current = await repo.get(job_id(request))
+    current = await repo.get(jid)
     if current is None:
-        raise Problem(404, f"no job {request.match_info['id']}")
+        raise Problem(404, f"no job {jid}")
     state = current["state"]
     raise Problem(409, refusal.format(state=state) + (hints or {}).get(state, ""), state=state)
 
 
-async def retry_job(request: web.Request) -> web.Response:
+# The operator actions below (`*_action`) are shared by the API handlers and the console
+# (dispatcher.console), so the two doors cannot drift apart: `app` is the API application;
+# each raises Problem when it refuses.
+async def retry_action(app: web.Application, jid: int) -> dict[str, Any]:
     row = await operator_action(
-        request, "retry", "job is {state}; only dead, cancelled or discarded jobs can be retried"
+        app, jid, "retry", "job is {state}; only dead, cancelled or discarded jobs can be retried"
     )
-    request.app[INTAKE].notify_accepted()
-    return json_response(job_view(row))
+    app[INTAKE].notify_accepted()
+    return row
 
 
-async def cancel_job(request: web.Request) -> web.Response:
+async def cancel_action(app: web.Application, jid: int) -> dict[str, Any]:
     # a dead job is not cancelled: an operator discards it (one verb per verdict)
-    hint = {"dead": f"; to set a dead letter aside, POST /v1/jobs/{job_id(request)}/discard"}
+    hint = {"dead": f"; to set a dead letter aside, POST /v1/jobs/{jid}/discard"}
     row = await operator_action(
-        request, "cancel", "job is already {state}; nothing to cancel", hints=hint
+        app, jid, "cancel", "job is already {state}; nothing to cancel", hints=hint
     )
     if row["state"] == "cancelled":
         metrics.JOBS_COMPLETED.labels(row["queue"], "cancelled").inc()
-    return json_response(job_view(row))
+    return row
+
+
+async def discard_action(app: web.Application, jid: int) -> dict[str, Any]:
+    row = await operator_action(
+        app, jid, "discard", "job is {state}; only dead jobs can be discarded"
+    )
+    log.info("discarded by an operator", extra={"job_id": row["id"], "job_key": row["key"]})
+    return row
+
+
+async def retry_job(request: web.Request) -> web.Response:
+    return json_response(job_view(await retry_action(request.app, job_id(request))))
+
+
+async def cancel_job(request: web.Request) -> web.Response:
+    return json_response(job_view(await cancel_action(request.app, job_id(request))))
 
 
 # dead letters, reschedule, paused queues (operator control) ---------------------------------
@@ -645,11 +678,7 @@ def parse_body(model: type[M], data: Any, shape: str) -> M:
 
 
 async def discard_job(request: web.Request) -> web.Response:
-    row = await operator_action(
-        request, "discard", "job is {state}; only dead jobs can be discarded"
-    )
-    log.info("discarded by an operator", extra={"job_id": row["id"], "job_key": row["key"]})
-    return json_response(job_view(row))
+    return json_response(job_view(await discard_action(request.app, job_id(request))))
 
 
 async def reschedule_job(request: web.Request) -> web.Response:
@@ -689,15 +718,22 @@ async def bulk_dead_letters(request: web.Request, action: str) -> web.Response:
         '{"queue": ..., "dead_reason": ..., "tenant": ..., "dead_since": ..., '
         '"dead_before": ..., "limit": ..., "dry_run": false} (at least one filter, or "all": true)',
     )
-    repo = request.app[REPO]
+    return json_response(await dead_letters_action(request.app, action, body))
+
+
+async def dead_letters_action(
+    app: web.Application, action: str, body: DeadLetterRequest
+) -> dict[str, Any]:
+    """Bulk `redrive` or `discard` (or its dry run) of the dead letters `body` selects."""
+    repo = app[REPO]
     if body.queue is not None and (why := await unknown_queue(repo, body.queue)):
         raise Problem(422, f"queue: {why}")
     result = await move_dead_letters(repo, action, body)
     if result["count"] and not body.dry_run:
         log.warning("%s of %d dead jobs by an operator", action, result["count"])
         if action == "redrive":
-            request.app[INTAKE].notify_accepted()
-    return json_response(result)
+            app[INTAKE].notify_accepted()
+    return result
 
 
 async def list_queues(request: web.Request) -> web.Response:
@@ -717,15 +753,21 @@ async def resume_queue(request: web.Request) -> web.Response:
 async def set_queue_paused(request: web.Request, *, paused: bool) -> web.Response:
     """Pause or resume a queue of the registry (every daemon on the database honours it at its
     next claim); idempotent. 404 lists the queues for an unknown name."""
-    repo, name = request.app[REPO], request.match_info["name"]
+    name = request.match_info["name"]
+    return json_response(await queue_pause_action(request.app, name, paused=paused))
+
+
+async def queue_pause_action(app: web.Application, name: str, *, paused: bool) -> dict[str, Any]:
+    """Pause or resume queue `name` (shared with the console); its overview entry after."""
+    repo = app[REPO]
     row = await repo.set_queue_paused(name, paused) if re.match(NAME_PATTERN, name) else None
     if row is None:
         known = [q["name"] for q in await repo.list_queues()]
         raise Problem(404, f"no queue {name[:100]!r}; queues: {', '.join(known)}", queues=known)
     metrics.QUEUE_PAUSED.labels(name).set(1 if paused else 0)
     log.warning("queue %s %s by an operator", name, "paused" if paused else "resumed")
-    sample = await request.app[SAMPLER].sample(max_age_s=OVERVIEW_MAX_AGE_S)
-    return json_response(queue_overview([row], sample, request.app[SETTINGS])[0])
+    sample = await app[SAMPLER].sample(max_age_s=OVERVIEW_MAX_AGE_S)
+    return queue_overview([row], sample, app[SETTINGS])[0]
 
 
 # schedules (filled in by the cron service) ----------------------------------------------------
@@ -801,23 +843,29 @@ async def catch_up_schedule(request: web.Request) -> web.Response:
     )
     start, end = rfc3339_field(data["from"], "from"), rfc3339_field(data["to"], "to")
     try:
-        if data.get("dry_run"):
+        body = await catch_up_action(service, name, start, end, dry_run=bool(data.get("dry_run")))
+    except TriggerFailed as exc:
+        return database_unavailable(f"{exc}; retry the same request (it is idempotent)")
+    return web.json_response(body, dumps=_dumps, status=202 if body.get("created") else 200)
+
+
+async def catch_up_action(
+    service: Any, name: str, start: datetime, end: datetime, *, dry_run: bool
+) -> dict[str, Any]:
+    """The catch-up of schedule `name` over [start, end], or its dry run (shared with the
+    console): 422 Problem for periods it cannot take; TriggerFailed passes through."""
+    try:
+        if dry_run:
             planned = [p.to_json() for p in await service.plan_catch_up(name, start, end)]
             would = sum(p["outcome"] == "would_create" for p in planned)
             body = {"schedule": name, "dry_run": True, "runs": planned, "would_create": would}
-            return web.json_response({**body, "existing": len(planned) - would}, dumps=_dumps)
+            return {**body, "existing": len(planned) - would}
         receipts = [r.to_json() for r in await service.catch_up(name, start, end)]
     except PeriodError as exc:
         raise Problem(422, str(exc)) from None
-    except TriggerFailed as exc:
-        return database_unavailable(f"{exc}; retry the same request (it is idempotent)")
     created = sum(r["outcome"] == "created" for r in receipts)
     body = {"schedule": name, "dry_run": False, "runs": receipts, "created": created}
-    return web.json_response(
-        {**body, "existing": len(receipts) - created},
-        dumps=_dumps,
-        status=202 if created else 200,
-    )
+    return {**body, "existing": len(receipts) - created}
 
 
 async def pause_schedule(request: web.Request) -> web.Response:

@@ -340,6 +340,12 @@ class RunRepository:
         return None if row is None else _receipt(row, "existing")
 
     @translate_unavailable
+    async def recent(self, schedule: str, limit: int) -> list[RunReceipt]:
+        """The receipts of the schedule's latest `limit` periods, newest first."""
+        rows = await self.pool.fetch(query("recent_runs"), schedule, limit)
+        return [_receipt(row, "existing") for row in rows]
+
+    @translate_unavailable
     async def count_queued(self, schedule: str) -> int:
         return int(await self.pool.fetchval(query("count_queued_runs"), schedule))
 

@@ -153,3 +153,7 @@ WITH doomed AS (
        FOR UPDATE SKIP LOCKED
 )
 DELETE FROM dispatcher.runs r USING doomed WHERE r.run_key = doomed.run_key;
+
+-- name: recent_runs
+-- The receipts of schedule $1's latest $2 periods, newest first (the console's schedule page).
+SELECT * FROM dispatcher.run_receipts WHERE schedule = $1 ORDER BY period_start DESC LIMIT $2;

@@ -425,6 +425,10 @@ class CronService:
         now = _utc(now or self._clock(), "now")
         return [await self._status_of(s, now) for s in self._schedules.values()]
 
+    async def receipts(self, name: str, limit: int) -> list[RunReceipt]:
+        """The run receipts of schedule `name`'s latest `limit` periods, newest first."""
+        return await self._runs.recent(self._schedule(name).name, limit)
+
     async def _status_of(self, s: ScheduleSettings, now: datetime) -> dict[str, Any]:
         schedule = s.schedule()
         await self._runs.finish_runs(s.name)

@@ -1,0 +1,567 @@
+"""The console's pages: what each reads (bounded, index-backed queries only; see
+tests/db/test_console_plans.py) and which shared action each button runs.
+
+Reading pages need the `read` scope. Every action is two requests: a GET that shows what will
+happen (with the dry-run count where there is one) and a form, and the POST of that form, which
+runs the same `*_action` function as the API route and shows the outcome.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+from aiohttp import web
+from pydantic import ValidationError
+
+from dispatcher.api.app import (
+    INTAKE,
+    LIST_PARAMETERS,
+    OVERVIEW_MAX_AGE_S,
+    REPO,
+    SAMPLER,
+    SCHEDULES,
+    SETTINGS,
+    cancel_action,
+    catch_up_action,
+    dead_letters_action,
+    discard_action,
+    queue_pause_action,
+    retry_action,
+)
+from dispatcher.api.filters import FILTERS, FilterError, next_cursor, parse_cursor, parse_job_filter
+from dispatcher.api.problems import Problem
+from dispatcher.api.schemas import DeadLetterRequest, describe, is_ascii_number, summary
+from dispatcher.console.redact import masked_target
+from dispatcher.console.web import (
+    PREFIX,
+    SERIES,
+    Route,
+    api_of,
+    base_context,
+    operate,
+    render,
+    session_of,
+)
+from dispatcher.db.runs import TriggerFailed
+from dispatcher.model import STATES
+from dispatcher.operations import queue_overview
+
+PAGE_SIZES = (25, 50, 100)
+ATTEMPTS_SHOWN = 50
+RECEIPTS_SHOWN = 10
+# Dead letters grouped per queue: among each queue's newest this many (one index walk each).
+DEAD_GROUPED = 10_000
+DEAD_SHOWN = 20
+JOB_ACTIONS = {
+    # action: (verb shown, states it applies to, what it does)
+    "retry": (
+        "Retry",
+        ("dead", "cancelled", "discarded"),
+        "back to ready now, with a fresh attempt budget",
+    ),
+    "cancel": (
+        "Cancel",
+        ("scheduled", "ready", "running"),
+        "no further attempt; a running attempt is asked to stop",
+    ),
+    "discard": (
+        "Discard",
+        ("dead",),
+        "set the dead letter aside (kept visible until the dead retention)",
+    ),
+}
+BULK_ACTIONS = {
+    "redrive": ("Redrive", "back to ready now, each with a fresh attempt budget"),
+    "discard": ("Discard", "set aside (kept visible until the dead retention)"),
+}
+
+
+# filters -------------------------------------------------------------------------------------
+def age(seconds: float | None) -> str:
+    """A duration the way an operator reads it: 45 s, 3 min 12 s, 2 h 5 min, 3 d 4 h."""
+    if seconds is None:
+        return "—"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
+
+
+def when(value: datetime | str | None) -> str:
+    """A time in UTC, to the second (RFC 3339 without the fraction)."""
+    if value is None:
+        return "—"
+    if isinstance(value, str):
+        try:
+            instant = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return value
+    else:
+        instant = value
+    return instant.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def add_filters(env: jinja2.Environment) -> None:
+    env.filters.update(age=age, when=when, pretty=pretty, query=urlencode)
+
+
+# overview ------------------------------------------------------------------------------------
+async def queue_rows(request: web.Request) -> list[dict[str, Any]]:
+    """The API's queue overview (GET /v1/queues), with this daemon's starts per second and the
+    in-flight cap beside the running count."""
+    api = api_of(request)
+    registry = await api[REPO].list_queues()
+    sample = await api[SAMPLER].sample(max_age_s=OVERVIEW_MAX_AGE_S)
+    series = request.app[SERIES]
+    rows = queue_overview(registry, sample, api[SETTINGS])
+    for row in rows:
+        row["starts_per_s"] = round(series.starts_per_s(row["name"]), 2)
+        row["cap"] = row["limits"].get("max_inflight")
+    return rows
+
+
+async def overview(request: web.Request) -> web.StreamResponse:
+    context = base_context(request, "Overview", "overview")
+    service = api_of(request)[SCHEDULES]
+    schedules = await service.status() if service is not None else []
+    context.update(queues=await queue_rows(request), schedules=schedules, states=STATES)
+    return render(request, "overview.html", context)
+
+
+async def live(request: web.Request) -> web.StreamResponse:
+    """The overview's live numbers: queue counters and the last 15 minutes of the chart."""
+    series = request.app[SERIES]
+    now = series.points()[-1].at if series.points() else 0.0
+    points = [
+        [
+            round(p.at - now, 1),
+            round(p.total / p.seconds, 2),
+            None if p.mean_s is None else round(p.mean_s * 1000, 2),
+            None if p.p95_s is None else round(p.p95_s * 1000, 2),
+        ]
+        for p in series.points()
+    ]
+    queues = {
+        row["name"]: {
+            **{state: row["jobs"][state] for state in STATES},
+            "paused": "paused" if row["paused"] else "active",
+            "oldest_ready": age(row["oldest_ready_age_s"]),
+            "starts_per_s": f"{row['starts_per_s']:g}",
+            "inflight": f"{row['jobs']['running']} / {row['cap'] if row['cap'] else '—'}",
+            "overdue": row["overdue"],
+        }
+        for row in await queue_rows(request)
+    }
+    body = {"window_s": series.window_s, "points": points, "queues": queues}
+    return web.json_response(body)
+
+
+# jobs --------------------------------------------------------------------------------------------
+def page_size(raw: str | None) -> int:
+    if raw is not None and is_ascii_number(raw, max_digits=3) and int(raw) in PAGE_SIZES:
+        return int(raw)
+    return PAGE_SIZES[0]
+
+
+async def jobs(request: web.Request) -> web.StreamResponse:
+    """The job list: the API's filters (GET /v1/jobs) and its keyset cursor."""
+    context = base_context(request, "Jobs", "jobs")
+    q = request.query
+    given = {name: q.get(name, "") for name in FILTERS}
+    limit = page_size(q.get("limit"))
+    api = api_of(request)
+    context.update(
+        given=given,
+        limit=limit,
+        page_sizes=PAGE_SIZES,
+        states=STATES,
+        rows=[],
+        next=None,
+        queues=[row["name"] for row in await api[REPO].list_queues()],
+        error="",
+    )
+    unknown = [name for name in q if name not in LIST_PARAMETERS]
+    try:
+        if unknown:
+            raise FilterError(f"{unknown[0][:64]}: not a filter of this list")
+        filters = parse_job_filter(q)
+        cursor = parse_cursor(q.get("cursor"), filters)
+    except FilterError as exc:
+        context["error"] = str(exc)
+        return render(request, "jobs.html", context, status=422)
+    rows = await api[REPO].list_summaries(filters, cursor=cursor, limit=limit)
+    context["rows"] = rows
+    if len(rows) == limit:
+        kept = {name: value for name, value in given.items() if value}
+        context["next"] = urlencode(
+            {**kept, "limit": limit, "cursor": next_cursor(rows[-1], filters)}
+        )
+    return render(request, "jobs.html", context)
+
+
+def job_id(raw: str) -> int:
+    if not is_ascii_number(raw, max_digits=18):
+        raise Problem(404, "No such job: job ids are positive integers.")
+    return int(raw)
+
+
+def timeline(job: dict[str, Any], attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A job's life in time order: accepted, due, each attempt's start and end, its end."""
+    events: list[dict[str, Any]] = [{"at": job["created_at"], "what": "accepted", "detail": ""}]
+    if job["due_at"] is not None:
+        events.append({"at": job["due_at"], "what": "due", "detail": ""})
+    for a in attempts:
+        if a["started_at"] is not None:
+            events.append(
+                {
+                    "at": a["started_at"],
+                    "what": f"attempt {a['attempt']} started",
+                    "detail": a["owner"],
+                }
+            )
+        detail = " ".join(str(x) for x in (a["reason"], a["http_status"]) if x)
+        events.append(
+            {
+                "at": a["finished_at"],
+                "what": f"attempt {a['attempt']} {a['outcome']}",
+                "detail": detail,
+            }
+        )
+    if job["finished_at"] is not None:
+        events.append(
+            {"at": job["finished_at"], "what": job["state"], "detail": job["dead_reason"] or ""}
+        )
+    return sorted(events, key=lambda e: e["at"])
+
+
+async def job_page(request: web.Request) -> web.StreamResponse:
+    jid = job_id(request.match_info["id"])
+    repo = api_of(request)[REPO]
+    job = await repo.get(jid)
+    if job is None:
+        raise Problem(404, f"No job {jid}.")
+    cursor = request.query.get("attempts_before")
+    before = int(cursor) if cursor and is_ascii_number(cursor, max_digits=18) else None
+    attempts = await repo.attempts(jid, before_id=before, limit=ATTEMPTS_SHOWN)
+    context = base_context(request, f"Job {jid}", "jobs")
+    context.update(
+        job=job,
+        payload=pretty(job["payload"]),
+        result=None if job["result"] is None else pretty(job["result"]),
+        target=masked_target(job["target"]),
+        attempts=attempts,
+        older=attempts[-1]["id"] if len(attempts) == ATTEMPTS_SHOWN else None,
+        timeline=timeline(job, attempts) if before is None else [],
+        actions=[
+            (name, verb)
+            for name, (verb, states, _) in JOB_ACTIONS.items()
+            if job["state"] in states
+        ],
+    )
+    return render(request, "job.html", context)
+
+
+def job_action_named(request: web.Request) -> tuple[int, str]:
+    action = request.match_info["action"]
+    if action not in JOB_ACTIONS:
+        raise Problem(404, f"No action {action[:40]!r}; actions: {', '.join(JOB_ACTIONS)}.")
+    return job_id(request.match_info["id"]), action
+
+
+@operate
+async def job_confirm(request: web.Request) -> web.StreamResponse:
+    jid, action = job_action_named(request)
+    job = await api_of(request)[REPO].get(jid)
+    if job is None:
+        raise Problem(404, f"No job {jid}.")
+    verb, _, effect = JOB_ACTIONS[action]
+    return confirm(
+        request,
+        title=f"{verb} job {jid}?",
+        lines=[f"Job {jid} ({job['key']}) is {job['state']}.", f"{verb}: {effect}."],
+        action=f"{PREFIX}/jobs/{jid}/{action}",
+        button=f"{verb} job {jid}",
+        back=f"{PREFIX}/jobs/{jid}",
+    )
+
+
+@operate
+async def job_act(request: web.Request) -> web.StreamResponse:
+    jid, action = job_action_named(request)
+    run = {"retry": retry_action, "cancel": cancel_action, "discard": discard_action}[action]
+    row = await run(api_of(request), jid)
+    return done(
+        request, f"Job {jid} is now {row['state']}.", [(f"{PREFIX}/jobs/{jid}", f"Job {jid}")]
+    )
+
+
+# queues --------------------------------------------------------------------------------------
+def queue_action_named(request: web.Request) -> tuple[str, str]:
+    action = request.match_info["action"]
+    if action not in ("pause", "resume"):
+        raise Problem(404, "Queue actions are pause and resume.")
+    return request.match_info["name"], action
+
+
+@operate
+async def queue_confirm(request: web.Request) -> web.StreamResponse:
+    name, action = queue_action_named(request)
+    known = [row["name"] for row in await api_of(request)[REPO].list_queues()]
+    if name not in known:
+        raise Problem(404, f"No queue {name[:100]!r}; queues: {', '.join(known)}.")
+    effect = (
+        "no daemon claims its jobs until it is resumed; intake and due times go on, and "
+        "attempts already running finish"
+        if action == "pause"
+        else "every daemon starts claiming its ready jobs again"
+    )
+    return confirm(
+        request,
+        title=f"{action.capitalize()} queue {name}?",
+        lines=[f"{action.capitalize()} queue {name}: {effect}."],
+        action=f"{PREFIX}/queues/{name}/{action}",
+        button=f"{action.capitalize()} queue {name}",
+        back=f"{PREFIX}/",
+    )
+
+
+@operate
+async def queue_act(request: web.Request) -> web.StreamResponse:
+    name, action = queue_action_named(request)
+    row = await queue_pause_action(api_of(request), name, paused=action == "pause")
+    state = "paused" if row["paused"] else "active"
+    return done(request, f"Queue {name} is {state}.", [(f"{PREFIX}/", "Overview")])
+
+
+# dead letters ----------------------------------------------------------------------------------
+async def dead(request: web.Request) -> web.StreamResponse:
+    repo = api_of(request)[REPO]
+    groups = await repo.dead_letter_groups(DEAD_GROUPED)
+    per_queue: dict[str, int] = {}
+    for group in groups:
+        per_queue[group["queue"]] = per_queue.get(group["queue"], 0) + group["n"]
+    for group in groups:  # the walk stopped at the cap: there may be more
+        group["capped"] = per_queue[group["queue"]] >= DEAD_GROUPED
+        group["query"] = urlencode(
+            {"queue": group["queue"], "dead_reason": group["dead_reason"] or ""}
+        )
+    newest = await repo.list_summaries(
+        parse_job_filter({"state": "dead"}), cursor=None, limit=DEAD_SHOWN
+    )
+    context = base_context(request, "Dead letters", "dead")
+    context.update(groups=groups, newest=newest, cap=DEAD_GROUPED)
+    return render(request, "dead.html", context)
+
+
+def bulk_request(
+    request: web.Request, values: Any, *, dry_run: bool
+) -> tuple[str, DeadLetterRequest]:
+    action = request.match_info["action"]
+    if action not in BULK_ACTIONS:
+        raise Problem(404, "Dead-letter actions are redrive and discard.")
+    chosen = {name: values.get(name) for name in ("queue", "dead_reason") if values.get(name)}
+    if "queue" not in chosen:
+        raise Problem(
+            422, "Choose the dead letters by queue (and reason) from the dead-letter page."
+        )
+    try:
+        body = DeadLetterRequest.model_validate({**chosen, "dry_run": dry_run})
+    except ValidationError as exc:
+        raise Problem(422, summary(describe(exc))) from None
+    return action, body
+
+
+@operate
+async def dead_confirm(request: web.Request) -> web.StreamResponse:
+    """The dry run of a bulk action, then its form: the count is what the POST would move."""
+    action, body = bulk_request(request, request.query, dry_run=True)
+    result = await dead_letters_action(api_of(request), action, body)
+    verb, effect = BULK_ACTIONS[action]
+    what = f"queue {body.queue}" + (f", reason {body.dead_reason}" if body.dead_reason else "")
+    count = result["count"]
+    return confirm(
+        request,
+        title=f"{verb} dead letters?",
+        lines=[
+            f"Dry run: {count} dead job{'s' if count != 1 else ''} match ({what}).",
+            f"{verb}: {effect}. Jobs that die after this page was shown are not taken.",
+        ],
+        action=f"{PREFIX}/dead/{action}",
+        button=f"{verb} {count} dead job{'s' if count != 1 else ''}",
+        back=f"{PREFIX}/dead",
+        fields={"queue": body.queue or "", "dead_reason": body.dead_reason or ""},
+        count=count,
+    )
+
+
+@operate
+async def dead_act(request: web.Request) -> web.StreamResponse:
+    action, body = bulk_request(request, await request.post(), dry_run=False)
+    result = await dead_letters_action(api_of(request), action, body)
+    verb = {"redrive": "Redriven", "discard": "Discarded"}[action]
+    return done(
+        request, f"{verb}: {result['count']} dead jobs.", [(f"{PREFIX}/dead", "Dead letters")]
+    )
+
+
+# schedules --------------------------------------------------------------------------------------
+def schedule_service(request: web.Request, name: str | None = None) -> Any:
+    service = api_of(request)[SCHEDULES]
+    if name is not None and (service is None or name not in service.names()):
+        raise Problem(404, f"No schedule {name[:100]!r}.")
+    return service
+
+
+async def schedules(request: web.Request) -> web.StreamResponse:
+    service = schedule_service(request)
+    shown = []
+    for status in await service.status() if service is not None else []:
+        receipts = [r.to_json() for r in await service.receipts(status["name"], RECEIPTS_SHOWN)]
+        missed = status["missed"]["periods"]
+        catch_from = min((m["period_start"] for m in missed), default="")
+        catch_to = max((m["period_start"] for m in missed), default="")
+        shown.append(
+            {**status, "receipts": receipts, "catch_from": catch_from, "catch_to": catch_to}
+        )
+    context = base_context(request, "Schedules", "schedules")
+    context.update(schedules=shown)
+    return render(request, "schedules.html", context)
+
+
+def catch_up_range(values: Any) -> tuple[datetime, datetime]:
+    def instant(field: str) -> datetime:
+        text = values.get(field)
+        try:
+            value = datetime.fromisoformat(str(text).strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise Problem(422, f"{field}: an RFC 3339 time, e.g. 2026-05-31T02:00:00Z") from None
+        if value.tzinfo is None:
+            raise Problem(422, f"{field}: needs a UTC offset, e.g. 2026-05-31T02:00:00Z")
+        return value
+
+    return instant("from"), instant("to")
+
+
+@operate
+async def catch_up_confirm(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["name"]
+    service = schedule_service(request, name)
+    start, end = catch_up_range(request.query)
+    plan = await catch_up_action(service, name, start, end, dry_run=True)
+    would = plan["would_create"]
+    context = base_context(request, f"Catch up {name}?", "schedules")
+    context.update(
+        name=name,
+        plan=plan,
+        would=would,
+        fields={"from": start.isoformat(), "to": end.isoformat()},
+        action=f"{PREFIX}/schedules/{name}/catch-up",
+        back=f"{PREFIX}/schedules",
+    )
+    return render(request, "catch_up.html", context)
+
+
+@operate
+async def catch_up_act(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["name"]
+    service = schedule_service(request, name)
+    start, end = catch_up_range(await request.post())
+    try:
+        result = await catch_up_action(service, name, start, end, dry_run=False)
+    except TriggerFailed as exc:
+        raise Problem(503, f"{exc}; try again (a catch-up is idempotent)") from None
+    if result["created"]:
+        api_of(request)[INTAKE].notify_accepted()
+    return done(
+        request,
+        f"Catch-up of {name}: {result['created']} runs created, {result['existing']} existed.",
+        [(f"{PREFIX}/schedules", "Schedules")],
+    )
+
+
+@operate
+async def schedule_confirm(request: web.Request) -> web.StreamResponse:
+    name, action = request.match_info["name"], request.match_info["action"]
+    schedule_service(request, name)
+    if action not in ("pause", "resume"):
+        raise Problem(404, "Schedule actions are pause, resume and catch-up.")
+    effect = (
+        "no instance fires it; its periods are recorded as missed (catch them up later)"
+        if action == "pause"
+        else "it fires again from its next period; missed periods stay listed"
+    )
+    return confirm(
+        request,
+        title=f"{action.capitalize()} schedule {name}?",
+        lines=[f"{action.capitalize()} schedule {name}: {effect}."],
+        action=f"{PREFIX}/schedules/{name}/{action}",
+        button=f"{action.capitalize()} schedule {name}",
+        back=f"{PREFIX}/schedules",
+    )
+
+
+@operate
+async def schedule_act(request: web.Request) -> web.StreamResponse:
+    name, action = request.match_info["name"], request.match_info["action"]
+    service = schedule_service(request, name)
+    if action not in ("pause", "resume"):
+        raise Problem(404, "Schedule actions are pause, resume and catch-up.")
+    await (service.pause(name) if action == "pause" else service.resume(name))
+    return done(request, f"Schedule {name}: {action}d.", [(f"{PREFIX}/schedules", "Schedules")])
+
+
+# confirmation and outcome ---------------------------------------------------------------------
+def confirm(
+    request: web.Request,
+    *,
+    title: str,
+    lines: list[str],
+    action: str,
+    button: str,
+    back: str,
+    fields: dict[str, str] | None = None,
+    count: int | None = None,
+) -> web.Response:
+    context = base_context(request, title)
+    context.update(
+        lines=lines, action=action, button=button, back=back, fields=fields or {}, count=count
+    )
+    return render(request, "confirm.html", context)
+
+
+def done(request: web.Request, message: str, links: list[tuple[str, str]]) -> web.Response:
+    context = base_context(request, "Done")
+    context.update(message=message, links=links, actor=session_of(request).name)
+    return render(request, "done.html", context)
+
+
+ROUTES: list[Route] = [
+    ("GET", "/", overview),
+    ("GET", "/live.json", live),
+    ("GET", "/jobs", jobs),
+    ("GET", "/jobs/{id}", job_page),
+    ("GET", "/jobs/{id}/{action}", job_confirm),
+    ("POST", "/jobs/{id}/{action}", job_act),
+    ("GET", "/queues/{name}/{action}", queue_confirm),
+    ("POST", "/queues/{name}/{action}", queue_act),
+    ("GET", "/dead", dead),
+    ("GET", "/dead/{action}", dead_confirm),
+    ("POST", "/dead/{action}", dead_act),
+    ("GET", "/schedules", schedules),
+    ("GET", "/schedules/{name}/catch-up", catch_up_confirm),
+    ("POST", "/schedules/{name}/catch-up", catch_up_act),
+    ("GET", "/schedules/{name}/{action}", schedule_confirm),
+    ("POST", "/schedules/{name}/{action}", schedule_act),
+]

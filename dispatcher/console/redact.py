@@ -1,0 +1,50 @@
+"""What the console shows of an http job's target: where it goes, never what authenticates it.
+
+Header values (Authorization, API keys, cookies: any header may carry a secret), the password
+of a URL's user information and the values of its query string are replaced by a mask; names
+stay, so an operator sees which headers and parameters were sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+MASK = "•••"
+
+
+def masked_url(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return MASK  # not a URL we can take apart: show nothing of it
+    netloc = host if ":" not in host else f"[{host}]"
+    if port is not None:
+        netloc = f"{netloc}:{port}"
+    if parts.username is not None:
+        user = parts.username + (f":{MASK}" if parts.password is not None else "")
+        netloc = f"{user}@{netloc}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(name, MASK) for name, _ in pairs], safe=MASK)
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def masked_target(target: Any) -> dict[str, Any] | None:
+    """A copy of a stored http target with its secrets masked (None if there is none)."""
+    if not isinstance(target, dict):
+        return None
+    shown: dict[str, Any] = {}
+    for field, value in target.items():
+        if field == "url" and isinstance(value, str):
+            shown["url"] = masked_url(value)
+        elif field == "headers" and isinstance(value, dict):
+            shown["headers"] = {str(name): MASK for name in value}
+        elif field in ("method", "timeout_s"):
+            shown[field] = value
+        else:
+            shown[field] = MASK  # a field added later may hold a secret too: mask by default
+    return shown
