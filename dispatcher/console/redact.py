@@ -8,7 +8,7 @@ stay, so an operator sees which headers and parameters were sent.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
 MASK = "•••"
 
@@ -29,7 +29,7 @@ def masked_url(url: str) -> str:
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(name, MASK) for name, _ in pairs], safe=MASK)
+        query = "&".join(f"{quote(name, safe='')}={MASK}" for name, _ in pairs)
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 

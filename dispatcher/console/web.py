@@ -40,6 +40,10 @@ LOGIN_COOKIE_S = 600  # the login form must be sent within 10 minutes of being s
 API: web.AppKey[web.Application] = web.AppKey("console_api", web.Application)
 SIGNER: web.AppKey[SessionSigner] = web.AppKey("console_signer", SessionSigner)
 SERIES: web.AppKey[StartSeries] = web.AppKey("console_series", StartSeries)
+# Where a request's session is kept (typed keys for requests exist from aiohttp 3.12 on).
+SESSION: Any = (
+    web.RequestKey("console_session", Session) if hasattr(web, "RequestKey") else "console_session"
+)
 
 SECURITY_HEADERS = {
     # no inline script or style, nothing from elsewhere, no framing, forms post only here
@@ -84,7 +88,7 @@ def operate(handler: Handler) -> Handler:
 
 
 def session_of(request: web.Request) -> Session:
-    session: Session = request["console_session"]
+    session: Session = request[SESSION]
     return session
 
 
@@ -131,7 +135,7 @@ async def session_middleware(request: web.Request, handler: Handler) -> web.Stre
         if getattr(route_handler, "console_public", False) or is_static(request):
             return await handler(request)
         return sign_in_first(request)
-    request["console_session"] = session
+    request[SESSION] = session
     if request.method == "POST":
         refusal = await forged(request, signer, session)
         if refusal is not None:
@@ -206,7 +210,7 @@ def error_page(request: web.Request, status: int, detail: str) -> web.Response:
 
 # rendering -----------------------------------------------------------------------------------
 def base_context(request: web.Request, title: str, nav: str = "") -> dict[str, Any]:
-    session: Session | None = request.get("console_session")
+    session: Session | None = request.get(SESSION)
     signer = request.app[SIGNER]
     return {
         "title": title,
