@@ -1,0 +1,116 @@
+"""A real headless Chromium (Debian's `chromium` + `chromium-driver`) driven by Selenium, with
+every call run in a thread: the tests' loopback targets live on the test's event loop, which a
+blocking WebDriver call would otherwise stall."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None or DRIVER is None,
+    reason="needs Debian's chromium and chromium-driver (apt-get install chromium "
+    "chromium-driver; .ci/run installs them)",
+)
+# No network on this machine: nothing Chromium would fetch for itself may be tried.
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+)
+
+
+class Browser:
+    def __init__(self, base_url: str, profile: Path, shots: Path):
+        from selenium import webdriver
+        from selenium.webdriver.chrome.options import Options
+        from selenium.webdriver.chrome.service import Service
+
+        options = Options()
+        options.binary_location = str(CHROMIUM)
+        for flag in (*FLAGS, f"--user-data-dir={profile}", "--window-size=1280,1000"):
+            options.add_argument(flag)
+        # the driver is given, so Selenium Manager never looks for (or downloads) one
+        self.driver = webdriver.Chrome(
+            service=Service(executable_path=str(DRIVER)), options=options
+        )
+        self.driver.set_page_load_timeout(30)
+        self.base_url = base_url
+        self.shots = shots
+        shots.mkdir(parents=True, exist_ok=True)
+
+    async def call(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.to_thread(fn, *args)
+
+    async def get(self, path: str) -> None:
+        await self.call(self.driver.get, self.base_url + path)
+
+    async def find(self, css: str) -> Any:
+        from selenium.webdriver.common.by import By
+
+        return await self.call(self.driver.find_element, By.CSS_SELECTOR, css)
+
+    async def finds(self, css: str) -> list[Any]:
+        from selenium.webdriver.common.by import By
+
+        return await self.call(self.driver.find_elements, By.CSS_SELECTOR, css)
+
+    async def link(self, text: str) -> Any:
+        from selenium.webdriver.common.by import By
+
+        return await self.call(self.driver.find_element, By.LINK_TEXT, text)
+
+    async def click(self, element: Any) -> None:
+        await self.call(element.click)
+
+    async def text(self, css: str) -> str:
+        return str(await self.call(lambda: self.driver.find_element("css selector", css).text))
+
+    async def page_text(self) -> str:
+        return await self.text("body")
+
+    async def path(self) -> str:
+        url = await self.call(lambda: self.driver.current_url)
+        return str(url)[len(self.base_url) :]
+
+    async def script(self, source: str, *args: Any) -> Any:
+        return await self.call(self.driver.execute_script, source, *args)
+
+    async def async_script(self, source: str, *args: Any) -> Any:
+        return await self.call(self.driver.execute_async_script, source, *args)
+
+    async def type_into(self, css: str, text: str) -> None:
+        element = await self.find(css)
+        await self.call(element.clear)
+        await self.call(element.send_keys, text)
+
+    async def screenshot(self, name: str, also: Path | None = None) -> Path:
+        path = self.shots / f"{name}.png"
+        await self.call(self.driver.save_screenshot, str(path))
+        if also is not None:
+            also.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, also)
+        return path
+
+    async def resize(self, width: int, height: int) -> None:
+        await self.call(self.driver.set_window_size, width, height)
+
+    async def sign_in(self, token: str) -> None:
+        await self.get("/console/")
+        assert (await self.path()).startswith("/console/login"), await self.path()
+        await self.type_into("#token", token)
+        await self.click(await self.find("form button[type=submit]"))
+
+    def close(self) -> None:
+        self.driver.quit()
