@@ -30,7 +30,12 @@ from collections import deque
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractConnection,
+    AbstractIncomingMessage,
+    AbstractQueue,
+)
 
 from dispatcher import metrics
 from dispatcher.db.jobs import JobRepository
@@ -43,6 +48,7 @@ log = logging.getLogger(__name__)
 RECONNECT_FIRST_S = 0.2
 RELAY_IDLE_S = 0.05  # the outbox had nothing: look again soon (one index probe)
 CONFIRM_TIMEOUT_S = 30.0
+SETTLE_TIMEOUT_S = 5.0  # acknowledgements after the drain; an unacked one is a duplicate later
 
 
 class RabbitLink(LoopService):
@@ -61,6 +67,9 @@ class RabbitLink(LoopService):
         self.inbox: dict[str, deque[AbstractIncomingMessage]] = {q: deque() for q in prefetch}
         self.arrived: dict[str, asyncio.Event] = {q: asyncio.Event() for q in prefetch}
         self._connection: AbstractConnection | None = None
+        # the drain stopped these queues: no consumer for them, and a late delivery goes back
+        self._stopped: set[str] = set()
+        self._consumers: dict[str, tuple[AbstractQueue, str]] = {}
 
     def queue_name(self, queue: str) -> str:
         return self._prefix + queue
@@ -100,7 +109,9 @@ class RabbitLink(LoopService):
                 declared = await channel.declare_queue(
                     self.queue_name(queue), durable=True, arguments={"x-queue-type": "quorum"}
                 )
-                await declared.consume(self._receiver(queue), no_ack=False)
+                if queue not in self._stopped:
+                    tag = await declared.consume(self._receiver(queue), no_ack=False)
+                    self._consumers[queue] = (declared, tag)
             self.problem = None
             self.connected.set()
             log.info("connected to RabbitMQ; %d queues declared", len(self._prefetch))
@@ -112,15 +123,34 @@ class RabbitLink(LoopService):
 
     def _receiver(self, queue: str) -> Any:
         async def on_message(message: AbstractIncomingMessage) -> None:
+            if queue in self._stopped:  # sent before the broker saw the cancel
+                await _return(message)
+                return
             self.inbox[queue].append(message)
             self.arrived[queue].set()
 
         return on_message
 
+    async def stop_consuming(self, queue: str) -> None:
+        """The drain began: cancel `queue`'s consumer, so the broker sends nothing more here,
+        and return every delivery held but not started (nack with requeue: another daemon gets
+        it now, not after this drain). The channel stays open: the deliveries of attempts
+        still running are acknowledged on it once their outcomes commit."""
+        self._stopped.add(queue)
+        consumer = self._consumers.pop(queue, None)
+        if consumer is not None:
+            declared, tag = consumer
+            with contextlib.suppress(Exception):  # a closed channel returned them already
+                await declared.cancel(tag)
+        waiting = self.inbox[queue]
+        while waiting:
+            await _return(waiting.popleft())
+
     def _lost(self) -> None:
         """Deliveries of a closed channel return to the broker; forget them here."""
         self.connected.clear()
         self.publisher = None
+        self._consumers.clear()
         for waiting in self.inbox.values():
             waiting.clear()
 
@@ -256,9 +286,22 @@ class RabbitTransport:
             self._acking.add(task)  # held until done, so the task is not collected early
             task.add_done_callback(self._acking.discard)
 
+    async def stop_receiving(self, queue: str) -> None:
+        await self._link.stop_consuming(queue)
+
+    async def settle(self) -> None:
+        if self._acking:
+            await asyncio.wait(set(self._acking), timeout=SETTLE_TIMEOUT_S)
+
 
 async def _ack(message: AbstractIncomingMessage) -> None:
     # a delivery of a closed channel cannot be acked: the broker redelivers it, and the claim
     # finds the job no longer ready for that attempt (a counted duplicate)
     with contextlib.suppress(Exception):
         await message.ack()
+
+
+async def _return(message: AbstractIncomingMessage) -> None:
+    # requeued at once for any other consumer; if the channel is gone, the broker did it already
+    with contextlib.suppress(Exception):
+        await message.nack(requeue=True)

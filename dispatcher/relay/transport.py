@@ -33,6 +33,13 @@ class Transport(Protocol):
     def finished(self, key: AttemptKey) -> None:
         """The attempt `key` ended (a broker transport acknowledges its delivery now)."""
 
+    async def stop_receiving(self, queue: str) -> None:
+        """The drain began: take nothing more for `queue` and hand back what was received but
+        not started (a broker transport returns those deliveries to the broker at once)."""
+
+    async def settle(self) -> None:
+        """The drain ended: wait (bounded) for the acknowledgements still on their way."""
+
 
 class InProcessTransport:
     """Relay and claim in one statement, fair across tenants (see `claim_ready`)."""
@@ -51,3 +58,9 @@ class InProcessTransport:
 
     def finished(self, key: AttemptKey) -> None:
         return None  # the claim took the outbox row: nothing to acknowledge
+
+    async def stop_receiving(self, queue: str) -> None:
+        return None  # nothing is held between claims
+
+    async def settle(self) -> None:
+        return None

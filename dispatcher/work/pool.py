@@ -32,6 +32,7 @@ from dispatcher.work.limiter import InflightLimit, TokenBucket
 log = logging.getLogger(__name__)
 
 CLAIM_ERROR_BACKOFF_S = 1.0
+STOP_RECEIVING_TIMEOUT_S = 5.0  # a broker that does not answer the cancel: its channel closes
 # Attempts whose outcome could not be written (database down) are remembered so the drain can
 # hand their leases back; past this many, the rest simply wait for their leases to expire.
 MAX_UNSETTLED = 100_000
@@ -88,6 +89,16 @@ class QueueWorker(Service):
             task, self._loop_task = self._loop_task, None
             with contextlib.suppress(Exception):  # a loop that died was reported already
                 await task
+            # no receive is under way any more: the transport may hand back what it holds
+            try:
+                async with asyncio.timeout(STOP_RECEIVING_TIMEOUT_S):
+                    await self._transport.stop_receiving(self.queue)
+            except Exception as exc:  # the broker redelivers them once the connection closes
+                log.error("could not hand back the deliveries of %s: %s", self.queue, exc)
+
+    async def settle(self) -> None:
+        """The drain is over: let the acknowledgements of the last attempts reach the broker."""
+        await self._transport.settle()
 
     stop = stop_claiming
 
@@ -325,8 +336,11 @@ class WorkerPool(Service):
         await self.stop_claiming()
         cancelled = await self._drain()
         unsettled = {*cancelled, *(k for w in self.workers.values() for k in w.unsettled)}
-        if unsettled:
-            await self._release(sorted(unsettled))
+        try:
+            if unsettled:
+                await self._release(sorted(unsettled))
+        finally:
+            await asyncio.gather(*(w.settle() for w in self.workers.values()))
 
     async def _drain(self) -> list[AttemptKey]:
         """Soft stop, then hard stop; returns the attempts that were cancelled."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
 import uuid
 from collections import Counter
@@ -198,3 +199,64 @@ async def test_a_daemon_with_its_broker_down_starts_and_says_it_is_degraded(
         assert await metric(daemon, "dispatcher_broker_failures_total") >= 1
     finally:
         await daemon.stop()
+
+
+async def ready_count(prefix: str) -> int:
+    """Messages ready in this test's queue, from the queue itself (a passive declare): the
+    counts `rabbitmqctl list_queues` shows are statistics refreshed only every few seconds."""
+    import aio_pika
+
+    connection = await aio_pika.connect(BROKER)
+    async with connection:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(prefix + "default", passive=True)
+        return int(declared.declaration_result.message_count or 0)
+
+
+async def test_sigterm_returns_held_deliveries_at_once_and_acks_running_ones_after_commit(
+    db_url: str, prefix: str, target: Target
+) -> None:
+    """A queue limited to 1 start/s: the daemon holds deliveries it may not start yet. SIGTERM
+    must hand those back to the broker while the running attempts are still running (not when
+    the process exits), and ack the running ones once their outcomes commit: a second daemon
+    then runs every other job, and nothing is delivered twice."""
+    target.delay_s = 8.0
+    limited = {
+        **env(db_url, prefix),
+        "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "1",
+        "DISPATCHER_QUEUES__DEFAULT__BURST": "1",
+        "DISPATCHER_QUEUES__DEFAULT__MAX_INFLIGHT": "10",
+        "DISPATCHER_DRAIN_TIMEOUT_S": "30",
+    }
+    first = await DaemonProcess(limited).start()
+    second: DaemonProcess | None = None
+    try:
+        await enqueue(db_url, 20, target.url)
+
+        async def holding() -> bool:  # prefetch 10, one started per second: the rest held
+            return len(target.requests) >= 1 and await ready_count(prefix) == 10
+
+        await wait_until(holding, timeout_s=30, what="deliveries held by the rate limit")
+        first.signal(signal.SIGTERM)
+
+        async def handed_back() -> bool:  # all but the running attempts' deliveries
+            return await ready_count(prefix) == 20 - len(target.requests)
+
+        await wait_until(handed_back, timeout_s=5, interval_s=0.2, what="held deliveries back")
+        assert first.proc is not None and first.proc.returncode is None, "still draining"
+        assert target.inflight >= 1  # the running attempt goes on meanwhile
+        running_at_sigterm = set(target.request_keys())
+        assert await first.wait(30) == 0
+        # the running attempts' deliveries were acked, not returned: nothing else went back
+        assert await ready_count(prefix) == 20 - len(running_at_sigterm)
+        second = DaemonProcess({**limited, "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "50"})
+        await second.start()
+        target.delay_s = 0.0
+        await wait_until(lambda: done(db_url, 20), timeout_s=60, what="20 jobs")
+        assert await metric(second, "dispatcher_duplicate_deliveries_total") == 0
+    finally:
+        await first.stop()
+        if second is not None:
+            await second.stop()
+    counts = Counter(target.request_keys())
+    assert len(counts) == 20 and max(counts.values()) == 1
