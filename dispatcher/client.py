@@ -41,7 +41,8 @@ async def enqueue(
     """Enqueue one job on `conn` (inside its current transaction, if any); return the job id.
 
     The same key with the same request returns the existing job's id; `due_at` omitted means
-    now. `target` is required for handler "http" and refused for the others.
+    now, and one more than the daemon's `due_at_past_tolerance_s` ago is refused (22023).
+    `target` is required for handler "http" and refused for the others.
     """
     if due_at is not None and due_at.tzinfo is None:
         raise ValueError(

@@ -321,6 +321,7 @@ class Daemon:
                 for q, c in s.queues.items()
             },
             {q: (c.rate_per_s, c.burst, c.max_inflight) for q, c in s.queues.items()},
+            due_at_past_tolerance_s=s.due_at_past_tolerance_s,  # for the SQL door (011)
         )
         effects = build_effects(s, engine, self.owner)
         log_handler_concurrency(s, effects)

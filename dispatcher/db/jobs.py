@@ -387,11 +387,16 @@ class JobRepository:
         handlers: dict[str, tuple[str, int]],
         on_dead: dict[str, tuple[dict[str, Any] | None, str | None]] | None = None,
         limits: dict[str, tuple[float | None, int | None, int | None]] | None = None,
+        *,
+        due_at_past_tolerance_s: float | None = None,
     ) -> None:
         """Write the configured queues and handlers to the registry; `on_dead` gives each
         queue's dead-letter notification (normalized target, notification queue), `limits` its
-        global limits (rate_per_s, burst, max_inflight; a queue left out has none)."""
+        global limits (rate_per_s, burst, max_inflight; a queue left out has none);
+        `due_at_past_tolerance_s`, how far past a due time the SQL door still accepts."""
         async with self.pool.acquire() as conn, conn.transaction():
+            if due_at_past_tolerance_s is not None:
+                await conn.execute(query("sync_intake_settings"), due_at_past_tolerance_s)
             for name, (max_attempts, max_retry_age_s) in queues.items():
                 rate, burst, inflight = (limits or {}).get(name, (None, None, None))
                 await conn.execute(

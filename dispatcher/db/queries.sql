@@ -6,10 +6,12 @@
 -- scan of the whole table instead, which made a claim of 1,000 from 100,000 ready jobs 4x slower.
 
 -- name: enqueue_many
--- Accept a batch of intents through the same function the SQL door offers.
+-- Accept a batch of intents: the SQL door's checks, except the past-due tolerance, which HTTP
+-- intake checks per item (a bad item must not reject its batch). See migration 011.
 SELECT ord, id, key, state, due_at, created_at, outcome
-  FROM dispatcher.enqueue_many($1::text[], $2::text[], $3::jsonb[], $4::timestamptz[], $5::text[],
-                               $6::text[], $7::jsonb[], $8::integer[], $9::integer[], $10::text[]);
+  FROM dispatcher.enqueue_many_internal($1::text[], $2::text[], $3::jsonb[], $4::timestamptz[],
+                                        $5::text[], $6::text[], $7::jsonb[], $8::integer[],
+                                        $9::integer[], $10::text[]);
 
 -- name: scan_due
 -- Move due scheduled jobs to ready and write their outbox rows, in one statement.
@@ -392,12 +394,13 @@ DELETE FROM dispatcher.outbox
 -- name: reschedule_job
 -- Move job $1, seen in state $3, to due time $2 (NULL = now): `scheduled` when later than now,
 -- else `ready` (an outbox row written here if it was scheduled). A job never attempted measures
--- its retry age from the new due time. The idempotency fingerprint (request_hash) is untouched.
+-- its retry age from the new due time, or from now if that is past (greatest() skips a NULL).
+-- The idempotency fingerprint (request_hash) is untouched.
 WITH moved AS (
     UPDATE dispatcher.jobs j
        SET due_at = coalesce($2, now()),
            state = CASE WHEN coalesce($2, now()) > now() THEN 'scheduled' ELSE 'ready' END,
-           budget_started_at = CASE WHEN j.attempt = 0 THEN coalesce($2, now())
+           budget_started_at = CASE WHEN j.attempt = 0 THEN greatest($2, now())
                                     ELSE j.budget_started_at END
      WHERE j.id = $1 AND j.state = $3
     RETURNING j.*
@@ -438,6 +441,14 @@ VALUES ($1, $2, $3, $4, $5, $6, coalesce($5, 0))
        max_inflight = excluded.max_inflight,
        tokens = CASE WHEN dispatcher.queues.rate_per_s IS NULL THEN excluded.tokens
                      ELSE least(dispatcher.queues.tokens, excluded.tokens) END;
+
+-- name: sync_intake_settings
+-- Keep the SQL door's past-due tolerance ($1 s) as configured: the database cannot read the
+-- daemon's configuration.
+INSERT INTO dispatcher.intake_settings AS s (due_at_past_tolerance_s) VALUES ($1)
+    ON CONFLICT (singleton) DO UPDATE
+   SET due_at_past_tolerance_s = excluded.due_at_past_tolerance_s, updated_at = now()
+ WHERE s.due_at_past_tolerance_s IS DISTINCT FROM excluded.due_at_past_tolerance_s;
 
 -- name: upsert_handler
 -- Register a handler; the current version only moves forward, so old and new releases agree.

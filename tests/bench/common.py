@@ -283,7 +283,9 @@ SQL_PATCHES = {
 # Candidate fixes applied as statements to the throw-away database (BENCH_PATCHES).
 SQL_STATEMENT_PATCHES = {
     # a generic plan of enqueue_many's statement assumes tiny arrays and turns quadratic
-    "enqcustom": "ALTER FUNCTION dispatcher.enqueue_many SET plan_cache_mode = force_custom_plan",
+    "enqcustom": (
+        "ALTER FUNCTION dispatcher.enqueue_many_internal SET plan_cache_mode = force_custom_plan"
+    ),
 }
 
 
@@ -297,7 +299,9 @@ async def apply_sql_patches(dsn: str) -> None:
     try:
         for statement in statements:
             await conn.execute(statement)
-        body = await conn.fetchval("SELECT pg_get_functiondef('dispatcher.enqueue_many'::regproc)")
+        body = await conn.fetchval(
+            "SELECT pg_get_functiondef('dispatcher.enqueue_many_internal'::regproc)"
+        )
         for patch in wanted:
             old, new = SQL_PATCHES[patch]
             if old not in body:  # the product changed: the fix may already be in
