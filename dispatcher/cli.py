@@ -255,8 +255,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
+    from dispatcher import tracing
     from dispatcher.daemon import Daemon
 
+    try:  # the standard OTEL_* variables; off unless they ask for an exporter
+        traced = tracing.from_environment()
+    except DispatcherError as exc:
+        print(f"dispatcher: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         import uvloop
 
@@ -265,7 +271,7 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
         runner = asyncio.run  # type: ignore[assignment]
 
     async def run() -> int:
-        return await Daemon(settings).run()
+        return await Daemon(settings, traced).run()
 
     return runner(run())
 

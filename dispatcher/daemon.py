@@ -24,7 +24,7 @@ from datetime import UTC
 from aiohttp import web
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from dispatcher import sdnotify
+from dispatcher import logs, sdnotify
 from dispatcher.api.app import create_app, create_metrics_app
 from dispatcher.api.listener import HttpListener, check_can_listen
 from dispatcher.api.tls import ServerTls
@@ -50,6 +50,7 @@ from dispatcher.scheduling.cron_service import CronService
 from dispatcher.scheduling.due_scan import DueScanner
 from dispatcher.scheduling.pruning import Pruner
 from dispatcher.scheduling.sampler import MetricsSampler
+from dispatcher.tracing import Tracing, current_trace_id
 from dispatcher.work.completer import Completer
 from dispatcher.work.executor import Executor
 from dispatcher.work.pool import LeaseHeartbeat, QueueWorker, WorkerPool
@@ -126,12 +127,16 @@ class Database(Service):
         await self._stack.aclose()
 
 
-def build_effects(settings: Settings, repo: JobRepository, owner: str) -> dict[str, Effect]:
+def build_effects(
+    settings: Settings, repo: JobRepository, owner: str, *, trace_context: bool = False
+) -> dict[str, Effect]:
     ssl_context = None
     if settings.http.ca_file is not None:
         ssl_context = ssl.create_default_context()
         ssl_context.load_verify_locations(cafile=str(settings.http.ca_file))
-    effects: dict[str, Effect] = {"http": HttpEffect(settings, ssl_context=ssl_context)}
+    effects: dict[str, Effect] = {
+        "http": HttpEffect(settings, ssl_context=ssl_context, trace_context=trace_context)
+    }
     for name, handler in settings.handlers.items():
         kind = PythonEffect if handler.kind == "python" else SqlEffect
         effects[name] = kind(name, handler, repo, owner)
@@ -148,6 +153,23 @@ def effect_service(effects: dict[str, Effect]) -> Service:
             await effect.stop()
 
     return CallbackService("effects", start, stop)
+
+
+def tracing_service(tracing: Tracing | None) -> Service:
+    """Says where spans go and puts trace ids on log lines; at stop, exports what is buffered
+    (off: does nothing)."""
+
+    async def start() -> None:
+        if tracing is not None:
+            logs.with_trace_ids(current_trace_id)
+            log.info("tracing on: spans go to %s", tracing.about)
+
+    async def stop() -> None:
+        if tracing is not None:  # the exporter's own timeout bounds this
+            logs.with_trace_ids(None)
+            await asyncio.to_thread(tracing.close)
+
+    return CallbackService("tracing", start, stop)
 
 
 def scheduler_service(scheduler: AsyncIOScheduler) -> Service:
@@ -210,8 +232,9 @@ class Wakeups:
 
 
 class Daemon:
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, tracing: Tracing | None = None):
         self.settings = settings
+        self.tracing = tracing  # None: tracing off (dispatcher.tracing.from_environment)
         self.owner = instance_owner(settings)
         self.stop_requested = asyncio.Event()
         self.force_requested = asyncio.Event()
@@ -323,7 +346,7 @@ class Daemon:
             {q: (c.rate_per_s, c.burst, c.max_inflight) for q, c in s.queues.items()},
             due_at_past_tolerance_s=s.due_at_past_tolerance_s,  # for the SQL door (011)
         )
-        effects = build_effects(s, engine, self.owner)
+        effects = build_effects(s, engine, self.owner, trace_context=self.tracing is not None)
         log_handler_concurrency(s, effects)
         completer = Completer(engine, self.owner)
         wake = Wakeups()
@@ -341,7 +364,9 @@ class Daemon:
         )
         disk = await self._disk_space()
         refusal = disk.problem if disk is not None else lambda: None
-        intake = Intake(s, repo, lambda t: HttpEffect.validate_target(t, s), wake, refusal)
+        intake = Intake(
+            s, repo, lambda t: HttpEffect.validate_target(t, s), wake, refusal, self.tracing
+        )
         # one sampler for the gauges and the queue overview (GET /v1/queues), which share its
         # samples; on the API's pool, as an operator read
         sampler = MetricsSampler(repo, s.overdue_after_s)
@@ -357,6 +382,7 @@ class Daemon:
             sampler=sampler,
         )
         services: list[Startable] = [
+            tracing_service(self.tracing),  # stops after every other service: spans flushed
             effect_service(effects),
             completer,
             HttpListener(
@@ -458,6 +484,7 @@ class Daemon:
                 timeouts,
                 on_rescheduled=lambda: wake("scheduled"),
                 handler_repo=handlers,
+                tracing=self.tracing,
             )
 
         workers = [

@@ -19,6 +19,7 @@ from dispatcher.config import Settings
 from dispatcher.db.jobs import JobRepository
 from dispatcher.errors import DatabaseUnavailable
 from dispatcher.model import EnqueueResult, NewJob
+from dispatcher.tracing import Tracing
 
 # Valid targets are remembered by their JSON text, within a budget of characters: a target may
 # be as large as the body limit (256 kB by default), and the 4,096 entries once allowed could
@@ -45,8 +46,10 @@ class Intake:
         validate_target: TargetValidator,
         on_accepted: Callable[[str], None] = lambda _state: None,
         refusal: Callable[[], str | None] = lambda: None,
+        tracing: Tracing | None = None,
     ):
         self._settings = settings
+        self._tracing = tracing
         self._refusal = refusal  # why no job can be accepted now (a full disk), if so
         self._repo = repo
         self._validate_target = validate_target
@@ -79,7 +82,9 @@ class Intake:
         """Tell the workers that jobs became ready outside `accept` (e.g. an operator retry)."""
         self._on_accepted("ready")
 
-    def check(self, key: str, request: JobRequest, now: datetime) -> NewJob | Rejected:
+    def check(
+        self, key: str, request: JobRequest, now: datetime, traceparent: str | None = None
+    ) -> NewJob | Rejected:
         """Validate against the configuration; return the job to store or why it is refused."""
         if request.handler not in self._handlers:
             known = ", ".join(sorted(self._handlers))
@@ -123,17 +128,30 @@ class Intake:
             target=target,
             max_attempts=request.max_attempts,
             max_retry_age_s=request.max_retry_age_s,
+            traceparent=traceparent,
         )
 
     async def accept(
-        self, items: Sequence[tuple[str, JobRequest]]
+        self, items: Sequence[tuple[str, JobRequest]], traceparent: str | None = None
     ) -> list[EnqueueResult | Rejected]:
-        """Accept many; a bad item never rejects the others. Order of results = order of items."""
+        """Accept many; a bad item never rejects the others. Order of results = order of items.
+        `traceparent`: the request's W3C trace context (used only while tracing is on; an
+        invalid one is ignored)."""
+        if self._tracing is None:
+            return await self._accept(items, None)
+        with self._tracing.intake(traceparent, len(items)) as (span, stored):
+            results = await self._accept(items, stored)
+            self._tracing.describe_intake(span, items, results)
+            return results
+
+    async def _accept(
+        self, items: Sequence[tuple[str, JobRequest]], traceparent: str | None
+    ) -> list[EnqueueResult | Rejected]:
         refused = self._refusal()
         if refused is not None:  # 503: the client retries the same request later
             raise DatabaseUnavailable(refused)
         now = datetime.now(UTC)
-        checked = [self.check(key, request, now) for key, request in items]
+        checked = [self.check(key, request, now, traceparent) for key, request in items]
         valid = [c for c in checked if isinstance(c, NewJob)]
         if len(valid) == 1:  # single requests arriving together share one statement and commit
             stored = iter([await self._writer.submit(valid[0])])

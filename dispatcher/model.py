@@ -28,6 +28,8 @@ class NewJob:
     max_attempts: int | None = None
     max_retry_age_s: int | None = None
     run_key: str | None = None
+    # W3C trace context the job was accepted in (stored only while tracing is on)
+    traceparent: str | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -60,6 +62,8 @@ class Job:
     progress: dict[str, Any] | None
     run_key: str | None
     due_to_start_s: float
+    # the claim builds a Job from its row's first 15 columns, in this order (claim_ready)
+    traceparent: str | None = None
     log_fields: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

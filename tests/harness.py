@@ -19,6 +19,7 @@ from aiohttp import web
 
 from dispatcher.config import Settings
 from dispatcher.daemon import Daemon
+from dispatcher.tracing import Tracing
 
 
 def free_port() -> int:
@@ -79,8 +80,10 @@ class RunningDaemon:
 
 
 @contextlib.asynccontextmanager
-async def running_daemon(settings: Settings) -> AsyncIterator[RunningDaemon]:
-    daemon = Daemon(settings)
+async def running_daemon(
+    settings: Settings, tracing: Tracing | None = None
+) -> AsyncIterator[RunningDaemon]:
+    daemon = Daemon(settings, tracing)
     task = asyncio.create_task(daemon.run(handle_signals=False))
     ready = asyncio.create_task(daemon.ready.wait())
     await asyncio.wait([task, ready], timeout=30, return_when=asyncio.FIRST_COMPLETED)

@@ -51,6 +51,7 @@ from dispatcher.operations import long_past, move_dead_letters, queue_overview, 
 from dispatcher.scheduling.cron import PeriodError
 from dispatcher.scheduling.sampler import MetricsSampler
 from dispatcher.tokens import SCOPES, ApiToken, digest
+from dispatcher.tracing import TRACEPARENT
 
 log = logging.getLogger(__name__)
 
@@ -379,6 +380,13 @@ def parse(model: type[JobRequest], data: Any) -> JobRequest:
         raise Problem(422, summary(errors), errors=errors) from None
 
 
+def traceparent(request: web.Request) -> str | None:
+    """The request's `traceparent` header; None when absent or repeated (the W3C recommendation
+    treats several as invalid). Intake checks the value and ignores an invalid one."""
+    values = request.headers.getall(TRACEPARENT, [])
+    return values[0] if len(values) == 1 else None
+
+
 def accepted_view(result: EnqueueResult) -> dict[str, Any]:
     return {
         "id": result.id,
@@ -402,7 +410,7 @@ async def post_job(request: web.Request) -> web.Response:
     if (problem_text := storable_json(data, has_escapes=has_escapes)) is not None:
         raise Problem(422, problem_text)
     job = parse(JobRequest, data)
-    (result,) = await request.app[INTAKE].accept([(key, job)])
+    (result,) = await request.app[INTAKE].accept([(key, job)], traceparent(request))
     if isinstance(result, Rejected):
         raise Problem(result.status, result.detail)
     if result.outcome == "conflict":
@@ -448,7 +456,8 @@ async def post_batch(request: web.Request) -> web.Response:
         except Problem as exc:
             parsed.append(Rejected(exc.status, exc.detail))
     valid = [p for p in parsed if not isinstance(p, Rejected)]
-    stored = iter(await request.app[INTAKE].accept(valid))
+    # one trace context for the whole batch: W3C trace context is per request, not per item
+    stored = iter(await request.app[INTAKE].accept(valid, traceparent(request)))
     results = []
     for index, entry in enumerate(parsed):
         outcome = entry if isinstance(entry, Rejected) else next(stored)

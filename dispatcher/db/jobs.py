@@ -25,6 +25,9 @@ from dispatcher.model import (
 _CLAIM = query("claim_ready")
 _COMPLETE = query("complete_succeeded")
 _RECORD_FAILURE = query("record_failure")
+# claim_ready and claim_delivered return a Job's fields first, in the dataclass's order
+# (tests/db/test_traceparent.py)
+CLAIM_JOB_COLUMNS = 15
 
 # Only waiting jobs can be rescheduled; a look that raced a claim or the scan is retried.
 RESCHEDULABLE = ("scheduled", "ready")
@@ -58,14 +61,31 @@ class JobRepository:
             [i.max_retry_age_s for i in items],
             [i.run_key for i in items],
         )
+        if any(i.traceparent is not None for i in items):  # only while tracing is on
+            if conn is not None:
+                return await self._enqueue_traced(conn, items, args)
+            async with self.pool.acquire() as own:
+                return await self._enqueue_traced(own, items, args)
         executor = conn if conn is not None else self.pool
-        rows = await executor.fetch(query("enqueue_many"), *args)
-        results: list[EnqueueResult | None] = [None] * len(items)
-        for r in rows:
-            results[r["ord"] - 1] = EnqueueResult(
-                r["id"], r["key"], r["state"], r["due_at"], r["created_at"], r["outcome"]
-            )
-        return cast(list[EnqueueResult], results)  # the function answers every item
+        return _enqueued(await executor.fetch(query("enqueue_many"), *args), len(items))
+
+    async def _enqueue_traced(
+        self, conn: asyncpg.Connection, items: Sequence[NewJob], args: tuple[list[Any], ...]
+    ) -> list[EnqueueResult]:
+        """enqueue_many, then the trace context of each job it created, in one transaction:
+        no claim can see a created job before its traceparent (a retried request's existing
+        job keeps the context it was created in)."""
+        async with conn.transaction():
+            results = _enqueued(await conn.fetch(query("enqueue_many"), *args), len(items))
+            created = [
+                (result.id, item.traceparent)
+                for item, result in zip(items, results, strict=True)
+                if result.outcome == "created" and item.traceparent is not None
+            ]
+            if created:
+                ids, traceparents = zip(*created, strict=True)
+                await conn.execute(query("set_traceparents"), list(ids), list(traceparents))
+        return results
 
     # scanning and rescue ------------------------------------------------------------------
     async def scan_due(self, batch: int) -> int:
@@ -96,7 +116,7 @@ class JobRepository:
         the next token (the last row of the claim is always its marker)."""
         rows = await self.pool.fetch(_CLAIM, queue, limit, capabilities, owner, lease_s)
         marker = rows[-1]
-        jobs = [Job(*r[:14]) for r in rows if r[0] is not None]
+        jobs = [Job(*r[:CLAIM_JOB_COLUMNS]) for r in rows if r[0] is not None]
         return jobs, marker["taken_count"], marker["wait_s"]
 
     async def claim_delivered(
@@ -110,7 +130,7 @@ class JobRepository:
             query("claim_delivered"), queue, ids, attempts, owner, lease_s
         )
         marker = rows[-1]
-        jobs = [Job(*r[:14]) for r in rows if r[0] is not None]
+        jobs = [Job(*r[:CLAIM_JOB_COLUMNS]) for r in rows if r[0] is not None]
         return jobs, set(marker["eligible"]), marker["wait_s"]
 
     async def lease_outbox(self, batch: int, lease_s: float) -> list[asyncpg.Record]:
@@ -429,6 +449,15 @@ class JobRepository:
         """A pooled connection inside a transaction (commits unless the block raises)."""
         async with self.pool.acquire() as conn, conn.transaction():
             yield conn
+
+
+def _enqueued(rows: list[asyncpg.Record], n: int) -> list[EnqueueResult]:
+    results: list[EnqueueResult | None] = [None] * n
+    for r in rows:
+        results[r["ord"] - 1] = EnqueueResult(
+            r["id"], r["key"], r["state"], r["due_at"], r["created_at"], r["outcome"]
+        )
+    return cast(list[EnqueueResult], results)  # the function answers every item
 
 
 def _split(attempts: Sequence[AttemptKey]) -> tuple[list[int], list[int]]:

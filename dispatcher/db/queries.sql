@@ -13,6 +13,13 @@ SELECT ord, id, key, state, due_at, created_at, outcome
                                         $5::text[], $6::text[], $7::jsonb[], $8::integer[],
                                         $9::integer[], $10::text[]);
 
+-- name: set_traceparents
+-- Store the W3C trace context jobs were accepted in ($1 ids, $2 traceparents, in parallel), in
+-- the transaction that created them (tracing only; one index probe per id).
+UPDATE dispatcher.jobs j SET traceparent = t.traceparent
+  FROM unnest($1::bigint[], $2::text[]) AS t(id, traceparent)
+ WHERE j.id = ANY ($1::bigint[]) AND j.id = t.id;
+
 -- name: scan_due
 -- Move due scheduled jobs to ready and write their outbox rows, in one statement.
 WITH due AS (
@@ -134,13 +141,15 @@ WITH RECURSIVE grant_ AS MATERIALIZED (
                     upper(dispatcher.due_at_range())) AS due_at,
               j.progress, j.run_key,
               CASE WHEN j.due_at <@ dispatcher.due_at_range()
-                   THEN extract(epoch FROM now() - j.due_at) ELSE 0 END::float8 AS due_to_start_s
+                   THEN extract(epoch FROM now() - j.due_at) ELSE 0 END::float8 AS due_to_start_s,
+              -- the 15th column, last of those `Job` is built from by position
+              j.traceparent
 )
 SELECT c.*, (SELECT count(*) FROM taken)::int AS taken_count, NULL::float8 AS wait_s
   FROM claimed c
 UNION ALL
 -- the marker row: how many outbox rows were taken (duplicates dropped) and the limiter's wait
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        (SELECT count(*) FROM taken)::int,
        dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM claimed)::int, g.wait_s)
   FROM grant_ g;
@@ -590,11 +599,12 @@ WITH grant_ AS MATERIALIZED (
                     upper(dispatcher.due_at_range())) AS due_at,
               j.progress, j.run_key,
               CASE WHEN j.due_at <@ dispatcher.due_at_range()
-                   THEN extract(epoch FROM now() - j.due_at) ELSE 0 END::float8 AS due_to_start_s
+                   THEN extract(epoch FROM now() - j.due_at) ELSE 0 END::float8 AS due_to_start_s,
+              j.traceparent  -- the 15th column, as in claim_ready
 )
 SELECT c.*, NULL::bigint[] AS eligible, NULL::float8 AS wait_s FROM claimed c
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        ARRAY(SELECT id FROM eligible),
        dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM claimed)::int, g.wait_s)
   FROM grant_ g;

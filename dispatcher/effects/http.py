@@ -4,6 +4,8 @@ the response into success, retry later or reject.
 Every attempt of a job sends the same `Idempotency-Key` and `webhook-id` (the job key), so a
 receiver can drop the duplicates that at-least-once delivery produces. Redirects are never
 followed (the redirect target was not checked by the SSRF guard and may not be idempotent).
+With tracing on, each request carries the attempt span's W3C `traceparent` (replacing one the
+target's own headers may set), so the target's trace joins the producer's.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dispatcher.effects.ssrf import GuardedResolver, TargetPolicy, TargetRefused
 from dispatcher.errors import Reject, RetryLater
 from dispatcher.metrics import HTTP_RESPONSES
 from dispatcher.model import Job
+from dispatcher.tracing import TRACEPARENT, current_traceparent
 
 METHODS = ("POST", "PUT", "PATCH")
 TARGET_KEYS = ("url", "method", "headers", "timeout_s")
@@ -64,8 +67,10 @@ class HttpEffect:
         *,
         ssl_context: ssl.SSLContext | None = None,
         clock: Callable[[], float] = time.time,
+        trace_context: bool = False,
     ) -> None:
         self._settings = settings
+        self._trace_context = trace_context  # send the current span as traceparent
         self._policy = TargetPolicy.from_settings(settings)
         self._secret = settings.signing_secret()
         if self._secret is not None:
@@ -144,6 +149,8 @@ class HttpEffect:
         headers["Idempotency-Key"] = job.key
         timestamp = int(self._clock())
         headers.update(webhook_headers(self._secret, job.key, timestamp, body))
+        if self._trace_context and (traceparent := current_traceparent()) is not None:
+            headers[TRACEPARENT] = traceparent
         return headers
 
     @staticmethod

@@ -16,6 +16,7 @@ from dispatcher.effects.base import Effect, LeaseLost
 from dispatcher.errors import Reject, RetryLater
 from dispatcher.faults import fault_point
 from dispatcher.model import Job
+from dispatcher.tracing import Tracing
 from dispatcher.work.completer import Completer
 from dispatcher.work.retry import backoff_s
 
@@ -50,6 +51,7 @@ class Executor:
         effect_timeout_s: dict[str, float],
         on_rescheduled: Callable[[], None] = lambda: None,
         handler_repo: JobRepository | None = None,
+        tracing: Tracing | None = None,
     ):
         self.queue = queue
         self._settings = settings
@@ -60,6 +62,7 @@ class Executor:
         self._owner = owner
         self._timeouts = effect_timeout_s
         self._on_rescheduled = on_rescheduled
+        self._tracing = tracing  # None (off): one test per attempt, nothing else
         self._m_succeeded = metrics.JOBS_COMPLETED.labels(queue, "succeeded")
         self._m_duration = metrics.EFFECT_DURATION.labels(queue)
         self._m_lease_lost = metrics.LEASES_LOST.labels(queue)
@@ -81,22 +84,46 @@ class Executor:
         once the effect has ended (its in-flight slot is free), before the outcome is recorded.
         The pool cancels the task with `attempt.timed_out` set when the handler's timeout
         passes."""
+        if self._tracing is not None:
+            return await self._execute_traced(self._tracing, job, attempt)
         fault_point("after_claim")
         try:
-            return await self._attempt(job, attempt)
+            await self._attempt(job, attempt)
+            return True
         except Exception as exc:  # only writes of the outcome get here
-            self._m_unrecorded.inc()
-            log.error(
-                "could not record the outcome of attempt %d (%s: %s); the job is retried once "
-                "its lease expires",
-                job.attempt,
-                type(exc).__name__,
-                exc,
-                extra=job.log_fields,
-            )
+            self._unrecorded(job, exc)
             return False
 
-    async def _attempt(self, job: Job, attempt: Attempt) -> bool:
+    async def _execute_traced(self, tracing: Tracing, job: Job, attempt: Attempt) -> bool:
+        """`execute` inside the attempt's span, which is current meanwhile (the http effect
+        sends it as `traceparent`). Kept apart so an untraced attempt pays for none of it."""
+        span, token = tracing.start_attempt(job)
+        outcome, error = "interrupted", None  # a drain's cancellation: the lease is handed back
+        try:
+            fault_point("after_claim")
+            outcome = await self._attempt(job, attempt)
+            return True
+        except Exception as exc:
+            outcome, error = "unrecorded", f"{type(exc).__name__}: {exc}"
+            self._unrecorded(job, exc)
+            return False
+        finally:
+            tracing.end_attempt(span, token, outcome, error)
+
+    def _unrecorded(self, job: Job, exc: Exception) -> None:
+        self._m_unrecorded.inc()
+        log.error(
+            "could not record the outcome of attempt %d (%s: %s); the job is retried once "
+            "its lease expires",
+            job.attempt,
+            type(exc).__name__,
+            exc,
+            extra=job.log_fields,
+        )
+
+    async def _attempt(self, job: Job, attempt: Attempt) -> str:
+        """Run the effect and record its outcome; return the outcome (succeeded, retry, dead,
+        cancelled, lease_lost). Raises only when the outcome could not be written."""
         effect = self._effects.get(job.handler)
         started = time.perf_counter()
         try:
@@ -126,7 +153,7 @@ class Executor:
         except LeaseLost:  # the rescuer wrote this attempt's history row (lease_expired)
             self._m_lease_lost.inc()
             log.warning("lease lost; the new holder finishes the job", extra=job.log_fields)
-            return True
+            return "lease_lost"
         except TimeoutError:
             failure = _Failure("attempt timed out", "timeout", time.perf_counter() - started)
             return await self._retry(job, failure, None)
@@ -145,10 +172,10 @@ class Executor:
             job, result, latency_s
         ):
             self._m_lease_lost.inc()
-            return True
+            return "lease_lost"
         fault_point("after_complete")
         self._m_succeeded.inc()
-        return True
+        return "succeeded"
 
     async def _run_effect(self, effect: Effect, job: Job, started: float) -> Any:
         if not effect.completes_in_transaction:
@@ -174,7 +201,7 @@ class Executor:
     def _backoff(self, job: Job) -> float:
         return backoff_s(job.attempt, self._settings.backoff_base_s, self._settings.backoff_cap_s)
 
-    async def _retry_later(self, job: Job, exc: RetryLater, latency_s: float) -> bool:
+    async def _retry_later(self, job: Job, exc: RetryLater, latency_s: float) -> str:
         kind = "rate_limited" if exc.rate_limited else "transient"
         failure = _Failure(exc.reason, kind, latency_s, exc.http_status)
         delay_s = exc.delay_s
@@ -186,12 +213,13 @@ class Executor:
             delay_s = max(delay_s or 0.0, self._backoff(job))
         return await self._retry(job, failure, delay_s)
 
-    async def _retry(self, job: Job, failure: _Failure, delay_s: float | None) -> bool:
+    async def _retry(self, job: Job, failure: _Failure, delay_s: float | None) -> str:
         if delay_s is None or delay_s != delay_s:  # none asked for, or NaN
             delay_s = self._backoff(job)
         return await self._fail(job, failure, permanent=False, delay_s=_clamped(delay_s))
 
-    async def _fail(self, job: Job, failure: _Failure, *, permanent: bool, delay_s: float) -> bool:
+    async def _fail(self, job: Job, failure: _Failure, *, permanent: bool, delay_s: float) -> str:
+        """Record a failed attempt; return the outcome: dead, cancelled, retry or lease_lost."""
         error, reason = failure.error[:ERROR_TEXT_LIMIT], failure.reason
         outcome = await self._repo.record_failure(
             job,
@@ -206,21 +234,22 @@ class Executor:
         )
         if outcome is None:
             self._m_lease_lost.inc()
-            return True
+            return "lease_lost"
         state, dead_reason = outcome
         fields = {**job.log_fields, "state": state}
         if state == "dead":
             metrics.DEAD_LETTERS.labels(self.queue, dead_reason or reason).inc()
             metrics.JOBS_COMPLETED.labels(self.queue, "dead").inc()
             log.warning("dead letter (%s): %s", dead_reason, error, extra=fields)
-        elif state == "cancelled":
+            return "dead"
+        if state == "cancelled":
             metrics.JOBS_COMPLETED.labels(self.queue, "cancelled").inc()
             log.info("cancelled after its attempt failed", extra=fields)
-        else:
-            metrics.RETRIES.labels(self.queue, reason).inc()
-            self._on_rescheduled()
-            log.info("retry in %.3f s (%s): %s", delay_s, reason, error, extra=fields)
-        return True
+            return "cancelled"
+        metrics.RETRIES.labels(self.queue, reason).inc()
+        self._on_rescheduled()
+        log.info("retry in %.3f s (%s): %s", delay_s, reason, error, extra=fields)
+        return "retry"
 
 
 @dataclass(slots=True)

@@ -56,6 +56,8 @@ async def plan(pool: asyncpg.Pool, statement: str, *args: object) -> str:
         ("move_dead", (1000, "default", "http_4xx", "t-1", FENCE, FENCE, FENCE, "discarded")),
         ("count_dead", (None, None, None, None, None, None, FENCE)),
         ("count_dead", (1000, "default", None, None, FENCE, None, FENCE)),
+        # tracing: the trace context of a created batch
+        ("set_traceparents", (list(range(1, 1001)), [f"00-{'1' * 32}-{'2' * 16}-01"] * 1000)),
     ],
 )
 async def test_batch_statements_never_scan_the_whole_jobs_table(
