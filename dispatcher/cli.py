@@ -66,7 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
         )
         return p
 
-    command("run", "run the daemon until SIGTERM/SIGINT (then drain gracefully)")
+    run = command("run", "run the daemon until SIGTERM/SIGINT (then drain gracefully)")
+    run.epilog = (
+        "tracing: off unless the standard OpenTelemetry variables ask for it, e.g. "
+        "OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 (needs the 'tracing' extra; "
+        "README: Tracing)"
+    )
     command("migrate", "apply pending database migrations and exit")
     command("check-config", "validate the configuration and print it with secrets masked")
     command(

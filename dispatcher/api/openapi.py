@@ -45,6 +45,17 @@ JOB_ID = {
     "schema": {"type": "string", "pattern": "^[0-9]+$"},
 }
 JOB = {"$ref": "#/components/schemas/Job"}
+TRACEPARENT_HEADER = {
+    "name": "traceparent",
+    "in": "header",
+    "required": False,
+    "description": (
+        "W3C trace context of the producer (README: Tracing). While tracing is on, the jobs "
+        "created join its trace and their pushes carry it on; a batch's header applies to "
+        "every item. An invalid or repeated header is ignored, never refused."
+    ),
+    "schema": {"type": "string"},
+}
 ATTEMPT = {"$ref": "#/components/schemas/Attempt"}
 ATTEMPT_OUTCOMES = ("succeeded", "retried", "dead", "cancelled", "lease_expired", "released")
 SCHEDULE_NAME = {
@@ -245,7 +256,8 @@ def _describe_api() -> dict[str, Any]:
                             "in": "header",
                             "required": True,
                             "schema": {"type": "string", "minLength": 1, "maxLength": 255},
-                        }
+                        },
+                        TRACEPARENT_HEADER,
                     ],
                     "requestBody": {
                         "required": True,
@@ -301,6 +313,7 @@ def _describe_api() -> dict[str, Any]:
             "/v1/jobs/batch": {
                 "post": {
                     "summary": f"Accept up to {MAX_BATCH} jobs; per-item results in order",
+                    "parameters": [TRACEPARENT_HEADER],
                     "requestBody": {
                         "required": True,
                         "content": {
