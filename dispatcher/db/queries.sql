@@ -489,13 +489,15 @@ SELECT 1 FROM dispatcher.jobs
 
 -- name: count_overdue
 -- Jobs due more than $1 seconds ago that are still not terminal, per queue. Each branch walks
--- only its own small index (never the whole table, which may hold millions of future jobs).
+-- only its own small index (never the whole table, which may hold millions of future jobs); the
+-- ready jobs are probed by id from the outbox (a join let the planner hash a scan of every job).
 SELECT queue, count(*)::bigint AS n FROM (
     SELECT queue FROM dispatcher.jobs
      WHERE state = 'scheduled' AND due_at < now() - make_interval(secs => $1)
     UNION ALL
-    SELECT j.queue FROM dispatcher.outbox o JOIN dispatcher.jobs j ON j.id = o.job_id
-     WHERE j.state = 'ready' AND j.due_at < now() - make_interval(secs => $1)
+    SELECT j.queue FROM dispatcher.jobs j
+     WHERE j.id = ANY (ARRAY(SELECT o.job_id FROM dispatcher.outbox o))
+       AND j.state = 'ready' AND j.due_at < now() - make_interval(secs => $1)
     UNION ALL
     SELECT queue FROM dispatcher.jobs
      WHERE state = 'running' AND lease_expires_at IS NOT NULL
