@@ -317,7 +317,8 @@ def test_non_loopback_listen_with_tokens_and_no_tls_is_refused() -> None:
     message = config_error(DISPATCHER_LISTEN="0.0.0.0:8080", DISPATCHER_API_TOKENS="t1")
     assert "\n" not in message
     assert "has no TLS" in message
-    assert "DISPATCHER_TLS__CERT_FILE" in message and "DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS" in message
+    assert "DISPATCHER_TLS__CERT_FILE" in message
+    assert "DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS" in message
     assert_no_secret(message)
 
 
