@@ -470,7 +470,12 @@ class Daemon:
             )
             self._broker = [link, relay]
             transport = rabbitmq.RabbitTransport(
-                engine, link, owner=self.owner, lease_s=s.lease_s, wait_s=s.scan_interval_s
+                engine,
+                link,
+                owner=self.owner,
+                capabilities=capabilities(s),
+                lease_s=s.lease_s,
+                wait_s=s.scan_interval_s,
             )
 
         def executor(queue: str) -> Executor:

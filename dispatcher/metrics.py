@@ -66,6 +66,13 @@ DUPLICATE_DELIVERIES = Counter(
     ["queue"],
     registry=REGISTRY,
 )
+DELIVERIES_REFUSED = Counter(
+    "dispatcher_deliveries_refused",
+    "RabbitMQ deliveries of jobs for a handler version this process cannot run, handed back "
+    "through the outbox for another daemon.",
+    ["queue"],
+    registry=REGISTRY,
+)
 BROKER_FAILURES = Counter(
     "dispatcher_broker_failures",
     "RabbitMQ connection attempts that failed, connections the broker closed, failed relay "

@@ -18,6 +18,7 @@ import pytest
 from dispatcher.db import migrations
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import connect, create_pool
+from tests.transports import transport  # noqa: F401 (a fixture: both transports)
 
 
 def with_database(url: str, name: str) -> str:

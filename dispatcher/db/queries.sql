@@ -578,16 +578,26 @@ DELETE FROM dispatcher.outbox WHERE id = ANY ($1::bigint[]);
 
 -- name: claim_delivered
 -- Consumer: lease the delivered jobs ($2 ids, $3 the attempt each message was published after)
--- of queue $1 to owner $4 for $5 seconds, within the queue's global limits. A job no longer
--- ready, or ready for another attempt, is not eligible (a duplicate delivery). The last row is
--- always the marker: the eligible ids (those not claimed were held back by the limits) and the
--- limiter's wait.
+-- of queue $1 that this process can run ($6 handler:version pairs) to owner $4 for $5 seconds,
+-- within the queue's global limits. A job no longer ready, or ready for another attempt, is not
+-- eligible (a duplicate delivery). A ready job this process cannot run (a mixed-version fleet)
+-- is refused: a new outbox row, published again after a second, carries it to another daemon.
+-- The last row is always the marker: the eligible ids (those not claimed were held back by the
+-- limits), the refused ids and the limiter's wait.
 WITH grant_ AS MATERIALIZED (
     SELECT granted, wait_s FROM dispatcher.claim_grant($1, cardinality($2::bigint[]))
-), eligible AS MATERIALIZED (
-    SELECT k.id FROM unnest($2::bigint[], $3::integer[]) AS d(id, attempt)
+), ready AS MATERIALIZED (
+    SELECT k.id, k.tenant, k.handler || ':' || k.handler_version AS capability
+      FROM unnest($2::bigint[], $3::integer[]) AS d(id, attempt)
       JOIN dispatcher.jobs k ON k.id = d.id AND k.attempt = d.attempt
      WHERE k.state = 'ready' AND k.queue = $1
+), eligible AS MATERIALIZED (
+    SELECT id FROM ready WHERE capability = ANY ($6::text[])
+), refused AS (
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, leased_until)
+    SELECT id, $1, tenant, capability, now() + interval '1 second'
+      FROM ready WHERE NOT capability = ANY ($6::text[])
+    RETURNING job_id
 ), claimed AS (
     UPDATE dispatcher.jobs j
        SET state = 'running', attempt = j.attempt + 1, lease_owner = $4,
@@ -604,9 +614,10 @@ WITH grant_ AS MATERIALIZED (
                    THEN extract(epoch FROM now() - j.due_at) ELSE 0 END::float8 AS due_to_start_s,
               j.traceparent  -- the 15th column, as in claim_ready
 )
-SELECT c.*, NULL::bigint[] AS eligible, NULL::float8 AS wait_s FROM claimed c
+SELECT c.*, NULL::bigint[] AS eligible, NULL::bigint[] AS refused, NULL::float8 AS wait_s
+  FROM claimed c
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       ARRAY(SELECT id FROM eligible),
+       ARRAY(SELECT id FROM eligible), ARRAY(SELECT job_id FROM refused),
        dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM claimed)::int, g.wait_s)
   FROM grant_ g;

@@ -14,7 +14,15 @@ broker only carries "job J is ready after attempt A".
   (fenced by the attempt, within the queue's global limits), acks deliveries for jobs that are
   no longer ready for that attempt as counted duplicates, and acks a started job's delivery
   only once its attempt has ended (its outcome committed). Prefetch is the queue's in-flight
-  cap: a daemon holds no more deliveries than it could run at once.
+  cap: a daemon holds no more deliveries than it could run at once. A delivery for a handler
+  version this daemon cannot run (a mixed-version fleet during a rolling release) is never
+  started here: the claim refuses it, writing the job a new outbox row that the relay publishes
+  again after a second (to any daemon), and the delivery is acked. A requeue would not do: the
+  broker hands a requeued message straight back to the same consumer, and a queue with a
+  delivery limit would drop it; the database, not the broker, keeps the job ready.
+- The drain (SIGTERM) cancels each queue's consumer as its claim loop stops and returns every
+  delivery held but not started (nack, requeue) at once; running attempts' deliveries are acked
+  on the still-open channel when their outcomes commit.
 
 Only this module imports aio_pika.
 """
@@ -145,6 +153,10 @@ class RabbitLink(LoopService):
         waiting = self.inbox[queue]
         while waiting:
             await _return(waiting.popleft())
+        self.arrived[queue].set()  # a receive waiting for deliveries returns now
+
+    def receiving(self, queue: str) -> bool:
+        return queue not in self._stopped
 
     def _lost(self) -> None:
         """Deliveries of a closed channel return to the broker; forget them here."""
@@ -227,12 +239,14 @@ class RabbitTransport:
         link: RabbitLink,
         *,
         owner: str,
+        capabilities: list[str],
         lease_s: float,
         wait_s: float,
     ):
         self._repo = repo
         self._link = link
         self._owner = owner
+        self._capabilities = capabilities
         self._lease_s = lease_s
         self._wait_s = wait_s
         self._acks: dict[AttemptKey, AbstractIncomingMessage] = {}
@@ -260,22 +274,32 @@ class RabbitTransport:
             by_job[job_id] = message
             keys.append((job_id, attempt))
         try:
-            jobs, eligible, wait_s = await self._repo.claim_delivered(
-                queue, keys, self._owner, self._lease_s
+            jobs, eligible, refused, wait_s = await self._repo.claim_delivered(
+                queue, keys, self._capabilities, self._owner, self._lease_s
             )
         except Exception:
-            waiting.extendleft(reversed([by_job[k[0]] for k in keys]))
+            if self._link.receiving(queue):
+                waiting.extendleft(reversed([by_job[k[0]] for k in keys]))
+            else:
+                for job_id, _ in keys:
+                    await _return(by_job[job_id])
             raise
         claimed = {job.id for job in jobs}
         held = [by_job[k[0]] for k in keys if k[0] in eligible and k[0] not in claimed]
         duplicates = 0
         for job_id, message in by_job.items():
-            if job_id not in eligible:
-                duplicates += 1
+            if job_id not in eligible:  # done, another attempt's, or refused: not run here
+                duplicates += job_id not in refused
                 await _ack(message)
+        if refused:  # the claim wrote them new outbox rows: they go out again to any daemon
+            metrics.DELIVERIES_REFUSED.labels(queue).inc(len(refused))
         for job in jobs:
             self._acks[(job.id, job.attempt)] = by_job[job.id]
-        waiting.extendleft(reversed(held))  # the limits held them back: first next time
+        if self._link.receiving(queue):
+            waiting.extendleft(reversed(held))  # the limits held them back: first next time
+        else:  # the drain began during the claim: they go back to the broker too
+            for message in held:
+                await _return(message)
         return Delivery(jobs, len(jobs) + duplicates, wait_s if held else None)
 
     def finished(self, key: AttemptKey) -> None:

@@ -85,16 +85,16 @@ class QueueWorker(Service):
         self._halt.set()
         self._wake.set()
         self.inflight.release(0)  # unblock a loop waiting for a free slot
+        # the transport hands back what it holds and wakes a receive waiting for deliveries
+        try:
+            async with asyncio.timeout(STOP_RECEIVING_TIMEOUT_S):
+                await self._transport.stop_receiving(self.queue)
+        except Exception as exc:  # the broker redelivers them once the connection closes
+            log.error("could not hand back the deliveries of %s: %s", self.queue, exc)
         if self._loop_task is not None:
             task, self._loop_task = self._loop_task, None
             with contextlib.suppress(Exception):  # a loop that died was reported already
                 await task
-            # no receive is under way any more: the transport may hand back what it holds
-            try:
-                async with asyncio.timeout(STOP_RECEIVING_TIMEOUT_S):
-                    await self._transport.stop_receiving(self.queue)
-            except Exception as exc:  # the broker redelivers them once the connection closes
-                log.error("could not hand back the deliveries of %s: %s", self.queue, exc)
 
     async def settle(self) -> None:
         """The drain is over: let the acknowledgements of the last attempts reach the broker."""

@@ -1,12 +1,15 @@
-"""The dispatch engine end to end, in process: real PostgreSQL, real loopback HTTP(S) targets."""
+"""The dispatch engine end to end, in process: real PostgreSQL, real loopback HTTP(S) targets.
+Every test runs over both transports (in-process, RabbitMQ: tests/transports.py)."""
 
 from __future__ import annotations
 
 import ssl
 import time
 from collections import Counter
+from typing import Any
 
 import asyncpg
+import pytest
 import trustme
 from aiohttp import web
 
@@ -27,13 +30,17 @@ async def all_in_state(db_url: str, state: str, total: int) -> bool:
     return (await count_states(db_url)).get(state, 0) == total
 
 
-async def test_thousand_jobs_to_https_target_each_key_exactly_once(db_url: str, tmp_path) -> None:
+async def test_thousand_jobs_to_https_target_each_key_exactly_once(
+    db_url: str, transport: dict[str, Any], tmp_path
+) -> None:
     ca = trustme.CA()
     server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1").configure_cert(server_ssl)
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
-    settings = make_settings(db_url, target_allow_http=False, http={"ca_file": str(ca_file)})
+    settings = make_settings(
+        db_url, **transport, target_allow_http=False, http={"ca_file": str(ca_file)}
+    )
     async with (
         serve_target(Target(), ssl_context=server_ssl) as target,
         running_daemon(settings) as d,
@@ -58,7 +65,9 @@ async def test_thousand_jobs_to_https_target_each_key_exactly_once(db_url: str, 
     assert max(counts.values()) == 1
 
 
-async def test_429_with_retry_after_delays_the_next_attempt(db_url: str) -> None:
+async def test_429_with_retry_after_delays_the_next_attempt(
+    db_url: str, transport: dict[str, Any]
+) -> None:
     async def respond(request: web.Request, count: int) -> web.StreamResponse:
         if count == 1:
             return web.Response(status=429, headers={"Retry-After": "2"})
@@ -66,7 +75,7 @@ async def test_429_with_retry_after_delays_the_next_attempt(db_url: str) -> None
 
     async with (
         serve_target(Target(respond=respond)) as target,
-        running_daemon(make_settings(db_url)) as d,
+        running_daemon(make_settings(db_url, **transport)) as d,
     ):
         job = await d.post_job("rate-limited", {"handler": "http", "target": {"url": target.url}})
         await wait_until(lambda: all_in_state(db_url, "succeeded", 1), what="success after 429")
@@ -76,14 +85,14 @@ async def test_429_with_retry_after_delays_the_next_attempt(db_url: str) -> None
     assert status["attempt"] == 2
 
 
-async def test_400_is_dead_after_one_attempt(db_url: str) -> None:
+async def test_400_is_dead_after_one_attempt(db_url: str, transport: dict[str, Any]) -> None:
     async def respond(request: web.Request, count: int) -> web.StreamResponse:
         return web.Response(status=400, text="grant id unknown")
 
     before = metrics.DEAD_LETTERS.labels("default", "http_4xx")._value.get()
     async with (
         serve_target(Target(respond=respond)) as target,
-        running_daemon(make_settings(db_url)) as d,
+        running_daemon(make_settings(db_url, **transport)) as d,
     ):
         job = await d.post_job("bad-input", {"handler": "http", "target": {"url": target.url}})
         await wait_until(lambda: all_in_state(db_url, "dead", 1), what="dead letter")
@@ -95,12 +104,16 @@ async def test_400_is_dead_after_one_attempt(db_url: str) -> None:
     assert metrics.DEAD_LETTERS.labels("default", "http_4xx")._value.get() == before + 1
 
 
-async def test_500_retries_with_growing_delays_until_max_attempts(db_url: str) -> None:
+async def test_500_retries_with_growing_delays_until_max_attempts(
+    db_url: str, transport: dict[str, Any]
+) -> None:
     async def respond(request: web.Request, count: int) -> web.StreamResponse:
         return web.Response(status=500)
 
     settings = make_settings(
-        db_url, queues={"default": {"backoff_base_s": 0.2, "backoff_cap_s": 5, "max_attempts": 4}}
+        db_url,
+        **transport,
+        queues={"default": {"backoff_base_s": 0.2, "backoff_cap_s": 5, "max_attempts": 4}},
     )
     async with serve_target(Target(respond=respond)) as target, running_daemon(settings) as d:
         job = await d.post_job("flaky", {"handler": "http", "target": {"url": target.url}})
@@ -114,9 +127,9 @@ async def test_500_retries_with_growing_delays_until_max_attempts(db_url: str) -
         assert gap <= 0.2 * 2 ** (n - 1) + 0.5, gaps
 
 
-async def test_limits_hold_rate_and_inflight(db_url: str) -> None:
+async def test_limits_hold_rate_and_inflight(db_url: str, transport: dict[str, Any]) -> None:
     settings = make_settings(
-        db_url, queues={"default": {"rate_per_s": 50, "burst": 10, "max_inflight": 5}}
+        db_url, **transport, queues={"default": {"rate_per_s": 50, "burst": 10, "max_inflight": 5}}
     )
     target = Target(delay_s=0.05)
     async with serve_target(target), running_daemon(settings) as d:
@@ -133,8 +146,10 @@ async def test_limits_hold_rate_and_inflight(db_url: str) -> None:
     assert target.max_inflight <= 5
 
 
-async def test_slow_targets_never_exceed_inflight_cap(db_url: str) -> None:
-    settings = make_settings(db_url, queues={"default": {"max_inflight": 5}})
+async def test_slow_targets_never_exceed_inflight_cap(
+    db_url: str, transport: dict[str, Any]
+) -> None:
+    settings = make_settings(db_url, **transport, queues={"default": {"max_inflight": 5}})
     target = Target(delay_s=0.3)
     async with serve_target(target), running_daemon(settings) as d:
         batch = [
@@ -147,9 +162,18 @@ async def test_slow_targets_never_exceed_inflight_cap(db_url: str) -> None:
     assert target.max_inflight == 5
 
 
-async def test_one_tenants_burst_does_not_starve_another(db_url: str) -> None:
+async def test_one_tenants_burst_does_not_starve_another(
+    db_url: str, transport: dict[str, Any], request: pytest.FixtureRequest
+) -> None:
+    if transport.get("transport") == "rabbitmq":  # README, "Scaling out": a known difference
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="a RabbitMQ queue is FIFO: tenant fairness holds only in process",
+            )
+        )
     settings = make_settings(
-        db_url, queues={"default": {"rate_per_s": 100, "burst": 5, "max_inflight": 5}}
+        db_url, **transport, queues={"default": {"rate_per_s": 100, "burst": 5, "max_inflight": 5}}
     )
     target = Target()
     async with serve_target(target), running_daemon(settings) as d:
@@ -175,10 +199,13 @@ async def test_one_tenants_burst_does_not_starve_another(db_url: str) -> None:
     assert big_remaining > 500, (started_before_small, big_remaining)
 
 
-async def test_duplicate_delivery_is_a_noop_and_counted(db_url: str) -> None:
+async def test_duplicate_delivery_is_a_noop_and_counted(
+    db_url: str, transport: dict[str, Any]
+) -> None:
     target = Target()
     before = metrics.DUPLICATE_DELIVERIES.labels("default")._value.get()
-    async with serve_target(target), running_daemon(make_settings(db_url)) as d:
+    settings = make_settings(db_url, **transport)
+    async with serve_target(target), running_daemon(settings) as d:
         job = await d.post_job("once", {"handler": "http", "target": {"url": target.url}})
         await wait_until(lambda: all_in_state(db_url, "succeeded", 1))
         conn = await asyncpg.connect(db_url)
@@ -192,13 +219,17 @@ async def test_duplicate_delivery_is_a_noop_and_counted(db_url: str) -> None:
             await wait_until(lambda: conn.fetchval("SELECT count(*) = 0 FROM dispatcher.outbox"))
         finally:
             await conn.close()
+        # through a broker, the delivery arrives after its outbox row is gone
+        counted = metrics.DUPLICATE_DELIVERIES.labels("default")
+        await wait_until(lambda: counted._value.get() >= before + 1, what="a counted duplicate")
     assert target.request_keys() == ["once"]
     assert metrics.DUPLICATE_DELIVERIES.labels("default")._value.get() == before + 1
 
 
-async def test_future_job_starts_at_its_due_time(db_url: str) -> None:
+async def test_future_job_starts_at_its_due_time(db_url: str, transport: dict[str, Any]) -> None:
     target = Target()
-    async with serve_target(target), running_daemon(make_settings(db_url, scan_interval_s=30)) as d:
+    settings = make_settings(db_url, **transport, scan_interval_s=30)
+    async with serve_target(target), running_daemon(settings) as d:
         async with d.session.get(f"{d.base_url}/healthz"):
             pass
         conn = await asyncpg.connect(db_url)
@@ -214,9 +245,12 @@ async def test_future_job_starts_at_its_due_time(db_url: str) -> None:
     assert 1.0 <= waited < 5.0, waited
 
 
-async def test_expired_lease_is_rescued_and_the_attempt_counts(db_url: str) -> None:
+async def test_expired_lease_is_rescued_and_the_attempt_counts(
+    db_url: str, transport: dict[str, Any]
+) -> None:
     target = Target()
-    async with serve_target(target), running_daemon(make_settings(db_url)) as d:
+    settings = make_settings(db_url, **transport)
+    async with serve_target(target), running_daemon(settings) as d:
         conn = await asyncpg.connect(db_url)
         try:  # a job claimed by a process that died: running, lease already expired
             job_id = await conn.fetchval(

@@ -7,6 +7,7 @@ from typing import Any
 
 import asyncpg
 
+from dispatcher import metrics
 from dispatcher.client import enqueue
 from dispatcher.errors import RetryLater
 from tests.harness import make_settings, running_daemon, wait_until
@@ -74,7 +75,9 @@ async def _states(db_url: str, expected: dict[str, str]) -> bool:
     return all([await state_of(db_url, k) == v for k, v in expected.items()])
 
 
-async def test_worker_claims_only_handler_versions_it_can_run(db_url: str) -> None:
+async def test_worker_claims_only_handler_versions_it_can_run(
+    db_url: str, transport: dict[str, Any]
+) -> None:
     conn = await asyncpg.connect(db_url)
     await conn.execute("CREATE TABLE app_effects (job_key text)")
     # A newer release registered version 2 of the handler; its jobs carry version 2.
@@ -84,18 +87,24 @@ async def test_worker_claims_only_handler_versions_it_can_run(db_url: str) -> No
     )
     await enqueue(conn, "v2-job", "count", {})
     assert await conn.fetchval("SELECT handler_version FROM dispatcher.jobs") == 2
-    old = make_settings(db_url, handlers=handlers(version=1))
+    CALLS.pop("v2-job", None)  # the other transport's run of this test
+    refused = metrics.DELIVERIES_REFUSED.labels("default")
+    refused_before = refused._value.get()
+    old = make_settings(db_url, **transport, handlers=handlers(version=1))
     async with running_daemon(old):
         await asyncio.sleep(0)  # let the claim loop run its first pass
         await wait_until(
             lambda: conn.fetchval("SELECT count(*) = 1 FROM dispatcher.outbox"),
             what="job still waiting",
         )
+        if transport:  # through the broker: delivered here, refused, handed back, twice over
+            await wait_until(lambda: refused._value.get() >= refused_before + 2, timeout_s=10)
         # an old process must leave the v2 job alone, however many claim passes it makes
         for _ in range(10):
             assert await state_of(db_url, "v2-job") == "ready"
             await asyncio.sleep(0.05)
-    new = make_settings(db_url, handlers=handlers(version=2, accepts_versions=[1]))
+    assert CALLS.get("v2-job") is None
+    new = make_settings(db_url, **transport, handlers=handlers(version=2, accepts_versions=[1]))
     async with running_daemon(new):
         await wait_until(lambda: _states(db_url, {"v2-job": "succeeded"}))
     await conn.close()
