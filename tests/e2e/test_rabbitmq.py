@@ -260,3 +260,80 @@ async def test_sigterm_returns_held_deliveries_at_once_and_acks_running_ones_aft
             await second.stop()
     counts = Counter(target.request_keys())
     assert len(counts) == 20 and max(counts.values()) == 1
+
+
+async def test_a_daemon_killed_mid_stream_loses_nothing_and_its_redeliveries_are_duplicates(
+    db_url: str, prefix: str, target: Target
+) -> None:
+    """kill -9 one of two daemons mid-stream: its unacked deliveries return to the broker and
+    reach the survivor, which finds their jobs running (or done) and acks them as counted
+    duplicates; its leases expire and those jobs run again. Every job succeeds exactly once in
+    the database; only the attempts the dead daemon had in flight may reach the target twice
+    (with the same Idempotency-Key)."""
+    target.delay_s = 0.02
+    short = {**env(db_url, prefix), "DISPATCHER_LEASE_S": "3"}
+    victim, survivor = DaemonProcess(short), DaemonProcess(short)
+    try:
+        await asyncio.gather(victim.start(), survivor.start())
+        await enqueue(db_url, 1000, target.url)
+        await wait_until(lambda: len(target.requests) > 200, timeout_s=30, what="work")
+        victim.signal(signal.SIGKILL)
+        await victim.wait(10)
+        await wait_until(lambda: done(db_url, 1000), timeout_s=120, what="1000 jobs")
+        assert await metric(survivor, "dispatcher_duplicate_deliveries_total") >= 1
+    finally:
+        await asyncio.gather(victim.stop(), survivor.stop())
+    counts = Counter(target.request_keys())
+    assert len(counts) == 1000
+    assert sum(n - 1 for n in counts.values()) <= 100  # the victim's in-flight cap (prefetch)
+    conn = await asyncpg.connect(db_url)
+    try:
+        once = await conn.fetchval("""
+            SELECT bool_and(n = 1) FROM (
+                SELECT count(*) AS n FROM dispatcher.attempts
+                 WHERE outcome = 'succeeded' GROUP BY job_id) s""")
+    finally:
+        await conn.close()
+    assert once
+
+
+async def broker_answers() -> bool:
+    proc = await asyncio.create_subprocess_exec(
+        "rabbitmqctl",
+        "-q",
+        "await_startup",
+        "--timeout",
+        "5",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    return await proc.wait() == 0 and broker_up()
+
+
+async def test_the_broker_stopped_and_started_mid_drain_loses_nothing(
+    db_url: str, prefix: str, target: Target
+) -> None:
+    """`rabbitmqctl stop_app` while a daemon drains 1000 jobs, `start_app` a few seconds later:
+    the durable quorum queue and its persistent messages survive, the daemon reconnects and
+    re-declares, and every job runs. The broker is restored in `finally` and awaited, so the
+    rest of the suite finds it up."""
+    target.delay_s = 0.01
+    daemon = await DaemonProcess(env(db_url, prefix)).start()
+    try:
+        await enqueue(db_url, 1000, target.url)
+        await wait_until(lambda: len(target.requests) > 100, timeout_s=30, what="work")
+        try:
+            await rabbitmqctl("stop_app")
+            await wait_until(lambda: not broker_up(), timeout_s=30, what="the broker stopped")
+            await wait_until(
+                lambda: metric(daemon, "dispatcher_broker_failures_total"),
+                timeout_s=30,
+                what="the daemon noticed",
+            )
+        finally:
+            await rabbitmqctl("start_app")
+            await wait_until(broker_answers, timeout_s=120, interval_s=1, what="the broker back")
+        await wait_until(lambda: done(db_url, 1000), timeout_s=120, what="1000 jobs")
+    finally:
+        await daemon.stop()
+    assert len(Counter(target.request_keys())) == 1000
