@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from dispatcher import __version__, logs
+from dispatcher import __version__, logs, rfc3339
 from dispatcher.config import Settings, load_settings
 from dispatcher.errors import DispatcherError
 from dispatcher.model import STATES
@@ -419,7 +419,8 @@ def cmd_jobs_operate(settings: Settings, args: argparse.Namespace) -> int:
     operations of the HTTP API (dispatcher.operations), straight on the database."""
     from pydantic import BaseModel, ValidationError
 
-    from dispatcher.api.schemas import DeadLetterRequest, RescheduleRequest
+    from dispatcher.api.schemas import RescheduleRequest
+    from dispatcher.requests import DeadLetterRequest
 
     request: BaseModel | None = None  # None: `discard ID`, one job, no filters
     try:
@@ -746,14 +747,9 @@ def with_cron(settings: Settings, body: Callable[[Any], Awaitable[int]]) -> int:
 
 def parse_time(value: str, option: str) -> datetime:
     try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise SystemExit(
-            f"dispatcher: {option} {value!r} is not RFC 3339, e.g. 2026-05-30T02:00:00Z"
-        ) from None
-    if parsed.tzinfo is None:
-        raise SystemExit(f"dispatcher: {option} {value!r} needs a UTC offset, e.g. ...T02:00:00Z")
-    return parsed
+        return rfc3339.parse(value)
+    except rfc3339.TimeError as exc:
+        raise SystemExit(f"dispatcher: {option}: {exc}") from None
 
 
 def format_schedule(entry: dict[str, Any]) -> str:
@@ -830,7 +826,7 @@ def _plain(value: Any) -> str:
     if isinstance(value, dict | list):
         return json.dumps(value)
     if isinstance(value, datetime):
-        return value.isoformat()
+        return rfc3339.format(value)
     return str(value)
 
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import asyncpg
 
+from dispatcher import rfc3339
+
 # jsonb values travel as text and are cast by the server, so the call works whatever JSON
 # codecs the caller's connection has (or has not) registered.
 _ENQUEUE = """
@@ -44,10 +46,11 @@ async def enqueue(
     now, and one more than the daemon's `due_at_past_tolerance_s` ago is refused (22023).
     `target` is required for handler "http" and refused for the others.
     """
-    if due_at is not None and due_at.tzinfo is None:
-        raise ValueError(
-            "due_at needs a timezone (e.g. datetime.now(UTC)); naive times are ambiguous"
-        )
+    if due_at is not None:
+        try:
+            due_at = rfc3339.utc(due_at)
+        except rfc3339.TimeError as exc:
+            raise ValueError(f"due_at needs a timezone (e.g. datetime.now(UTC)): {exc}") from None
     job_id: int = await conn.fetchval(
         _ENQUEUE,
         key,

@@ -29,7 +29,8 @@ from pydantic import (
 )
 
 from dispatcher.errors import ConfigError
-from dispatcher.scheduling.schedules import ScheduleSettings
+from dispatcher.schedules import ScheduleSettings
+from dispatcher.signing_secret import decode_secret
 from dispatcher.tokens import ApiToken, check_distinct, parse_file, parse_list, split_environment
 
 ENV_PREFIX = "DISPATCHER_"
@@ -138,8 +139,6 @@ class HttpSettings(_Strict):
     @classmethod
     def _secret_format(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None:
-            from dispatcher.effects.signing import decode_secret
-
             try:
                 decode_secret(value.get_secret_value())
             except ValueError:
@@ -419,8 +418,6 @@ class Settings(_Strict):
     def _check_signing_secret(self) -> None:
         secret = self.signing_secret()  # reads signing_secret_file now, not at start of the effect
         if secret is not None and self.http.signing_secret_file is not None:
-            from dispatcher.effects.signing import decode_secret
-
             try:
                 decode_secret(secret)
             except ValueError:

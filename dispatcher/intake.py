@@ -1,6 +1,6 @@
 """Intake: semantic validation of job requests and their durable, idempotent acceptance.
 
-Shape validation happens in `api.schemas`; here we check what needs the configuration (known
+Shape validation happens in `dispatcher.requests`; here we check what needs the configuration (known
 handler and queue, a safe target, a due time not in the past) and then hand valid items to the
 same SQL function applications call, so both doors share one set of idempotency rules.
 """
@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from dispatcher import jsoncodec, metrics
-from dispatcher.api.schemas import JobRequest
+from dispatcher import jsoncodec, metrics, rfc3339
 from dispatcher.config import Settings
 from dispatcher.db.jobs import JobRepository
 from dispatcher.errors import DatabaseUnavailable
 from dispatcher.model import EnqueueResult, NewJob
+from dispatcher.requests import JobRequest
 from dispatcher.tracing import Tracing
 
 # Valid targets are remembered by their JSON text, within a budget of characters: a target may
@@ -108,15 +108,13 @@ class Intake:
                 422, f'target: only handler "http" takes a target, not {request.handler!r}'
             )
         due_at = request.due_at
-        if due_at is not None:
-            if due_at.tzinfo is None:
-                return Rejected(422, "due_at: needs a UTC offset, e.g. 2026-05-31T00:00:00Z")
+        if due_at is not None:  # with an offset: JobRequest refuses a time without one
             tolerance = timedelta(seconds=self._settings.due_at_past_tolerance_s)
             if due_at < now - tolerance:
                 return Rejected(
                     422,
-                    f"due_at: {due_at.isoformat()} is more than {tolerance.total_seconds():.0f} s "
-                    "in the past; omit due_at to run now",
+                    f"due_at: {rfc3339.format(due_at)} is more than "
+                    f"{tolerance.total_seconds():.0f} s in the past; omit due_at to run now",
                 )
         return NewJob(
             key=key,

@@ -1,6 +1,6 @@
 """Operator actions that the HTTP API and the CLI share: bulk redrive and discard of dead
 letters, the reschedule time rule, and the queue overview. Both doors validate their input with
-the same request models (`api.schemas`) and then call these, so they cannot drift apart."""
+the same request models (`dispatcher.requests`) and then call these, so they cannot drift apart."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from dispatcher.api.schemas import DeadLetterRequest
+from dispatcher import rfc3339
 from dispatcher.config import Settings
 from dispatcher.db.jobs import JobRepository
 from dispatcher.model import STATES, DeadLetterFilter
+from dispatcher.requests import DeadLetterRequest
 from dispatcher.scheduling.sampler import Sample
 
 # Dead jobs moved per statement (and per commit): a bulk call over a million dead letters
@@ -65,7 +66,7 @@ def long_past(due_at: datetime, now: datetime, tolerance_s: float) -> str | None
     more than `due_at_past_tolerance_s` ago is a mistake, and "now" says what was meant."""
     if due_at < now - timedelta(seconds=tolerance_s):
         return (
-            f"due_at: {due_at.isoformat()} is more than {tolerance_s:.0f} s in the past; "
+            f"due_at: {rfc3339.format(due_at)} is more than {tolerance_s:.0f} s in the past; "
             'send "now" to run it now'
         )
     return None
@@ -94,7 +95,7 @@ def queue_overview(
             {
                 "name": name,
                 "paused": row["paused"],
-                "paused_at": row["paused_at"].isoformat() if row["paused_at"] else None,
+                "paused_at": rfc3339.format(row["paused_at"]) if row["paused_at"] else None,
                 "configured_here": configured is not None,
                 "jobs": {state: counts.get(name, {}).get(state, 0) for state in STATES},
                 "oldest_ready_age_s": round(sample.ages.get(name, 0.0), 3),

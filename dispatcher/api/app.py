@@ -17,7 +17,7 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
-from dispatcher import jsoncodec, metrics
+from dispatcher import jsoncodec, metrics, rfc3339
 from dispatcher.api.filters import (
     FILTERS,
     FilterError,
@@ -31,8 +31,6 @@ from dispatcher.api.schemas import (
     MAX_BATCH,
     BatchItem,
     BatchRequest,
-    DeadLetterRequest,
-    JobRequest,
     RescheduleRequest,
     describe,
     idempotency_key,
@@ -42,13 +40,14 @@ from dispatcher.api.schemas import (
 )
 from dispatcher.api.scopes import required_scope
 from dispatcher.config import NAME_PATTERN, Settings
+from dispatcher.cron import PeriodError
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.runs import TriggerFailed
 from dispatcher.errors import DatabaseUnavailable
 from dispatcher.intake import Intake, Rejected
 from dispatcher.model import EnqueueResult
 from dispatcher.operations import long_past, move_dead_letters, queue_overview, unknown_queue
-from dispatcher.scheduling.cron import PeriodError
+from dispatcher.requests import DeadLetterRequest, JobRequest
 from dispatcher.scheduling.sampler import MetricsSampler
 from dispatcher.tokens import SCOPES, ApiToken, digest
 from dispatcher.tracing import TRACEPARENT
@@ -392,8 +391,8 @@ def accepted_view(result: EnqueueResult) -> dict[str, Any]:
         "id": result.id,
         "key": result.key,
         "state": result.state,
-        "due_at": result.due_at.isoformat(),
-        "created_at": result.created_at.isoformat(),
+        "due_at": rfc3339.format(result.due_at),
+        "created_at": rfc3339.format(result.created_at),
     }
 
 
@@ -488,7 +487,7 @@ def job_id(request: web.Request) -> int:
 
 
 def _ts(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None
+    return rfc3339.format(value) if value else None
 
 
 def summary_view(row: dict[str, Any]) -> dict[str, Any]:
@@ -811,12 +810,9 @@ def schedule_body(data: Any, required: tuple[str, ...], usage: str) -> dict[str,
 
 def rfc3339_field(value: str, field: str) -> datetime:
     try:
-        instant = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise Problem(422, f"{field}: not an RFC 3339 timestamp") from None
-    if instant.tzinfo is None:
-        raise Problem(422, f"{field}: needs a UTC offset, e.g. 2026-05-31T02:00:00Z")
-    return instant
+        return rfc3339.parse(value)
+    except rfc3339.TimeError as exc:
+        raise Problem(422, f"{field}: {exc}") from None
 
 
 async def trigger_schedule(request: web.Request) -> web.Response:
@@ -890,7 +886,11 @@ async def resume_schedule(request: web.Request) -> web.Response:
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, default=lambda v: v.isoformat() if hasattr(v, "isoformat") else str(v))
+    return json.dumps(value, default=_plain)
+
+
+def _plain(value: Any) -> str:
+    return rfc3339.format(value) if isinstance(value, datetime) else str(value)
 
 
 # health, metrics, description ----------------------------------------------------------------

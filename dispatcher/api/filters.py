@@ -9,16 +9,14 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
-
-from dispatcher.api.schemas import RFC3339, idempotency_key, valid_key
+from dispatcher import rfc3339
+from dispatcher.api.schemas import idempotency_key, valid_key
 from dispatcher.config import NAME_PATTERN
 from dispatcher.model import STATES, JobFilter, ListCursor
 
 # The filters, in the order the API and the CLI document them.
 FILTERS = ("state", "queue", "key", "tenant", "run_key", "handler", "due_before", "due_after")
 MAX_TENANT = 255  # as intake accepts it
-_DATETIME = TypeAdapter(datetime)
 
 
 class FilterError(ValueError):
@@ -89,11 +87,11 @@ def _instant(name: str, value: str | None) -> datetime | None:
     if value is None:
         return None
     fix = f"{name}: an RFC 3339 time with offset, e.g. 2026-05-31T02:00:00Z"
-    if not RFC3339.match(value):
+    if not rfc3339.PATTERN.match(value):
         raise FilterError(fix)
     try:
-        return _DATETIME.validate_python(value).astimezone(UTC)
-    except ValidationError:
+        return rfc3339.parse(value).astimezone(UTC)
+    except rfc3339.TimeError:
         raise FilterError(f"{fix} (no such date or time)") from None
     except OverflowError:
         raise FilterError(

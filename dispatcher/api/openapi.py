@@ -9,13 +9,12 @@ from dispatcher import __version__
 from dispatcher.api.schemas import (
     MAX_BATCH,
     BatchItem,
-    DeadLetterRequest,
-    JobRequest,
     RescheduleRequest,
 )
 from dispatcher.api.scopes import required_scope
 from dispatcher.config import NAME_PATTERN
 from dispatcher.model import STATES
+from dispatcher.requests import DeadLetterRequest, JobRequest
 
 PROBLEM = {"$ref": "#/components/schemas/Problem"}
 

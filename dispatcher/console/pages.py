@@ -17,6 +17,7 @@ import jinja2
 from aiohttp import web
 from pydantic import ValidationError
 
+from dispatcher import rfc3339
 from dispatcher.api.app import (
     INTAKE,
     LIST_PARAMETERS,
@@ -34,7 +35,7 @@ from dispatcher.api.app import (
 )
 from dispatcher.api.filters import FILTERS, FilterError, next_cursor, parse_cursor, parse_job_filter
 from dispatcher.api.problems import Problem
-from dispatcher.api.schemas import DeadLetterRequest, describe, is_ascii_number, summary
+from dispatcher.api.schemas import describe, is_ascii_number, summary
 from dispatcher.console.redact import masked_target
 from dispatcher.console.web import (
     PREFIX,
@@ -49,6 +50,7 @@ from dispatcher.console.web import (
 from dispatcher.db.runs import TriggerFailed
 from dispatcher.model import STATES
 from dispatcher.operations import queue_overview
+from dispatcher.requests import DeadLetterRequest
 
 PAGE_SIZES = (25, 50, 100)
 ATTEMPTS_SHOWN = 50
@@ -442,14 +444,10 @@ async def schedules(request: web.Request) -> web.StreamResponse:
 
 def catch_up_range(values: Any) -> tuple[datetime, datetime]:
     def instant(field: str) -> datetime:
-        text = values.get(field)
         try:
-            value = datetime.fromisoformat(str(text).strip().replace("Z", "+00:00"))
-        except ValueError:
-            raise Problem(422, f"{field}: an RFC 3339 time, e.g. 2026-05-31T02:00:00Z") from None
-        if value.tzinfo is None:
-            raise Problem(422, f"{field}: needs a UTC offset, e.g. 2026-05-31T02:00:00Z")
-        return value
+            return rfc3339.parse(str(values.get(field)).strip())
+        except rfc3339.TimeError as exc:
+            raise Problem(422, f"{field}: {exc}") from None
 
     return instant("from"), instant("to")
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import asyncpg
 
+from dispatcher import rfc3339
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import translate_unavailable
 from dispatcher.db.queries import query
@@ -91,7 +92,7 @@ class RunReceipt:
 
     def to_json(self) -> dict[str, Any]:
         def iso(value: datetime | None) -> str | None:
-            return None if value is None else value.isoformat().replace("+00:00", "Z")
+            return None if value is None else rfc3339.format(value)
 
         return {
             "run_key": self.run_key,

@@ -27,11 +27,12 @@ from yarl import URL
 
 from dispatcher.config import Settings
 from dispatcher.effects.base import Delivered
-from dispatcher.effects.signing import decode_secret, webhook_headers
+from dispatcher.effects.signing import webhook_headers
 from dispatcher.effects.ssrf import GuardedResolver, TargetPolicy, TargetRefused
 from dispatcher.errors import Reject, RetryLater
 from dispatcher.metrics import HTTP_RESPONSES
 from dispatcher.model import Job
+from dispatcher.signing_secret import decode_secret
 from dispatcher.tracing import TRACEPARENT, current_traceparent
 
 METHODS = ("POST", "PUT", "PATCH")

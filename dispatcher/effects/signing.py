@@ -7,25 +7,10 @@ body bytes with the shared secret, and rejects stale timestamps, which stops for
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 
-SECRET_PREFIX = "whsec_"
-
-
-def decode_secret(secret: str) -> bytes:
-    """The HMAC key of a `whsec_<base64>` secret; ValueError names the problem."""
-    encoded = secret.removeprefix(SECRET_PREFIX)
-    # Secrets are often shared without base64 padding; restore it before decoding.
-    encoded += "=" * (-len(encoded) % 4)
-    try:
-        key = base64.b64decode(encoded, validate=True)
-    except binascii.Error:
-        raise ValueError("a signing secret is 'whsec_' followed by base64") from None
-    if not key:
-        raise ValueError("the signing secret is empty")
-    return key
+from dispatcher.signing_secret import decode_secret
 
 
 def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:

@@ -43,7 +43,14 @@ from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.base import BaseTrigger
 
-from dispatcher import metrics
+from dispatcher import metrics, rfc3339
+from dispatcher.cron import (
+    EARLIEST_INSTANT,
+    CronSchedule,
+    PeriodError,
+    query_units,
+    run_key,
+)
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.runs import (
     AfterUnitBatch,
@@ -58,15 +65,7 @@ from dispatcher.db.runs import (
 )
 from dispatcher.errors import DispatcherError
 from dispatcher.model import NewJob
-from dispatcher.scheduling.cron import (
-    EARLIEST_INSTANT,
-    CronSchedule,
-    PeriodError,
-    query_units,
-    rfc3339,
-    run_key,
-)
-from dispatcher.scheduling.schedules import QueryFanout, ScheduleSettings
+from dispatcher.schedules import QueryFanout, ScheduleSettings
 
 if TYPE_CHECKING:
     import asyncpg
@@ -102,7 +101,7 @@ class PlannedRun:
     def to_json(self) -> dict[str, Any]:
         return {
             "run_key": self.run_key,
-            "period_start": rfc3339(self.period_start),
+            "period_start": rfc3339.format(self.period_start),
             "outcome": self.outcome,
             "units": self.units,
         }
@@ -285,7 +284,7 @@ class CronService:
         created = sum(r.outcome == "created" for r in receipts)
         log.info(
             "cron catch-up of %s from %s to %s: %d periods, %d runs created",
-            name, rfc3339(start), rfc3339(end), len(periods), created,
+            name, rfc3339.format(start), rfc3339.format(end), len(periods), created,
         )  # fmt: skip
         return receipts
 
@@ -305,12 +304,12 @@ class CronService:
     ) -> list[datetime]:
         start, end = _utc(start, "from"), _utc(end, "to")
         if end < start:
-            raise PeriodError(f"catch-up range ends ({rfc3339(end)}) before it starts")
-        _check_not_too_early(start, f"catch-up range start {rfc3339(start)}")
+            raise PeriodError(f"catch-up range ends ({rfc3339.format(end)}) before it starts")
+        _check_not_too_early(start, f"catch-up range start {rfc3339.format(start)}")
         if end > self._clock() + FUTURE_TOLERANCE:
             raise PeriodError(
-                f"catch-up range ends in the future ({rfc3339(end)}); the schedule fires those "
-                "periods itself"
+                f"catch-up range ends in the future ({rfc3339.format(end)}); the schedule "
+                "fires those periods itself"
             )
         periods = list(islice(s.schedule().periods(start, end), MAX_CATCH_UP_PERIODS + 1))
         if len(periods) > MAX_CATCH_UP_PERIODS:
@@ -345,7 +344,7 @@ class CronService:
         now = _utc(now or self._clock(), "now")
         state = await self._runs.set_paused(s.name, s.enabled, True, now)
         metrics.SCHEDULE_PAUSED.labels(s.name).set(1)
-        log.warning("cron %s paused (since %s)", s.name, rfc3339(state.paused_at or now))
+        log.warning("cron %s paused (since %s)", s.name, rfc3339.format(state.paused_at or now))
         return await self._status_of(s, now)
 
     async def resume(self, name: str, now: datetime | None = None) -> dict[str, Any]:
@@ -360,7 +359,7 @@ class CronService:
         metrics.SCHEDULE_PAUSED.labels(s.name).set(0)
         if state is not None and state.paused:
             log.warning(
-                "cron %s resumed (paused since %s)", s.name, rfc3339(state.paused_at or now)
+                "cron %s resumed (paused since %s)", s.name, rfc3339.format(state.paused_at or now)
             )
         return await self._status_of(s, now)
 
@@ -447,20 +446,21 @@ class CronService:
             "timezone": s.timezone,
             "enabled": s.enabled,
             "paused": paused,
-            "paused_at": rfc3339(state.paused_at) if state and state.paused_at else None,
+            "paused_at": rfc3339.format(state.paused_at) if state and state.paused_at else None,
             "handler": s.handler,
             "queue": s.queue,
             "overlap": s.overlap,
             "misfire_grace_s": s.misfire_grace_s,
             "fanout": s.describe_fanout(),
             "on_finished": None if s.on_finished is None else s.on_finished.model_dump(),
-            "next_fire_at": None if next_fire is None else rfc3339(next_fire),
+            "next_fire_at": None if next_fire is None else rfc3339.format(next_fire),
             "last_run": None if latest is None else latest.to_json(),
             "queued_runs": await self._runs.count_queued(s.name),
             "missed": {
                 "count": recorded_total + len(unrecorded),
                 "periods": [
-                    {"period_start": rfc3339(m.period_start), "reason": m.reason} for m in missed
+                    {"period_start": rfc3339.format(m.period_start), "reason": m.reason}
+                    for m in missed
                 ],
                 "catch_up": _catch_up_hint(s.name, recorded + unrecorded, oldest),
             },
@@ -492,16 +492,16 @@ class CronService:
 
     def _check_period(self, s: ScheduleSettings, period_start: datetime) -> datetime:
         period = _utc(period_start, "period_start")
-        _check_not_too_early(period, f"period {rfc3339(period)} of {s.name!r}")
+        _check_not_too_early(period, f"period {rfc3339.format(period)} of {s.name!r}")
         if period > self._clock() + FUTURE_TOLERANCE:
             raise PeriodError(
-                f"period {rfc3339(period)} of {s.name!r} is in the future; the schedule fires "
-                "it when it is due"
+                f"period {rfc3339.format(period)} of {s.name!r} is in the future; the schedule "
+                "fires it when it is due"
             )
         schedule = s.schedule()
         if not schedule.is_period_start(period):
             raise PeriodError(
-                f"{rfc3339(period)} is not a period start of schedule {s.name!r} "
+                f"{rfc3339.format(period)} is not a period start of schedule {s.name!r} "
                 f"({s.cron!r} in {s.timezone}); nearest: {schedule.describe_near(period)}"
             )
         return period
@@ -585,8 +585,8 @@ class CronService:
         reasons = sorted({m.reason for m in new})
         log.warning(
             "cron %s: %d period(s) missed (%s), first %s, last %s; not backfilled: %s",
-            s.name, len(new), ", ".join(reasons), rfc3339(new[0].period_start),
-            rfc3339(new[-1].period_start), _catch_up_hint(s.name, new),
+            s.name, len(new), ", ".join(reasons), rfc3339.format(new[0].period_start),
+            rfc3339.format(new[-1].period_start), _catch_up_hint(s.name, new),
         )  # fmt: skip
 
     async def _release(self, name: str) -> None:
@@ -651,20 +651,18 @@ class CronService:
 
 
 def _utc(value: datetime, what: str) -> datetime:
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise PeriodError(f"{what} {value.isoformat()} needs a UTC offset, e.g. ...T02:00:00Z")
     try:
-        return value.astimezone(UTC)
-    except OverflowError:  # 0001-01-01T00:00:00+14:00 lies before the calendar in UTC
-        raise PeriodError(f"{what} {value.isoformat()} is out of range") from None
+        return rfc3339.utc(value)
+    except rfc3339.TimeError as exc:
+        raise PeriodError(f"{what}: {exc}") from None
 
 
 def _check_not_too_early(instant: datetime, what: str) -> None:
     """Periods start no earlier than due times may be (the same bound at every door)."""
     if instant < EARLIEST_INSTANT:
         raise PeriodError(
-            f"{what} is before {rfc3339(EARLIEST_INSTANT)}, the earliest time the dispatcher "
-            "accepts"
+            f"{what} is before {rfc3339.format(EARLIEST_INSTANT)}, the earliest time the "
+            "dispatcher accepts"
         )
 
 
@@ -677,4 +675,4 @@ def _catch_up_hint(
         return None
     first = min([m.period_start for m in missed] + ([oldest] if oldest else []))
     last = max(m.period_start for m in missed)
-    return f"dispatcher catch-up {name} --from {rfc3339(first)} --to {rfc3339(last)}"
+    return f"dispatcher catch-up {name} --from {rfc3339.format(first)} --to {rfc3339.format(last)}"

@@ -26,10 +26,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-from dispatcher.api.schemas import DeadLetterRequest
 from dispatcher.db.jobs import JobRepository
 from dispatcher.model import Job, NewJob
 from dispatcher.operations import move_dead_letters
+from dispatcher.requests import DeadLetterRequest
 
 N_JOBS = 3
 OWNERS = ("owner-a", "owner-b")

@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta, timezone
 import asyncpg
 import pytest
 
+from dispatcher.cron import PeriodError
 from dispatcher.db.jobs import JobRepository
-from dispatcher.scheduling.cron import PeriodError
+from dispatcher.schedules import ScheduleSettings
 from dispatcher.scheduling.cron_service import CronService
-from dispatcher.scheduling.schedules import ScheduleSettings
 
 PLUS_14 = timezone(timedelta(hours=14))
 

@@ -15,12 +15,12 @@ import pytest
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, JobExecutionEvent
 
 from dispatcher import metrics
+from dispatcher.cron import PeriodError, run_key
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.runs import TriggerFailed
 from dispatcher.model import NewJob
-from dispatcher.scheduling.cron import PeriodError, run_key
+from dispatcher.schedules import ScheduleSettings
 from dispatcher.scheduling.cron_service import CronService, UnknownSchedule
-from dispatcher.scheduling.schedules import ScheduleSettings
 
 OWNER = "test-worker"
 

@@ -13,9 +13,9 @@ from typing import Any
 import asyncpg
 import pytest
 
+from dispatcher.cron import EARLIEST_INSTANT, LATEST_INSTANT
 from dispatcher.db import migrations
 from dispatcher.db.jobs import JobRepository
-from dispatcher.scheduling.cron import EARLIEST_INSTANT, LATEST_INSTANT
 from dispatcher.scheduling.due_scan import DueScanner
 from tests.conftest import scratch_database
 from tests.harness import wait_until

@@ -18,8 +18,8 @@ from dispatcher.config import Settings
 from dispatcher.db import migrations
 from dispatcher.db.jobs import JobRepository
 from dispatcher.model import Job, NewJob
+from dispatcher.schedules import ScheduleSettings
 from dispatcher.scheduling.cron_service import CronService
-from dispatcher.scheduling.schedules import ScheduleSettings
 from tests.conftest import scratch_database
 from tests.harness import make_settings, running_daemon
 

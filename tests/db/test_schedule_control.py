@@ -14,11 +14,11 @@ import asyncpg
 import pytest
 
 from dispatcher import metrics
+from dispatcher.cron import PeriodError
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.runs import SchedulePaused
-from dispatcher.scheduling.cron import PeriodError
+from dispatcher.schedules import ScheduleSettings
 from dispatcher.scheduling.cron_service import CronService
-from dispatcher.scheduling.schedules import ScheduleSettings
 
 OWNER = "control-test"
 

@@ -112,7 +112,7 @@ async def test_run_now_postpone_and_the_fingerprint(db_url: str, tmp_path: Path)
         assert (status, view["state"], view["due_at"]) == (
             200,
             "scheduled",
-            "2032-01-01T10:00:00+00:00",
+            "2032-01-01T10:00:00Z",  # as rfc3339.format writes every time
         )
         assert await outbox_rows(conn, other["id"]) == 0
     await conn.close()
@@ -138,7 +138,7 @@ async def test_only_waiting_jobs_move_and_bad_times_change_nothing(
             ("2020-01-01T00:00:00Z", 'is more than 300 s in the past; send "now"'),
             ("tomorrow", "due_at: must be an RFC 3339 timestamp with offset"),
             ("2031-05-31T00:00:00", "due_at: must be an RFC 3339 timestamp with offset"),
-            ("2031-02-30T00:00:00Z", "due_at: Input should be a valid datetime"),
+            ("2031-02-30T00:00:00Z", "due_at: '2031-02-30T00:00:00Z' is no such date or time"),
             (None, 'due_at: send "now" or an RFC 3339 timestamp'),
             (5, "due_at: must be an RFC 3339 timestamp"),
         ):
@@ -150,7 +150,7 @@ async def test_only_waiting_jobs_move_and_bad_times_change_nothing(
             f"{d.base_url}/v1/jobs/{job['id']}/reschedule", json={"due_at": "now", "x": 1}
         ) as r:
             assert r.status == 422
-        assert (await d.get_job(job["id"]))["due_at"] == "2031-05-31T00:00:00+00:00"
+        assert (await d.get_job(job["id"]))["due_at"] == "2031-05-31T00:00:00Z"
         assert (await reschedule(d, 424242, "now"))[0] == 404
         assert (await reschedule(d, "abc", "now"))[0] == 404  # type: ignore[arg-type]
 

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from dispatcher.scheduling.cron import rfc3339
+from dispatcher.rfc3339 import format as rfc3339
 from tests.e2e.test_cli import cli
 from tests.faults.common import fetchval
 from tests.harness import DaemonProcess
@@ -163,7 +163,7 @@ BAD_REQUESTS = [
     ("/v1/schedules/nightly/catch-up", {"from": "PERIOD", "to": 5}, 422,
      "to: must be an RFC 3339 timestamp string"),
     ("/v1/schedules/nightly/catch-up", {"from": "PERIOD", "to": "2026-13-01T00:00:00Z"},
-     422, "to: not an RFC 3339 timestamp"),
+     422, "to: '2026-13-01T00:00:00Z' is no such date or time"),
     ("/v1/schedules/nightly/catch-up", {"from": "PERIOD", "to": "2999-01-01T02:00:00Z",
      "dry_run": True}, 422, "ends in the future"),
     ("/v1/schedules/nightly/catch-up", {"from": "PERIOD", "to": "2000-01-01T02:00:00Z"},

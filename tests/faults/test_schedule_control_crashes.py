@@ -16,7 +16,8 @@ from pathlib import Path
 import aiohttp
 import asyncpg
 
-from dispatcher.scheduling.cron import parse_cron, rfc3339
+from dispatcher.cron import parse_cron
+from dispatcher.rfc3339 import format as rfc3339
 from tests.faults.common import (
     all_in,
     create_effects_table,

@@ -16,8 +16,8 @@ from dispatcher.api.app import create_app
 from dispatcher.config import Settings
 from dispatcher.db.jobs import JobRepository
 from dispatcher.intake import Intake
+from dispatcher.schedules import ScheduleSettings
 from dispatcher.scheduling.cron_service import CronService
-from dispatcher.scheduling.schedules import ScheduleSettings
 from tests.service.intake_app import Api, http_job, problem, serve_api
 
 RANGE = "from 2000-01-01T00:00:00Z through 9999-12-31T23:59:59Z"

@@ -11,19 +11,19 @@ import pytest
 from pydantic import ValidationError
 
 from dispatcher.config import load_settings
-from dispatcher.errors import ConfigError
-from dispatcher.scheduling.cron import (
+from dispatcher.cron import (
     CronExpressionError,
     PeriodError,
     parse_cron,
     query_units,
     range_units,
-    rfc3339,
     run_key,
     tenant_units,
 )
+from dispatcher.errors import ConfigError
+from dispatcher.rfc3339 import format as rfc3339
+from dispatcher.schedules import ScheduleSettings
 from dispatcher.scheduling.cron_service import _PeriodTrigger
-from dispatcher.scheduling.schedules import ScheduleSettings
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")

@@ -32,6 +32,7 @@ from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from dispatcher import rfc3339
 from dispatcher.errors import DispatcherError
 
 _MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
@@ -357,19 +358,17 @@ class CronSchedule:
         """Name the period starts around `instant` (for error messages)."""
         before = self.latest_at_or_before(instant)
         after = self.next_after(instant)
-        known = [rfc3339(t) for t in (before, after) if t is not None]
+        known = [rfc3339.format(t) for t in (before, after) if t is not None]
         return " and ".join(known) if known else "none"
 
 
 def _aware(instant: datetime) -> datetime:
-    if instant.tzinfo is None or instant.utcoffset() is None:
-        raise PeriodError(f"{instant.isoformat()} has no UTC offset; give times with one")
     try:
-        return instant.astimezone(UTC)
-    except OverflowError:  # e.g. 0001-01-01T00:00:00+14:00 is in year 0 in UTC
+        return rfc3339.utc(instant)
+    except rfc3339.TimeError as exc:
         raise PeriodError(
-            f"{instant.isoformat()} is out of range; times run from {rfc3339(EARLIEST_INSTANT)} "
-            f"through {rfc3339(LATEST_INSTANT)}"
+            f"{exc}; times run from {rfc3339.format(EARLIEST_INSTANT)} through "
+            f"{rfc3339.format(LATEST_INSTANT)}"
         ) from None
 
 
@@ -387,14 +386,9 @@ def _exists(local: datetime) -> bool:
     return back.replace(tzinfo=None) == local.replace(tzinfo=None)
 
 
-def rfc3339(instant: datetime) -> str:
-    """UTC, second precision, 'Z' suffix: 2026-03-29T01:30:00Z."""
-    return _aware(instant).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def run_key(schedule: str, period_start: datetime) -> str:
     """The identity of one period of one schedule, from its scheduled start (never the clock)."""
-    return f"{schedule}:{rfc3339(period_start)}"
+    return f"{schedule}:{rfc3339.format(_aware(period_start))}"
 
 
 def unit_key(run: str, unit: str) -> str:

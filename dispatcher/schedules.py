@@ -4,7 +4,7 @@
 [[schedules]]
 name = "session-cleanup"
 cron = "15 3 * * *"              # standard 5 fields; L, W, #, ?, @reboot are refused
-timezone = "Europe/Berlin"       # IANA name; DST handled (see dispatcher.scheduling.cron)
+timezone = "Europe/Berlin"       # IANA name; DST handled (see dispatcher.cron)
 handler = "expire_sessions"      # "http" (then `target` is required) or a [handlers] name
 params = { page_hint = 1 }       # base payload of every unit
 fanout = { ranges = 16, key_space = [0, 65536] }   # or { tenants = [...] } or { sql = "..." }
@@ -41,8 +41,8 @@ from pydantic import (
     model_validator,
 )
 
-from dispatcher.model import NewJob
-from dispatcher.scheduling.cron import (
+from dispatcher import rfc3339
+from dispatcher.cron import (
     UNIT_NAME,
     CronSchedule,
     PeriodError,
@@ -50,11 +50,11 @@ from dispatcher.scheduling.cron import (
     load_zone,
     parse_cron,
     range_units,
-    rfc3339,
     run_key,
     tenant_units,
     unit_key,
 )
+from dispatcher.model import NewJob
 
 # The same rule as queue and handler names; no ':' because it separates the parts of a key.
 SCHEDULE_NAME = r"^[a-z][a-z0-9_.-]{0,62}$"
@@ -301,7 +301,7 @@ class ScheduleSettings(_Strict):
                 f"on_finished follow-up of schedule {self.name!r}; rename that unit"
             )
         run = run_key(self.name, period_start)
-        base = {**self.params, "schedule": self.name, "period_start": rfc3339(period_start)}
+        base = {**self.params, "schedule": self.name, "period_start": rfc3339.format(period_start)}
         return [
             NewJob(
                 key=unit_key(run, unit.name),
@@ -328,7 +328,7 @@ class ScheduleSettings(_Strict):
         payload = {
             **follow.payload,
             "schedule": self.name,
-            "period_start": rfc3339(period_start),
+            "period_start": rfc3339.format(period_start),
             "run_key": run,
             "units": units,
             **{
