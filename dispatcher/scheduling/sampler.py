@@ -62,6 +62,14 @@ class MetricsSampler:
             )
             return self._last
 
+    def latest(self, max_age_s: float) -> Sample | None:
+        """The last sample if at most `max_age_s` old, without waiting for one in progress (the
+        console's pages: a sample can take a second with a large ready backlog)."""
+        last = self._last
+        if last is not None and time.monotonic() - last.taken_at <= max_age_s:
+            return last
+        return None
+
     async def run_once(self) -> None:
         try:
             sample = await self.sample()
