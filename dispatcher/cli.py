@@ -242,10 +242,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     logs.configure(settings.log_level, settings.log_format)
     if args.command in ("run", "check-config"):
+        from dispatcher.effects.http import verify_dead_letter_targets
         from dispatcher.effects.python import verify_handlers
 
         try:
             verify_handlers(settings)
+            verify_dead_letter_targets(settings)
         except DispatcherError as exc:
             print(f"dispatcher: configuration error: {exc}", file=sys.stderr)
             return EXIT_USAGE

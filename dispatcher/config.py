@@ -344,36 +344,6 @@ class Settings(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _dead_letter_notices(self) -> Settings:
-        """Every `on_dead` target passes the checks intake applies to an http job's target
-        (scheme, SSRF guard), so a notification can never be refused later for its URL."""
-        for name in self.queues:
-            self.dead_letter_target(name)
-        return self
-
-    def dead_letter_target(self, queue: str) -> dict[str, Any] | None:
-        """The normalized http target of `queue`'s dead-letter notifications, or None;
-        ValueError names the setting and the fix."""
-        notice = self.queues[queue].on_dead
-        if notice is None:
-            return None
-        from dispatcher.effects.http import normalize_target
-        from dispatcher.effects.ssrf import TargetPolicy
-
-        where = f"queues.{queue}.on_dead"
-        env = f"DISPATCHER_QUEUES__{queue.upper()}__ON_DEAD"
-        if notice.queue is not None and notice.queue not in self.queues:
-            known = ", ".join(sorted(self.queues))
-            raise ValueError(
-                f"{where}.queue: {notice.queue!r} is not in [queues] (configured: {known}) "
-                f"(env {env}__QUEUE)"
-            )
-        try:
-            return normalize_target({"url": notice.url}, self, TargetPolicy.from_settings(self))
-        except ValueError as exc:
-            raise ValueError(f"{where}.url: {exc} (env {env}__URL)") from None
-
-    @model_validator(mode="after")
     def _consistent(self) -> Settings:
         if "http" in self.handlers:
             raise ValueError("'http' is the built-in HTTP push handler; name yours differently")

@@ -40,7 +40,7 @@ from dispatcher.db.pool import PoolSet, connect, wait_for_database
 from dispatcher.db.vacuum import vacuum_problems
 from dispatcher.diskspace import CHECK_INTERVAL_S, DiskSpace
 from dispatcher.effects.base import Effect
-from dispatcher.effects.http import HttpEffect
+from dispatcher.effects.http import HttpEffect, dead_letter_target
 from dispatcher.effects.python import PythonEffect
 from dispatcher.effects.sql import SqlEffect
 from dispatcher.intake import Intake
@@ -340,7 +340,7 @@ class Daemon:
             {q: (c.max_attempts, c.max_retry_age_s) for q, c in s.queues.items()},
             {n: (h.kind, h.version) for n, h in s.handlers.items()},
             {
-                q: (s.dead_letter_target(q), c.on_dead.queue if c.on_dead else None)
+                q: (dead_letter_target(s, q), c.on_dead.queue if c.on_dead else None)
                 for q, c in s.queues.items()
             },
             {q: (c.rate_per_s, c.burst, c.max_inflight) for q, c in s.queues.items()},

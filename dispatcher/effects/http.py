@@ -29,7 +29,7 @@ from dispatcher.config import Settings
 from dispatcher.effects.base import Delivered
 from dispatcher.effects.signing import webhook_headers
 from dispatcher.effects.ssrf import GuardedResolver, TargetPolicy, TargetRefused
-from dispatcher.errors import Reject, RetryLater
+from dispatcher.errors import ConfigError, Reject, RetryLater
 from dispatcher.metrics import HTTP_RESPONSES
 from dispatcher.model import Job
 from dispatcher.signing_secret import decode_secret
@@ -159,6 +159,38 @@ class HttpEffect:
         """The normalized target for intake; ValueError (TargetRefused for SSRF) says what
         to fix."""
         return normalize_target(target, settings, TargetPolicy.from_settings(settings))
+
+
+def dead_letter_target(settings: Settings, queue: str) -> dict[str, Any] | None:
+    """The normalized http target of `queue`'s dead-letter notifications, or None;
+    ValueError names the setting and the fix."""
+    notice = settings.queues[queue].on_dead
+    if notice is None:
+        return None
+    where = f"queues.{queue}.on_dead"
+    env = f"DISPATCHER_QUEUES__{queue.upper()}__ON_DEAD"
+    if notice.queue is not None and notice.queue not in settings.queues:
+        known = ", ".join(sorted(settings.queues))
+        raise ValueError(
+            f"{where}.queue: {notice.queue!r} is not in [queues] (configured: {known}) "
+            f"(env {env}__QUEUE)"
+        )
+    try:
+        return normalize_target({"url": notice.url}, settings, TargetPolicy.from_settings(settings))
+    except ValueError as exc:
+        raise ValueError(f"{where}.url: {exc} (env {env}__URL)") from None
+
+
+def verify_dead_letter_targets(settings: Settings) -> None:
+    """Every `on_dead` target passes the checks intake applies to an http job's target (scheme,
+    SSRF guard), so a notification can never be refused later for its URL. Checked when the
+    configuration is (`run`, `check-config`), beside the handlers: the configuration itself
+    cannot, as these rules live here, above it."""
+    for queue in settings.queues:
+        try:
+            dead_letter_target(settings, queue)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def normalize_target(target: Any, settings: Settings, policy: TargetPolicy) -> dict[str, Any]:
