@@ -274,7 +274,8 @@ class Daemon:
         if self._repo is None or not self.ready.is_set():
             return False, "starting"
         # the broker down is degraded, not unready: intake and the due-scan still work
-        degraded = next((b.problem for b in self._broker if getattr(b, "problem", None)), None)
+        problems = (getattr(b, "problem", None) for b in self._broker)
+        degraded: str | None = next((p for p in problems if p), None)
         try:
             async with asyncio.timeout(2):
                 async with self._repo.pool.acquire() as conn:

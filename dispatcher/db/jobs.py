@@ -143,7 +143,8 @@ class JobRepository:
     async def lease_outbox(self, batch: int, lease_s: float) -> list[asyncpg.Record]:
         """Relay: lease a batch of unpublished outbox rows (id, job_id, queue, key, attempt,
         age_s)."""
-        return await self.pool.fetch(query("lease_outbox"), batch, lease_s)
+        rows: list[asyncpg.Record] = await self.pool.fetch(query("lease_outbox"), batch, lease_s)
+        return rows
 
     async def delete_outbox_rows(self, ids: list[int]) -> None:
         await self.pool.execute(query("delete_outbox_rows"), ids)

@@ -111,9 +111,9 @@ class QueueWorker(Service):
             wanted = min(self.settings.claim_batch, self.inflight.limit - self.inflight.used)
             tokens = self.bucket.take_up_to(wanted)
             if tokens == 0:
-                wait_s = self.bucket.seconds_until_available()
-                self._m_limiter_wait.inc(wait_s)
-                await self._pause(wait_s, wake_on_signal=False)
+                local_wait_s = self.bucket.seconds_until_available()
+                self._m_limiter_wait.inc(local_wait_s)
+                await self._pause(local_wait_s, wake_on_signal=False)
                 continue
             slots = self.inflight.reserve_up_to(tokens)
             self._wake.clear()
