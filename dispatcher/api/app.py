@@ -511,29 +511,17 @@ def summary_view(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def job_view(row: dict[str, Any]) -> dict[str, Any]:
+    """The status resource: the list view's fields plus what only one job's page shows."""
     target = row.get("target") or None
     return {
-        "id": row["id"],
-        "key": row["key"],
-        "state": row["state"],
-        "queue": row["queue"],
-        "tenant": row["tenant"] or None,
-        "handler": row["handler"],
+        **summary_view(row),
         "handler_version": row["handler_version"],
         "target_url": target.get("url") if isinstance(target, dict) else None,
-        "attempt": row["attempt"],
         "max_attempts": row["max_attempts"],
         "max_retry_age_s": row["max_retry_age_s"],
-        "due_at": _ts(row["due_at"]),
-        "created_at": _ts(row["created_at"]),
-        "started_at": _ts(row["started_at"]),
-        "finished_at": _ts(row["finished_at"]),
-        "last_error": row["last_error"],
-        "dead_reason": row["dead_reason"],
         "cancel_requested": row["cancel_requested"],
         "result": row["result"],
         "progress": row["progress"],
-        "run_key": row["run_key"],
         # a dead-letter notification: the id of the job whose death it reports
         "dead_letter_of": row.get("dead_letter_of"),
     }
