@@ -18,6 +18,7 @@ import pytest
 from dispatcher.db import migrations
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import connect, create_pool
+from tests.service.intake_app import Api, serve_api
 from tests.transports import transport  # noqa: F401 (a fixture: both transports)
 
 
@@ -89,3 +90,17 @@ async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
 @pytest.fixture
 async def repo(pool: asyncpg.Pool) -> JobRepository:
     return JobRepository(pool)
+
+
+@pytest.fixture
+async def empty_db_url(server_url: str) -> AsyncIterator[str]:
+    """A database without any dispatcher schema."""
+    async with scratch_database(server_url, f"dispatcher_empty_{os.getpid()}") as url:
+        yield url
+
+
+@pytest.fixture
+async def api(pool: asyncpg.Pool) -> AsyncIterator[Api]:
+    """The HTTP API as the daemon builds it, on a real loopback socket (service/intake_app.py)."""
+    async with serve_api(pool) as served:
+        yield served

@@ -1,4 +1,7 @@
-"""Test helpers: an in-process daemon on a test database, a recording loopback target, waits.
+"""Test helpers, the one place for them: an in-process daemon on a test database, a recording
+loopback target, waits, `dispatcher run` as a child process (its environment, SIGTERM, HTTP
+calls), the `dispatcher` command, and the embedded database's servers. Shared fixtures (`api`,
+the databases) are in conftest.py.
 
 Everything is real: the daemon's own components on real PostgreSQL, real HTTP on 127.0.0.1.
 Waits poll a condition until a deadline; none sleeps and hopes.
@@ -8,10 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import shutil
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -214,3 +221,139 @@ class DaemonProcess:
             return self.proc.returncode if self.proc else 0  # type: ignore[return-value]
         self.signal(signals.SIGTERM)
         return await self.wait()
+
+
+# daemon processes -----------------------------------------------------------------------------
+# What a daemon under test needs to deliver to the loopback targets the tests serve, and to find
+# due work quickly: the environment form of make_settings' defaults.
+LOOPBACK_ENV = {
+    "DISPATCHER_TARGET_ALLOW_HTTP": "true",
+    "DISPATCHER_TARGET_ALLOW_CIDRS": "127.0.0.0/8",
+    "DISPATCHER_SCAN_INTERVAL_S": "0.2",
+}
+# the embedded PostgreSQL runs initdb on first start; allow for a slow machine
+EMBEDDED_READY_S = 120.0
+
+
+@contextlib.asynccontextmanager
+async def daemon_process(
+    env: dict[str, str], port: int | None = None, unset: tuple[str, ...] = ()
+) -> AsyncIterator[DaemonProcess]:
+    """Start `dispatcher run`; whatever happens in the block, the child does not outlive it."""
+    daemon = DaemonProcess(env, port=port)
+    for name in unset:
+        daemon.env.pop(name, None)
+    try:
+        await daemon.start(wait_ready=False)
+        await wait_until(daemon.is_ready, timeout_s=EMBEDDED_READY_S, what="daemon ready")
+        yield daemon
+    finally:
+        if daemon.proc is not None and daemon.proc.returncode is None:
+            daemon.proc.kill()
+            await daemon.proc.wait()
+
+
+async def terminate(daemon: DaemonProcess) -> None:
+    """SIGTERM, and a clean exit 0 within a minute."""
+    import signal as signals
+
+    daemon.signal(signals.SIGTERM)
+    try:
+        code = await daemon.wait(timeout_s=60)
+    except TimeoutError:
+        raise AssertionError("no exit 60 s after SIGTERM: " + daemon.log_text()[-3000:]) from None
+    assert code == 0, daemon.log_text()[-3000:]
+    assert "dispatcher stopped" in daemon.log_text()
+
+
+async def post(daemon: DaemonProcess, key: str, body: dict[str, Any]) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{daemon.base_url}/v1/jobs", json=body, headers={"Idempotency-Key": key}) as r,
+    ):
+        return r.status, await r.json(content_type=None)
+
+
+async def get(daemon: DaemonProcess, path: str) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as s, s.get(f"{daemon.base_url}{path}") as r:
+        return r.status, await r.json(content_type=None)
+
+
+# the command line -----------------------------------------------------------------------------
+CLI_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+
+def command() -> list[str]:
+    """The installed console script, as users run it (or the module when not installed)."""
+    script = shutil.which("dispatcher", path=str(Path(sys.executable).parent))
+    return [script] if script else [sys.executable, "-m", "dispatcher.cli"]
+
+
+async def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> Result:
+    """`dispatcher ARGS` in `cwd`, configured by `env` alone (no DISPATCHER_* of the shell)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHER_")}
+    proc = await asyncio.create_subprocess_exec(
+        *command(),
+        *args,
+        cwd=cwd,
+        env={**base, **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), CLI_TIMEOUT_S)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode is not None
+    return Result(proc.returncode, out.decode(), err.decode())
+
+
+# the embedded database ------------------------------------------------------------------------
+def postmasters(data_dir: Path) -> list[int]:
+    """Every live process whose command line names `data_dir`: the servers of that directory."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if args and args[0].endswith(b"postgres") and str(data_dir).encode() in args:
+            found.append(int(entry.name))
+    return found
+
+
+def env_for(state: Path, **extra: str) -> dict[str, str]:
+    return {"DISPATCHER_STATE_DIR": str(state), **extra}
+
+
+@contextlib.asynccontextmanager
+async def daemon_on(state: Path, **extra: str) -> AsyncIterator[DaemonProcess]:
+    """`dispatcher run` on the embedded database of `state`; killed if the block leaves it."""
+    async with daemon_process(
+        env_for(state, **extra), unset=("DISPATCHER_DATABASE_URL",)
+    ) as daemon:
+        yield daemon
+
+
+async def no_server_left(data_dir: Path) -> None:
+    async def gone() -> bool:
+        return not postmasters(data_dir)
+
+    await wait_until(gone, timeout_s=30, what=f"no PostgreSQL left for {data_dir}")
+    assert not (data_dir / "postmaster.pid").exists()
+
+
+async def run_cli(state: Path, *args: str, **extra: str) -> Result:
+    """A command beside the embedded database of `state`."""
+    return await cli(*args, cwd=state.parent, env=env_for(state, **extra))

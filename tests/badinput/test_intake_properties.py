@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 from urllib.parse import quote
 
-import asyncpg
 import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-from tests.service.intake_app import PROBLEM_JSON, Api, serve_api
+from tests.service.intake_app import PROBLEM_JSON, Api
 
 SETTINGS = settings(
     max_examples=250,
@@ -197,12 +195,6 @@ keys = st.one_of(
     st.just("k" * 256),
 )
 content_types = st.sampled_from(["application/json", "text/plain", "", None])
-
-
-@pytest.fixture
-async def api(pool: asyncpg.Pool) -> AsyncIterator[Api]:
-    async with serve_api(pool) as served:
-        yield served
 
 
 async def table_sizes(api: Api) -> tuple[int, int]:

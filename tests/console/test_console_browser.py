@@ -27,7 +27,7 @@ from tests.console.common import (
     TOKENS_ENV,
     VIEWER_TOKEN,
 )
-from tests.harness import DaemonProcess, Target, serve_target, wait_until
+from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, serve_target, wait_until
 
 pytestmark = needs_chromium
 AUTH = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
@@ -52,9 +52,7 @@ def env(db_url: str, config: Path | None = None) -> dict[str, str]:
     values = {
         "DISPATCHER_DATABASE_URL": db_url,
         "DISPATCHER_API_TOKENS": TOKENS_ENV,
-        "DISPATCHER_TARGET_ALLOW_HTTP": "true",
-        "DISPATCHER_TARGET_ALLOW_CIDRS": "127.0.0.0/8",
-        "DISPATCHER_SCAN_INTERVAL_S": "0.2",
+        **LOOPBACK_ENV,
         "DISPATCHER_DRAIN_TIMEOUT_S": "5",
     }
     if config is not None:

@@ -66,14 +66,6 @@ async def run_count(pool: asyncpg.Pool, schedule: str) -> int:
     return await scalar(pool, "SELECT count(*) FROM dispatcher.runs WHERE schedule = $1", schedule)
 
 
-async def wait_until(predicate: Any, timeout_s: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 async def finish_units(repo: JobRepository, *, dead: int = 0, limit: int = 1000) -> int:
     """Play the worker: claim ready units, let `dead` of them fail permanently, the rest succeed."""
     jobs, _ = await repo.claim("default", limit, ["noop:1"], OWNER, 30)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 
 from dispatcher import client
 from dispatcher.db.jobs import JobRepository
+from tests.harness import wait_until
 
 TARGET = {"url": "https://hooks.example.com/grants"}
 DEADLINE_S = 10.0
@@ -251,15 +251,12 @@ async def test_helper_refuses_a_naive_due_at(conn: asyncpg.Connection) -> None:
 
 
 async def wait_until_blocked(observer: asyncpg.Connection, pid: int) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline:
-        waiting = await observer.fetchval(
-            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
-        )
-        if waiting:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"backend {pid} never blocked on the first transaction's key")
+    async def blocked() -> bool:
+        sql = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1"
+        return bool(await observer.fetchval(sql, pid))
+
+    what = f"backend {pid} to block on the first transaction's key"
+    await wait_until(blocked, timeout_s=DEADLINE_S, interval_s=0.01, what=what)
 
 
 @pytest.mark.parametrize("first_commits", [True, False], ids=["commit", "rollback"])

@@ -17,13 +17,10 @@ import asyncpg
 import pytest
 from aiohttp import web
 
-from tests.e2e.test_cli import cli
-from tests.harness import DaemonProcess, Target, serve_target, wait_until
+from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, cli, serve_target, wait_until
 
 ENV = {
-    "DISPATCHER_TARGET_ALLOW_HTTP": "true",
-    "DISPATCHER_TARGET_ALLOW_CIDRS": "127.0.0.0/8",
-    "DISPATCHER_SCAN_INTERVAL_S": "0.2",
+    **LOOPBACK_ENV,
     "DISPATCHER_QUEUES__DEFAULT__BACKOFF_BASE_S": "0.05",
     "DISPATCHER_QUEUES__DEFAULT__BACKOFF_CAP_S": "0.1",
 }

@@ -14,7 +14,7 @@ from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import create_pool
 from dispatcher.model import NewJob
 from tests.conftest import scratch_database
-from tests.e2e.test_cli import cli
+from tests.harness import cli
 
 
 async def add_jobs(url: str, keys: list[str]) -> dict[str, int]:

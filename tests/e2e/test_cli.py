@@ -3,14 +3,8 @@ environment; version, help, check-config, configuration errors and migrate."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import shutil
-import socket
-import sys
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
@@ -18,49 +12,14 @@ import pytest
 
 from dispatcher import __version__
 from dispatcher.db import migrations
-from tests.conftest import scratch_database
+from tests.harness import Result, cli, free_port
 
-TIMEOUT_S = 60.0
 SECRETS = ("hunter2-db-pass", "tok-alpha-5b1e", "tok-beta-77c2", "MfKQ9r8GKYqrTwjUPD8ILPZIo2")
 SECRET_ENV = {
     "DISPATCHER_DATABASE_URL": "postgresql://app:hunter2-db-pass@db.internal:5432/jobs",
     "DISPATCHER_API_TOKENS": "tok-alpha-5b1e,tok-beta-77c2",
     "DISPATCHER_HTTP__SIGNING_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
 }
-
-
-@dataclass
-class Result:
-    code: int
-    stdout: str
-    stderr: str
-
-
-def command() -> list[str]:
-    """The installed console script, as users run it (or the module when not installed)."""
-    script = shutil.which("dispatcher", path=str(Path(sys.executable).parent))
-    return [script] if script else [sys.executable, "-m", "dispatcher.cli"]
-
-
-async def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> Result:
-    # start from a clean slate: no DISPATCHER_* from the developer's shell
-    base = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHER_")}
-    proc = await asyncio.create_subprocess_exec(
-        *command(),
-        *args,
-        cwd=cwd,
-        env={**base, **(env or {})},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT_S)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    assert proc.returncode is not None
-    return Result(proc.returncode, out.decode(), err.decode())
 
 
 def assert_no_secret(result: Result) -> None:
@@ -159,9 +118,7 @@ async def test_a_bad_config_changes_nothing(tmp_path: Path, empty_db_url: str) -
 async def test_a_non_loopback_api_without_tokens_refuses_to_start(
     tmp_path: Path, db_url: str
 ) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     result = await cli(
         "run",
         cwd=tmp_path,
@@ -171,13 +128,6 @@ async def test_a_non_loopback_api_without_tokens_refuses_to_start(
     assert len(result.stderr.splitlines()) == 1
     assert f"listen = '0.0.0.0:{port}' is not loopback" in result.stderr
     assert "DISPATCHER_API_TOKENS" in result.stderr
-
-
-@pytest.fixture
-async def empty_db_url(server_url: str) -> AsyncIterator[str]:
-    """A database without any dispatcher schema."""
-    async with scratch_database(server_url, f"dispatcher_empty_{os.getpid()}") as url:
-        yield url
 
 
 async def migration_rows(url: str) -> list[tuple[int, str]]:

@@ -9,12 +9,10 @@ from collections import Counter
 import aiohttp
 import asyncpg
 
-from tests.harness import DaemonProcess, Target, serve_target, wait_until
+from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, serve_target, wait_until
 
 BASE_ENV = {
-    "DISPATCHER_TARGET_ALLOW_HTTP": "true",
-    "DISPATCHER_TARGET_ALLOW_CIDRS": "127.0.0.0/8",
-    "DISPATCHER_SCAN_INTERVAL_S": "0.2",
+    **LOOPBACK_ENV,
     "DISPATCHER_LEASE_S": "2",
 }
 PYTHON_HANDLER = {

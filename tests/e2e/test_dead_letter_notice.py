@@ -16,8 +16,7 @@ from aiohttp import web
 from standardwebhooks.webhooks import Webhook
 
 from dispatcher.config import Settings
-from tests.e2e.test_cli import cli
-from tests.harness import Target, make_settings, running_daemon, serve_target, wait_until
+from tests.harness import Target, cli, make_settings, running_daemon, serve_target, wait_until
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 

@@ -11,10 +11,10 @@ import asyncpg
 from aiohttp import web
 
 from dispatcher.config import Settings
-from tests.e2e.test_cli import cli
 from tests.harness import (
     RunningDaemon,
     Target,
+    cli,
     make_settings,
     running_daemon,
     serve_target,

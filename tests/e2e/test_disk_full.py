@@ -27,9 +27,17 @@ from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import create_pool
 from dispatcher.errors import DatabaseUnavailable
 from dispatcher.model import NewJob
-from tests.e2e.test_embedded import daemon_on, no_server_left
-from tests.e2e.test_restart import get, post, terminate
-from tests.harness import Target, serve_target, wait_until
+from tests.harness import (
+    LOOPBACK_ENV,
+    Target,
+    daemon_on,
+    get,
+    no_server_left,
+    post,
+    serve_target,
+    terminate,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(300)
 MB = 1024 * 1024
@@ -94,9 +102,7 @@ async def test_a_full_state_directory_is_reported_refused_and_recovered() -> Non
         state = disk / "state"
         env = {
             "DISPATCHER_STATE_DIR_MIN_FREE_MB": str(reserve_mb),
-            "DISPATCHER_TARGET_ALLOW_HTTP": "true",
-            "DISPATCHER_TARGET_ALLOW_CIDRS": "127.0.0.0/8",
-            "DISPATCHER_SCAN_INTERVAL_S": "0.2",
+            **LOOPBACK_ENV,
         }
         async with serve_target(Target()) as target, daemon_on(state, **env) as daemon:
             status, before = await post(daemon, "before", job(target))

@@ -14,15 +14,22 @@ import stat
 import sys
 import sysconfig
 import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_cli import Result, cli
-from tests.e2e.test_restart import EMBEDDED_READY_S, get, post, terminate
-from tests.harness import DaemonProcess, wait_until
+from tests.harness import (
+    DaemonProcess,
+    Result,
+    daemon_on,
+    env_for,
+    get,
+    no_server_left,
+    post,
+    postmasters,
+    run_cli,
+    terminate,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,52 +50,6 @@ cron = "0 3 * * *"
 handler = "record"
 """
 PERIOD = "2026-05-30T03:00:00+00:00"
-
-
-def postmasters(data_dir: Path) -> list[int]:
-    """Every live process whose command line names `data_dir`: the servers of that directory."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if args and args[0].endswith(b"postgres") and str(data_dir).encode() in args:
-            found.append(int(entry.name))
-    return found
-
-
-def env_for(state: Path, **extra: str) -> dict[str, str]:
-    return {"DISPATCHER_STATE_DIR": str(state), **extra}
-
-
-@asynccontextmanager
-async def daemon_on(state: Path, **extra: str) -> AsyncIterator[DaemonProcess]:
-    """`dispatcher run` on the embedded database of `state`; killed if the block leaves it."""
-    daemon = DaemonProcess(env_for(state, **extra))
-    daemon.env.pop("DISPATCHER_DATABASE_URL", None)
-    try:
-        await daemon.start(wait_ready=False)
-        await wait_until(daemon.is_ready, timeout_s=EMBEDDED_READY_S, what="daemon ready")
-        yield daemon
-    finally:
-        if daemon.proc is not None and daemon.proc.returncode is None:
-            daemon.proc.kill()
-            await daemon.proc.wait()
-
-
-async def no_server_left(data_dir: Path) -> None:
-    async def gone() -> bool:
-        return not postmasters(data_dir)
-
-    await wait_until(gone, timeout_s=30, what=f"no PostgreSQL left for {data_dir}")
-    assert not (data_dir / "postmaster.pid").exists()
-
-
-async def run_cli(state: Path, *args: str, **extra: str) -> Result:
-    return await cli(*args, cwd=state.parent, env=env_for(state, **extra))
 
 
 def quiet_about_the_server(result: Result) -> None:

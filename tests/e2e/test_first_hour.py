@@ -14,10 +14,7 @@ import asyncpg
 import pytest
 
 from dispatcher.config import mask_url
-from tests.conftest import scratch_database
-from tests.e2e.test_cli import Result, cli
-from tests.e2e.test_embedded import daemon_on, no_server_left, run_cli
-from tests.e2e.test_restart import terminate
+from tests.harness import Result, cli, daemon_on, no_server_left, run_cli, terminate
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -74,13 +71,8 @@ async def test_migrate_creates_the_database_and_commands_elsewhere_find_it(tmp_p
 
 
 async def test_a_database_without_the_schema_is_named_with_its_masked_url(
-    tmp_path: Path, server_url: str
+    tmp_path: Path, empty_db_url: str
 ) -> None:
-    async with scratch_database(server_url, f"dispatcher_schemaless_{os.getpid()}") as empty:
-        await schemaless_status(tmp_path, empty)
-
-
-async def schemaless_status(tmp_path: Path, empty_db_url: str) -> None:
     url = empty_db_url.replace("postgres@", "postgres:s3cret-pw@", 1)  # trust auth ignores it
     assert "s3cret-pw" in url
     result = await cli("status", cwd=tmp_path, env={"DISPATCHER_DATABASE_URL": url})

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from tests.harness import DaemonProcess, Target, serve_target, wait_until
+from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, serve_target, wait_until
 
 RATE_PER_S = 50
 BURST = 20
@@ -25,9 +25,7 @@ WINDOW_S = 20.0
 JOBS = 1_500  # more than the window can start, so the limits bind throughout
 
 ENV = {
-    "DISPATCHER_TARGET_ALLOW_HTTP": "true",
-    "DISPATCHER_TARGET_ALLOW_CIDRS": "127.0.0.0/8",
-    "DISPATCHER_SCAN_INTERVAL_S": "0.2",
+    **LOOPBACK_ENV,
     "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": str(RATE_PER_S),
     "DISPATCHER_QUEUES__DEFAULT__BURST": str(BURST),
     "DISPATCHER_QUEUES__DEFAULT__MAX_INFLIGHT": str(MAX_INFLIGHT),

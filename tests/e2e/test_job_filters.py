@@ -18,8 +18,7 @@ import pytest
 from yarl import URL
 
 from tests.conftest import database_name, scratch_database
-from tests.e2e.test_cli import cli
-from tests.harness import DaemonProcess, wait_until
+from tests.harness import LOOPBACK_ENV, DaemonProcess, cli, wait_until
 
 BASE = datetime(2031, 1, 1, tzinfo=UTC)
 PROBLEM = "application/problem+json"
@@ -86,8 +85,7 @@ async def daemon(
             {
                 "DISPATCHER_DATABASE_URL": db_url,
                 "DISPATCHER_CONFIG": str(config),
-                "DISPATCHER_TARGET_ALLOW_HTTP": "true",
-                "DISPATCHER_TARGET_ALLOW_CIDRS": "127.0.0.0/8",
+                **LOOPBACK_ENV,  # with a 0.2 s scan
             }
         )
         await process.start()

@@ -14,7 +14,7 @@ import aiohttp
 import asyncpg
 import psutil
 
-from tests.harness import DaemonProcess
+from tests.harness import LOOPBACK_ENV, DaemonProcess
 
 RSS_LIMIT_BYTES = 250 * 1024 * 1024
 BODY_LIMIT_BYTES = 256 * 1024
@@ -142,8 +142,7 @@ async def test_worst_request_mix_stays_under_the_memory_bound(db_url: str) -> No
         {
             "DISPATCHER_DATABASE_URL": db_url,
             "DISPATCHER_BODY_LIMIT_BYTES": str(BODY_LIMIT_BYTES),
-            "DISPATCHER_TARGET_ALLOW_HTTP": "true",
-            "DISPATCHER_TARGET_ALLOW_CIDRS": "127.0.0.0/8",
+            **LOOPBACK_ENV,  # with a 0.2 s scan
         }
     ).start()
     try:

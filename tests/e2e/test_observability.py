@@ -11,7 +11,7 @@ import asyncpg
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import DaemonProcess, Target, serve_target, wait_until
+from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, serve_target, wait_until
 
 SECRET = "whsec_" + "c2VjcmV0LXNpZ25pbmcta2V5LWZvci10ZXN0cw=="
 TOKEN = "token-that-must-never-be-logged"
@@ -39,9 +39,7 @@ async def test_scrape_after_mixed_workload_and_json_logs(db_url: str) -> None:
         daemon = await DaemonProcess(
             {
                 "DISPATCHER_DATABASE_URL": db_url,
-                "DISPATCHER_TARGET_ALLOW_HTTP": "true",
-                "DISPATCHER_TARGET_ALLOW_CIDRS": "127.0.0.0/8",
-                "DISPATCHER_SCAN_INTERVAL_S": "0.2",
+                **LOOPBACK_ENV,
                 "DISPATCHER_QUEUES__DEFAULT__BACKOFF_BASE_S": "0.1",
                 "DISPATCHER_HTTP__SIGNING_SECRET": SECRET,
                 "DISPATCHER_API_TOKENS": TOKEN,

@@ -17,8 +17,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from tests.e2e.test_cli import cli
-from tests.harness import DaemonProcess, Target, serve_target, wait_until
+from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, cli, serve_target, wait_until
 
 QUEUE = "work"
 
@@ -26,9 +25,7 @@ QUEUE = "work"
 def daemon_env(db_url: str) -> dict[str, str]:
     return {
         "DISPATCHER_DATABASE_URL": db_url,
-        "DISPATCHER_TARGET_ALLOW_HTTP": "true",
-        "DISPATCHER_TARGET_ALLOW_CIDRS": "127.0.0.0/8",
-        "DISPATCHER_SCAN_INTERVAL_S": "0.2",
+        **LOOPBACK_ENV,
         "DISPATCHER_DRAIN_TIMEOUT_S": "10",
         # a few at a time, so work is still in flight and waiting when the pause lands
         f"DISPATCHER_QUEUES__{QUEUE.upper()}__MAX_INFLIGHT": "3",

@@ -18,7 +18,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from tests.harness import DaemonProcess, Target, free_port, serve_target, wait_until
+from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, free_port, serve_target, wait_until
 
 BROKER = "amqp://guest:guest@127.0.0.1:5672/"
 
@@ -59,9 +59,7 @@ def env(db_url: str, prefix: str, url: str = BROKER) -> dict[str, str]:
         "DISPATCHER_TRANSPORT": "rabbitmq",
         "DISPATCHER_RABBITMQ__URL": url,
         "DISPATCHER_RABBITMQ__QUEUE_PREFIX": prefix,
-        "DISPATCHER_TARGET_ALLOW_HTTP": "true",
-        "DISPATCHER_TARGET_ALLOW_CIDRS": "127.0.0.0/8",
-        "DISPATCHER_SCAN_INTERVAL_S": "0.2",
+        **LOOPBACK_ENV,
     }
 
 

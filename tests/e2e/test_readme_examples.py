@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_embedded import daemon_on, no_server_left, run_cli
-from tests.e2e.test_restart import terminate
+from tests.harness import daemon_on, no_server_left, run_cli, terminate
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import asyncpg
 
-from tests.e2e.test_cli import cli
 from tests.harness import (
     RunningDaemon,
     Target,
+    cli,
     make_settings,
     running_daemon,
     serve_target,

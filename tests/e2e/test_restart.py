@@ -3,9 +3,7 @@ database and on the embedded one (the README's default path); /readyz tells the 
 
 from __future__ import annotations
 
-import signal
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -15,7 +13,7 @@ import asyncpg
 import pytest
 
 from dispatcher.db import migrations
-from tests.harness import DaemonProcess, wait_until
+from tests.harness import DaemonProcess, daemon_process, get, post, terminate, wait_until
 
 JOB = {
     "handler": "http",
@@ -23,59 +21,16 @@ JOB = {
     "payload": {"grant": 17},
     "due_at": "2031-05-31T02:00:00Z",  # far ahead: nothing runs, the intent just waits
 }
-# the embedded PostgreSQL runs initdb on first start; allow for a slow machine
-EMBEDDED_READY_S = 120.0
-
-
-@asynccontextmanager
-async def running(
-    env: dict[str, str], port: int | None = None, unset: tuple[str, ...] = ()
-) -> AsyncIterator[DaemonProcess]:
-    """Start `dispatcher run`; whatever happens in the block, the child does not outlive it."""
-    daemon = DaemonProcess(env, port=port)
-    for name in unset:
-        daemon.env.pop(name, None)
-    try:
-        await daemon.start(wait_ready=False)
-        await wait_until(daemon.is_ready, timeout_s=EMBEDDED_READY_S, what="daemon ready")
-        yield daemon
-    finally:
-        if daemon.proc is not None and daemon.proc.returncode is None:
-            daemon.proc.kill()
-            await daemon.proc.wait()
-
-
-async def terminate(daemon: DaemonProcess) -> None:
-    daemon.signal(signal.SIGTERM)
-    try:
-        code = await daemon.wait(timeout_s=60)
-    except TimeoutError:
-        raise AssertionError("no exit 60 s after SIGTERM: " + daemon.log_text()[-3000:]) from None
-    assert code == 0, daemon.log_text()[-3000:]
-    assert "dispatcher stopped" in daemon.log_text()
-
-
-async def post(daemon: DaemonProcess, key: str, body: dict[str, Any]) -> tuple[int, Any]:
-    async with (
-        aiohttp.ClientSession() as s,
-        s.post(f"{daemon.base_url}/v1/jobs", json=body, headers={"Idempotency-Key": key}) as r,
-    ):
-        return r.status, await r.json(content_type=None)
-
-
-async def get(daemon: DaemonProcess, path: str) -> tuple[int, Any]:
-    async with aiohttp.ClientSession() as s, s.get(f"{daemon.base_url}{path}") as r:
-        return r.status, await r.json(content_type=None)
 
 
 async def accept_then_restart(env: dict[str, str], unset: tuple[str, ...] = ()) -> None:
-    async with running(env, unset=unset) as first:
+    async with daemon_process(env, unset=unset) as first:
         status, accepted = await post(first, "grant-17", JOB)
         assert status == 202, accepted
         assert accepted["state"] == "scheduled"
         await terminate(first)
 
-    async with running(env, unset=unset) as second:
+    async with daemon_process(env, unset=unset) as second:
         status, view = await get(second, f"/v1/jobs/{accepted['id']}")
         assert status == 200, view
         assert (view["key"], view["state"], view["due_at"]) == (
@@ -131,7 +86,7 @@ async def test_readyz_reports_database_and_schema(
 ) -> None:
     name = urlsplit(db_url).path.lstrip("/")
     env = {"DISPATCHER_DATABASE_URL": db_url, "DISPATCHER_STATE_DIR": str(tmp_path / "state")}
-    async with running(env) as daemon:
+    async with daemon_process(env) as daemon:
         assert await get(daemon, "/readyz") == (200, {"ready": True, "reason": "ok"})
         db = await asyncpg.connect(db_url)
         latest = migrations.latest_version()

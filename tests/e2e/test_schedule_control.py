@@ -14,9 +14,8 @@ import aiohttp
 import pytest
 
 from dispatcher.rfc3339 import format as rfc3339
-from tests.e2e.test_cli import cli
 from tests.faults.common import fetchval
-from tests.harness import DaemonProcess
+from tests.harness import DaemonProcess, cli
 
 CONFIG = """
 [queues.default]

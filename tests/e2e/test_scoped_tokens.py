@@ -18,8 +18,7 @@ import pytest
 
 from dispatcher.api.scopes import ROUTE_SCOPES
 from tests.conftest import database_name, scratch_database
-from tests.e2e.test_cli import cli
-from tests.harness import DaemonProcess
+from tests.harness import DaemonProcess, cli
 
 PROBLEM = "application/problem+json"
 # name -> (token, scopes)

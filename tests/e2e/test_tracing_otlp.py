@@ -15,14 +15,12 @@ import aiohttp
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from tests.harness import DaemonProcess, Target, free_port, serve_target, wait_until
+from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, free_port, serve_target, wait_until
 
 PRODUCER_TRACE = "0af7651916cd43dd8448eb211c80319c"
 PRODUCER = f"00-{PRODUCER_TRACE}-b7ad6b7169203331-01"
 ENV = {
-    "DISPATCHER_TARGET_ALLOW_HTTP": "true",
-    "DISPATCHER_TARGET_ALLOW_CIDRS": "127.0.0.0/8",
-    "DISPATCHER_SCAN_INTERVAL_S": "0.2",
+    **LOOPBACK_ENV,
     "DISPATCHER_QUEUES__DEFAULT__BACKOFF_BASE_S": "0.05",
     "DISPATCHER_QUEUES__DEFAULT__BACKOFF_CAP_S": "0.1",
     "OTEL_SERVICE_NAME": "dispatcher-under-test",

@@ -11,10 +11,10 @@ from typing import Any
 import aiohttp
 import asyncpg
 
+from tests.harness import LOOPBACK_ENV
+
 BASE_ENV = {
-    "DISPATCHER_TARGET_ALLOW_HTTP": "true",
-    "DISPATCHER_TARGET_ALLOW_CIDRS": "127.0.0.0/8",
-    "DISPATCHER_SCAN_INTERVAL_S": "0.2",
+    **LOOPBACK_ENV,
     "DISPATCHER_LEASE_S": "2",
     "DISPATCHER_DRAIN_TIMEOUT_S": "5",
 }

@@ -4,7 +4,6 @@ the others, and a retried batch converges on the same jobs."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -12,12 +11,6 @@ import pytest
 from aiohttp import ClientResponse
 
 from tests.service.intake_app import Api, http_job, problem, serve_api
-
-
-@pytest.fixture
-async def api(pool: asyncpg.Pool) -> AsyncIterator[Api]:
-    async with serve_api(pool) as served:
-        yield served
 
 
 def item(key: Any, **fields: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from dispatcher.db.jobs import JobRepository
 from dispatcher.intake import Intake
 from dispatcher.schedules import ScheduleSettings
 from dispatcher.scheduling.cron_service import CronService
-from tests.service.intake_app import Api, http_job, problem, serve_api
+from tests.service.intake_app import Api, http_job, problem
 
 RANGE = "from 2000-01-01T00:00:00Z through 9999-12-31T23:59:59Z"
 REFUSED = {
@@ -28,12 +28,6 @@ REFUSED = {
     "year-1-starts-earlier-in-utc": "0001-01-01T00:00:00+14:00",
     "before-2000": "1999-12-31T23:59:59Z",
 }
-
-
-@pytest.fixture
-async def api(pool: asyncpg.Pool) -> AsyncIterator[Api]:
-    async with serve_api(pool) as served:
-        yield served
 
 
 @pytest.mark.parametrize("due", REFUSED.values(), ids=REFUSED.keys())

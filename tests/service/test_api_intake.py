@@ -14,12 +14,6 @@ import pytest
 from tests.service.intake_app import TARGET, Api, http_job, problem, serve_api
 
 
-@pytest.fixture
-async def api(pool: asyncpg.Pool) -> AsyncIterator[Api]:
-    async with serve_api(pool) as served:
-        yield served
-
-
 def rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 

@@ -5,19 +5,11 @@ both."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg
 import pytest
 
-from tests.service.intake_app import Api, http_job, problem, serve_api
-
-
-@pytest.fixture
-async def api(pool: asyncpg.Pool) -> AsyncIterator[Api]:
-    async with serve_api(pool) as served:
-        yield served
+from tests.service.intake_app import Api, http_job, problem
 
 
 async def batch(api: Api, *keys: str) -> list[dict[str, Any]]:

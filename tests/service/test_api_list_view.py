@@ -3,12 +3,7 @@ the last error. The whole job stays one GET /v1/jobs/{id} away."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import asyncpg
-import pytest
-
-from tests.service.intake_app import Api, http_job, serve_api
+from tests.service.intake_app import Api, http_job
 
 SUMMARY_FIELDS = {
     "id",
@@ -26,12 +21,6 @@ SUMMARY_FIELDS = {
     "dead_reason",
     "run_key",
 }
-
-
-@pytest.fixture
-async def api(pool: asyncpg.Pool) -> AsyncIterator[Api]:
-    async with serve_api(pool) as served:
-        yield served
 
 
 async def test_list_items_are_summaries_with_a_bounded_error(api: Api) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -12,12 +11,6 @@ import pytest
 from tests.service.intake_app import TARGET, Api, http_job, problem, serve_api
 
 FUTURE = "2031-05-31T00:00:00Z"
-
-
-@pytest.fixture
-async def api(pool: asyncpg.Pool) -> AsyncIterator[Api]:
-    async with serve_api(pool) as served:
-        yield served
 
 
 async def create(api: Api, key: str, **fields: Any) -> int:

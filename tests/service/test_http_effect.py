@@ -7,7 +7,6 @@ import asyncio
 import base64
 import json
 import math
-import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,6 +29,7 @@ from dispatcher.effects.ssrf import GuardedResolver, TargetPolicy
 from dispatcher.errors import Reject, RetryLater
 from dispatcher.metrics import REGISTRY
 from dispatcher.model import Job
+from tests.harness import free_port
 
 SECRET = "whsec_" + base64.b64encode(b"service test signing key 32 byte").decode()
 LOOPBACK_CIDRS = ["127.0.0.0/8", "::1/128"]
@@ -102,12 +102,6 @@ def responses(status_class: str) -> float:
         "dispatcher_http_responses_total", {"queue": "default", "class": status_class}
     )
     return value or 0.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
