@@ -456,7 +456,7 @@ async def test_openapi_describes_the_api(api: Api) -> None:
     ):
         assert path in doc["paths"], path
     post = doc["paths"]["/v1/jobs"]["post"]
-    assert {p["name"] for p in post["parameters"]} == {"Idempotency-Key"}
+    assert {p["name"] for p in post["parameters"]} == {"Idempotency-Key", "traceparent"}
     assert {"202", "400", "401", "409", "413", "422"} <= set(post["responses"])
     schemas = doc["components"]["schemas"]
     assert schemas["JobRequest"]["additionalProperties"] is False
