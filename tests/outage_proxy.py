@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from tests.harness import free_port
 
@@ -17,8 +17,12 @@ class OutageProxy:
 
     def __init__(self, upstream_url: str):
         parts = urlsplit(upstream_url)
+        query = dict(parse_qsl(parts.query))
+        socket_dir = query.pop("host", "")
+        # the embedded server listens on a Unix socket only (its URL names the directory)
+        self._socket = f"{socket_dir}/.s.PGSQL.{parts.port or 5432}" if socket_dir else ""
         self._upstream = (parts.hostname or "127.0.0.1", parts.port or 5432)
-        self._parts = parts
+        self._parts = parts._replace(query=urlencode(query))
         self.port = free_port()
         self._server: asyncio.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()
@@ -44,7 +48,10 @@ class OutageProxy:
 
     async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         try:
-            server_r, server_w = await asyncio.open_connection(*self._upstream)
+            if self._socket:
+                server_r, server_w = await asyncio.open_unix_connection(self._socket)
+            else:
+                server_r, server_w = await asyncio.open_connection(*self._upstream)
         except OSError:
             client_w.transport.abort()
             return
