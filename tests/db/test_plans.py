@@ -181,34 +181,3 @@ async def test_the_list_statement_is_never_planned_generically(listed_table: asy
             statement.get_name(),
         )
     assert (generic, custom) == (0, 10)
-
-
-# the attempt history ----------------------------------------------------------------------------
-@pytest.fixture
-async def with_history(big_table: asyncpg.Pool) -> asyncpg.Pool:
-    """Three attempts for every job of big_table, half of them finished long ago."""
-    await big_table.execute("""
-        UPDATE dispatcher.jobs SET state = 'succeeded', finished_at = now() - interval '30 days'
-         WHERE id % 2 = 0 AND state = 'scheduled';
-        INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome)
-        SELECT j.id, n, 'w:1', now(), now(), 'retried'
-          FROM dispatcher.jobs j, generate_series(1, 3) n""")
-    await big_table.execute("ANALYZE dispatcher.jobs, dispatcher.attempts")
-    return big_table
-
-
-@pytest.mark.parametrize(
-    ("name", "args"),
-    [
-        ("list_attempts", (4242, None, 100)),
-        ("list_attempts", (4242, 9000, 100)),
-        ("prune_terminal", ("succeeded", 86400.0, 1000)),
-    ],
-)
-async def test_the_attempt_history_is_read_and_pruned_by_index(
-    with_history: asyncpg.Pool, name: str, args: tuple[object, ...]
-) -> None:
-    text = await plan(with_history, query(name), *args)
-    assert "Seq Scan on attempts" not in text, text
-    assert "Seq Scan on jobs" not in text, text
-    assert "attempts_pkey" in text, text
