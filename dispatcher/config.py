@@ -261,6 +261,7 @@ class Settings(_Strict):
                 "(DISPATCHER_RABBITMQ__URL, or DISPATCHER_RABBITMQ__URL_FILE)"
             )
         return self
+
     scan_interval_s: float = Field(1.0, gt=0, le=MAX_DURATION_S)
     scan_batch: int = Field(2000, ge=1, le=100_000)
     # Connections for intake and operator reads. Claims, completions and the scan have a pool

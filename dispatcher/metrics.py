@@ -75,8 +75,7 @@ DELIVERIES_REFUSED = Counter(
 )
 BROKER_FAILURES = Counter(
     "dispatcher_broker_failures",
-    "RabbitMQ connection attempts that failed, connections the broker closed, failed relay "
-    "rounds.",
+    "RabbitMQ connection attempts that failed, connections the broker closed, failed relay rounds.",
     registry=REGISTRY,
 )
 OUTCOMES_UNRECORDED = Counter(

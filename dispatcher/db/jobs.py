@@ -309,9 +309,7 @@ class JobRepository:
         return moved
 
     @translate_unavailable
-    async def count_dead(
-        self, found: DeadLetterFilter, limit: int | None, fence: datetime
-    ) -> int:
+    async def count_dead(self, found: DeadLetterFilter, limit: int | None, fence: datetime) -> int:
         """How many dead jobs `move_dead` would take (at most `limit`); changes nothing."""
         f = found
         args = (limit, f.queue, f.dead_reason, f.tenant, f.dead_since, f.dead_before, fence)

@@ -46,7 +46,8 @@ async def test_a_job_that_dies_is_reported_by_a_signed_post_written_with_its_dea
     conn = await asyncpg.connect(db_url)
     async with (
         serve_target(Target(respond=refuse)) as broken,
-        serve_target(Target()) as alerts,running_daemon(settings_for(db_url, alerts.url)) as d
+        serve_target(Target()) as alerts,
+        running_daemon(settings_for(db_url, alerts.url)) as d,
     ):
         job = await d.post_job(
             "grant-7",
