@@ -31,6 +31,9 @@ FLAGS = (
 )
 
 
+ELEMENT_WAIT_S = 20
+
+
 class Browser:
     def __init__(self, base_url: str, profile: Path, shots: Path):
         from selenium import webdriver
@@ -59,7 +62,16 @@ class Browser:
     async def find(self, css: str) -> Any:
         from selenium.webdriver.common.by import By
 
-        return await self.call(self.driver.find_element, By.CSS_SELECTOR, css)
+        return await self.call(self._present, By.CSS_SELECTOR, css)
+
+    def _present(self, by: str, what: str) -> Any:
+        """The element, waiting (with a deadline) for the page a click or a submit started
+        loading: a lookup right after a navigation must not race it."""
+        from selenium.webdriver.support import expected_conditions
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        wait = WebDriverWait(self.driver, ELEMENT_WAIT_S)
+        return wait.until(expected_conditions.presence_of_element_located((by, what)))
 
     async def finds(self, css: str) -> list[Any]:
         from selenium.webdriver.common.by import By
@@ -69,13 +81,13 @@ class Browser:
     async def link(self, text: str) -> Any:
         from selenium.webdriver.common.by import By
 
-        return await self.call(self.driver.find_element, By.LINK_TEXT, text)
+        return await self.call(self._present, By.LINK_TEXT, text)
 
     async def click(self, element: Any) -> None:
         await self.call(element.click)
 
     async def text(self, css: str) -> str:
-        return str(await self.call(lambda: self.driver.find_element("css selector", css).text))
+        return str(await self.call(lambda: self._present("css selector", css).text))
 
     async def page_text(self) -> str:
         return await self.text("body")
