@@ -334,13 +334,21 @@ async def queue_confirm(request: web.Request) -> web.StreamResponse:
         if action == "pause"
         else "every daemon starts claiming its ready jobs again"
     )
+    return confirm_pause_or_resume(request, "queue", name, action, effect, back=f"{PREFIX}/")
+
+
+def confirm_pause_or_resume(
+    request: web.Request, kind: str, name: str, action: str, effect: str, *, back: str
+) -> web.StreamResponse:
+    """The confirmation page of pausing or resuming a queue or a schedule."""
+    what = f"{action.capitalize()} {kind} {name}"
     return confirm(
         request,
-        title=f"{action.capitalize()} queue {name}?",
-        lines=[f"{action.capitalize()} queue {name}: {effect}."],
-        action=f"{PREFIX}/queues/{name}/{action}",
-        button=f"{action.capitalize()} queue {name}",
-        back=f"{PREFIX}/",
+        title=f"{what}?",
+        lines=[f"{what}: {effect}."],
+        action=f"{PREFIX}/{kind}s/{name}/{action}",
+        button=what,
+        back=back,
     )
 
 
@@ -505,13 +513,8 @@ async def schedule_confirm(request: web.Request) -> web.StreamResponse:
         if action == "pause"
         else "it fires again from its next period; missed periods stay listed"
     )
-    return confirm(
-        request,
-        title=f"{action.capitalize()} schedule {name}?",
-        lines=[f"{action.capitalize()} schedule {name}: {effect}."],
-        action=f"{PREFIX}/schedules/{name}/{action}",
-        button=f"{action.capitalize()} schedule {name}",
-        back=f"{PREFIX}/schedules",
+    return confirm_pause_or_resume(
+        request, "schedule", name, action, effect, back=f"{PREFIX}/schedules"
     )
 
 
