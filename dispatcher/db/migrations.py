@@ -30,8 +30,9 @@ def latest_version() -> int:
     return available()[-1][0]
 
 
-async def migrate(conn: asyncpg.Connection) -> list[str]:
-    """Apply pending migrations; return the names applied (empty when already current)."""
+async def migrate(conn: asyncpg.Connection, upto: int | None = None) -> list[str]:
+    """Apply pending migrations (those numbered up to `upto`, when given: tests of one
+    migration start from the schema before it); return the names applied."""
     applied_now: list[str] = []
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
@@ -43,7 +44,7 @@ async def migrate(conn: asyncpg.Connection) -> list[str]:
         )
         done = {r["version"] for r in await conn.fetch("SELECT version FROM dispatcher.migrations")}
         for version, name, sql in available():
-            if version in done:
+            if version in done or (upto is not None and version > upto):
                 continue
             await conn.execute(sql)
             await conn.execute(

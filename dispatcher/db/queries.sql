@@ -16,25 +16,30 @@ SELECT ord, id, key, state, due_at, created_at, outcome
 -- name: set_traceparents
 -- Store the W3C trace context jobs were accepted in ($1 ids, $2 traceparents, in parallel), in
 -- the transaction that created them (tracing only; one index probe per id).
-UPDATE dispatcher.jobs j SET traceparent = t.traceparent
+UPDATE dispatcher.intents i SET traceparent = t.traceparent
   FROM unnest($1::bigint[], $2::text[]) AS t(id, traceparent)
- WHERE j.id = ANY ($1::bigint[]) AND j.id = t.id;
+ WHERE i.id = ANY ($1::bigint[]) AND i.id = t.id;
 
 -- name: scan_due
--- Move due scheduled jobs to ready and write their outbox rows, in one statement.
+-- Move due scheduled jobs to ready and write their outbox rows, in one statement. (The
+-- intent of each moved job is one primary-key probe: OFFSET 0 keeps the planner from hashing
+-- a scan of every intent instead.)
 WITH due AS (
-    SELECT id FROM dispatcher.jobs
+    SELECT id FROM dispatcher.job_state
      WHERE state = 'scheduled' AND due_at <= now()
      ORDER BY due_at
      LIMIT $1
        FOR UPDATE SKIP LOCKED
 ), moved AS (
-    UPDATE dispatcher.jobs j SET state = 'ready'
-     WHERE j.id = ANY (ARRAY(SELECT id FROM due))
-    RETURNING j.id, j.queue, j.tenant, j.handler, j.handler_version
+    UPDATE dispatcher.job_state s SET state = 'ready'
+     WHERE s.id = ANY (ARRAY(SELECT id FROM due))
+    RETURNING s.id, s.queue
 )
 INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-SELECT id, queue, tenant, handler || ':' || handler_version FROM moved;
+SELECT m.id, m.queue, i.tenant, i.handler || ':' || i.handler_version
+  FROM moved m
+ CROSS JOIN LATERAL (SELECT i.tenant, i.handler, i.handler_version FROM dispatcher.intents i
+                     WHERE i.id = m.id OFFSET 0) i;
 
 -- name: seconds_to_next_due
 -- How long until the earliest scheduled job is due (NULL when none is waiting).
@@ -44,41 +49,51 @@ SELECT id, queue, tenant, handler || ':' || handler_version FROM moved;
 SELECT CASE WHEN min(due_at) IS NULL THEN NULL
             ELSE greatest(0, extract(epoch FROM min(due_at)) - extract(epoch FROM now()))
        END::float8
-  FROM dispatcher.jobs WHERE state = 'scheduled';
+  FROM dispatcher.job_state WHERE state = 'scheduled';
 
 -- name: rescue_expired_leases
 -- Put running jobs whose lease expired back to ready (the attempt counts), or dead when it was
 -- the last attempt, or cancelled when an operator asked; each leaves a `lease_expired` history
 -- row naming the owner that lost it.
 WITH expired AS (
-    SELECT id, lease_owner FROM dispatcher.jobs
+    SELECT id, lease_owner FROM dispatcher.job_state
      WHERE state = 'running' AND lease_expires_at < now()
      ORDER BY lease_expires_at
      LIMIT $1
        FOR UPDATE SKIP LOCKED
+), limits AS (
+    SELECT e.id, e.lease_owner, i.max_attempts
+      FROM expired e
+     CROSS JOIN LATERAL (SELECT i.max_attempts FROM dispatcher.intents i
+                         WHERE i.id = e.id OFFSET 0) i
 ), rescued AS (
-    UPDATE dispatcher.jobs j
-       SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
-                        WHEN j.attempt >= j.max_attempts THEN 'dead'
+    UPDATE dispatcher.job_state s
+       SET state = CASE WHEN s.cancel_requested THEN 'cancelled'
+                        WHEN s.attempt >= l.max_attempts THEN 'dead'
                         ELSE 'ready' END,
-           dead_reason = CASE WHEN NOT j.cancel_requested AND j.attempt >= j.max_attempts
+           dead_reason = CASE WHEN NOT s.cancel_requested AND s.attempt >= l.max_attempts
                               THEN 'lease_expired' END,
-           last_error = 'lease of ' || j.lease_owner || ' expired during attempt ' || j.attempt,
-           finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts
+           last_error = 'lease of ' || s.lease_owner || ' expired during attempt ' || s.attempt,
+           finished_at = CASE WHEN s.cancel_requested OR s.attempt >= l.max_attempts
                               THEN now() END,
            lease_owner = NULL, lease_expires_at = NULL
-     WHERE j.id = ANY (ARRAY(SELECT id FROM expired))
-    RETURNING j.id, j.state, j.queue, j.tenant, j.handler, j.handler_version, j.attempt,
-              j.started_at, j.dead_reason, j.last_error
+      FROM limits l
+     WHERE s.id = l.id AND s.id = ANY (ARRAY(SELECT id FROM expired))
+    RETURNING s.id, s.state, s.queue, s.attempt, s.started_at, s.dead_reason, s.last_error,
+              l.lease_owner
 ), outboxed AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, handler || ':' || handler_version FROM rescued WHERE state = 'ready'
+    SELECT r.id, r.queue, i.tenant, i.handler || ':' || i.handler_version
+      FROM rescued r
+     CROSS JOIN LATERAL (SELECT i.tenant, i.handler, i.handler_version FROM dispatcher.intents i
+                         WHERE i.id = r.id OFFSET 0) i
+     WHERE r.state = 'ready'
 ), history AS (
     INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome,
                                      reason, excerpt)
-    SELECT r.id, r.attempt, e.lease_owner, r.started_at, now(), 'lease_expired', r.dead_reason,
+    SELECT r.id, r.attempt, r.lease_owner, r.started_at, now(), 'lease_expired', r.dead_reason,
            left(r.last_error, 500)
-      FROM rescued r JOIN expired e ON e.id = r.id
+      FROM rescued r
 )
 SELECT state, count(*)::int AS n FROM rescued GROUP BY state;
 
@@ -127,26 +142,30 @@ WITH RECURSIVE grant_ AS MATERIALIZED (
     DELETE FROM dispatcher.outbox o WHERE o.id = ANY (ARRAY(SELECT c.id FROM candidates c))
     RETURNING o.job_id
 ), claimed AS (
-    UPDATE dispatcher.jobs j
-       SET state = 'running', attempt = j.attempt + 1, lease_owner = $4,
+    UPDATE dispatcher.job_state s
+       SET state = 'running', attempt = s.attempt + 1, lease_owner = $4,
            lease_expires_at = now() + make_interval(secs => $5), started_at = now()
-     WHERE j.id = ANY (ARRAY(SELECT job_id FROM taken)) AND j.state = 'ready'
-    RETURNING j.id, j.key, j.queue, j.tenant, j.handler, j.handler_version, j.target, j.payload,
-              j.attempt, j.max_attempts,
-              -- A due time out of range (stored before migration 006, or with its check
-              -- dropped) must not fail the claim of its whole queue: `now() - '-infinity'`
-              -- raises, and a year Python cannot hold fails the read. Report the nearest end
-              -- of the range, and no lateness.
-              least(greatest(j.due_at, lower(dispatcher.due_at_range())),
-                    upper(dispatcher.due_at_range())) AS due_at,
-              j.progress, j.run_key,
-              CASE WHEN j.due_at <@ dispatcher.due_at_range()
-                   THEN extract(epoch FROM now() - j.due_at) ELSE 0 END::float8 AS due_to_start_s,
-              -- the 15th column, last of those `Job` is built from by position
-              j.traceparent
+     WHERE s.id = ANY (ARRAY(SELECT job_id FROM taken)) AND s.state = 'ready'
+    RETURNING s.id, s.queue, s.attempt, s.due_at, s.progress, s.run_key
+), started AS (
+    SELECT c.id, i.key, c.queue, i.tenant, i.handler, i.handler_version, i.target, i.payload,
+           c.attempt, i.max_attempts,
+           -- A due time out of range (stored before migration 006, or with its check
+           -- dropped) must not fail the claim of its whole queue: `now() - '-infinity'`
+           -- raises, and a year Python cannot hold fails the read. Report the nearest end
+           -- of the range, and no lateness.
+           least(greatest(c.due_at, lower(dispatcher.due_at_range())),
+                 upper(dispatcher.due_at_range())) AS due_at,
+           c.progress, c.run_key,
+           CASE WHEN c.due_at <@ dispatcher.due_at_range()
+                THEN extract(epoch FROM now() - c.due_at) ELSE 0 END::float8 AS due_to_start_s,
+           -- the 15th column, last of those `Job` is built from by position
+           i.traceparent
+      FROM claimed c
+     CROSS JOIN LATERAL (SELECT i.* FROM dispatcher.intents i WHERE i.id = c.id OFFSET 0) i
 )
 SELECT c.*, (SELECT count(*) FROM taken)::int AS taken_count, NULL::float8 AS wait_s
-  FROM claimed c
+  FROM started c
 UNION ALL
 -- the marker row: how many outbox rows were taken (duplicates dropped) and the limiter's wait
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
@@ -158,13 +177,13 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, N
 -- Record successful attempts and their history rows in one statement; only the current lease
 -- holder may complete. $5-$7: HTTP status, latency (s) and response excerpt per attempt.
 WITH done AS (
-    UPDATE dispatcher.jobs j
+    UPDATE dispatcher.job_state s
        SET state = 'succeeded', finished_at = now(), result = r.result,
            lease_owner = NULL, lease_expires_at = NULL, last_error = NULL
       FROM unnest($1::bigint[], $2::integer[], $3::jsonb[], $5::integer[], $6::float8[],
                   $7::text[]) AS r(id, attempt, result, http_status, latency_s, excerpt)
-     WHERE j.id = r.id AND j.attempt = r.attempt AND j.state = 'running' AND j.lease_owner = $4
-    RETURNING j.id, j.attempt, j.started_at, r.http_status, r.latency_s, r.excerpt
+     WHERE s.id = r.id AND s.attempt = r.attempt AND s.state = 'running' AND s.lease_owner = $4
+    RETURNING s.id, s.attempt, s.started_at, r.http_status, r.latency_s, r.excerpt
 ), history AS (
     INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome,
                                      http_status, latency_s, excerpt)
@@ -184,19 +203,20 @@ WITH failed AS (
     SELECT j.id,
            CASE WHEN j.cancel_requested THEN NULL
                 WHEN $4::boolean THEN $7::text
-                WHEN j.attempt >= j.max_attempts THEN 'max_attempts'
+                WHEN j.attempt >= i.max_attempts THEN 'max_attempts'
                 WHEN now() + make_interval(secs => $5) > j.budget_started_at
-                                                         + make_interval(secs => j.max_retry_age_s)
+                                                         + make_interval(secs => i.max_retry_age_s)
                 THEN CASE WHEN now() + make_interval(secs => $8::float8)
-                               > j.budget_started_at + make_interval(secs => j.max_retry_age_s)
+                               > j.budget_started_at + make_interval(secs => i.max_retry_age_s)
                           THEN 'retry_after_beyond_age' ELSE 'max_retry_age' END
            END AS dead_reason,
            j.cancel_requested
-      FROM dispatcher.jobs j
+      FROM dispatcher.job_state j
+      JOIN dispatcher.intents i ON i.id = j.id
      WHERE j.id = $1 AND j.attempt = $2 AND j.state = 'running' AND j.lease_owner = $3
-       FOR UPDATE
+       FOR UPDATE OF j
 ), ended AS (
-    UPDATE dispatcher.jobs j
+    UPDATE dispatcher.job_state j
        SET state = CASE WHEN f.cancel_requested THEN 'cancelled'
                         WHEN f.dead_reason IS NOT NULL THEN 'dead'
                         ELSE 'scheduled' END,
@@ -221,9 +241,9 @@ SELECT state, dead_reason FROM ended;
 -- Heartbeat: extend the leases of these attempts ($1 ids, $2 attempt numbers) that owner $3
 -- still holds. Rows locked by another transaction are skipped, never waited for: a
 -- transactional handler holds its own job's row for its whole run, and the rescuer skips it too.
-UPDATE dispatcher.jobs j SET lease_expires_at = now() + make_interval(secs => $4)
+UPDATE dispatcher.job_state j SET lease_expires_at = now() + make_interval(secs => $4)
  WHERE j.id = ANY (ARRAY(
-       SELECT l.id FROM dispatcher.jobs l
+       SELECT l.id FROM dispatcher.job_state l
         WHERE l.id = ANY ($1::bigint[]) AND l.lease_owner = $3 AND l.state = 'running'
           AND (l.id, l.attempt) IN (SELECT * FROM unnest($1::bigint[], $2::integer[]))
           FOR UPDATE SKIP LOCKED));
@@ -233,17 +253,19 @@ UPDATE dispatcher.jobs j SET lease_expires_at = now() + make_interval(secs => $4
 -- attempt not counted) so another instance takes them at once. Each leaves a `released`
 -- history row under the number it ran as, which the next attempt then carries again.
 WITH released AS (
-    UPDATE dispatcher.jobs j
-       SET state = 'ready', attempt = greatest(0, j.attempt - 1),
+    UPDATE dispatcher.job_state s
+       SET state = 'ready', attempt = greatest(0, s.attempt - 1),
            lease_owner = NULL, lease_expires_at = NULL
-     WHERE j.id = ANY ($1::bigint[]) AND j.lease_owner = $3 AND j.state = 'running'
-       AND (j.id, j.attempt) IN (SELECT * FROM unnest($1::bigint[], $2::integer[]))
+     WHERE s.id = ANY ($1::bigint[]) AND s.lease_owner = $3 AND s.state = 'running'
+       AND (s.id, s.attempt) IN (SELECT * FROM unnest($1::bigint[], $2::integer[]))
     -- RETURNING sees the decremented number; a running job's attempt is always >= 1
-    RETURNING j.id, j.queue, j.tenant, j.handler, j.handler_version, j.attempt + 1 AS ran_as,
-              j.started_at
+    RETURNING s.id, s.queue, s.attempt + 1 AS ran_as, s.started_at
 ), outboxed AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, handler || ':' || handler_version FROM released
+    SELECT r.id, r.queue, i.tenant, i.handler || ':' || i.handler_version
+      FROM released r
+     CROSS JOIN LATERAL (SELECT i.tenant, i.handler, i.handler_version FROM dispatcher.intents i
+                         WHERE i.id = r.id OFFSET 0) i
 ), history AS (
     INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome)
     SELECT id, ran_as, $3, started_at, now(), 'released' FROM released
@@ -252,7 +274,7 @@ SELECT count(*)::int FROM released;
 
 -- name: save_progress
 -- Commit a page of work together with the job's progress (inside the effect's transaction).
-UPDATE dispatcher.jobs SET progress = $4::jsonb
+UPDATE dispatcher.job_state SET progress = $4::jsonb
  WHERE id = $1 AND attempt = $2 AND lease_owner = $3 AND state = 'running';
 
 -- name: get_job
@@ -468,7 +490,7 @@ INSERT INTO dispatcher.handlers (name, kind, current_version) VALUES ($1, $2, $3
 
 -- name: count_by_state
 -- Jobs per queue and state, for metrics and the status view.
-SELECT queue, state, count(*)::bigint AS n FROM dispatcher.jobs GROUP BY queue, state;
+SELECT queue, state, count(*)::bigint AS n FROM dispatcher.job_state GROUP BY queue, state;
 
 -- name: oldest_ready_age
 -- Age of the oldest undelivered outbox row per queue (how long ready work has waited).
@@ -483,7 +505,7 @@ SELECT now();
 
 -- name: lock_running_job
 -- Lock the job row for an in-database effect; no row means the lease is no longer ours.
-SELECT 1 FROM dispatcher.jobs
+SELECT 1 FROM dispatcher.job_state
  WHERE id = $1 AND attempt = $2 AND lease_owner = $3 AND state = 'running'
    FOR UPDATE;
 
@@ -492,39 +514,42 @@ SELECT 1 FROM dispatcher.jobs
 -- only its own small index (never the whole table, which may hold millions of future jobs); the
 -- ready jobs are probed by id from the outbox (a join let the planner hash a scan of every job).
 SELECT queue, count(*)::bigint AS n FROM (
-    SELECT queue FROM dispatcher.jobs
+    SELECT queue FROM dispatcher.job_state
      WHERE state = 'scheduled' AND due_at < now() - make_interval(secs => $1)
     UNION ALL
-    SELECT j.queue FROM dispatcher.jobs j
+    SELECT j.queue FROM dispatcher.job_state j
      WHERE j.id = ANY (ARRAY(SELECT o.job_id FROM dispatcher.outbox o))
        AND j.state = 'ready' AND j.due_at < now() - make_interval(secs => $1)
     UNION ALL
-    SELECT queue FROM dispatcher.jobs
+    SELECT queue FROM dispatcher.job_state
      WHERE state = 'running' AND lease_expires_at IS NOT NULL
        AND due_at < now() - make_interval(secs => $1)
 ) overdue
 GROUP BY queue;
 
 -- name: prune_terminal
--- Delete up to $3 jobs in terminal state $1 finished more than $2 seconds ago, with their
--- attempt history (no foreign key does it: see migration 008); returns how many jobs went.
+-- Delete up to $3 jobs in terminal state $1 finished more than $2 seconds ago: state row,
+-- intent and attempt history (no foreign key does it: see migration 008); returns how many.
 WITH doomed AS (
-    SELECT id FROM dispatcher.jobs
+    SELECT id FROM dispatcher.job_state
      WHERE state = $1 AND finished_at < now() - make_interval(secs => $2)
      ORDER BY finished_at
      LIMIT $3
        FOR UPDATE SKIP LOCKED
 ), pruned AS (
-    DELETE FROM dispatcher.jobs j WHERE j.id = ANY (ARRAY(SELECT id FROM doomed))
-    RETURNING j.id
+    DELETE FROM dispatcher.job_state s WHERE s.id = ANY (ARRAY(SELECT id FROM doomed))
+    RETURNING s.id
+), intents AS (
+    DELETE FROM dispatcher.intents i WHERE i.id = ANY (ARRAY(SELECT id FROM pruned))
 ), history AS (
     DELETE FROM dispatcher.attempts a WHERE a.job_id = ANY (ARRAY(SELECT id FROM pruned))
 )
 SELECT count(*)::int FROM pruned;
 
 -- name: estimated_jobs
--- The planner's row estimate of the jobs table (pg_class.reltuples; -1 before any ANALYZE).
-SELECT reltuples::float8 FROM pg_class WHERE oid = 'dispatcher.jobs'::regclass;
+-- The planner's row estimate of the jobs (pg_class.reltuples of the state table; -1 before any
+-- ANALYZE).
+SELECT reltuples::float8 FROM pg_class WHERE oid = 'dispatcher.job_state'::regclass;
 
 -- name: estimate_by_state
 -- Jobs per queue and state estimated from planner statistics ($1 = the table's row estimate),
@@ -532,11 +557,11 @@ SELECT reltuples::float8 FROM pg_class WHERE oid = 'dispatcher.jobs'::regclass;
 WITH states AS (
     SELECT v AS state, f AS freq
       FROM pg_stats s, unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS u(v, f)
-     WHERE s.schemaname = 'dispatcher' AND s.tablename = 'jobs' AND s.attname = 'state'
+     WHERE s.schemaname = 'dispatcher' AND s.tablename = 'job_state' AND s.attname = 'state'
 ), queues AS (
     SELECT v AS queue, f AS freq
       FROM pg_stats s, unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS u(v, f)
-     WHERE s.schemaname = 'dispatcher' AND s.tablename = 'jobs' AND s.attname = 'queue'
+     WHERE s.schemaname = 'dispatcher' AND s.tablename = 'job_state' AND s.attname = 'queue'
 )
 SELECT q.queue, s.state, round($1 * s.freq * q.freq)::bigint AS n FROM states s, queues q;
 
@@ -547,9 +572,10 @@ SELECT q.name AS queue, d.dead_reason, count(*)::int AS n, max(d.finished_at) AS
        min(d.finished_at) AS oldest
   FROM dispatcher.queues q
  CROSS JOIN LATERAL (
-       SELECT j.dead_reason, j.finished_at FROM dispatcher.jobs j
+       SELECT j.dead_reason, j.finished_at FROM dispatcher.job_state j
         WHERE j.state = 'dead' AND j.queue = q.name
         ORDER BY j.finished_at DESC
         LIMIT $1) d
  GROUP BY q.name, d.dead_reason
  ORDER BY max(d.finished_at) DESC;
+

@@ -93,7 +93,7 @@ async def ensure_database(rows: int, keep: bool) -> str:
         )
     await conn.execute(OUTBOX)
     await conn.execute(PAUSED, list(QUEUES))
-    await conn.execute("VACUUM ANALYZE dispatcher.jobs, dispatcher.outbox")
+    await conn.execute("VACUUM ANALYZE dispatcher.intents, dispatcher.job_state, dispatcher.outbox")
     await conn.execute("CHECKPOINT")
     await conn.close()
     return url

@@ -98,7 +98,7 @@ async def seed(conn: asyncpg.Connection) -> None:
                   lease_owner = 'bench', lease_expires_at = now() + interval '1 hour'
             WHERE key LIKE 'running-%'"""
     )
-    await conn.execute("VACUUM ANALYZE dispatcher.jobs, dispatcher.outbox")
+    await conn.execute("VACUUM ANALYZE dispatcher.intents, dispatcher.job_state, dispatcher.outbox")
 
 
 async def measure(bench: Bench, args: argparse.Namespace, dsn: str) -> None:
@@ -139,7 +139,7 @@ async def measure(bench: Bench, args: argparse.Namespace, dsn: str) -> None:
                 "SELECT id FROM dispatcher.jobs WHERE state = 'running' ORDER BY id"
             )
         ]
-        no_trigger = "ALTER TABLE dispatcher.jobs DISABLE TRIGGER jobs_dead_letter_notice"
+        no_trigger = "ALTER TABLE dispatcher.job_state DISABLE TRIGGER jobs_dead_letter_notice"
 
         async def scan(c: asyncpg.Connection) -> Any:
             return await c.execute(query("scan_due"), DUE)

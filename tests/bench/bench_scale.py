@@ -44,7 +44,7 @@ async def fill(conn: asyncpg.Connection, rows: int) -> float:
         if start and start % 1_000_000 == 0:
             print(f"    {start:,} rows in {time.monotonic() - started:.0f} s", flush=True)
     rate = rows / (time.monotonic() - started)
-    await conn.execute("VACUUM ANALYZE dispatcher.jobs")
+    await conn.execute("VACUUM ANALYZE dispatcher.intents, dispatcher.job_state")
     return rate
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from dispatcher.console.pages import DEAD_GROUPED, RECEIPTS_SHOWN
 from dispatcher.db.queries import query
+from tests.db.test_plans import assert_no_job_scan
 
 ROWS = 40_000
 RUNS = 3_000
@@ -45,7 +46,8 @@ async def console_tables(pool: asyncpg.Pool) -> asyncpg.Pool:
         INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
         SELECT id, queue, tenant, 'http:1' FROM dispatcher.jobs WHERE state = 'ready'""")
     await pool.execute(
-        "ANALYZE dispatcher.jobs, dispatcher.runs, dispatcher.queues, dispatcher.outbox"
+        "ANALYZE dispatcher.intents, dispatcher.job_state, dispatcher.runs, dispatcher.queues,"
+        " dispatcher.outbox"
     )
     return pool
 
@@ -61,7 +63,7 @@ async def test_dead_letter_groups_walk_each_queues_newest_by_index(
     console_tables: asyncpg.Pool,
 ) -> None:
     text = await plan(console_tables, query("dead_letter_groups"), DEAD_GROUPED)
-    assert "Seq Scan on jobs" not in text, text
+    assert_no_job_scan(text)
     assert "jobs_terminal" in text and "Limit" in text, text  # bounded per queue
     rows = await console_tables.fetch(query("dead_letter_groups"), 1000)
     per_queue: dict[str, int] = {}
@@ -75,7 +77,8 @@ async def test_recent_receipts_read_a_few_runs_by_their_unique_index(
     console_tables: asyncpg.Pool,
 ) -> None:
     text = await plan(console_tables, query("recent_runs"), "hourly", RECEIPTS_SHOWN)
-    assert "Seq Scan on runs" not in text and "Seq Scan on jobs" not in text, text
+    assert "Seq Scan on runs" not in text, text
+    assert_no_job_scan(text)
     assert "Limit" in text.splitlines()[0], text
     rows = await console_tables.fetch(query("recent_runs"), "hourly", RECEIPTS_SHOWN)
     assert [r["run_key"] for r in rows] == [f"hourly:{g}" for g in range(1, RECEIPTS_SHOWN + 1)]
@@ -94,4 +97,4 @@ async def test_the_job_page_and_overview_reads_never_scan_jobs(
     console_tables: asyncpg.Pool, name: str, args: tuple[object, ...]
 ) -> None:
     text = await plan(console_tables, query(name), *args)
-    assert "Seq Scan on jobs" not in text, text
+    assert_no_job_scan(text)

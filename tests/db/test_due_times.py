@@ -125,7 +125,7 @@ async def test_python_and_sql_agree_on_the_range(conn: asyncpg.Connection) -> No
 async def test_a_row_written_straight_into_the_table_is_checked_too(
     conn: asyncpg.Connection,
 ) -> None:
-    with pytest.raises(asyncpg.CheckViolationError, match="jobs_due_at_in_range"):
+    with pytest.raises(asyncpg.CheckViolationError, match="job_state_due_at_in_range"):
         await insert_raw(conn, "raw", "ready", "-infinity")
 
 
@@ -156,7 +156,7 @@ async def insert_raw(conn: asyncpg.Connection, key: str, state: str, due: str) -
 async def poisoned(conn: asyncpg.Connection) -> list[str]:
     """Bad rows stored before any good one (so every claim meets them first): as a database
     from before migration 006 had them, or anyone who drops the constraint can write them."""
-    await conn.execute("ALTER TABLE dispatcher.jobs DROP CONSTRAINT jobs_due_at_in_range")
+    await conn.execute("ALTER TABLE dispatcher.job_state DROP CONSTRAINT job_state_due_at_in_range")
     keys = []
     for i, due in enumerate(OUT_OF_RANGE):
         for state in ("ready", "scheduled"):
@@ -234,7 +234,7 @@ async def test_the_due_scan_and_metrics_queries_never_fail_on_bad_rows(
 async def test_only_unreachable_rows_left_make_the_scan_wait_its_interval(
     conn: asyncpg.Connection, repo: JobRepository
 ) -> None:
-    await conn.execute("ALTER TABLE dispatcher.jobs DROP CONSTRAINT jobs_due_at_in_range")
+    await conn.execute("ALTER TABLE dispatcher.job_state DROP CONSTRAINT job_state_due_at_in_range")
     await insert_raw(conn, "never", "scheduled", "infinity")
     assert await repo.seconds_to_next_due() == float("inf")  # the caller waits its interval
     await insert_raw(conn, "long-ago", "scheduled", "-infinity")

@@ -97,7 +97,7 @@ async def test_state_estimates_for_huge_tables_follow_planner_statistics(
     async with pool.acquire() as conn:
         await seed(conn, "succeeded", 300, 1, "done-")
         await seed(conn, "scheduled", 100, None, "later-")
-        await conn.execute("ANALYZE dispatcher.jobs")
+        await conn.execute("ANALYZE dispatcher.intents, dispatcher.job_state")
     repo = JobRepository(pool)
     assert await repo.estimated_jobs() == 400
     estimate = {(q, s): n for q, s, n in await repo.estimate_by_state(4_000_000)}

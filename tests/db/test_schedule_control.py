@@ -397,7 +397,7 @@ async def test_the_finish_sweep_probes_the_unfinished_units_by_index(
         "UPDATE dispatcher.jobs SET state = 'succeeded', finished_at = now() WHERE key <> $1",
         f"{run}:{n}",
     )
-    await pool.execute("ANALYZE dispatcher.jobs, dispatcher.runs")
+    await pool.execute("ANALYZE dispatcher.intents, dispatcher.job_state, dispatcher.runs")
     from dispatcher.db.queries import query
 
     async with pool.acquire() as conn:

@@ -23,7 +23,7 @@ async def test_migrations_lower_the_autovacuum_triggers_of_the_queue_tables(
     assert {
         "autovacuum_vacuum_scale_factor=0.01",
         "autovacuum_vacuum_threshold=1000",
-    } <= await reloptions(pool, "dispatcher.jobs")
+    } <= await reloptions(pool, "dispatcher.job_state")
     assert {
         "autovacuum_vacuum_scale_factor=0",
         "autovacuum_vacuum_threshold=5000",
@@ -55,14 +55,14 @@ async def test_the_daemon_warns_at_start_when_a_queue_table_is_not_vacuumed(
 ) -> None:
     conn = await asyncpg.connect(db_url)
     try:
-        await conn.execute("ALTER TABLE dispatcher.jobs SET (autovacuum_enabled = false)")
+        await conn.execute("ALTER TABLE dispatcher.job_state SET (autovacuum_enabled = false)")
     finally:
         await conn.close()
     with caplog.at_level(logging.WARNING, logger="dispatcher"):
         await prepare_schema(db_url, make_settings(db_url))
     assert (
-        "autovacuum is disabled for dispatcher.jobs: "
-        "ALTER TABLE dispatcher.jobs RESET (autovacuum_enabled)"
+        "autovacuum is disabled for dispatcher.job_state: "
+        "ALTER TABLE dispatcher.job_state RESET (autovacuum_enabled)"
     ) in caplog.messages
 
 

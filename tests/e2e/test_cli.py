@@ -209,7 +209,7 @@ async def test_status_counts_jobs_per_state_and_says_when_nothing_vacuums(
 
     conn = await asyncpg.connect(db_url)
     try:
-        await conn.execute("ALTER TABLE dispatcher.jobs SET (autovacuum_enabled = false)")
+        await conn.execute("ALTER TABLE dispatcher.job_state SET (autovacuum_enabled = false)")
     finally:
         await conn.close()
     text = await cli("status", cwd=tmp_path, env=env)
@@ -217,7 +217,7 @@ async def test_status_counts_jobs_per_state_and_says_when_nothing_vacuums(
     assert text.stdout.splitlines()[1].split()[:5] == ["default", "1", "1", "0", "0"]
     assert (
         "warning: autovacuum is disabled for dispatcher.jobs: "
-        "ALTER TABLE dispatcher.jobs RESET (autovacuum_enabled)"
+        "ALTER TABLE dispatcher.job_state RESET (autovacuum_enabled)"
     ) in text.stderr.splitlines()
     as_json = await cli("status", "--json", cwd=tmp_path, env=env)
     assert any("dispatcher.jobs RESET" in w for w in json.loads(as_json.stdout)["warnings"])
