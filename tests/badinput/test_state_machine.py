@@ -252,7 +252,9 @@ async def test_every_sequence_of_operations_keeps_jobs_in_legal_states(
     clean_repo: JobRepository, ops: list[tuple[Any, ...]], future: list[bool]
 ) -> None:
     repo = clean_repo
-    await repo.pool.execute("TRUNCATE dispatcher.jobs, dispatcher.outbox, dispatcher.attempts")
+    await repo.pool.execute(
+        "TRUNCATE dispatcher.intents, dispatcher.job_state, dispatcher.outbox, dispatcher.attempts"
+    )
     await repo.set_queue_paused("default", False)
     later = datetime.now(UTC) + timedelta(hours=1)
     created = await repo.enqueue_many(
