@@ -196,6 +196,55 @@ async def profile_drain(bench: Bench, args: argparse.Namespace) -> None:
             await conn.close()
 
 
+async def warm_up(pool: asyncpg.Pool, conn: asyncpg.Connection, n: int = 20) -> None:
+    """A few jobs through the daemon(s), so they prepare their statements on the first claims;
+    then an empty jobs table."""
+    for i in range(n):
+        await pool.execute("SELECT dispatcher.enqueue($1, 'noop')", f"warm-{i}")
+    await wait_terminal(conn, n, 30, "warm-up jobs")
+    await conn.execute("DELETE FROM dispatcher.jobs")
+
+
+async def start_latency(conn: asyncpg.Connection, key_like: str = "lat-%") -> asyncpg.Record:
+    """Due-to-start (started_at - due_at, database clock) of the jobs whose key is like
+    `key_like`: q = [p50, p95, p99] in seconds, max, n."""
+    return await conn.fetchrow(
+        """
+        SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY d) AS q,
+               max(d) AS max, count(*)::int AS n
+          FROM (SELECT extract(epoch FROM started_at - due_at)::float8 AS d
+                  FROM dispatcher.jobs WHERE key LIKE $1) x""",
+        key_like,
+    )
+
+
+async def enqueue_burst(
+    conn: asyncpg.Connection, prefix: str, n: int, lead_s: float = 5.0
+) -> datetime:
+    """`n` jobs due at one instant T, `lead_s` from now (database clock); returns T once it is
+    0.1 s away, so what the caller measures next covers the burst, not the wait for it."""
+    due: datetime = await conn.fetchval("SELECT now() + make_interval(secs => $1)", lead_s)
+    await enqueue_bulk(conn, prefix, n, due=due)
+    await asyncio.sleep(max(0.0, (due - await db_now(conn)).total_seconds() - 0.1))
+    return due
+
+
+async def burst_times(conn: asyncpg.Connection, due: datetime) -> asyncpg.Record:
+    """Seconds after T (= `due`) of the first, median and last start and the last finish of
+    every job in the table, and how long before T the last one was enqueued (lead_s)."""
+    return await conn.fetchrow(
+        """
+        SELECT extract(epoch FROM min(started_at) - $1)::float8 AS first_start,
+               extract(epoch FROM percentile_cont(0.5) WITHIN GROUP
+                       (ORDER BY started_at - $1))::float8 AS p50_start,
+               extract(epoch FROM max(started_at) - $1)::float8 AS last_start,
+               extract(epoch FROM max(finished_at) - $1)::float8 AS last_finish,
+               extract(epoch FROM $1 - max(created_at))::float8 AS lead_s
+          FROM dispatcher.jobs""",
+        due,
+    )
+
+
 async def steady_latency(bench: Bench, args: argparse.Namespace) -> None:
     """(c): one due-now enqueue per call at a steady rate; started_at - due_at per job."""
     rate, seconds = args.rate, args.seconds
@@ -206,11 +255,7 @@ async def steady_latency(bench: Bench, args: argparse.Namespace) -> None:
         assert pool is not None
         conn = await asyncpg.connect(dsn)
         try:
-            # warm-up: the daemon prepares its statements on the first claims
-            for i in range(20):
-                await pool.execute("SELECT dispatcher.enqueue($1, 'noop')", f"warm-{i}")
-            await wait_terminal(conn, 20, 30, "warm-up jobs")
-            await conn.execute("DELETE FROM dispatcher.jobs")
+            await warm_up(pool, conn)
             before = await histogram(
                 d.base_url, "dispatcher_due_to_start_seconds", 'queue="default"'
             )
@@ -224,11 +269,7 @@ async def steady_latency(bench: Bench, args: argparse.Namespace) -> None:
             after = await histogram(
                 d.base_url, "dispatcher_due_to_start_seconds", 'queue="default"'
             )
-            row = await conn.fetchrow("""
-                SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY d) AS q,
-                       max(d) AS max, count(*)::int AS n
-                  FROM (SELECT extract(epoch FROM started_at - due_at)::float8 AS d
-                          FROM dispatcher.jobs WHERE key LIKE 'lat-%') x""")
+            row = await start_latency(conn)
             states = await outcome_counts(conn)
         finally:
             await conn.close()
@@ -317,26 +358,13 @@ async def run_bursts(bench: Bench, args: argparse.Namespace, dsn: str, d: Any) -
             await conn.execute("DELETE FROM dispatcher.jobs")
             await conn.execute("VACUUM ANALYZE dispatcher.jobs, dispatcher.outbox")
             await wait_for_quiet(30)
-            due = await conn.fetchval("SELECT now() + interval '5 s'")
-            await enqueue_bulk(conn, f"burst{i}", n, due=due)
-            # count CPU over the burst only, not the wait for T
-            await asyncio.sleep(max(0.0, (due - await db_now(conn)).total_seconds() - 0.1))
+            due = await enqueue_burst(conn, f"burst{i}", n)
             async with (
                 CpuMeter({"daemon": d.proc.pid}, db_name(dsn)) as cpu,
                 profiled(d.proc.pid, f"burst_{n}", args.profile),
             ):
                 await wait_terminal(conn, n, 90, f"burst of {n}")
-            row = await conn.fetchrow(
-                """
-                SELECT extract(epoch FROM min(started_at) - $1)::float8 AS first_start,
-                       extract(epoch FROM percentile_cont(0.5) WITHIN GROUP
-                               (ORDER BY started_at - $1))::float8 AS p50_start,
-                       extract(epoch FROM max(started_at) - $1)::float8 AS last_start,
-                       extract(epoch FROM max(finished_at) - $1)::float8 AS last_finish,
-                       extract(epoch FROM $1 - max(created_at))::float8 AS lead_s
-                  FROM dispatcher.jobs""",
-                due,
-            )
+            row = await burst_times(conn, due)
             states = await outcome_counts(conn)
             bench.details[f"burst_{n}{suffix}"] = {
                 **dict(row),
