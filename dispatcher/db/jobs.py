@@ -89,8 +89,8 @@ class JobRepository:
 
     # scanning and rescue ------------------------------------------------------------------
     async def scan_due(self, batch: int) -> int:
-        status = await self.pool.execute(query("scan_due"), batch)
-        return int(status.rsplit(" ", 1)[-1])
+        moved: int = await self.pool.fetchval(query("scan_due"), batch)
+        return moved
 
     async def seconds_to_next_due(self) -> float | None:
         seconds: float | None = await self.pool.fetchval(query("seconds_to_next_due"))
@@ -415,14 +415,18 @@ class JobRepository:
         limits: dict[str, tuple[float | None, int | None, int | None]] | None = None,
         *,
         due_at_past_tolerance_s: float | None = None,
+        ready_outbox: bool = False,
     ) -> None:
         """Write the configured queues and handlers to the registry; `on_dead` gives each
         queue's dead-letter notification (normalized target, notification queue), `limits` its
         global limits (rate_per_s, burst, max_inflight; a queue left out has none);
-        `due_at_past_tolerance_s`, how far past a due time the SQL door still accepts."""
+        `due_at_past_tolerance_s`, how far past a due time the SQL door still accepts;
+        `ready_outbox`, whether ready jobs get outbox rows (a relay transport: migration 015)."""
         async with self.pool.acquire() as conn, conn.transaction():
             if due_at_past_tolerance_s is not None:
-                await conn.execute(query("sync_intake_settings"), due_at_past_tolerance_s)
+                await conn.execute(
+                    query("sync_intake_settings"), due_at_past_tolerance_s, ready_outbox
+                )
             for name, (max_attempts, max_retry_age_s) in queues.items():
                 rate, burst, inflight = (limits or {}).get(name, (None, None, None))
                 await conn.execute(

@@ -21,9 +21,8 @@ UPDATE dispatcher.intents i SET traceparent = t.traceparent
  WHERE i.id = ANY ($1::bigint[]) AND i.id = t.id;
 
 -- name: scan_due
--- Move due scheduled jobs to ready and write their outbox rows, in one statement. (The
--- intent of each moved job is one primary-key probe: OFFSET 0 keeps the planner from hashing
--- a scan of every intent instead.)
+-- Move due scheduled jobs to ready (with their outbox rows when a relay needs them: see
+-- migration 015), in one statement; returns how many moved.
 WITH due AS (
     SELECT id FROM dispatcher.job_state
      WHERE state = 'scheduled' AND due_at <= now()
@@ -33,13 +32,12 @@ WITH due AS (
 ), moved AS (
     UPDATE dispatcher.job_state s SET state = 'ready'
      WHERE s.id = ANY (ARRAY(SELECT id FROM due))
-    RETURNING s.id, s.queue
+    RETURNING s.id, s.queue, s.tenant, s.capability
+), outboxed AS (
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
+    SELECT id, queue, tenant, capability FROM moved WHERE dispatcher.ready_outbox()
 )
-INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-SELECT m.id, m.queue, i.tenant, i.handler || ':' || i.handler_version
-  FROM moved m
- CROSS JOIN LATERAL (SELECT i.tenant, i.handler, i.handler_version FROM dispatcher.intents i
-                     WHERE i.id = m.id OFFSET 0) i;
+SELECT count(*)::int FROM moved;
 
 -- name: seconds_to_next_due
 -- How long until the earliest scheduled job is due (NULL when none is waiting).
@@ -79,15 +77,12 @@ WITH expired AS (
            lease_owner = NULL, lease_expires_at = NULL
       FROM limits l
      WHERE s.id = l.id AND s.id = ANY (ARRAY(SELECT id FROM expired))
-    RETURNING s.id, s.state, s.queue, s.attempt, s.started_at, s.dead_reason, s.last_error,
-              l.lease_owner
+    RETURNING s.id, s.state, s.queue, s.tenant, s.capability, s.attempt, s.started_at,
+              s.dead_reason, s.last_error, l.lease_owner
 ), outboxed AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT r.id, r.queue, i.tenant, i.handler || ':' || i.handler_version
-      FROM rescued r
-     CROSS JOIN LATERAL (SELECT i.tenant, i.handler, i.handler_version FROM dispatcher.intents i
-                         WHERE i.id = r.id OFFSET 0) i
-     WHERE r.state = 'ready'
+    SELECT id, queue, tenant, capability FROM rescued
+     WHERE state = 'ready' AND dispatcher.ready_outbox()
 ), history AS (
     INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome,
                                      reason, excerpt)
@@ -99,20 +94,22 @@ SELECT state, count(*)::int AS n FROM rescued GROUP BY state;
 
 -- name: claim_ready
 -- Claim up to $2 ready jobs of queue $1 that this worker can run ($3 = handler:version list),
--- fairly across tenants, take their outbox rows and lease the jobs to owner $4 for $5 seconds.
--- Fairness: every tenant with ready work offers its oldest rows; rows are taken by rank within
--- their tenant (all first rows, then all second rows, ...), ties broken at random, so a tenant
--- with 10,000 ready jobs and one with 1 get equal shares of each claim. Outbox rows whose job
--- is no longer ready are duplicate deliveries: consumed without effect. The queue's global
--- limits (migration 013) grant how many may start; the last row, always present, gives back
--- what the claim did not use and carries the seconds until a token is free (NULL: none missing).
+-- fairly across tenants, and lease them to owner $4 for $5 seconds. Fairness: every tenant with
+-- ready work offers its oldest jobs; jobs are taken by rank within their tenant (all first
+-- jobs, then all second jobs, ...), ties broken at random, so a tenant with 10,000 ready jobs
+-- and one with 1 get equal shares of each claim. One statement takes a ready job straight to
+-- running (no outbox row to read or delete, migration 015). The queue's global limits
+-- (migration 013) grant how many may start; the last row, always present, gives back what the
+-- claim did not use and carries the seconds until a token is free (NULL: none missing).
 WITH RECURSIVE grant_ AS MATERIALIZED (
     SELECT granted, wait_s FROM dispatcher.claim_grant($1, $2)
 ), tenants AS (
-    (SELECT o.tenant FROM dispatcher.outbox o WHERE o.queue = $1 ORDER BY o.tenant LIMIT 1)
+    (SELECT s.tenant FROM dispatcher.job_state s
+      WHERE s.queue = $1 AND s.state = 'ready' ORDER BY s.tenant LIMIT 1)
     UNION ALL
-    SELECT (SELECT o.tenant FROM dispatcher.outbox o
-             WHERE o.queue = $1 AND o.tenant > t.tenant ORDER BY o.tenant LIMIT 1)
+    SELECT (SELECT s.tenant FROM dispatcher.job_state s
+             WHERE s.queue = $1 AND s.state = 'ready' AND s.tenant > t.tenant
+             ORDER BY s.tenant LIMIT 1)
       FROM tenants t
      WHERE t.tenant IS NOT NULL
 ), tenant_list AS MATERIALIZED (
@@ -126,26 +123,24 @@ WITH RECURSIVE grant_ AS MATERIALIZED (
     SELECT ceil((SELECT granted FROM grant_)::float8
                 / greatest(1, (SELECT count(*) FROM tenant_list)))::int AS n
 ), candidates AS (
-    SELECT c.id, c.job_id
+    SELECT c.id
       FROM tenant_list t
      CROSS JOIN LATERAL (
-           SELECT l.id, l.job_id, row_number() OVER (ORDER BY l.id) AS rank
-             FROM (SELECT o.id, o.job_id FROM dispatcher.outbox o
-                    WHERE o.queue = $1 AND o.tenant = t.tenant AND o.capability = ANY ($3::text[])
-                    ORDER BY o.id
+           SELECT l.id, row_number() OVER (ORDER BY l.id) AS rank
+             FROM (SELECT s.id FROM dispatcher.job_state s
+                    WHERE s.queue = $1 AND s.tenant = t.tenant AND s.state = 'ready'
+                      AND s.capability = ANY ($3::text[])
+                    ORDER BY s.id
                     LIMIT (SELECT n FROM per_tenant)
                       FOR UPDATE SKIP LOCKED) l
            ) c
      ORDER BY c.rank, random()
      LIMIT (SELECT granted FROM grant_)
-), taken AS (
-    DELETE FROM dispatcher.outbox o WHERE o.id = ANY (ARRAY(SELECT c.id FROM candidates c))
-    RETURNING o.job_id
 ), claimed AS (
     UPDATE dispatcher.job_state s
        SET state = 'running', attempt = s.attempt + 1, lease_owner = $4,
            lease_expires_at = now() + make_interval(secs => $5), started_at = now()
-     WHERE s.id = ANY (ARRAY(SELECT job_id FROM taken)) AND s.state = 'ready'
+     WHERE s.id = ANY (ARRAY(SELECT id FROM candidates)) AND s.state = 'ready'
     RETURNING s.id, s.queue, s.attempt, s.due_at, s.progress, s.run_key
 ), started AS (
     SELECT c.id, i.key, c.queue, i.tenant, i.handler, i.handler_version, i.target, i.payload,
@@ -164,12 +159,12 @@ WITH RECURSIVE grant_ AS MATERIALIZED (
       FROM claimed c
      CROSS JOIN LATERAL (SELECT i.* FROM dispatcher.intents i WHERE i.id = c.id OFFSET 0) i
 )
-SELECT c.*, (SELECT count(*) FROM taken)::int AS taken_count, NULL::float8 AS wait_s
+SELECT c.*, (SELECT count(*) FROM candidates)::int AS taken_count, NULL::float8 AS wait_s
   FROM started c
 UNION ALL
--- the marker row: how many outbox rows were taken (duplicates dropped) and the limiter's wait
+-- the marker row: how many ready jobs the claim locked, and the limiter's wait
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       (SELECT count(*) FROM taken)::int,
+       (SELECT count(*) FROM candidates)::int,
        dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM claimed)::int, g.wait_s)
   FROM grant_ g;
 
@@ -259,13 +254,10 @@ WITH released AS (
      WHERE s.id = ANY ($1::bigint[]) AND s.lease_owner = $3 AND s.state = 'running'
        AND (s.id, s.attempt) IN (SELECT * FROM unnest($1::bigint[], $2::integer[]))
     -- RETURNING sees the decremented number; a running job's attempt is always >= 1
-    RETURNING s.id, s.queue, s.attempt + 1 AS ran_as, s.started_at
+    RETURNING s.id, s.queue, s.tenant, s.capability, s.attempt + 1 AS ran_as, s.started_at
 ), outboxed AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT r.id, r.queue, i.tenant, i.handler || ':' || i.handler_version
-      FROM released r
-     CROSS JOIN LATERAL (SELECT i.tenant, i.handler, i.handler_version FROM dispatcher.intents i
-                         WHERE i.id = r.id OFFSET 0) i
+    SELECT id, queue, tenant, capability FROM released WHERE dispatcher.ready_outbox()
 ), history AS (
     INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome)
     SELECT id, ran_as, $3, started_at, now(), 'released' FROM released
@@ -344,6 +336,7 @@ WITH retried AS (
 ), outboxed AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
     SELECT id, queue, tenant, handler || ':' || handler_version FROM retried
+     WHERE dispatcher.ready_outbox()
 )
 SELECT * FROM retried;
 
@@ -394,7 +387,8 @@ WITH picked AS (
     RETURNING j.id, j.state, j.queue, j.tenant, j.handler, j.handler_version
 ), outboxed AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, handler || ':' || handler_version FROM moved WHERE state = 'ready'
+    SELECT id, queue, tenant, handler || ':' || handler_version FROM moved
+     WHERE state = 'ready' AND dispatcher.ready_outbox()
 )
 SELECT count(*)::int FROM moved;
 
@@ -438,7 +432,7 @@ WITH moved AS (
 ), outboxed AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
     SELECT id, queue, tenant, handler || ':' || handler_version FROM moved
-     WHERE state = 'ready' AND $3 = 'scheduled'
+     WHERE state = 'ready' AND $3 = 'scheduled' AND dispatcher.ready_outbox()
 )
 SELECT * FROM moved;
 
@@ -474,12 +468,27 @@ VALUES ($1, $2, $3, $4, $5, $6, coalesce($5, 0))
                      ELSE least(dispatcher.queues.tokens, excluded.tokens) END;
 
 -- name: sync_intake_settings
--- Keep the SQL door's past-due tolerance ($1 s) as configured: the database cannot read the
--- daemon's configuration.
-INSERT INTO dispatcher.intake_settings AS s (due_at_past_tolerance_s) VALUES ($1)
-    ON CONFLICT (singleton) DO UPDATE
-   SET due_at_past_tolerance_s = excluded.due_at_past_tolerance_s, updated_at = now()
- WHERE s.due_at_past_tolerance_s IS DISTINCT FROM excluded.due_at_past_tolerance_s;
+-- Keep the SQL door's past-due tolerance ($1 s) as configured (the database cannot read the
+-- daemon's configuration), and whether ready jobs get outbox rows ($2: a relay transport). A
+-- relay finds a row for every ready job (those that became ready without one get it here); the
+-- in-process transport claims from the state rows and leaves no outbox row behind.
+WITH settings AS (
+    INSERT INTO dispatcher.intake_settings AS s (due_at_past_tolerance_s, ready_outbox)
+    VALUES ($1, $2)
+        ON CONFLICT (singleton) DO UPDATE
+       SET due_at_past_tolerance_s = excluded.due_at_past_tolerance_s,
+           ready_outbox = excluded.ready_outbox, updated_at = now()
+     WHERE (s.due_at_past_tolerance_s, s.ready_outbox)
+           IS DISTINCT FROM (excluded.due_at_past_tolerance_s, excluded.ready_outbox)
+), backfilled AS (
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
+    SELECT s.id, s.queue, s.tenant, s.capability FROM dispatcher.job_state s
+     WHERE $2 AND s.state = 'ready'
+       AND NOT EXISTS (SELECT 1 FROM dispatcher.outbox o WHERE o.job_id = s.id)
+), dropped AS (
+    DELETE FROM dispatcher.outbox WHERE NOT $2
+)
+SELECT 1;
 
 -- name: upsert_handler
 -- Register a handler; the current version only moves forward, so old and new releases agree.
@@ -493,11 +502,12 @@ INSERT INTO dispatcher.handlers (name, kind, current_version) VALUES ($1, $2, $3
 SELECT queue, state, count(*)::bigint AS n FROM dispatcher.job_state GROUP BY queue, state;
 
 -- name: oldest_ready_age
--- Age of the oldest undelivered outbox row per queue (how long ready work has waited).
--- (epochs, not `now() - min(created_at)`, which raises on a row written with '-infinity')
+-- How late the most overdue ready job of each queue is (now minus its due time): how long
+-- ready work has waited. One walk of the ready jobs (jobs_ready_claim).
+-- (epochs, not `now() - min(due_at)`, which raises on a row stored with '-infinity')
 SELECT queue,
-       (extract(epoch FROM now()) - extract(epoch FROM min(created_at)))::float8 AS age_s
-  FROM dispatcher.outbox GROUP BY queue;
+       (extract(epoch FROM now()) - extract(epoch FROM min(due_at)))::float8 AS age_s
+  FROM dispatcher.job_state WHERE state = 'ready' GROUP BY queue;
 
 -- name: now
 -- The database clock.
@@ -511,15 +521,14 @@ SELECT 1 FROM dispatcher.job_state
 
 -- name: count_overdue
 -- Jobs due more than $1 seconds ago that are still not terminal, per queue. Each branch walks
--- only its own small index (never the whole table, which may hold millions of future jobs); the
--- ready jobs are probed by id from the outbox (a join let the planner hash a scan of every job).
+-- only its own small partial index (never the whole table, which may hold millions of future
+-- jobs): scheduled by due time, ready per queue and tenant, running by lease.
 SELECT queue, count(*)::bigint AS n FROM (
     SELECT queue FROM dispatcher.job_state
      WHERE state = 'scheduled' AND due_at < now() - make_interval(secs => $1)
     UNION ALL
-    SELECT j.queue FROM dispatcher.job_state j
-     WHERE j.id = ANY (ARRAY(SELECT o.job_id FROM dispatcher.outbox o))
-       AND j.state = 'ready' AND j.due_at < now() - make_interval(secs => $1)
+    SELECT queue FROM dispatcher.job_state
+     WHERE state = 'ready' AND due_at < now() - make_interval(secs => $1)
     UNION ALL
     SELECT queue FROM dispatcher.job_state
      WHERE state = 'running' AND lease_expires_at IS NOT NULL

@@ -6,12 +6,13 @@ operator retry), including stale ones: a completion by the wrong owner, or for a
 is no longer current. After every operation every job must be in a legal state reached by a
 legal transition (DESIGN.md: scheduled -> ready -> running -> succeeded | scheduled | dead |
 cancelled; rescue and release put running back to ready; an operator retries dead or
-cancelled), with `running` <=> a lease owner, `ready` <=> exactly one outbox row, and the
+cancelled), with `running` <=> a lease owner, no outbox row ever written (the in-process
+transport claims ready jobs from their state rows: migration 015), and the
 fencing rules honoured: only the lease holder's current attempt changes a running job. Every
 attempt that ends leaves exactly one attempt history row, and nothing else does.
 
-Operator control joins in: discard (dead -> discarded), reschedule (scheduled <-> ready, the outbox
-row following), bulk redrive and discard, and pausing the queue (a paused queue's claim takes
+Operator control joins in: discard (dead -> discarded), reschedule (scheduled <-> ready), bulk
+redrive and discard, and pausing the queue (a paused queue's claim takes
 nothing). The queue reports its dead letters (`on_dead`, notifications in a queue of their own):
 every transition into `dead` writes exactly one notification job, and nothing else writes any.
 """
@@ -145,7 +146,7 @@ def check_row(before: dict[str, Any] | None, row: dict[str, Any]) -> None:
         assert state in LEGAL[before["state"]], (before["state"], "->", state)
     assert (state == "running") == (row["lease_owner"] is not None), row
     assert (state == "running") == (row["lease_expires_at"] is not None), row
-    assert row["outbox"] == (1 if state == "ready" else 0), row
+    assert row["outbox"] == 0, row  # in process, no statement writes one (migration 015)
     assert (state in TERMINAL) == (row["finished_at"] is not None), row
     # a discarded job keeps the reason it died
     assert (state in ("dead", "discarded")) == (row["dead_reason"] is not None), row

@@ -19,6 +19,10 @@
 -- tests. `queue` and `run_key` are immutable and copied into job_state, so the state indexes
 -- that need them (in-flight per queue, retention per queue, unfinished cron units) live there.
 --
+-- The state row also carries copies of `tenant` and `capability` (handler:version), so the
+-- in-process claim takes ready jobs straight from it, fairly by tenant (jobs_ready_claim), and
+-- the outbox is written only while a relay transport reads it (dispatcher.ready_outbox()).
+--
 -- Upgrade cost: the old table is renamed in place (its rows become the intents, its mutable
 -- columns dropped: no rewrite); the state rows are copied once, then indexed. Both happen in
 -- this migration's transaction, which blocks intake and the engine for its length: measured
@@ -33,6 +37,8 @@ CREATE TABLE dispatcher.job_state (
     id                bigint PRIMARY KEY,
     queue             text NOT NULL,
     run_key           text,
+    tenant            text NOT NULL DEFAULT '',
+    capability        text NOT NULL,           -- handler:version, so a worker claims what it runs
     state             text NOT NULL,
     due_at            timestamptz NOT NULL,
     attempt           integer NOT NULL DEFAULT 0,
@@ -54,7 +60,8 @@ CREATE TABLE dispatcher.job_state (
 );
 
 INSERT INTO dispatcher.job_state
-SELECT id, queue, run_key, state, due_at, attempt, budget_started_at, lease_owner,
+SELECT id, queue, run_key, tenant, handler || ':' || handler_version, state, due_at, attempt,
+       budget_started_at, lease_owner,
        lease_expires_at, cancel_requested, progress, result, last_error, dead_reason, started_at,
        finished_at
   FROM dispatcher.intents;
@@ -94,6 +101,21 @@ CREATE INDEX jobs_due_at_id ON dispatcher.job_state (due_at, id);
 CREATE INDEX jobs_run_key_id ON dispatcher.job_state (run_key, id) WHERE run_key IS NOT NULL;
 CREATE INDEX jobs_run_unfinished ON dispatcher.job_state (run_key)
     WHERE run_key IS NOT NULL AND state IN ('scheduled', 'ready', 'running');
+-- The in-process claim walks ready jobs here, tenant by tenant (what outbox_claim did before).
+CREATE INDEX jobs_ready_claim ON dispatcher.job_state (queue, tenant, id) WHERE state = 'ready';
+
+-- The outbox only where a relay needs it. With the in-process transport a ready job is claimed
+-- straight from its state row (jobs_ready_claim), and an outbox row per job was a write and a
+-- delete that carried nothing. With RabbitMQ, the relay publishes outbox rows, so every
+-- statement that makes a job ready writes one while this says so. The daemon keeps it in step
+-- with its transport at start (sync_intake_settings), and fills in the rows of jobs that became
+-- ready while it was off (every daemon of a database runs one transport).
+ALTER TABLE dispatcher.intake_settings ADD COLUMN ready_outbox boolean NOT NULL DEFAULT false;
+
+CREATE FUNCTION dispatcher.ready_outbox() RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT coalesce((SELECT s.ready_outbox FROM dispatcher.intake_settings s), false)
+$$;
 
 -- The columns, in the order, of the table this replaces. `queue` and `run_key` come from the
 -- state row so that a filter on either next to `state` reaches the state table's indexes.
@@ -129,10 +151,11 @@ BEGIN
                 NEW.traceparent)
         RETURNING id INTO NEW.id;
         INSERT INTO dispatcher.job_state
-               (id, queue, run_key, state, due_at, attempt, budget_started_at, lease_owner,
-                lease_expires_at, cancel_requested, progress, result, last_error, dead_reason,
-                started_at, finished_at)
-        VALUES (NEW.id, NEW.queue, NEW.run_key, NEW.state, NEW.due_at, NEW.attempt,
+               (id, queue, run_key, tenant, capability, state, due_at, attempt, budget_started_at,
+                lease_owner, lease_expires_at, cancel_requested, progress, result, last_error,
+                dead_reason, started_at, finished_at)
+        VALUES (NEW.id, NEW.queue, NEW.run_key, NEW.tenant,
+                NEW.handler || ':' || NEW.handler_version, NEW.state, NEW.due_at, NEW.attempt,
                 NEW.budget_started_at, NEW.lease_owner, NEW.lease_expires_at,
                 NEW.cancel_requested, NEW.progress, NEW.result, NEW.last_error, NEW.dead_reason,
                 NEW.started_at, NEW.finished_at);
@@ -150,6 +173,11 @@ BEGIN
         queue = CASE WHEN NEW.queue IS DISTINCT FROM OLD.queue THEN NEW.queue ELSE s.queue END,
         run_key = CASE WHEN NEW.run_key IS DISTINCT FROM OLD.run_key
                        THEN NEW.run_key ELSE s.run_key END,
+        tenant = CASE WHEN NEW.tenant IS DISTINCT FROM OLD.tenant
+                      THEN NEW.tenant ELSE s.tenant END,
+        capability = CASE WHEN (NEW.handler, NEW.handler_version)
+                               IS DISTINCT FROM (OLD.handler, OLD.handler_version)
+                          THEN NEW.handler || ':' || NEW.handler_version ELSE s.capability END,
         state = CASE WHEN NEW.state IS DISTINCT FROM OLD.state THEN NEW.state ELSE s.state END,
         due_at = CASE WHEN NEW.due_at IS DISTINCT FROM OLD.due_at
                       THEN NEW.due_at ELSE s.due_at END,
@@ -181,11 +209,13 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    IF (NEW.key, NEW.request_hash, NEW.queue, NEW.run_key, NEW.tenant, NEW.handler, NEW.handler_version, NEW.target,
+    IF (NEW.key, NEW.request_hash, NEW.queue, NEW.run_key, NEW.tenant, NEW.handler,
+        NEW.handler_version, NEW.target,
         NEW.payload, NEW.max_attempts, NEW.max_retry_age_s, NEW.created_at, NEW.dead_letter_of,
         NEW.traceparent)
        IS DISTINCT FROM
-       (OLD.key, OLD.request_hash, OLD.queue, OLD.run_key, OLD.tenant, OLD.handler, OLD.handler_version, OLD.target,
+       (OLD.key, OLD.request_hash, OLD.queue, OLD.run_key, OLD.tenant, OLD.handler,
+        OLD.handler_version, OLD.target,
         OLD.payload, OLD.max_attempts, OLD.max_retry_age_s, OLD.created_at, OLD.dead_letter_of,
         OLD.traceparent) THEN
         UPDATE dispatcher.intents SET
@@ -275,10 +305,14 @@ BEGIN
         ON CONFLICT (key) DO NOTHING
     RETURNING i.id INTO new_id;
     IF new_id IS NOT NULL THEN
-        INSERT INTO dispatcher.job_state (id, queue, state, due_at, budget_started_at)
-        VALUES (new_id, notice_q.name, 'ready', now(), now());
-        INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-        VALUES (new_id, notice_q.name, j.tenant, 'http:' || coalesce(version, 1));
+        INSERT INTO dispatcher.job_state (id, queue, tenant, capability, state, due_at,
+                                          budget_started_at)
+        VALUES (new_id, notice_q.name, j.tenant, 'http:' || coalesce(version, 1), 'ready', now(),
+                now());
+        IF dispatcher.ready_outbox() THEN
+            INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
+            VALUES (new_id, notice_q.name, j.tenant, 'http:' || coalesce(version, 1));
+        END IF;
         PERFORM pg_notify('dispatcher_wake', 'ready');
     END IF;
     RETURN NULL;
@@ -435,9 +469,9 @@ BEGIN
                       j.handler_version, j.run_key
         ), ins_state AS (
             -- a key given twice in one call is inserted once, from its first item
-            INSERT INTO dispatcher.job_state AS s (id, queue, run_key, state, due_at,
-                                                   budget_started_at)
-            SELECT n.id, n.queue, n.run_key,
+            INSERT INTO dispatcher.job_state AS s (id, queue, run_key, tenant, capability, state,
+                                                   due_at, budget_started_at)
+            SELECT n.id, n.queue, n.run_key, n.tenant, n.handler || ':' || n.handler_version,
                    CASE WHEN p.effective_due <= now() THEN 'ready' ELSE 'scheduled' END,
                    p.effective_due, greatest(p.effective_due, now())
               FROM ins_intent n JOIN prepared p ON p.k = n.key AND p.o = p.first_o
@@ -447,7 +481,7 @@ BEGIN
         ), outboxed AS (
             INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
             SELECT ins.id, ins.queue, ins.tenant, ins.handler || ':' || ins.handler_version
-              FROM ins WHERE ins.state = 'ready'
+              FROM ins WHERE ins.state = 'ready' AND dispatcher.ready_outbox()
         )
         SELECT min(i.invalid) FILTER (WHERE i.invalid IS NOT NULL),
                array_agg(ROW(
@@ -579,9 +613,11 @@ BEGIN
         RETURNING j.id INTO new_id;
         IF new_id IS NOT NULL THEN
             new_state := CASE WHEN effective <= now() THEN 'ready' ELSE 'scheduled' END;
-            INSERT INTO dispatcher.job_state (id, queue, state, due_at, budget_started_at)
-            VALUES (new_id, queue_name, new_state, effective, greatest(effective, now()));
-            IF new_state = 'ready' THEN
+            INSERT INTO dispatcher.job_state (id, queue, tenant, capability, state, due_at,
+                                              budget_started_at)
+            VALUES (new_id, queue_name, tenant_name, handler || ':' || version, new_state,
+                    effective, greatest(effective, now()));
+            IF new_state = 'ready' AND dispatcher.ready_outbox() THEN
                 INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
                 VALUES (new_id, queue_name, tenant_name, handler || ':' || version);
             END IF;
