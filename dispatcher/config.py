@@ -193,6 +193,13 @@ class RabbitSettings(_Strict):
     relay_batch: int = Field(500, ge=1, le=10_000)
     relay_lease_s: float = Field(30.0, gt=0, le=3600)
     reconnect_max_s: float = Field(10.0, gt=0, le=600)
+    # The relay keeps at most this many times a queue's max_inflight of its messages published
+    # and not yet claimed (all daemons together): what sits in the broker ahead of the consumers,
+    # so one tenant's burst waits in the database, where the relay orders it fairly.
+    publish_ahead: float = Field(2.0, ge=1, le=100)
+    # A message published this long ago whose job is still ready and unclaimed was lost in the
+    # broker (queue purged, broker data lost): the relay's sweep publishes it again.
+    republish_after_s: float = Field(300.0, ge=1, le=MAX_DURATION_S)
 
     @model_validator(mode="after")
     def _one_url(self) -> RabbitSettings:

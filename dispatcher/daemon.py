@@ -37,6 +37,7 @@ from dispatcher.db.jobs import JobRepository
 from dispatcher.db.notifications import WakeListener
 from dispatcher.db.ownership import Role
 from dispatcher.db.pool import PoolSet, connect, wait_for_database
+from dispatcher.db.relay import RelayRepository
 from dispatcher.db.vacuum import vacuum_problems
 from dispatcher.diskspace import CHECK_INTERVAL_S, DiskSpace
 from dispatcher.effects.base import Effect
@@ -467,12 +468,18 @@ class Daemon:
                 {q: qs.max_inflight for q, qs in s.queues.items()},
                 reconnect_max_s=s.rabbitmq.reconnect_max_s,
             )
+            relays = RelayRepository(engine.pool)
             relay = rabbitmq.OutboxRelay(
-                engine, link, batch=s.rabbitmq.relay_batch, lease_s=s.rabbitmq.relay_lease_s
+                relays,
+                link,
+                batch=s.rabbitmq.relay_batch,
+                lease_s=s.rabbitmq.relay_lease_s,
+                publish_ahead=s.rabbitmq.publish_ahead,
+                republish_after_s=s.rabbitmq.republish_after_s,
             )
             self._broker = [link, relay]
             transport = rabbitmq.RabbitTransport(
-                engine,
+                relays,
                 link,
                 owner=self.owner,
                 capabilities=capabilities(s),

@@ -73,6 +73,13 @@ DELIVERIES_REFUSED = Counter(
     ["queue"],
     registry=REGISTRY,
 )
+OUTBOX_REPUBLISHED = Counter(
+    "dispatcher_outbox_republished",
+    "RabbitMQ messages published again by the relay's sweep: published longer ago than "
+    "rabbitmq.republish_after_s and their jobs still ready and unclaimed (lost in the broker).",
+    ["queue"],
+    registry=REGISTRY,
+)
 BROKER_FAILURES = Counter(
     "dispatcher_broker_failures",
     "RabbitMQ connection attempts that failed, connections the broker closed, failed relay rounds.",

@@ -119,36 +119,6 @@ class JobRepository:
         jobs = [Job(*r[:CLAIM_JOB_COLUMNS]) for r in rows if r[0] is not None]
         return jobs, marker["taken_count"], marker["wait_s"]
 
-    async def claim_delivered(
-        self,
-        queue: str,
-        deliveries: Sequence[AttemptKey],
-        capabilities: list[str],
-        owner: str,
-        lease_s: float,
-    ) -> tuple[list[Job], set[int], set[int], float | None]:
-        """Lease delivered jobs this process can run, each fenced by the attempt its message
-        was published after; return the jobs claimed, the ids that were eligible (ready for that
-        attempt: those not claimed were held back by the queue's limits), the ids refused (ready,
-        but for a handler:version not in `capabilities`: handed back through the outbox) and
-        the limiter's wait."""
-        ids, attempts = _split(deliveries)
-        rows = await self.pool.fetch(
-            query("claim_delivered"), queue, ids, attempts, owner, lease_s, capabilities
-        )
-        marker = rows[-1]
-        jobs = [Job(*r[:CLAIM_JOB_COLUMNS]) for r in rows if r[0] is not None]
-        return jobs, set(marker["eligible"]), set(marker["refused"]), marker["wait_s"]
-
-    async def lease_outbox(self, batch: int, lease_s: float) -> list[asyncpg.Record]:
-        """Relay: lease a batch of unpublished outbox rows (id, job_id, queue, key, attempt,
-        age_s)."""
-        rows: list[asyncpg.Record] = await self.pool.fetch(query("lease_outbox"), batch, lease_s)
-        return rows
-
-    async def delete_outbox_rows(self, ids: list[int]) -> None:
-        await self.pool.execute(query("delete_outbox_rows"), ids)
-
     async def complete(
         self,
         ids: list[int],

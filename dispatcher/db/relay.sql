@@ -1,43 +1,140 @@
--- The RabbitMQ transport's statements: the outbox relay and the consumer's claim. Same
--- conventions as queries.sql.
+-- The RabbitMQ transport's statements: the outbox relay, its sweep for lost messages, and the
+-- consumer's claim. Same conventions as queries.sql.
+--
+-- An outbox row's life over RabbitMQ (migration 017): written with the job's move to `ready`;
+-- leased by a relay (leased_until); marked published once the broker confirmed its message
+-- (published_at); deleted by the claim that starts its job. The marked rows of a queue are the
+-- messages published and not yet claimed: the relay's window counts them, the sweep finds the
+-- lost ones among them. Every row a relay touched keeps leased_until set, so the claim reaches
+-- it by job id (outbox_relayed_job) even when the claim wins the race with the relay's mark.
 
 -- name: lease_outbox
--- Relay: lease up to $1 outbox rows nobody holds (oldest first) for $2 seconds; each with what
--- its message carries (the job's key and the attempt it is ready to start after).
-WITH picked AS (
-    SELECT o.id FROM dispatcher.outbox o
-     WHERE o.leased_until IS NULL OR o.leased_until < now()
-     ORDER BY o.id
-     LIMIT $1
-       FOR UPDATE SKIP LOCKED
+-- Relay: lease for $3 seconds up to $4 unpublished rows nobody holds, of the queues $1, each at
+-- most $2 (its window) ahead of its consumers: the window less its rows published (or being
+-- published: leased) and not yet claimed. Within a queue, fairly across tenants as claim_ready does (every tenant's oldest rows
+-- first, ties at random), so one tenant's burst does not fill the window ahead of another's
+-- job. Each row with what its message carries (the job's key and the attempt it is ready after).
+WITH windows AS MATERIALIZED (
+    SELECT w.queue,
+           least($4::integer, greatest(0, w.size - (
+               SELECT count(*) FROM (
+                   SELECT 1 FROM dispatcher.outbox o
+                    WHERE o.queue = w.queue AND o.leased_until IS NOT NULL
+                      AND (o.published_at IS NOT NULL OR o.leased_until > now())
+                    LIMIT w.size) p)))::integer AS take
+      FROM unnest($1::text[], $2::integer[]) AS w(queue, size)
+), tenants AS MATERIALIZED (
+    SELECT w.queue, w.take, t.tenant, count(*) OVER (PARTITION BY w.queue) AS n_tenants
+      FROM windows w
+     CROSS JOIN LATERAL (
+           WITH RECURSIVE walk AS (
+               (SELECT o.tenant FROM dispatcher.outbox o
+                 WHERE o.queue = w.queue ORDER BY o.tenant LIMIT 1)
+               UNION ALL
+               SELECT (SELECT o.tenant FROM dispatcher.outbox o
+                        WHERE o.queue = w.queue AND o.tenant > walk.tenant
+                        ORDER BY o.tenant LIMIT 1)
+                 FROM walk
+                WHERE walk.tenant IS NOT NULL
+           )
+           SELECT walk.tenant FROM walk WHERE walk.tenant IS NOT NULL LIMIT 1000
+          ) t
+     WHERE w.take > 0
+), candidates AS (
+    SELECT t.queue, t.take, c.id, c.rank
+      FROM tenants t
+     CROSS JOIN LATERAL (
+           SELECT l.id, row_number() OVER (ORDER BY l.id) AS rank
+             FROM (SELECT o.id FROM dispatcher.outbox o
+                    WHERE o.queue = t.queue AND o.tenant = t.tenant
+                      AND o.published_at IS NULL
+                      AND (o.leased_until IS NULL OR o.leased_until < now())
+                    ORDER BY o.id
+                    LIMIT ceil(t.take::float8 / t.n_tenants)::integer
+                      FOR UPDATE SKIP LOCKED) l
+          ) c
+), picked AS (
+    SELECT r.id FROM (
+        SELECT c.id, c.take,
+               row_number() OVER (PARTITION BY c.queue ORDER BY c.rank, random()) AS n
+          FROM candidates c) r
+     WHERE r.n <= r.take
+     ORDER BY r.n
+     LIMIT $4
 ), leased AS (
-    UPDATE dispatcher.outbox o SET leased_until = now() + make_interval(secs => $2)
+    UPDATE dispatcher.outbox o SET leased_until = now() + make_interval(secs => $3)
      WHERE o.id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING o.id, o.job_id, o.queue, o.created_at
 )
-SELECT l.id, l.job_id, l.queue, j.key, j.attempt,
+SELECT l.id, l.job_id, l.queue, i.key, s.attempt,
        extract(epoch FROM now() - l.created_at)::float8 AS age_s
-  FROM leased l JOIN dispatcher.jobs j ON j.id = l.job_id;
+  FROM leased l
+  JOIN dispatcher.job_state s ON s.id = l.job_id
+  JOIN dispatcher.intents i ON i.id = l.job_id;
 
--- name: delete_outbox_rows
--- Relay: the broker confirmed these rows' messages ($1 ids); they are delivered.
-DELETE FROM dispatcher.outbox WHERE id = ANY ($1::bigint[]);
+-- name: mark_published
+-- Relay: the broker confirmed the messages of these rows ($1 ids); a claim deletes them.
+UPDATE dispatcher.outbox SET published_at = now() WHERE id = ANY ($1::bigint[]);
+
+-- name: sweep_unclaimed
+-- Relay sweep: up to $2 rows published more than $1 seconds ago and still not claimed (oldest
+-- first; not of a paused queue, whose consumers claim nothing). A row whose job is still ready
+-- is a message the broker lost: unmarked, so the relay publishes it again (if the message was
+-- only slow, one of the two deliveries is a counted duplicate). A row whose job is no longer
+-- ready is left over: deleted. One row per queue: how many were published again, how many
+-- deleted.
+WITH stale AS MATERIALIZED (
+    SELECT o.id, o.job_id, o.queue FROM dispatcher.outbox o
+     WHERE o.leased_until IS NOT NULL AND o.published_at < now() - make_interval(secs => $1)
+       AND NOT EXISTS (SELECT 1 FROM dispatcher.queues q WHERE q.name = o.queue AND q.paused)
+     ORDER BY o.published_at
+     LIMIT $2
+       FOR UPDATE OF o SKIP LOCKED
+), judged AS MATERIALIZED (
+    SELECT s.id, s.queue,
+           EXISTS (SELECT 1 FROM dispatcher.job_state j
+                    WHERE j.id = s.job_id AND j.state = 'ready') AS ready
+      FROM stale s
+), again AS (
+    UPDATE dispatcher.outbox o SET published_at = NULL, leased_until = now()  -- lease over
+      FROM judged j WHERE o.id = j.id AND j.ready
+    RETURNING o.queue
+), dropped AS (
+    DELETE FROM dispatcher.outbox o USING judged j WHERE o.id = j.id AND NOT j.ready
+    RETURNING o.queue
+)
+SELECT queue, count(*) FILTER (WHERE again)::integer AS republished,
+       count(*) FILTER (WHERE NOT again)::integer AS dropped
+  FROM (SELECT queue, true AS again FROM again
+        UNION ALL SELECT queue, false FROM dropped) d
+ GROUP BY queue;
 
 -- name: claim_delivered
 -- Consumer: lease the delivered jobs ($2 ids, $3 the attempt each message was published after)
 -- of queue $1 that this process can run ($6 handler:version pairs) to owner $4 for $5 seconds,
--- within the queue's global limits. A job no longer ready, or ready for another attempt, is not
--- eligible (a duplicate delivery). A ready job this process cannot run (a mixed-version fleet)
--- is refused: a new outbox row, published again after a second, carries it to another daemon.
+-- within the queue's global limits (none while the queue is paused: all held, look again in a
+-- second). A job no longer ready, or ready for another attempt, is not eligible (a duplicate
+-- delivery). A ready job this process cannot run (a mixed-version fleet) is refused: a new
+-- outbox row, published again after a second, carries it to another daemon. The relay's rows of
+-- the jobs started or refused here, and of those no longer ready, are deleted (those of a job
+-- ready for another attempt carry that attempt's message: kept).
 -- The last row is always the marker: the eligible ids (those not claimed were held back by the
 -- limits), the refused ids and the limiter's wait.
-WITH grant_ AS MATERIALIZED (
-    SELECT granted, wait_s FROM dispatcher.claim_grant($1, cardinality($2::bigint[]))
-), ready AS MATERIALIZED (
-    SELECT k.id, k.tenant, k.handler || ':' || k.handler_version AS capability
+WITH paused AS MATERIALIZED (
+    SELECT EXISTS (SELECT 1 FROM dispatcher.queues q WHERE q.name = $1 AND q.paused) AS paused
+), grant_ AS MATERIALIZED (
+    SELECT g.granted, CASE WHEN p.paused THEN 1.0 ELSE g.wait_s END::float8 AS wait_s
+      FROM paused p
+     CROSS JOIN LATERAL dispatcher.claim_grant(
+           $1, CASE WHEN p.paused THEN 0 ELSE cardinality($2::bigint[]) END) g
+), delivered AS MATERIALIZED (
+    SELECT k.id, k.tenant, k.capability, k.state,
+           k.state = 'ready' AND k.attempt = d.attempt AS ready
       FROM unnest($2::bigint[], $3::integer[]) AS d(id, attempt)
-      JOIN dispatcher.jobs k ON k.id = d.id AND k.attempt = d.attempt
-     WHERE k.state = 'ready' AND k.queue = $1
+      JOIN dispatcher.job_state k ON k.id = d.id
+     WHERE k.queue = $1
+), ready AS MATERIALIZED (
+    SELECT id, tenant, capability FROM delivered WHERE ready
 ), eligible AS MATERIALIZED (
     SELECT id FROM ready WHERE capability = ANY ($6::text[])
 ), refused AS (
@@ -45,26 +142,37 @@ WITH grant_ AS MATERIALIZED (
     SELECT id, $1, tenant, capability, now() + interval '1 second'
       FROM ready WHERE NOT capability = ANY ($6::text[])
     RETURNING job_id
-), claimed AS (
-    UPDATE dispatcher.jobs j
-       SET state = 'running', attempt = j.attempt + 1, lease_owner = $4,
+), started AS (
+    UPDATE dispatcher.job_state s
+       SET state = 'running', attempt = s.attempt + 1, lease_owner = $4,
            lease_expires_at = now() + make_interval(secs => $5), started_at = now()
-     WHERE j.id = ANY (ARRAY(SELECT id FROM eligible ORDER BY id
+     WHERE s.id = ANY (ARRAY(SELECT id FROM eligible ORDER BY id
                               LIMIT (SELECT granted FROM grant_)))
-       AND j.state = 'ready'
-    RETURNING j.id, j.key, j.queue, j.tenant, j.handler, j.handler_version, j.target, j.payload,
-              j.attempt, j.max_attempts,
-              least(greatest(j.due_at, lower(dispatcher.due_at_range())),
-                    upper(dispatcher.due_at_range())) AS due_at,
-              j.progress, j.run_key,
-              CASE WHEN j.due_at <@ dispatcher.due_at_range()
-                   THEN extract(epoch FROM now() - j.due_at) ELSE 0 END::float8 AS due_to_start_s,
-              j.traceparent  -- the 15th column, as in claim_ready
+       AND s.state = 'ready'
+    RETURNING s.id, s.queue, s.attempt, s.due_at, s.progress, s.run_key
+), claimed AS (
+    SELECT c.id, i.key, c.queue, i.tenant, i.handler, i.handler_version, i.target, i.payload,
+           c.attempt, i.max_attempts,
+           least(greatest(c.due_at, lower(dispatcher.due_at_range())),
+                 upper(dispatcher.due_at_range())) AS due_at,
+           c.progress, c.run_key,
+           CASE WHEN c.due_at <@ dispatcher.due_at_range()
+                THEN extract(epoch FROM now() - c.due_at) ELSE 0 END::float8 AS due_to_start_s,
+           i.traceparent  -- the 15th column, as in claim_ready
+      FROM started c
+     CROSS JOIN LATERAL (SELECT i.* FROM dispatcher.intents i WHERE i.id = c.id OFFSET 0) i
+), consumed AS (
+    DELETE FROM dispatcher.outbox o
+     WHERE o.job_id = ANY (ARRAY(SELECT id FROM started
+                                 UNION ALL SELECT id FROM ready
+                                            WHERE NOT capability = ANY ($6::text[])
+                                 UNION ALL SELECT id FROM delivered WHERE state <> 'ready'))
+       AND o.leased_until IS NOT NULL
 )
 SELECT c.*, NULL::bigint[] AS eligible, NULL::bigint[] AS refused, NULL::float8 AS wait_s
   FROM claimed c
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        ARRAY(SELECT id FROM eligible), ARRAY(SELECT job_id FROM refused),
-       dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM claimed)::int, g.wait_s)
+       dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM started)::int, g.wait_s)
   FROM grant_ g;

@@ -260,6 +260,79 @@ async def test_sigterm_returns_held_deliveries_at_once_and_acks_running_ones_aft
     assert len(counts) == 20 and max(counts.values()) == 1
 
 
+async def purge(prefix: str) -> int:
+    """Drop every message ready in this test's queue, as a broker that lost them would."""
+    import aio_pika
+
+    connection = await aio_pika.connect(BROKER)
+    async with connection:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(prefix + "default", passive=True)
+        purged = await declared.purge()
+        return int(purged.message_count or 0)
+
+
+async def test_messages_lost_in_the_broker_are_published_again_and_run_once(
+    db_url: str, prefix: str, target: Target
+) -> None:
+    """The queue is purged after the relay published its messages and before a consumer took
+    them: their jobs stay ready with their outbox rows marked published, and the relay's sweep
+    publishes them again once they are older than rabbitmq.republish_after_s. Every job runs
+    once in effect, and the republished messages are counted."""
+    target.delay_s = 0.25
+    slow = {
+        **env(db_url, prefix),
+        "DISPATCHER_QUEUES__DEFAULT__MAX_INFLIGHT": "2",  # ~8 jobs/s: the rest wait in the broker
+        "DISPATCHER_RABBITMQ__PUBLISH_AHEAD": "25",  # a window of 50: all of them published
+        "DISPATCHER_RABBITMQ__REPUBLISH_AFTER_S": "2",
+    }
+    daemon = await DaemonProcess(slow).start()
+    try:
+        await enqueue(db_url, 50, target.url)
+
+        async def waiting_in_the_broker() -> bool:
+            return await ready_count(prefix) >= 30
+
+        await wait_until(waiting_in_the_broker, timeout_s=30, what="messages in the broker")
+        purged = await purge(prefix)
+        assert purged >= 20
+        await wait_until(lambda: done(db_url, 50), timeout_s=60, what="50 jobs")
+        assert await metric(daemon, "dispatcher_outbox_republished_total") >= purged
+    finally:
+        await daemon.stop()
+    counts = Counter(target.request_keys())
+    assert len(counts) == 50 and max(counts.values()) == 1
+
+
+async def test_a_slow_message_published_again_is_a_counted_duplicate(
+    db_url: str, prefix: str, target: Target
+) -> None:
+    """A message merely waiting in the broker longer than rabbitmq.republish_after_s is
+    published again; both deliveries arrive, and the claim's attempt fence makes the second a
+    counted duplicate: one effect per job."""
+    target.delay_s = 1.0
+    serial = {
+        **env(db_url, prefix),
+        "DISPATCHER_QUEUES__DEFAULT__MAX_INFLIGHT": "1",  # one at a time: the others wait
+        "DISPATCHER_RABBITMQ__PUBLISH_AHEAD": "4",  # all four published at once
+        "DISPATCHER_RABBITMQ__REPUBLISH_AFTER_S": "1",
+    }
+    daemon = await DaemonProcess(serial).start()
+    try:
+        await enqueue(db_url, 4, target.url)
+        await wait_until(lambda: done(db_url, 4), timeout_s=60, what="4 jobs")
+
+        async def duplicates_counted() -> bool:
+            return await metric(daemon, "dispatcher_duplicate_deliveries_total") >= 1
+
+        await wait_until(duplicates_counted, timeout_s=30, what="a counted duplicate")
+        assert await metric(daemon, "dispatcher_outbox_republished_total") >= 1
+    finally:
+        await daemon.stop()
+    counts = Counter(target.request_keys())
+    assert len(counts) == 4 and max(counts.values()) == 1
+
+
 async def test_a_daemon_killed_mid_stream_loses_nothing_and_its_redeliveries_are_duplicates(
     db_url: str, prefix: str, target: Target
 ) -> None:

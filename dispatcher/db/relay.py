@@ -1,0 +1,85 @@
+"""The RabbitMQ transport's repository: the outbox relay, its sweep and the consumer's claim
+(the statements of relay.sql). Callers never see SQL or asyncpg."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import asyncpg
+
+from dispatcher.db.jobs import CLAIM_JOB_COLUMNS
+from dispatcher.db.queries import query
+from dispatcher.model import AttemptKey, Job
+
+_CLAIM_DELIVERED = query("claim_delivered")
+_LEASE_OUTBOX = query("lease_outbox")
+_MARK_PUBLISHED = query("mark_published")
+
+
+class OutboxLease(NamedTuple):
+    """One leased outbox row and what its message carries."""
+
+    id: int
+    job_id: int
+    queue: str
+    key: str
+    attempt: int  # the attempt the job is ready to start after (the consumer's fence)
+    age_s: float  # since the row was written (commit -> lease)
+
+
+class Claimed(NamedTuple):
+    jobs: list[Job]
+    eligible: set[int]  # ready for the delivered attempt; those not in `jobs` were held back
+    refused: set[int]  # ready, but for a handler version this process cannot run
+    wait_s: float | None  # the queue's limits (or its pause) held the claim back this long
+
+
+class RelayRepository:
+    """Outbox rows as the relay and the consumers see them; the database clock decides."""
+
+    def __init__(self, pool: asyncpg.Pool):
+        self.pool = pool
+
+    async def lease_outbox(
+        self, windows: dict[str, int], batch: int, lease_s: float
+    ) -> list[OutboxLease]:
+        """Lease up to `batch` unpublished rows, each queue at most its window ahead of its
+        consumers, fairly across tenants."""
+        rows = await self.pool.fetch(
+            _LEASE_OUTBOX, list(windows), list(windows.values()), lease_s, batch
+        )
+        return [OutboxLease(*r) for r in rows]
+
+    async def mark_published(self, ids: list[int]) -> None:
+        await self.pool.execute(_MARK_PUBLISHED, ids)
+
+    async def sweep_unclaimed(self, older_than_s: float, batch: int) -> dict[str, tuple[int, int]]:
+        """Have the messages lost in the broker published again; return, per queue, how many
+        rows were unmarked (published again) and how many left-over rows were deleted."""
+        rows = await self.pool.fetch(query("sweep_unclaimed"), older_than_s, batch)
+        return {r["queue"]: (r["republished"], r["dropped"]) for r in rows}
+
+    async def claim_delivered(
+        self,
+        queue: str,
+        deliveries: Sequence[AttemptKey],
+        capabilities: list[str],
+        owner: str,
+        lease_s: float,
+    ) -> Claimed:
+        """Lease delivered jobs this process can run, each fenced by the attempt its message
+        was published after, within the queue's global limits; delete the relay's rows of the
+        jobs started (their messages are consumed)."""
+        ids = [job_id for job_id, _ in deliveries]
+        attempts = [attempt for _, attempt in deliveries]
+        rows = await self.pool.fetch(
+            _CLAIM_DELIVERED, queue, ids, attempts, owner, lease_s, capabilities
+        )
+        marker = rows[-1]
+        return Claimed(
+            [Job(*r[:CLAIM_JOB_COLUMNS]) for r in rows if r[0] is not None],
+            set(marker["eligible"]),
+            set(marker["refused"]),
+            marker["wait_s"],
+        )

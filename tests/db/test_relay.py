@@ -1,0 +1,180 @@
+"""The RabbitMQ transport's statements on real PostgreSQL (db/relay.sql, migration 017): the
+relay's window and its tenant-fair order, the sweep that publishes lost messages again, and the
+consumer's claim, which deletes the relay's rows of the jobs it starts (and only those). The
+broker itself is in tests/e2e/test_rabbitmq.py."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from dispatcher.db import migrations
+from dispatcher.db.jobs import JobRepository
+from dispatcher.db.pool import connect
+from dispatcher.db.relay import RelayRepository
+from dispatcher.model import NewJob
+
+CAPABILITIES = ["work:1"]
+
+
+@pytest.fixture
+async def relay(repo: JobRepository) -> RelayRepository:
+    await repo.sync_registry({"default": (3, 3600)}, {"work": ("python", 1)})
+    return RelayRepository(repo.pool)
+
+
+async def enqueue(repo: JobRepository, keys: list[str], tenant: str | None = None) -> list[int]:
+    results = await repo.enqueue_many(
+        [NewJob(key=k, handler="work", payload={}, tenant=tenant) for k in keys]
+    )
+    # every ready job has an outbox row under a relay transport, whatever intake wrote
+    await repo.pool.execute("""
+        INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
+        SELECT j.id, j.queue, j.tenant, j.handler || ':' || j.handler_version
+          FROM dispatcher.jobs j
+         WHERE j.state = 'ready'
+           AND NOT EXISTS (SELECT 1 FROM dispatcher.outbox o WHERE o.job_id = j.id)""")
+    return [r.id for r in results]
+
+
+async def outbox(pool: asyncpg.Pool) -> list[asyncpg.Record]:
+    return list(
+        await pool.fetch(
+            "SELECT job_id, published_at IS NOT NULL AS published FROM dispatcher.outbox"
+            " ORDER BY job_id"
+        )
+    )
+
+
+async def test_the_relay_publishes_at_most_a_window_ahead_of_the_claims(
+    repo: JobRepository, relay: RelayRepository
+) -> None:
+    await enqueue(repo, [f"k{i}" for i in range(10)])
+    leased = await relay.lease_outbox({"default": 4}, 100, 30)
+    assert len(leased) == 4
+    # leased and being published counts against the window as much as published
+    assert await relay.lease_outbox({"default": 4}, 100, 30) == []
+    await relay.mark_published([r.id for r in leased])
+    assert await relay.lease_outbox({"default": 4}, 100, 30) == []
+    # two messages consumed: their jobs started, their rows gone, two more may go out
+    claimed = await relay.claim_delivered(
+        "default", [(r.job_id, r.attempt) for r in leased[:2]], CAPABILITIES, "d1", 60
+    )
+    assert len(claimed.jobs) == 2
+    assert len(await relay.lease_outbox({"default": 4}, 100, 30)) == 2
+    # a queue not named is not published at all (its broker queue may not exist here)
+    assert await relay.lease_outbox({"other": 100}, 100, 30) == []
+
+
+async def test_the_relay_publishes_fairly_across_tenants(
+    repo: JobRepository, relay: RelayRepository
+) -> None:
+    await enqueue(repo, [f"big{i}" for i in range(200)], tenant="big")
+    [small] = await enqueue(repo, ["small"], tenant="small")
+    leased = await relay.lease_outbox({"default": 4}, 100, 30)
+    assert len(leased) <= 4
+    assert small in {r.job_id for r in leased}
+
+
+async def test_the_sweep_publishes_lost_messages_again_and_drops_left_over_rows(
+    repo: JobRepository, relay: RelayRepository
+) -> None:
+    lost, slow, done = await enqueue(repo, ["lost", "slow", "done"])
+    leased = await relay.lease_outbox({"default": 10}, 100, 30)
+    await relay.mark_published([r.id for r in leased])
+    await relay.claim_delivered("default", [(done, 0)], CAPABILITIES, "d1", 60)
+    # a row left behind for the started job (a relay's mark that lost a race), published long
+    # ago, and the lost job's message published long ago; the slow one only just
+    await repo.pool.execute(
+        "INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, leased_until,"
+        " published_at) VALUES ($1, 'default', '', 'work:1', now(), now() - interval '1 hour')",
+        done,
+    )
+    await repo.pool.execute(
+        "UPDATE dispatcher.outbox SET published_at = now() - interval '1 hour' WHERE job_id = $1",
+        lost,
+    )
+    assert await relay.sweep_unclaimed(60, 100) == {"default": (1, 1)}
+    assert [(r["job_id"], r["published"]) for r in await outbox(repo.pool)] == [
+        (lost, False),
+        (slow, True),
+    ]
+    # unmarked: the relay publishes it again, as the attempt it is still ready after
+    again = await relay.lease_outbox({"default": 10}, 100, 30)
+    assert [(r.job_id, r.attempt) for r in again] == [(lost, 0)]
+    assert await relay.sweep_unclaimed(60, 100) == {}
+
+
+async def test_the_sweep_leaves_a_paused_queue_alone(
+    repo: JobRepository, relay: RelayRepository
+) -> None:
+    await enqueue(repo, ["a"])
+    leased = await relay.lease_outbox({"default": 10}, 100, 30)
+    await relay.mark_published([r.id for r in leased])
+    await repo.pool.execute("UPDATE dispatcher.outbox SET published_at = now() - interval '1 day'")
+    await repo.set_queue_paused("default", True)
+    assert await relay.sweep_unclaimed(60, 100) == {}
+    await repo.set_queue_paused("default", False)
+    assert await relay.sweep_unclaimed(60, 100) == {"default": (1, 0)}
+
+
+async def test_a_claim_deletes_the_rows_of_what_it_started_and_keeps_another_attempts(
+    repo: JobRepository, relay: RelayRepository
+) -> None:
+    started, other = await enqueue(repo, ["started", "other"])
+    leased = await relay.lease_outbox({"default": 10}, 100, 30)
+    await relay.mark_published([r.id for r in leased])
+    # `other`'s delivery is stale (published after an attempt it is no longer ready after):
+    # its row carries the message of the attempt it is ready for now, so it stays
+    claimed = await relay.claim_delivered(
+        "default", [(started, 0), (other, 7)], CAPABILITIES, "d1", 60
+    )
+    assert [j.id for j in claimed.jobs] == [started]
+    assert claimed.eligible == {started}
+    assert [r["job_id"] for r in await outbox(repo.pool)] == [other]
+
+
+async def test_a_paused_queue_holds_its_deliveries(
+    repo: JobRepository, relay: RelayRepository
+) -> None:
+    [job] = await enqueue(repo, ["a"])
+    await repo.set_queue_paused("default", True)
+    claimed = await relay.claim_delivered("default", [(job, 0)], CAPABILITIES, "d1", 60)
+    assert claimed.jobs == [] and claimed.eligible == {job}  # held, not a duplicate
+    assert claimed.wait_s is not None and claimed.wait_s > 0
+    await repo.set_queue_paused("default", False)
+    claimed = await relay.claim_delivered("default", [(job, 0)], CAPABILITIES, "d1", 60)
+    assert [j.id for j in claimed.jobs] == [job]
+
+
+@pytest.mark.parametrize("relay", [True, False], ids=["rabbitmq", "in-process"])
+async def test_migration_017_gives_what_a_relay_published_before_a_published_row(
+    empty_db_url: str, relay: bool
+) -> None:
+    conn = await connect(empty_db_url)
+    try:
+        await migrations.migrate(conn, upto=16)
+        # as a daemon of that transport left it (migration 015: outbox rows only for a relay)
+        await conn.execute("UPDATE dispatcher.intake_settings SET ready_outbox = $1", relay)
+        await conn.execute("""
+            SELECT dispatcher.enqueue_many(
+                       ARRAY['published', 'waiting'], ARRAY['http', 'http'],
+                       ARRAY['{}'::jsonb, '{}'::jsonb],
+                       targets => array_fill('{"url": "https://example.com/"}'::jsonb,
+                                             ARRAY[2]))""")
+        # the relay before 017 deleted the row of a job whose message the broker confirmed
+        await conn.execute("""
+            DELETE FROM dispatcher.outbox
+             WHERE job_id = (SELECT id FROM dispatcher.jobs WHERE key = 'published')""")
+        await migrations.migrate(conn)
+        rows = await conn.fetch("""
+            SELECT j.key, o.published_at IS NOT NULL AS published,
+                   o.leased_until IS NOT NULL AS relayed
+              FROM dispatcher.outbox o JOIN dispatcher.jobs j ON j.id = o.job_id
+             ORDER BY j.key""")
+    finally:
+        await conn.close()
+    if relay:
+        assert [tuple(r) for r in rows] == [("published", True, True), ("waiting", False, False)]
+    else:  # in process ready jobs have no outbox rows: none written
+        assert rows == []
