@@ -502,11 +502,14 @@ INSERT INTO dispatcher.handlers (name, kind, current_version) VALUES ($1, $2, $3
 SELECT queue, state, count(*)::bigint AS n FROM dispatcher.job_state GROUP BY queue, state;
 
 -- name: oldest_ready_age
--- How late the most overdue ready job of each queue is (now minus its due time): how long
--- ready work has waited. One walk of the ready jobs (jobs_ready_claim).
--- (epochs, not `now() - min(due_at)`, which raises on a row stored with '-infinity')
+-- How long the longest-waiting ready job of each queue has waited: since its due time, or
+-- since its last attempt started when that came later (a job handed back by a draining
+-- daemon waits from then, not from a due time long past). One walk of the ready jobs.
+-- (epochs, not `now() - min(...)`, which raises on a row stored with '-infinity')
 SELECT queue,
-       (extract(epoch FROM now()) - extract(epoch FROM min(due_at)))::float8 AS age_s
+       (extract(epoch FROM now())
+        - extract(epoch FROM min(greatest(due_at, coalesce(started_at, due_at)))))::float8
+           AS age_s
   FROM dispatcher.job_state WHERE state = 'ready' GROUP BY queue;
 
 -- name: now

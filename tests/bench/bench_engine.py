@@ -64,10 +64,13 @@ SELECT count(*) FROM dispatcher.enqueue_many(
 # Nothing left to do: cheap to ask often (partial indexes), unlike counting terminal rows, so
 # polling adds little load to the database being measured.
 ALL_DONE = """
-SELECT NOT EXISTS (SELECT 1 FROM dispatcher.outbox)
-   AND NOT EXISTS (SELECT 1 FROM dispatcher.jobs WHERE state = 'running')
-   AND NOT EXISTS (SELECT 1 FROM dispatcher.jobs WHERE state = 'scheduled')
+SELECT NOT EXISTS (SELECT 1 FROM dispatcher.job_state WHERE state = 'ready')
+   AND NOT EXISTS (SELECT 1 FROM dispatcher.job_state WHERE state = 'running')
+   AND NOT EXISTS (SELECT 1 FROM dispatcher.job_state WHERE state = 'scheduled')
 """
+# Every job gone, without a trigger per row (dispatcher.jobs is a view: migration 015).
+EMPTY = "TRUNCATE dispatcher.intents, dispatcher.job_state, dispatcher.outbox, dispatcher.attempts"
+VACUUM = "VACUUM ANALYZE dispatcher.intents, dispatcher.job_state, dispatcher.outbox"
 TERMINAL = "SELECT count(*) FROM dispatcher.jobs WHERE state IN ('succeeded', 'dead', 'cancelled')"
 
 
@@ -127,9 +130,11 @@ async def drain_once(args: argparse.Namespace, server: Any, *, http: bool) -> di
                 handler="http" if http else "noop",
                 target={"url": url} if http else None,
             )
-            ready = await conn.fetchval("SELECT count(*) FROM dispatcher.outbox")
-            assert ready == n, f"{ready} outbox rows for {n} jobs"
-            await conn.execute("VACUUM ANALYZE dispatcher.jobs, dispatcher.outbox")
+            ready = await conn.fetchval(
+                "SELECT count(*) FROM dispatcher.job_state WHERE state = 'ready'"
+            )
+            assert ready == n, f"{ready} ready jobs of {n}"
+            await conn.execute(VACUUM)
             await wait_for_quiet(30)
             spawned = time.monotonic()
             async with daemon(dsn, ENGINE_ENV, wait_ready=False) as d:
@@ -202,7 +207,7 @@ async def warm_up(pool: asyncpg.Pool, conn: asyncpg.Connection, n: int = 20) -> 
     for i in range(n):
         await pool.execute("SELECT dispatcher.enqueue($1, 'noop')", f"warm-{i}")
     await wait_terminal(conn, n, 30, "warm-up jobs")
-    await conn.execute("DELETE FROM dispatcher.jobs")
+    await conn.execute(EMPTY)
 
 
 async def start_latency(conn: asyncpg.Connection, key_like: str = "lat-%") -> asyncpg.Record:
@@ -355,8 +360,8 @@ async def run_bursts(bench: Bench, args: argparse.Namespace, dsn: str, d: Any) -
     conn = await asyncpg.connect(dsn)
     try:
         for i, n in enumerate(args.bursts):
-            await conn.execute("DELETE FROM dispatcher.jobs")
-            await conn.execute("VACUUM ANALYZE dispatcher.jobs, dispatcher.outbox")
+            await conn.execute(EMPTY)
+            await conn.execute(VACUUM)
             await wait_for_quiet(30)
             due = await enqueue_burst(conn, f"burst{i}", n)
             async with (

@@ -26,7 +26,7 @@ import asyncpg
 import psutil
 
 from dispatcher.db.queries import query
-from tests.bench.bench_engine import ENGINE_ENV, ENQUEUE_BULK, enqueue_bulk, paced_enqueue
+from tests.bench.bench_engine import EMPTY, ENGINE_ENV, ENQUEUE_BULK, enqueue_bulk, paced_enqueue
 from tests.bench.common import Bench, Figure, daemon, register_handler, run, wait_for
 
 FILL_BATCH = 50_000
@@ -61,9 +61,9 @@ async def scan_ms(conn: asyncpg.Connection, rounds: int = 5) -> float:
             prefix + "%",
         )
         started = time.perf_counter()
-        moved = await conn.execute(query("scan_due"), SCAN_BATCH)
+        moved = await conn.fetchval(query("scan_due"), SCAN_BATCH)
         times.append((time.perf_counter() - started) * 1000)
-        assert moved.endswith(str(SCAN_BATCH)), moved
+        assert moved == SCAN_BATCH, moved
         await conn.execute("DELETE FROM dispatcher.outbox")
         await conn.execute("DELETE FROM dispatcher.jobs WHERE key LIKE 'scan-%'")
     return statistics.median(times)
@@ -141,7 +141,7 @@ async def measure(dsn: str, conn: asyncpg.Connection) -> dict[str, Any]:
 async def vacuum(conn: asyncpg.Connection) -> None:
     """Each phase deletes the rows it added. Vacuum before the next, as autovacuum would within
     a minute were it on, so one phase's dead rows do not weigh on the next."""
-    await conn.execute("VACUUM dispatcher.jobs, dispatcher.outbox")
+    await conn.execute("VACUUM dispatcher.intents, dispatcher.job_state, dispatcher.outbox")
 
 
 async def ensure_filled(conn: asyncpg.Connection, rows: int) -> float | None:
@@ -151,7 +151,7 @@ async def ensure_filled(conn: asyncpg.Connection, rows: int) -> float | None:
     if have == rows:
         print(f"  reusing {rows:,} future jobs", flush=True)
         return None
-    await conn.execute("DELETE FROM dispatcher.jobs")
+    await conn.execute(EMPTY)
     rate = await fill(conn, rows)
     try:
         await conn.execute("CHECKPOINT")

@@ -201,10 +201,11 @@ async def test_the_due_scan_and_metrics_queries_never_fail_on_bad_rows(
     later = datetime(2031, 5, 31, tzinfo=UTC)
     await conn.fetchval(ENQUEUE, "later", later.isoformat(), TARGET)
     # the scheduled -infinity, BC and 1970/1999 rows are due: they move to ready
-    ready_before = await conn.fetchval("SELECT count(*) FROM dispatcher.outbox")
+    ready = "SELECT count(*) FROM dispatcher.job_state WHERE state = 'ready'"
+    ready_before = await conn.fetchval(ready)
     scanner = DueScanner(repo, batch=2, interval_s=0.05, on_ready=lambda: None)
     assert await scanner.run_once() == 4
-    assert await conn.fetchval("SELECT count(*) FROM dispatcher.outbox") == ready_before + 4
+    assert await conn.fetchval(ready) == ready_before + 4
 
     wait = await repo.seconds_to_next_due()  # the earliest left is 2031 (then 9999, infinity)
     assert wait is not None and 0 < wait <= (later - datetime.now(UTC)).total_seconds() + 60
@@ -241,13 +242,12 @@ async def test_only_unreachable_rows_left_make_the_scan_wait_its_interval(
     assert await repo.seconds_to_next_due() == 0.0
 
 
-async def test_an_outbox_row_with_a_non_finite_time_does_not_break_the_ready_age(
+async def test_a_ready_job_with_a_non_finite_due_time_does_not_break_the_ready_age(
     conn: asyncpg.Connection, repo: JobRepository
 ) -> None:
     job_id = await conn.fetchval(ENQUEUE, "good", None, TARGET)
-    await conn.execute(
-        "UPDATE dispatcher.outbox SET created_at = '-infinity' WHERE job_id = $1", job_id
-    )
+    await conn.execute("ALTER TABLE dispatcher.job_state DROP CONSTRAINT job_state_due_at_in_range")
+    await conn.execute("UPDATE dispatcher.job_state SET due_at = '-infinity' WHERE id = $1", job_id)
     assert (await repo.oldest_ready_age())["default"] == float("inf")
 
 

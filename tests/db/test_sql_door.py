@@ -28,10 +28,20 @@ async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
     await c.close()
 
 
+@pytest.fixture(autouse=True)
+async def relay_transport(pool: asyncpg.Pool) -> None:
+    """The outbox rows the door writes are what a relay transport (RabbitMQ) publishes, so these
+    tests run as a RabbitMQ daemon leaves the database; in process the door writes none
+    (test_in_process_a_job_due_now_is_ready_without_an_outbox_row)."""
+    await pool.execute("UPDATE dispatcher.intake_settings SET ready_outbox = true")
+
+
 @pytest.fixture
 async def registry(repo: JobRepository) -> None:
     """What a daemon with a `bulk` queue and a python handler `report` registers at start."""
-    await repo.sync_registry({"default": (10, 86_400), "bulk": (3, 600)}, {"report": ("python", 1)})
+    await repo.sync_registry(
+        {"default": (10, 86_400), "bulk": (3, 600)}, {"report": ("python", 1)}, ready_outbox=True
+    )
 
 
 async def jobs_and_outbox(conn: asyncpg.Connection) -> tuple[int, int]:
@@ -117,6 +127,23 @@ async def test_committed_enqueue_due_now_is_ready_with_one_outbox_row(
     assert json.loads(row["payload"]) == {"n": 1}
     outbox = await conn.fetch("SELECT job_id, queue, capability FROM dispatcher.outbox")
     assert [tuple(r) for r in outbox] == [(job_id, "default", "http:1")]
+
+
+async def test_in_process_a_job_due_now_is_ready_without_an_outbox_row(
+    conn: asyncpg.Connection, repo: JobRepository
+) -> None:
+    await repo.sync_registry({}, {}, due_at_past_tolerance_s=300)  # an in-process daemon starts
+    assert await conn.fetchval("SELECT ready_outbox FROM dispatcher.intake_settings") is False
+    job_id = await sql_enqueue(conn, "in-process")
+    many = await conn.fetchval(
+        "SELECT count(*) FROM dispatcher.enqueue_many(ARRAY['a', 'b'], ARRAY['http', 'http'],"
+        " ARRAY['{}', '{}']::jsonb[], NULL, NULL, NULL, ARRAY[$1, $1]::jsonb[])",
+        json.dumps(TARGET),
+    )
+    assert many == 2
+    states = await conn.fetch("SELECT id, state FROM dispatcher.jobs ORDER BY id")
+    assert [r["state"] for r in states] == ["ready"] * 3 and states[0]["id"] == job_id
+    assert await jobs_and_outbox(conn) == (3, 0)
 
 
 async def test_committed_future_enqueue_is_scheduled_without_outbox_row(

@@ -1,5 +1,5 @@
 """Reschedule and run-now on a real daemon, through the API and the CLI: a scheduled job run now
-starts at once; a ready job moved to later waits as `scheduled` without its outbox row; the
+starts at once; a ready job moved to later waits as `scheduled` (no outbox row in process); the
 idempotency fingerprint is untouched; running and terminal jobs are refused with their state;
 due times outside intake's range (or long past) are refused and change nothing."""
 
@@ -67,14 +67,15 @@ async def test_run_now_postpone_and_the_fingerprint(db_url: str, tmp_path: Path)
             == original
         )
 
-        # a ready job moved later goes back to scheduled and loses its outbox row; its retry
+        # a ready job moved later goes back to scheduled (in process it never had an outbox
+        # row: migration 015); its retry
         # age now counts from the new due time (it never started)
         await conn.execute(
             "UPDATE dispatcher.queues SET paused = true, paused_at = now() WHERE name = 'held'"
         )
         held = await d.post_job("held", {**body, "queue": "held", "due_at": None})
         assert held["state"] == "ready"
-        assert await outbox_rows(conn, held["id"]) == 1
+        assert await outbox_rows(conn, held["id"]) == 0
         later = (datetime.now(UTC) + timedelta(days=3)).replace(microsecond=0)
         status, view = await reschedule(d, held["id"], later.isoformat())
         assert (status, view["state"]) == (200, "scheduled"), view
@@ -85,7 +86,7 @@ async def test_run_now_postpone_and_the_fingerprint(db_url: str, tmp_path: Path)
         )
         assert budget == later
 
-        # back to now with the CLI: ready with one outbox row, and it runs once resumed
+        # back to now with the CLI: ready (no outbox row in process), and it runs once resumed
         moved = await cli(
             "jobs",
             "reschedule",
@@ -98,7 +99,7 @@ async def test_run_now_postpone_and_the_fingerprint(db_url: str, tmp_path: Path)
         )
         assert moved.code == 0, moved.stderr
         assert '"state": "ready"' in moved.stdout
-        assert await outbox_rows(conn, held["id"]) == 1
+        assert await outbox_rows(conn, held["id"]) == 0
         await conn.execute(
             "UPDATE dispatcher.queues SET paused = false, paused_at = NULL WHERE name = 'held'"
         )

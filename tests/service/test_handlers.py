@@ -94,7 +94,7 @@ async def test_worker_claims_only_handler_versions_it_can_run(
     async with running_daemon(old):
         await asyncio.sleep(0)  # let the claim loop run its first pass
         await wait_until(
-            lambda: conn.fetchval("SELECT count(*) = 1 FROM dispatcher.outbox"),
+            lambda: conn.fetchval("SELECT count(*) = 1 FROM dispatcher.jobs WHERE state = 'ready'"),
             what="job still waiting",
         )
         if transport:  # through the broker: delivered here, refused, handed back, twice over

@@ -202,8 +202,8 @@ class System:
 class Dispatcher(System):
     name = "dispatcher"
     queued_sql = (
-        "SELECT EXISTS (SELECT 1 FROM dispatcher.outbox) "
-        "OR EXISTS (SELECT 1 FROM dispatcher.jobs WHERE state = 'scheduled')"
+        "SELECT EXISTS (SELECT 1 FROM dispatcher.job_state WHERE state = 'ready') "
+        "OR EXISTS (SELECT 1 FROM dispatcher.job_state WHERE state = 'scheduled')"
     )
     done_sql = ALL_DONE
     remaining_sql = (
