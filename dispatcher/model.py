@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -64,17 +64,20 @@ class Job:
     due_to_start_s: float
     # the claim builds a Job from its row's first 15 columns, in this order (claim_ready)
     traceparent: str | None = None
-    log_fields: dict[str, Any] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        self.log_fields = {
+    @property
+    def log_fields(self) -> dict[str, Any]:
+        """The fields every log line about this job carries. Built when a line is logged, not
+        per claimed job: most jobs log nothing."""
+        fields: dict[str, Any] = {
             "job_id": self.id,
             "job_key": self.key,
             "queue": self.queue,
             "attempt": self.attempt,
         }
         if self.run_key:
-            self.log_fields["run_key"] = self.run_key
+            fields["run_key"] = self.run_key
+        return fields
 
 
 @dataclass(slots=True, frozen=True)

@@ -22,9 +22,10 @@ from dispatcher.model import Job
 Handler = Callable[[Job, "HandlerContext"], Awaitable[Any]]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class HandlerContext:
-    """What a handler gets besides the job."""
+    """What a handler gets besides the job. Frozen: non-transactional attempts of a handler
+    share one."""
 
     connection: Any  # asyncpg connection in the completion's transaction; None if not transactional
     handler: str
@@ -65,6 +66,7 @@ class PythonEffect:
         self._handler = load_handler(name, settings.function or "")
         self._repo = repo
         self._owner = owner
+        self._shared_context = HandlerContext(None, name)  # non-transactional: nothing per job
 
     async def start(self) -> None:
         return None
@@ -74,7 +76,7 @@ class PythonEffect:
 
     async def run(self, job: Job, complete: CompleteInTransaction, conn: Any = None) -> Any:
         if not self.completes_in_transaction:
-            return await self._handler(job, HandlerContext(None, self.name))
+            return await self._handler(job, self._shared_context)
         async with leased_transaction(conn, self._repo, job, self._owner):
             result = await self._handler(job, HandlerContext(conn, self.name))
             await complete_or_abort(complete, conn, job, result)

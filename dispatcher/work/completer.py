@@ -2,7 +2,8 @@
 
 Callers `await record(job, result, latency_s)`; a single writer task flushes everything queued so
 far in one statement (the jobs' UPDATE and their attempt history rows), so batching grows with
-load and costs nothing when idle (no timer, no added latency).
+load and costs nothing when idle (no timer, no added latency). The metrics of what it wrote
+(effect durations, succeeded counts) are updated once per batch and queue too.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import asyncio
 import logging
 from typing import Any
 
+from dispatcher import metrics
 from dispatcher.db.jobs import JobRepository
 from dispatcher.effects.base import Delivered
 from dispatcher.lifecycle import Service
 from dispatcher.model import Job
+from dispatcher.work.tally import observe_many
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,7 @@ class Completer(Service):
         self._writing = 0
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._children: dict[str, tuple[Any, Any]] = {}  # queue -> (duration, succeeded)
 
     async def start(self) -> None:
         self._task = self.spawn(self._run())
@@ -83,15 +87,18 @@ class Completer(Service):
                 return
 
     async def _flush(self, batch: list[tuple[Job, Any, float, asyncio.Future[bool]]]) -> None:
-        statuses, excerpts = _delivery_details([r for _, r, _, _ in batch])
+        jobs: list[Job] = [b[0] for b in batch]
+        results: list[Any] = [b[1] for b in batch]
+        latencies: list[float] = [b[2] for b in batch]
+        statuses, excerpts = _delivery_details(results)
         try:
             done = await self._repo.complete(
-                [j.id for j, _, _, _ in batch],
-                [j.attempt for j, _, _, _ in batch],
-                [r for _, r, _, _ in batch],
+                [j.id for j in jobs],
+                [j.attempt for j in jobs],
+                results,
                 self._owner,
                 http_statuses=statuses,
-                latencies_s=[latency for _, _, latency, _ in batch],
+                latencies_s=latencies,  # type: ignore[arg-type]  # list is invariant
                 excerpts=excerpts,
             )
         except Exception as exc:  # the lease will expire and the job is retried: never lost
@@ -100,9 +107,31 @@ class Completer(Service):
                 if not future.done():
                     future.set_exception(exc)
             return
-        for job, _, _, future in batch:
+        held = [(j.id, j.attempt) in done for j in jobs]
+        self._count(jobs, latencies, held)
+        for (_, _, _, future), still_held in zip(batch, held, strict=True):
             if not future.done():
-                future.set_result((job.id, job.attempt) in done)
+                future.set_result(still_held)
+
+    def _count(self, jobs: list[Job], latencies: list[float], held: list[bool]) -> None:
+        """Effect durations (every attempt written) and succeeded counts (those whose lease
+        still held), per queue, one update each per batch."""
+        queues = {j.queue for j in jobs}
+        for queue in queues:
+            children = self._children.get(queue)
+            if children is None:
+                children = self._children[queue] = (
+                    metrics.EFFECT_DURATION.labels(queue),
+                    metrics.JOBS_COMPLETED.labels(queue, "succeeded"),
+                )
+            duration, succeeded = children
+            if len(queues) == 1:
+                observe_many(duration, latencies)
+                succeeded.inc(sum(held))
+            else:
+                mine = [i for i, j in enumerate(jobs) if j.queue == queue]
+                observe_many(duration, [latencies[i] for i in mine])
+                succeeded.inc(sum(held[i] for i in mine))
 
 
 def _delivery_details(

@@ -167,14 +167,14 @@ class Executor:
             return await self._retry(job, failure, None)
         fault_point("after_effect")
         latency_s = time.perf_counter() - started
-        self._m_duration.observe(latency_s)
-        if not effect.completes_in_transaction and not await self._completer.record(
-            job, result, latency_s
-        ):
+        if effect.completes_in_transaction:
+            self._m_duration.observe(latency_s)
+            self._m_succeeded.inc()
+        # the completer counts the batch it writes (duration and succeeded, once per batch)
+        elif not await self._completer.record(job, result, latency_s):
             self._m_lease_lost.inc()
             return "lease_lost"
         fault_point("after_complete")
-        self._m_succeeded.inc()
         return "succeeded"
 
     async def _run_effect(self, effect: Effect, job: Job, started: float) -> Any:

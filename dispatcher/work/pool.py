@@ -28,6 +28,7 @@ from dispatcher.relay.transport import Transport
 from dispatcher.work.deadlines import Member, SharedDeadline
 from dispatcher.work.executor import Executor
 from dispatcher.work.limiter import InflightLimit, TokenBucket
+from dispatcher.work.tally import observe_many
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class QueueWorker(Service):
         self.bucket = bucket or TokenBucket(settings.rate_per_s, settings.burst)
         self.inflight = InflightLimit(settings.max_inflight)
         self.running: dict[AttemptKey, asyncio.Task[bool]] = {}
+        self.effects_running = 0  # attempts whose effect has not ended (dispatcher_inflight)
         self.unsettled: set[AttemptKey] = set()
         self._transport = transport
         self._executor = executor
@@ -69,7 +71,8 @@ class QueueWorker(Service):
         self._halt = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._m_due_to_start = metrics.DUE_TO_START.labels(queue)
-        self._m_inflight = metrics.INFLIGHT.labels(queue)
+        # read when scraped: the gauge costs the hot path nothing
+        metrics.INFLIGHT.labels(queue).set_function(lambda: self.effects_running)
         self._m_duplicates = metrics.DUPLICATE_DELIVERIES.labels(queue)
         self._m_limiter_wait = metrics.LIMITER_WAIT.labels(queue)
 
@@ -143,22 +146,29 @@ class QueueWorker(Service):
             self.bucket.give_back(tokens - used)
 
     def _start_all(self, jobs: list[Job]) -> None:
+        """One task per attempt (effects run concurrently); everything else once per batch:
+        the due-to-start histogram, the in-flight count, one deadline per handler."""
+        observe_many(self._m_due_to_start, [max(0.0, job.due_to_start_s) for job in jobs])
+        self.effects_running += len(jobs)
         deadlines: dict[str, SharedDeadline | None] = {}
+        execute, running, create_task = self._executor.execute, self.running, asyncio.create_task
         for job in jobs:
-            if job.handler not in deadlines:
-                timeout_s = self._executor.shared_timeout_s(job.handler)
-                deadlines[job.handler] = (
+            handler = job.handler
+            if handler in deadlines:
+                deadline = deadlines[handler]
+            else:
+                timeout_s = self._executor.shared_timeout_s(handler)
+                deadline = deadlines[handler] = (
                     SharedDeadline(timeout_s, self._timed_out) if timeout_s else None
                 )
-            self._start(job, deadlines[job.handler])
+            attempt = _Attempt(self, (job.id, job.attempt), deadline)
+            task = create_task(execute(job, attempt))
+            running[attempt.key] = task
+            task.add_done_callback(attempt.task_done)
 
-    def _start(self, job: Job, deadline: SharedDeadline | None) -> None:
-        self._m_due_to_start.observe(max(0.0, job.due_to_start_s))
-        self._m_inflight.inc()
-        attempt = _Attempt((job.id, job.attempt), self.inflight, self._m_inflight, deadline)
-        task = asyncio.create_task(self._executor.execute(job, attempt))
-        self.running[attempt.key] = task
-        task.add_done_callback(lambda t: self._finished(attempt, t))
+    def _effect_ended(self) -> None:
+        self.effects_running -= 1
+        self.inflight.release()
 
     def _finished(self, attempt: _Attempt, task: asyncio.Task[bool]) -> None:
         if self.running.get(attempt.key) is task:
@@ -216,15 +226,12 @@ class _Attempt:
     the effect ends (the completion write that follows runs outside the cap; the completer
     applies its own backpressure), and it leaves its shared deadline at the same moment."""
 
-    __slots__ = ("_deadline", "_gauge", "_limit", "_released", "key", "timed_out")
+    __slots__ = ("_deadline", "_released", "_worker", "key", "timed_out")
 
-    def __init__(
-        self, key: AttemptKey, limit: InflightLimit, gauge: Any, deadline: SharedDeadline | None
-    ):
+    def __init__(self, worker: QueueWorker, key: AttemptKey, deadline: SharedDeadline | None):
         self.key = key
         self.timed_out = False
-        self._limit = limit
-        self._gauge = gauge
+        self._worker = worker
         self._deadline = deadline
         self._released = False
         if deadline is not None:
@@ -233,10 +240,12 @@ class _Attempt:
     def effect_ended(self) -> None:
         if not self._released:
             self._released = True
-            self._limit.release()
-            self._gauge.dec()
+            self._worker._effect_ended()
             if self._deadline is not None:
                 self._deadline.leave(self)
+
+    def task_done(self, task: asyncio.Task[bool]) -> None:
+        self._worker._finished(self, task)
 
 
 class LeaseHeartbeat(LoopService):
