@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -76,7 +75,7 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         await conn.set_type_codec(
             name,
             encoder=jsoncodec.dumps,
-            decoder=json.loads,
+            decoder=jsoncodec.loads,
             schema="pg_catalog",
             format="text",
         )

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatcher.jsoncodec import dumps
+from dispatcher.jsoncodec import dumps, loads
 
 json_values = st.recursive(
     st.none()
@@ -48,3 +48,21 @@ def test_sorted_keys_make_one_text_for_one_object() -> None:
         {"a": {"c": 3, "d": 2}, "b": 1}, sort_keys=True
     )
     assert dumps({"b": 2**70, "a": 1}, sort_keys=True) == '{"a": 1, "b": 1180591620717411303424}'
+
+
+@given(json_values, st.sampled_from(["", " ", "\n\t "]), st.sampled_from(["", " ", "\r\n"]))
+def test_loads_reads_what_the_standard_library_reads(value: Any, before: str, after: str) -> None:
+    for text in (before + json.dumps(value) + after, before + json.dumps(value, indent=1) + after):
+        assert loads(text) == json.loads(text)
+
+
+@pytest.mark.parametrize("text", ["", "  ", "{", '{"a": 1} {"b": 2}', "\ufeff{}", "nul", "1 2"])
+def test_loads_refuses_what_the_standard_library_refuses(text: str) -> None:
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(text)
+    with pytest.raises(json.JSONDecodeError):
+        loads(text)
+
+
+def test_loads_keeps_integers_beyond_64_bits_exact() -> None:
+    assert loads('{"n": 123456789012345678901234567890}') == {"n": 123456789012345678901234567890}
