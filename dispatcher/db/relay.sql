@@ -128,11 +128,13 @@ WITH paused AS MATERIALIZED (
      CROSS JOIN LATERAL dispatcher.claim_grant(
            $1, CASE WHEN p.paused THEN 0 ELSE cardinality($2::bigint[]) END) g
 ), delivered AS MATERIALIZED (
+    -- one primary-key probe per delivery (OFFSET 0: a join let the planner hash a scan of
+    -- every state row)
     SELECT k.id, k.tenant, k.capability, k.state,
            k.state = 'ready' AND k.attempt = d.attempt AS ready
       FROM unnest($2::bigint[], $3::integer[]) AS d(id, attempt)
-      JOIN dispatcher.job_state k ON k.id = d.id
-     WHERE k.queue = $1
+     CROSS JOIN LATERAL (SELECT k.* FROM dispatcher.job_state k
+                          WHERE k.id = d.id AND k.queue = $1 OFFSET 0) k
 ), ready AS MATERIALIZED (
     SELECT id, tenant, capability FROM delivered WHERE ready
 ), eligible AS MATERIALIZED (
@@ -162,12 +164,17 @@ WITH paused AS MATERIALIZED (
       FROM started c
      CROSS JOIN LATERAL (SELECT i.* FROM dispatcher.intents i WHERE i.id = c.id OFFSET 0) i
 ), consumed AS (
+    -- the relay's rows of each job, one probe of outbox_relayed_job per job, deleted by id (a
+    -- filter `job_id = ANY (...)` was checked against every relayed row: 41 ms for 1,000)
     DELETE FROM dispatcher.outbox o
-     WHERE o.job_id = ANY (ARRAY(SELECT id FROM started
-                                 UNION ALL SELECT id FROM ready
-                                            WHERE NOT capability = ANY ($6::text[])
-                                 UNION ALL SELECT id FROM delivered WHERE state <> 'ready'))
-       AND o.leased_until IS NOT NULL
+     WHERE o.id = ANY (ARRAY(
+           SELECT r.id
+             FROM (SELECT id FROM started
+                   UNION ALL SELECT id FROM ready WHERE NOT capability = ANY ($6::text[])
+                   UNION ALL SELECT id FROM delivered WHERE state <> 'ready') done
+            CROSS JOIN LATERAL (SELECT x.id FROM dispatcher.outbox x
+                                 WHERE x.job_id = done.id AND x.leased_until IS NOT NULL
+                                OFFSET 0) r))
 )
 SELECT c.*, NULL::bigint[] AS eligible, NULL::bigint[] AS refused, NULL::float8 AS wait_s
   FROM claimed c
