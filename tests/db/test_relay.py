@@ -11,10 +11,11 @@ import pytest
 from dispatcher.db import migrations
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import connect
+from dispatcher.db.queries import query
 from dispatcher.db.relay import RelayRepository
 from dispatcher.model import NewJob
 
-CAPABILITIES = ["work:1"]
+CAPABILITIES = CAPS = ["work:1"]
 
 
 @pytest.fixture
@@ -178,3 +179,54 @@ async def test_migration_017_gives_what_a_relay_published_before_a_published_row
         assert [tuple(r) for r in rows] == [("published", True, True), ("waiting", False, False)]
     else:  # in process ready jobs have no outbox rows: none written
         assert rows == []
+
+
+# plans ------------------------------------------------------------------------------------------
+ROWS = 30_000
+
+
+@pytest.fixture
+async def big_outbox(repo: JobRepository, relay: RelayRepository) -> list[int]:
+    """30,000 ready jobs with outbox rows, 4,000 of them published: enough rows to tempt the
+    planner into scanning a whole table instead of probing it per delivery."""
+    await repo.pool.execute(f"""
+        SELECT count(*) FROM dispatcher.enqueue_many(
+               (SELECT array_agg('k' || g) FROM generate_series(1, {ROWS}) g),
+               array_fill('work'::text, ARRAY[{ROWS}]),
+               array_fill('{{}}'::jsonb, ARRAY[{ROWS}]))""")
+    await enqueue(repo, [])  # the outbox rows, whatever intake wrote
+    leased = await relay.lease_outbox({"default": 4000}, 4000, 30)
+    await relay.mark_published([r.id for r in leased])
+    await repo.pool.execute("ANALYZE dispatcher.intents, dispatcher.job_state, dispatcher.outbox")
+    return [r.job_id for r in leased]
+
+
+async def plan(pool: asyncpg.Pool, name: str, *args: object) -> str:
+    async with pool.acquire() as conn, conn.transaction():
+        rows = await conn.fetch("EXPLAIN " + query(name), *args)
+        return "\n".join(r[0] for r in rows)
+
+
+async def test_the_consumers_claim_probes_by_key_at_any_table_size(
+    repo: JobRepository, big_outbox: list[int]
+) -> None:
+    ids = big_outbox[:1000]
+    text = await plan(repo.pool, "claim_delivered", "default", ids, [0] * 1000, "o", 60.0, CAPS)
+    for table in ("intents", "job_state", "outbox"):
+        assert f"Seq Scan on {table}" not in text, text
+    # the relay's rows of the started jobs are reached by job id, not filtered one by one
+    assert "outbox_relayed_job" in text, text
+
+
+async def test_the_relay_and_its_sweep_never_scan_the_job_tables(
+    repo: JobRepository, big_outbox: list[int]
+) -> None:
+    for name, args in (
+        ("lease_outbox", (["default"], [8000], 30.0, 500)),
+        ("sweep_unclaimed", (300.0, 500)),
+    ):
+        text = await plan(repo.pool, name, *args)
+        for table in ("intents", "job_state"):
+            assert f"Seq Scan on {table}" not in text, (name, text)
+    # the sweep walks only the relay's rows (a partial index), never the whole outbox
+    assert "Seq Scan on outbox" not in await plan(repo.pool, "sweep_unclaimed", 300.0, 500)
