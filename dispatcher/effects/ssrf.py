@@ -1,11 +1,13 @@
 """The SSRF guard of the HTTP effect: which target URLs and addresses a job may reach.
 
-Two checks cover every way aiohttp picks the address it connects to:
+Two checks cover every way the http effect's client (`httpclient.HttpClient`) picks the
+address it connects to:
 
-- `TargetPolicy.check_url` inspects the URL itself. aiohttp connects to a literal IP host
-  directly, without asking the resolver, so literal addresses are judged here.
-- `GuardedResolver` wraps the resolver the connector uses and refuses the whole answer when
-  any address in it is disallowed. aiohttp connects only to addresses its resolver returned,
+- `TargetPolicy.check_url` inspects the URL itself. A literal IP host is connected to
+  directly, without asking the resolver, so literal addresses are judged here (and the client
+  checks the address again before connecting).
+- `GuardedResolver` wraps the resolver the client uses and refuses the whole answer when
+  any address in it is disallowed. The client connects only to addresses its resolver returned,
   so the address checked is the address connected to: there is no window for DNS rebinding.
 
 Refused unless allow-listed: every block of the IANA IPv4 and IPv6 Special-Purpose Address

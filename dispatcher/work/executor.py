@@ -67,6 +67,7 @@ class Executor:
         self._m_duration = metrics.EFFECT_DURATION.labels(queue)
         self._m_lease_lost = metrics.LEASES_LOST.labels(queue)
         self._m_unrecorded = metrics.OUTCOMES_UNRECORDED.labels(queue)
+        self._complete_in_bound = self._complete_in  # one bound method, not one per attempt
 
     def shared_timeout_s(self, handler: str) -> float | None:
         """The timeout the pool enforces from the claim for attempts of `handler`: None for an
@@ -132,7 +133,10 @@ class Executor:
                     raise Reject(
                         f"no handler {job.handler!r} is configured", code="unknown_handler"
                     )
-                result = await self._run_effect(effect, job, started)
+                if effect.completes_in_transaction:
+                    result = await self._run_in_transaction(effect, job, started)
+                else:  # no frame of its own: this is every no-op and http job
+                    result = await effect.run(job, self._complete_in_bound)
             except asyncio.CancelledError:
                 # a timeout, unless a drain cancelled the attempt as well
                 task = asyncio.current_task()
@@ -177,10 +181,7 @@ class Executor:
         fault_point("after_complete")
         return "succeeded"
 
-    async def _run_effect(self, effect: Effect, job: Job, started: float) -> Any:
-        if not effect.completes_in_transaction:
-            return await effect.run(job, self._complete_in)
-
+    async def _run_in_transaction(self, effect: Effect, job: Job, started: float) -> Any:
         async def complete(conn: Any, job: Job, result: Any) -> bool:
             return await self._complete_in(conn, job, result, time.perf_counter() - started)
 
