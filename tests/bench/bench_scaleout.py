@@ -7,10 +7,9 @@ daemon's own limiter at 1,000,000/s, burst 100,000, 2,000 in flight):
       registry row once the daemons are up: "configured" (ENGINE_ENV's: 2,000 in flight for all
       daemons together, which three daemons of 2,000 each can reach), "high" (the same rate and
       burst, 100,000 in flight: limits no daemon set here can reach, still accounted by every
-      claim) and "none" (NULL: claims skip the accounting). In process, the jobs are enqueued
-      in one transaction while the queue is paused, the tables vacuumed, then the queue resumed;
-      over RabbitMQ a pause does not hold deliveries back, so that drain starts at the commit.
-      Rate = jobs / (last finished_at - first started_at).
+      claim) and "none" (NULL: claims skip the accounting). The jobs are enqueued in one
+      transaction while the queue is paused (nothing claimed, nothing relayed), the tables
+      vacuumed, then the queue resumed. Rate = jobs / (last finished_at - first started_at).
   (b) due-to-start p50/p95/p99 (started_at - due_at) at a steady 500 jobs/s for 10 s, one
       `dispatcher.enqueue` per call, due now (bench_engine's paced enqueue)
   (c) a burst of 2,000 jobs due at one instant T, enqueued 5 s before: last start and last
@@ -46,8 +45,10 @@ import asyncpg
 from dispatcher.db.queries import all_queries
 from tests.bench.bench_engine import (
     BURST_2000_TARGET_S,
+    EMPTY,
     ENGINE_ENV,
     LATENCY_P99_TARGET_S,
+    VACUUM,
     burst_times,
     enqueue_bulk,
     enqueue_burst,
@@ -99,11 +100,6 @@ SELECT left(query, 300) AS query, coalesce(wait_event_type || ':' || wait_event,
   FROM pg_stat_activity
  WHERE datname = $1 AND state = 'active' AND pid <> pg_backend_pid()"""
 
-VACUUMED = """
-SELECT string_agg(c.oid::regclass::text, ', ')
-  FROM pg_class c
- WHERE c.relnamespace = 'dispatcher'::regnamespace AND c.relkind = 'r'
-   AND c.relname IN ('jobs', 'intents', 'job_state', 'outbox')"""
 RUNNING = "SELECT count(*)::int FROM dispatcher.jobs WHERE state = 'running'"
 
 
@@ -230,29 +226,16 @@ class Cell:
             self.pids["rabbitmq"] = pid
 
     async def reset(self, conn: asyncpg.Connection) -> None:
-        await conn.execute("DELETE FROM dispatcher.jobs")
-        await self.vacuum(conn)
-
-    @staticmethod
-    async def vacuum(conn: asyncpg.Connection) -> None:
-        """VACUUM ANALYZE the job tables, whichever exist (dispatcher.jobs becomes a view over
-        two tables with migration 015)."""
-        tables = await conn.fetchval(VACUUMED)
-        await conn.execute(f"VACUUM ANALYZE {tables}")
+        await conn.execute(EMPTY)
+        await conn.execute(VACUUM)
 
     async def drain(self, conn: asyncpg.Connection, jobs: int, limits: str) -> dict[str, Any]:
         await self.reset(conn)
         await conn.execute(SET_LIMITS, *LIMITS[limits])
-        in_process = self.transport == "in-process"
-        if in_process:  # over RabbitMQ a paused queue is claimed anyway: enqueue inside
-            await self.enqueue_paused(conn, jobs)
+        await self.enqueue_paused(conn, jobs)
         async with CpuMeter(self.pids, db_name(self.dsn)) as cpu, ActivitySampler(self.dsn) as act:
-            if in_process:
-                await conn.execute("UPDATE dispatcher.queues SET paused = false, paused_at = NULL")
-                await conn.execute("NOTIFY dispatcher_wake, 'ready'")
-            else:
-                async with conn.transaction():  # all visible at once
-                    await enqueue_bulk(conn, "drain", jobs)
+            await conn.execute("UPDATE dispatcher.queues SET paused = false, paused_at = NULL")
+            await conn.execute("NOTIFY dispatcher_wake, 'ready'")
             await wait_terminal(conn, jobs, DRAIN_TIMEOUT_S, f"{jobs} jobs to finish")
         row = await conn.fetchrow("""
             SELECT extract(epoch FROM max(finished_at) - min(started_at))::float8 AS span_s,
@@ -280,7 +263,7 @@ class Cell:
         await conn.execute("UPDATE dispatcher.queues SET paused = true, paused_at = now()")
         async with conn.transaction():  # all visible at once
             await enqueue_bulk(conn, "drain", jobs)
-        await self.vacuum(conn)
+        await conn.execute(VACUUM)
         await wait_for_quiet(QUIET_WAIT_S)
 
     async def latency(
