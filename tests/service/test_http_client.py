@@ -218,6 +218,8 @@ async def test_gzip_excerpt_is_decoded(serve, client) -> None:
         b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2\r\n\r\nx",
         b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nbad header line\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length : 1\r\n\r\nx",  # a space before the colon
+        b"HTTP/1.1 200 OK\r\nX-A: 1\r\n folded\r\n\r\n",  # obsolete line folding
     ],
 )
 async def test_malformed_heads_are_protocol_errors(serve, client, answer: bytes) -> None:
