@@ -100,6 +100,7 @@ SELECT left(query, 300) AS query, coalesce(wait_event_type || ':' || wait_event,
   FROM pg_stat_activity
  WHERE datname = $1 AND state = 'active' AND pid <> pg_backend_pid()"""
 
+ROW_LOCK_WAITS = ("Lock:transactionid", "Lock:tuple")
 RUNNING = "SELECT count(*)::int FROM dispatcher.jobs WHERE state = 'running'"
 
 
@@ -150,9 +151,10 @@ class ActivitySampler:
         return dict(sorted(per.items(), key=lambda kv: -sum(kv[1].values())))
 
     def lock_share(self, statement_prefix: str) -> float:
-        """Of the samples of statements named `statement_prefix*`, the share waiting on a lock."""
+        """Of the samples of statements named `statement_prefix*`, the share waiting for a row
+        another transaction holds (Lock:transactionid, Lock:tuple; not Lock:extend)."""
         mine = {k: c for k, c in self.counts.items() if k[0].startswith(statement_prefix)}
-        locked = sum(c for (_, wait), c in mine.items() if wait.startswith("Lock:"))
+        locked = sum(c for (_, wait), c in mine.items() if wait in ROW_LOCK_WAITS)
         return locked / max(1, sum(mine.values()))
 
     def summary(self, top: int = 4) -> str:
@@ -362,7 +364,7 @@ async def measure_cell(
                     print(
                         f"  {transport:<10} {n} daemon(s) drain, limits {limits:<10} "
                         f"{r['rate']:>8,.0f} jobs/s  ran on {r['owners']}; "
-                        f"{r['jobs_per_cpu_s']:,.0f} jobs per CPU-s; claims waiting on a lock "
+                        f"{r['jobs_per_cpu_s']:,.0f} jobs per CPU-s; claims waiting for a row lock "
                         f"{r['claim_lock_share']:.0%}; {load_text(r)}\n"
                         f"      {r['cpu_summary']}\n      {r['activity_summary']}",
                         flush=True,
@@ -415,7 +417,7 @@ def add_figures(bench: Bench, args: argparse.Namespace, cells: dict[str, Any]) -
                     d["rate"],
                     "jobs/s",
                     note=f"{d['jobs_per_cpu_s']:,.0f} jobs per CPU-s{ratio}; "
-                    f"claims on a lock {d['claim_lock_share']:.0%}; {load_text(d)}",
+                    f"claims waiting for a row lock {d['claim_lock_share']:.0%}; {load_text(d)}",
                 )
             )
             if one and n != "1":
