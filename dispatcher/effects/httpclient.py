@@ -84,6 +84,7 @@ _EMPTY_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
 # Header lines as RFC 9110 has them: a token, a colon at once (no space before it), a value
 # without CR or LF. Each line starts with the CRLF that ended the one before.
 _FIELD_LINES = re.compile(rb"(?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\r\n]*)*")
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")  # up to 2**64 - 1 bytes per chunk
 _FRAMING_FIELDS = re.compile(
     rb"\r\n(content-length|transfer-encoding|connection|content-encoding):([^\r\n]*)",
     re.IGNORECASE,
@@ -281,12 +282,9 @@ class _Exchange(asyncio.Protocol):
                     return
                 size_text = bytes(buffer[:end]).split(b";", 1)[0].strip()
                 del buffer[: end + 2]
-                try:
-                    size = int(size_text, 16)
-                except ValueError:
-                    raise ProtocolError(f"invalid chunk size {size_text[:20]!r}") from None
-                if size < 0 or not size_text.isalnum():
+                if not _HEX.fullmatch(size_text):  # int() would also take 0x, _ and signs
                     raise ProtocolError(f"invalid chunk size {size_text[:20]!r}")
+                size = int(size_text, 16)
                 if size == 0:
                     self._chunk_state = "trailers"
                 else:

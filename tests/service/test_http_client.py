@@ -228,6 +228,25 @@ async def test_malformed_heads_are_protocol_errors(serve, client, answer: bytes)
         await client().request(origin(server.port), request(server.port), 5.0, 64)
 
 
+@pytest.mark.parametrize("size", [b"0x5", b"+5", b"5_0", b"", b"g", b"1" * 17])
+async def test_malformed_chunk_sizes_are_protocol_errors(serve, client, size: bytes) -> None:
+    server = await serve(
+        fixed(
+            b"HTTP/1.1 500 X\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + size
+            + b"\r\nhello\r\n0\r\n\r\n"
+        )
+    )
+    http = client()
+    answer = await http.request(origin(server.port), request(server.port), 5.0, 64)
+    # the head was valid, so the status stands; the body is not read past the bad size line
+    assert (answer.status, answer.excerpt) == (500, b"")
+    assert server.connections == 1
+    second = await http.request(origin(server.port), request(server.port), 5.0, 64)
+    assert second.status == 500
+    assert server.connections == 2  # the first connection was not reused
+
+
 async def test_a_head_past_the_limit_is_a_protocol_error(serve, client) -> None:
     server = await serve(fixed(b"HTTP/1.1 200 OK\r\n" + b"X-Big: " + b"a" * 70_000 + b"\r\n\r\n"))
     with pytest.raises(ProtocolError, match="larger than"):
