@@ -13,6 +13,13 @@ from aiohttp import ClientResponse
 from tests.service.intake_app import Api, http_job, problem, serve_api
 
 
+@pytest.fixture(autouse=True)
+async def relay_transport(api: Api) -> None:
+    """Run as a RabbitMQ daemon leaves the database: ready jobs get the outbox rows these tests
+    count (in process there are none: tests/db/test_sql_door.py)."""
+    await api.repo.pool.execute("UPDATE dispatcher.intake_settings SET ready_outbox = true")
+
+
 def item(key: Any, **fields: Any) -> dict[str, Any]:
     return {"idempotency_key": key, **http_job(**fields)}
 
