@@ -216,11 +216,11 @@ async def test_status_counts_jobs_per_state_and_says_when_nothing_vacuums(
     assert text.code == 0, text.stderr
     assert text.stdout.splitlines()[1].split()[:5] == ["default", "1", "1", "0", "0"]
     assert (
-        "warning: autovacuum is disabled for dispatcher.jobs: "
+        "warning: autovacuum is disabled for dispatcher.job_state: "
         "ALTER TABLE dispatcher.job_state RESET (autovacuum_enabled)"
     ) in text.stderr.splitlines()
     as_json = await cli("status", "--json", cwd=tmp_path, env=env)
-    assert any("dispatcher.jobs RESET" in w for w in json.loads(as_json.stdout)["warnings"])
+    assert any("dispatcher.job_state RESET" in w for w in json.loads(as_json.stdout)["warnings"])
 
 
 async def test_jobs_commands_list_show_retry_and_cancel(tmp_path: Path, db_url: str) -> None:

@@ -177,6 +177,9 @@ async def full_tablespace(admin: asyncpg.Connection, disk: Path) -> AsyncIterato
             await admin.execute(f"DROP TABLESPACE {name}")
 
 
+JOB_TABLES = ("dispatcher.intents", "dispatcher.job_state")
+
+
 async def test_postgres_disk_full_is_unavailable_then_recovers(db_url: str) -> None:
     """The jobs table on a full filesystem: SQLSTATE 53100 leaves the repository as
     `DatabaseUnavailable` (503), nothing is half-written, and the same write succeeds once
@@ -187,7 +190,8 @@ async def test_postgres_disk_full_is_unavailable_then_recovers(db_url: str) -> N
         pool = await create_pool(db_url, size=2)
         try:
             async with full_tablespace(admin, disk) as tablespace:
-                await admin.execute(f"ALTER TABLE dispatcher.jobs SET TABLESPACE {tablespace}")
+                for table in JOB_TABLES:  # dispatcher.jobs is a view over these (migration 015)
+                    await admin.execute(f"ALTER TABLE {table} SET TABLESPACE {tablespace}")
                 try:
                     filler = fill(disk, leave_bytes=0)
                     repo = JobRepository(pool)
@@ -198,7 +202,8 @@ async def test_postgres_disk_full_is_unavailable_then_recovers(db_url: str) -> N
                     stored = await repo.enqueue_many(items)
                     assert [r.outcome for r in stored] == ["created"] * len(items)
                 finally:  # the tablespace must be empty to go
-                    await admin.execute("ALTER TABLE dispatcher.jobs SET TABLESPACE pg_default")
+                    for table in JOB_TABLES:
+                        await admin.execute(f"ALTER TABLE {table} SET TABLESPACE pg_default")
         finally:
             await pool.close()
             await admin.close()
