@@ -82,7 +82,13 @@ async def test_a_populated_database_upgrades_in_place_and_every_job_runs_once(
             await populate(conn, target.url)
             before = await jobs_by_key(conn)
             assert {j["state"] for j in before.values()} == {
-                "scheduled", "ready", "running", "succeeded", "dead", "cancelled", "discarded"
+                "scheduled",
+                "ready",
+                "running",
+                "succeeded",
+                "dead",
+                "cancelled",
+                "discarded",
             }
 
             assert await migrations.migrate(conn, upto=15) == ["015_job_state.sql"]
