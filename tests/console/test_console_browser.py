@@ -183,6 +183,9 @@ async def test_pause_and_resume_a_queue_watching_the_counters(
 
     await browser.click(await browser.link("Resume"))
     await browser.click(await browser.find("#confirm"))
+    # the answer first: navigating away while the form's POST is in flight can cancel it, or
+    # leave its answer page in place of the overview
+    assert "Queue default is active." in await browser.text("#outcome")
     await browser.get("/console/")
     await until_text(browser, "#queues td[data-f=succeeded]", "1")
     assert await browser.text("#queues td[data-f=ready]") == "0"
