@@ -508,13 +508,16 @@ class CpuMeter:
                 sum(t - self._b0.get(pid, 0) for pid, t in b1.items()) * per_core
             )
         self.others_pct = max(0.0, self.machine_pct - sum(self.process_pct.values()))
+        self.peak_rss_mb = {n: peak_rss_mb(p) for n, p in self.pids.items()}
 
     def summary(self) -> str:
         procs = ", ".join(f"{n} {v:.0f}%" for n, v in self.process_pct.items())
+        peaks = ", ".join(f"{n} {v:.0f} MB" for n, v in self.peak_rss_mb.items() if v)
         return (
             f"cpu %core: machine {self.machine_pct:.0f}/{self._ncpu * 100}"
             + (f", {procs}" if procs else "")
             + f", others {self.others_pct:.0f}"
+            + (f"; peak RSS since start: {peaks}" if peaks else "")
         )
 
     def cpu_s(self, name: str) -> float:
@@ -527,7 +530,20 @@ class CpuMeter:
             **self.process_pct,
             "others": self.others_pct,
             "wall_s": self.wall_s,
+            **{f"{n}_peak_rss_mb": v for n, v in self.peak_rss_mb.items()},
         }
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's highest resident set size since it started (VmHWM), in MiB; 0 if gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 async def machine_busy_pct(seconds: float = 1.0) -> float:
