@@ -54,6 +54,7 @@ from tests.bench.common import (
     daemon,
     describe_machine,
     machine_info,
+    peak_rss_mb,
     percentile,
     register_handler,
     run,
@@ -155,6 +156,11 @@ class Records:
 
     starts: list[float] = field(default_factory=list)
     refs: list[float | None] = field(default_factory=list)
+    peak_rss_mb: float = 0.0  # the worker's highest resident memory, where it is measured
+
+    def memory(self) -> dict[str, float]:
+        """The worker's peak RSS as an extra figure of the workload (dispatcher's daemon)."""
+        return {"_worker_peak_rss_mb": self.peak_rss_mb} if self.peak_rss_mb else {}
 
     @classmethod
     def load(cls, path: Path) -> Records:
@@ -267,8 +273,11 @@ class Dispatcher(System):
         }
         records = Records()
         try:
-            async with daemon(dsn, env):
-                yield records
+            async with daemon(dsn, env) as d:
+                try:
+                    yield records
+                finally:
+                    records.peak_rss_mb = peak_rss_mb(d.proc.pid)
         finally:
             loaded = Records.load(out)
             records.starts, records.refs = loaded.starts, loaded.refs
@@ -555,7 +564,7 @@ async def w2_drain(system: System, sizes: Sizes) -> dict[str, float]:
     started = len(records.starts)
     if started < n:
         raise Failed(f"only {started:,} of {n:,} handler starts recorded")
-    return {"drain": n / (done - min(records.starts))}
+    return {"drain": n / (done - min(records.starts)), **records.memory()}
 
 
 async def warm_up(system: System, dsn: str) -> None:
@@ -580,7 +589,7 @@ async def w3_latency(system: System, sizes: Sizes) -> dict[str, float]:
     if len(latencies) < n:
         raise Failed(f"only {len(latencies):,} of {n:,} latencies recorded")
     result = {f"latency_p{q}": percentile(latencies, q / 100) * 1000 for q in (50, 95, 99)}
-    return {**result, "_rate_sent": sent.get("rate", float("nan"))}
+    return {**result, "_rate_sent": sent.get("rate", float("nan")), **records.memory()}
 
 
 async def w4_burst(system: System, sizes: Sizes) -> dict[str, float]:
@@ -603,6 +612,7 @@ async def w4_burst(system: System, sizes: Sizes) -> dict[str, float]:
         "burst_last_finish": (done - instant) * 1000,
         "_first_start_ms": (min(starts) - instant) * 1000,
         "_enqueue_done_before_T_s": instant - enqueued.get("finished_at", instant),
+        **records.memory(),
     }
 
 
