@@ -114,10 +114,9 @@ class JobRepository:
         """Claim up to `limit` jobs within the queue's global limits; return them, the number
         of outbox rows consumed and, when the start rate held the claim back, the seconds until
         the next token (the last row of the claim is always its marker)."""
-        rows = await self.pool.fetch(_CLAIM, queue, limit, capabilities, owner, lease_s)
-        marker = rows[-1]
-        jobs = [Job(*r[:CLAIM_JOB_COLUMNS]) for r in rows if r[0] is not None]
-        return jobs, marker["taken_count"], marker["wait_s"]
+        return claimed_rows(
+            await self.pool.fetch(_CLAIM, queue, limit, capabilities, owner, lease_s)
+        )
 
     async def complete(
         self,
@@ -429,6 +428,13 @@ class JobRepository:
         """A pooled connection inside a transaction (commits unless the block raises)."""
         async with self.pool.acquire() as conn, conn.transaction():
             yield conn
+
+
+def claimed_rows(rows: list[asyncpg.Record]) -> tuple[list[Job], int, float | None]:
+    """A claim's rows as (jobs, outbox rows consumed, seconds until a token is free)."""
+    marker = rows[-1]
+    jobs = [Job(*r[:CLAIM_JOB_COLUMNS]) for r in rows if r[0] is not None]
+    return jobs, marker["taken_count"], marker["wait_s"]
 
 
 def _enqueued(rows: list[asyncpg.Record], n: int) -> list[EnqueueResult]:

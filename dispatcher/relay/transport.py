@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
+from dispatcher.db.claims import ClaimConnection
 from dispatcher.db.jobs import JobRepository
 from dispatcher.model import AttemptKey, Job
 
@@ -43,16 +44,22 @@ class Transport(Protocol):
 
 
 class InProcessTransport:
-    """Relay and claim in one statement, fair across tenants (see `claim_ready`)."""
+    """Relay and claim in one statement, fair across tenants (see `claim_ready`). Each queue
+    claims on a connection of its own, kept between claims and planned once (db/claims.py);
+    `settle()`, after the drain, hands them back."""
 
     def __init__(self, repo: JobRepository, *, owner: str, capabilities: list[str], lease_s: float):
         self._repo = repo
         self._owner = owner
         self._capabilities = capabilities
         self._lease_s = lease_s
+        self._claims: dict[str, ClaimConnection] = {}
 
     async def receive(self, queue: str, limit: int) -> Delivery:
-        jobs, consumed, wait_s = await self._repo.claim_limited(
+        claims = self._claims.get(queue)
+        if claims is None:
+            claims = self._claims[queue] = ClaimConnection(self._repo.pool)
+        jobs, consumed, wait_s = await claims.claim(
             queue, limit, self._capabilities, self._owner, self._lease_s
         )
         return Delivery(jobs, consumed, wait_s)
@@ -61,7 +68,9 @@ class InProcessTransport:
         return None  # the claim took the outbox row: nothing to acknowledge
 
     async def stop_receiving(self, queue: str) -> None:
-        return None  # nothing is held between claims
+        return None  # no job is held between claims (a claim in flight ends before the drain)
 
     async def settle(self) -> None:
-        return None
+        """Every claim loop has ended: hand their connections back to the pool."""
+        for claims in list(self._claims.values()):
+            await claims.close()

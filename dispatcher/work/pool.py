@@ -189,15 +189,13 @@ class QueueWorker(Service):
             task.cancel()
 
     async def _pause(self, seconds: float, *, wake_on_signal: bool) -> None:
-        waiters = [self._halt.wait()]
-        if wake_on_signal:
-            waiters.append(self._wake.wait())
-        tasks = [asyncio.ensure_future(w) for w in waiters]
-        try:
-            await asyncio.wait(tasks, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in tasks:
-                t.cancel()
+        """Wait up to `seconds`, cut short by the halt and, with `wake_on_signal`, by a wake-up.
+        One event, no task: `stop_claiming` sets the wake event too. (Two waiter tasks under
+        `asyncio.wait` put three more event-loop turns between a NOTIFY and its claim.)"""
+        event = self._wake if wake_on_signal else self._halt
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await event.wait()
 
     async def wait_idle(self, abort: asyncio.Event) -> None:
         """Wait until nothing runs, or until `abort` is set (the caller bounds the time)."""

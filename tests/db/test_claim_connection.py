@@ -1,0 +1,110 @@
+"""A queue's claims on the connection its claim loop keeps (db/claims.py): planned once,
+generically, without scanning the jobs' tables; a broken connection is replaced, and the kept
+one goes back to its pool."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from dispatcher.db.claims import ClaimConnection
+from dispatcher.db.queries import query
+from tests.db.test_plans import ROWS, assert_no_job_scan
+from tests.harness import wait_until
+
+CAPABILITIES = ["noop:1"]
+
+
+async def enqueue(pool: asyncpg.Pool, *keys: str) -> None:
+    for key in keys:
+        await pool.execute("SELECT dispatcher.enqueue($1, 'noop')", key)
+
+
+@pytest.fixture
+async def noop_pool(pool: asyncpg.Pool) -> asyncpg.Pool:
+    await pool.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
+    return pool
+
+
+async def test_claims_are_planned_once_generically_on_one_connection(
+    noop_pool: asyncpg.Pool,
+) -> None:
+    claims = ClaimConnection(noop_pool)
+    try:
+        for i in range(8):
+            await enqueue(noop_pool, f"job-{i}")
+            jobs, taken, wait_s = await claims.claim("default", 10, CAPABILITIES, "me", 60)
+            assert ([j.key for j in jobs], taken, wait_s) == ([f"job-{i}"], 1, None)
+        conn = claims._conn
+        assert conn is not None
+        generic, custom = await conn.fetchrow(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
+            query("claim_ready"),
+        )
+        assert (generic, custom) == (8, 0)
+    finally:
+        await claims.close()
+
+
+async def test_a_claim_connection_the_server_closed_is_replaced(noop_pool: asyncpg.Pool) -> None:
+    claims = ClaimConnection(noop_pool)
+    try:
+        await claims.claim("default", 10, CAPABILITIES, "me", 60)
+        assert claims._conn is not None
+        await noop_pool.execute("SELECT pg_terminate_backend($1)", claims._conn.get_server_pid())
+        await wait_until(lambda: claims._conn is None, what="the closed connection forgotten")
+        await enqueue(noop_pool, "after-the-cut")
+        jobs, _, _ = await claims.claim("default", 10, CAPABILITIES, "me", 60)
+        assert [j.key for j in jobs] == ["after-the-cut"]
+    finally:
+        await claims.close()
+
+
+async def test_a_failed_claim_hands_its_connection_back(noop_pool: asyncpg.Pool) -> None:
+    claims = ClaimConnection(noop_pool)
+    try:
+        await claims.claim("default", 10, CAPABILITIES, "me", 60)
+        await enqueue(noop_pool, "next")
+        with pytest.raises(asyncpg.PostgresError):  # no lease is that long: the claim fails
+            await claims.claim("default", 10, CAPABILITIES, "me", float("inf"))
+        assert claims._conn is None
+        jobs, _, _ = await claims.claim("default", 10, CAPABILITIES, "me", 60)
+        assert [j.key for j in jobs] == ["next"]
+    finally:
+        await claims.close()
+
+
+async def test_close_hands_the_connection_back_reset(noop_pool: asyncpg.Pool) -> None:
+    claims = ClaimConnection(noop_pool)
+    await claims.claim("default", 10, CAPABILITIES, "me", 60)
+    assert claims._conn is not None
+    await claims.close()
+    await claims.close()  # idempotent
+    assert claims._conn is None
+    # all ten of the pool's connections can be taken again, and none plans generically
+    conns = [await noop_pool.acquire(timeout=5) for _ in range(10)]
+    try:
+        for conn in conns:
+            assert await conn.fetchval("SHOW plan_cache_mode") == "force_custom_plan"
+    finally:
+        for conn in conns:
+            await noop_pool.release(conn)
+
+
+# the generic plan on a table big enough to tempt a sequential scan (as tests/db/test_plans.py)
+async def test_the_generic_claim_plan_never_scans_the_jobs_tables(noop_pool: asyncpg.Pool) -> None:
+    await noop_pool.execute(f"""
+        SELECT count(*) FROM dispatcher.enqueue_many(
+               (SELECT array_agg('ready-' || g) FROM generate_series(1, {ROWS}) g),
+               array_fill('noop'::text, ARRAY[{ROWS}]),
+               array_fill('{{}}'::jsonb, ARRAY[{ROWS}]))""")
+    await noop_pool.execute("ANALYZE dispatcher.intents, dispatcher.job_state")
+    async with noop_pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        await conn.execute(f"PREPARE claim_generic AS {query('claim_ready')}")
+        for limit in (1, 1000):
+            rows = await conn.fetch(
+                f"EXPLAIN EXECUTE claim_generic('default', {limit}, '{{noop:1}}', 'owner', 60)"
+            )
+            assert_no_job_scan("\n".join(r[0] for r in rows))
+        await conn.execute("DEALLOCATE claim_generic")

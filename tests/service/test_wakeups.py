@@ -1,0 +1,105 @@
+"""Wake-ups from the SQL door's NOTIFY, in process, real PostgreSQL: no wake-up is lost.
+
+The idle poll and the due-scan interval are an hour here, so a job that starts was started by
+its notice alone. The notice of a job committed while a claim is in flight (that claim's
+snapshot cannot see it) must lead to another claim, whether the claim in flight found work or
+not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from dispatcher.relay.transport import Delivery, InProcessTransport
+from dispatcher.work.pool import QueueWorker
+from tests.harness import make_settings, running_daemon, wait_until
+
+STARTED: list[str] = []
+
+
+async def record(job: Any, ctx: Any) -> None:
+    STARTED.append(job.key)
+
+
+class ClaimHook:
+    """Around every in-process claim: once armed, the first claim whose result matches runs
+    `during` after its statement returned and before the claim loop sees the result."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self.woken = asyncio.Event()
+        self.armed_for: str | None = None  # "empty" or "jobs"
+        self.fired = asyncio.Event()
+        self.conn: asyncpg.Connection | None = None  # its own: the test's may be busy
+        receive, wake = InProcessTransport.receive, QueueWorker.wake
+
+        async def hooked(transport: InProcessTransport, queue: str, limit: int) -> Delivery:
+            delivery = await receive(transport, queue, limit)
+            if self.armed_for == ("jobs" if delivery.jobs else "empty"):
+                self.armed_for = None
+                await self.during()
+                self.fired.set()
+            return delivery
+
+        def woken(worker: QueueWorker) -> None:
+            wake(worker)
+            self.woken.set()
+
+        monkeypatch.setattr(InProcessTransport, "receive", hooked)
+        monkeypatch.setattr(QueueWorker, "wake", woken)
+
+    async def during(self) -> None:
+        """Commit a due job through the SQL door and wait until its notice woke the worker."""
+        assert self.conn is not None
+        self.woken.clear()
+        await self.conn.execute("SELECT dispatcher.enqueue('late', 'record')")
+        async with asyncio.timeout(20):
+            await self.woken.wait()
+
+
+@pytest.fixture
+async def hooked_daemon(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[ClaimHook, asyncpg.Connection]]:
+    STARTED.clear()
+    hook = ClaimHook(monkeypatch)
+    settings = make_settings(
+        db_url,
+        scan_interval_s=3600,
+        handlers={"record": {"kind": "python", "function": f"{__name__}:record"}},
+    )
+    conn = await asyncpg.connect(db_url)
+    hook.conn = await asyncpg.connect(db_url)
+    try:
+        async with running_daemon(settings):
+            yield hook, conn
+    finally:
+        await conn.close()
+        await hook.conn.close()
+
+
+@pytest.mark.parametrize("claim_in_flight", ["empty", "jobs"])
+async def test_a_notice_during_a_claim_leads_to_another_claim(
+    hooked_daemon: tuple[ClaimHook, asyncpg.Connection], claim_in_flight: str
+) -> None:
+    hook, conn = hooked_daemon
+    # "first" wakes the loop; its claim finds it and the claim after it finds nothing
+    hook.armed_for = claim_in_flight
+    await conn.execute("SELECT dispatcher.enqueue('first', 'record')")
+    async with asyncio.timeout(20):
+        await hook.fired.wait()
+    await wait_until(lambda: sorted(STARTED) == ["first", "late"], what="both jobs started")
+
+
+async def test_notices_alone_start_a_stream_of_due_jobs(
+    hooked_daemon: tuple[ClaimHook, asyncpg.Connection],
+) -> None:
+    _, conn = hooked_daemon
+    keys = [f"stream-{i}" for i in range(200)]
+    for key in keys:
+        await conn.execute("SELECT dispatcher.enqueue($1, 'record')", key)
+    await wait_until(lambda: sorted(STARTED) == sorted(keys), what="200 jobs started")
