@@ -53,23 +53,37 @@ async def scan_ms(conn: asyncpg.Connection, rounds: int = 5) -> float:
     times = []
     for r in range(rounds):
         prefix = f"scan-{r}-{time.monotonic_ns()}-"
+        floor = await id_floor(conn)
         await enqueue_bulk(
             conn, prefix, SCAN_BATCH, due=await conn.fetchval("SELECT now() + interval '1 hour'")
         )
         await conn.execute(
-            "UPDATE dispatcher.jobs SET due_at = now() - interval '1 second' WHERE key LIKE $1",
-            prefix + "%",
+            "UPDATE dispatcher.job_state SET due_at = now() - interval '1 second' WHERE id > $1",
+            floor,
         )
         started = time.perf_counter()
         moved = await conn.fetchval(query("scan_due"), SCAN_BATCH)
         times.append((time.perf_counter() - started) * 1000)
         assert moved == SCAN_BATCH, moved
         await conn.execute("DELETE FROM dispatcher.outbox")
-        await conn.execute("DELETE FROM dispatcher.jobs WHERE key LIKE 'scan-%'")
+        await delete_above(conn, floor)
     return statistics.median(times)
 
 
+async def id_floor(conn: asyncpg.Connection) -> int:
+    """The highest job id so far: the jobs a phase adds are those above it. (Reaching them by
+    key, `key LIKE 'burst-%'`, would scan all 10 million intents: the key index is unique, not
+    a prefix index.)"""
+    return int(await conn.fetchval("SELECT coalesce(max(id), 0) FROM dispatcher.job_state"))
+
+
+async def delete_above(conn: asyncpg.Connection, floor: int) -> None:
+    await conn.execute("DELETE FROM dispatcher.job_state WHERE id > $1", floor)
+    await conn.execute("DELETE FROM dispatcher.intents WHERE id > $1", floor)
+
+
 async def intake(conn: asyncpg.Connection, calls: int = 5) -> float:
+    floor = await id_floor(conn)
     started = time.monotonic()
     for i in range(calls):
         await enqueue_bulk(
@@ -79,7 +93,7 @@ async def intake(conn: asyncpg.Connection, calls: int = 5) -> float:
             due=await conn.fetchval("SELECT now() + interval '5 years'"),
         )
     rate = calls * 10_000 / (time.monotonic() - started)
-    await conn.execute("DELETE FROM dispatcher.jobs WHERE key LIKE 'intake-%'")
+    await delete_above(conn, floor)
     return rate
 
 
@@ -88,29 +102,35 @@ async def latency_and_memory(dsn: str, conn: asyncpg.Connection) -> dict[str, fl
         assert d.proc is not None
         pool = await asyncpg.create_pool(dsn, min_size=8, max_size=8)
         assert pool is not None
+        floor = await id_floor(conn)
         try:
             await paced_enqueue(pool, 5_000, 500)
-            await wait_for(lambda: _none_left(conn, "lat-%"), 60, what="paced jobs")
-            q = await conn.fetchval("""
+            await wait_for(lambda: _none_left(conn, floor), 60, what="paced jobs")
+            q = await conn.fetchval(
+                """
                 SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY d)
                   FROM (SELECT extract(epoch FROM started_at - due_at)::float8 d
-                          FROM dispatcher.jobs WHERE key LIKE 'lat-%') x""")
+                          FROM dispatcher.job_state WHERE id > $1) x""",
+                floor,
+            )
+            burst_floor = await id_floor(conn)
             due = await conn.fetchval("SELECT now() + interval '3 seconds'")
             await enqueue_bulk(conn, "burst-", 10_000, due=due)
             process = psutil.Process(d.proc.pid)
             peak = process.memory_info().rss
             deadline = time.monotonic() + 60
-            while not await _none_left(conn, "burst-%") and time.monotonic() < deadline:
+            while not await _none_left(conn, burst_floor) and time.monotonic() < deadline:
                 peak = max(peak, process.memory_info().rss)
                 await asyncio.sleep(0.02)
             last = await conn.fetchval(
-                "SELECT extract(epoch FROM max(started_at) - $1)::float8 FROM dispatcher.jobs "
-                "WHERE key LIKE 'burst-%'",
+                "SELECT extract(epoch FROM max(started_at) - $1)::float8 "
+                "FROM dispatcher.job_state WHERE id > $2",
                 due,
+                burst_floor,
             )
         finally:
             await pool.close()
-    await conn.execute("DELETE FROM dispatcher.jobs WHERE key LIKE 'lat-%' OR key LIKE 'burst-%'")
+    await delete_above(conn, floor)
     return {
         "p50_ms": q[0] * 1000,
         "p99_ms": q[1] * 1000,
@@ -119,12 +139,12 @@ async def latency_and_memory(dsn: str, conn: asyncpg.Connection) -> dict[str, fl
     }
 
 
-async def _none_left(conn: asyncpg.Connection, pattern: str) -> bool:
+async def _none_left(conn: asyncpg.Connection, floor: int) -> bool:
     return bool(
         await conn.fetchval(
-            "SELECT NOT EXISTS (SELECT 1 FROM dispatcher.jobs WHERE key LIKE $1 "
+            "SELECT NOT EXISTS (SELECT 1 FROM dispatcher.job_state WHERE id > $1 "
             "AND state NOT IN ('succeeded', 'dead', 'cancelled'))",
-            pattern,
+            floor,
         )
     )
 
