@@ -45,8 +45,8 @@ class Transport(Protocol):
 
 class InProcessTransport:
     """Relay and claim in one statement, fair across tenants (see `claim_ready`). Each queue
-    claims on a connection of its own, kept between claims and planned once (db/claims.py);
-    `settle()`, after the drain, hands them back."""
+    claims on a connection of its own, kept between claims (db/claims.py); `settle()`, after
+    the drain, hands them back."""
 
     def __init__(self, repo: JobRepository, *, owner: str, capabilities: list[str], lease_s: float):
         self._repo = repo

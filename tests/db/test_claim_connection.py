@@ -1,6 +1,6 @@
-"""A queue's claims on the connection its claim loop keeps (db/claims.py): planned once,
-generically, without scanning the jobs' tables; a broken connection is replaced, and the kept
-one goes back to its pool."""
+"""A queue's claims on the connection its claim loop keeps (db/claims.py): one connection for
+every claim, each claim planned for the table as it is then; a broken connection is replaced,
+and the kept one goes back to its pool."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 
 from dispatcher.db.claims import ClaimConnection
 from dispatcher.db.queries import query
-from tests.db.test_plans import ROWS, assert_no_job_scan
 from tests.harness import wait_until
 
 CAPABILITIES = ["noop:1"]
@@ -26,9 +25,11 @@ async def noop_pool(pool: asyncpg.Pool) -> asyncpg.Pool:
     return pool
 
 
-async def test_claims_are_planned_once_generically_on_one_connection(
+async def test_claims_share_one_connection_and_are_planned_each_time(
     noop_pool: asyncpg.Pool,
 ) -> None:
+    """A generic plan, built once on a nearly empty table, walked the jobs' tables sequentially
+    once a burst had landed (544 ms instead of 12 ms for a claim of 1,000)."""
     claims = ClaimConnection(noop_pool)
     try:
         for i in range(8):
@@ -41,7 +42,7 @@ async def test_claims_are_planned_once_generically_on_one_connection(
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
             query("claim_ready"),
         )
-        assert (generic, custom) == (8, 0)
+        assert (generic, custom) == (0, 8)
     finally:
         await claims.close()
 
@@ -81,30 +82,10 @@ async def test_close_hands_the_connection_back_reset(noop_pool: asyncpg.Pool) ->
     await claims.close()
     await claims.close()  # idempotent
     assert claims._conn is None
-    # all ten of the pool's connections can be taken again, and none plans generically
+    # all ten of the pool's connections can be taken again
     conns = [await noop_pool.acquire(timeout=5) for _ in range(10)]
     try:
-        for conn in conns:
-            assert await conn.fetchval("SHOW plan_cache_mode") == "force_custom_plan"
+        assert len(conns) == 10
     finally:
         for conn in conns:
             await noop_pool.release(conn)
-
-
-# the generic plan on a table big enough to tempt a sequential scan (as tests/db/test_plans.py)
-async def test_the_generic_claim_plan_never_scans_the_jobs_tables(noop_pool: asyncpg.Pool) -> None:
-    await noop_pool.execute(f"""
-        SELECT count(*) FROM dispatcher.enqueue_many(
-               (SELECT array_agg('ready-' || g) FROM generate_series(1, {ROWS}) g),
-               array_fill('noop'::text, ARRAY[{ROWS}]),
-               array_fill('{{}}'::jsonb, ARRAY[{ROWS}]))""")
-    await noop_pool.execute("ANALYZE dispatcher.intents, dispatcher.job_state")
-    async with noop_pool.acquire() as conn, conn.transaction():
-        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        await conn.execute(f"PREPARE claim_generic AS {query('claim_ready')}")
-        for limit in (1, 1000):
-            rows = await conn.fetch(
-                f"EXPLAIN EXECUTE claim_generic('default', {limit}, '{{noop:1}}', 'owner', 60)"
-            )
-            assert_no_job_scan("\n".join(r[0] for r in rows))
-        await conn.execute("DEALLOCATE claim_generic")
