@@ -30,6 +30,7 @@ from dispatcher.db.queries import query
 from dispatcher.model import Job
 
 _CLAIM = query("claim_ready")
+_READY_LEFT = query("ready_left")
 
 
 class ClaimConnection:
@@ -55,6 +56,23 @@ class ClaimConnection:
             await self.close()  # its state is unknown: the pool resets it or drops it
             raise
         return claimed_rows(rows)
+
+    @translate_unavailable
+    async def ready_left(self, queue: str, capabilities: list[str]) -> bool:
+        """Whether a ready job of `queue` this worker can run is left (locked or not).
+
+        After a claim that took fewer jobs than it asked, claiming again at once finds nothing
+        unless one is: a job committed after the claim began wakes the loop with its NOTIFY, but
+        one the claim could not take (its tenant's share was full, or another claim held it)
+        wakes nobody. This look took 0.25 ms where the claim that finds nothing took 1.1-1.3 ms
+        (round trips on 2 loaded cores; most of the claim's is planning), and a steady stream of
+        due-now jobs paid that claim once per job."""
+        conn = self._conn or await self._take()
+        try:
+            return bool(await conn.fetchval(_READY_LEFT, queue, capabilities))
+        except BaseException:
+            await self.close()
+            raise
 
     async def _take(self) -> asyncpg.Connection:
         conn = await self._pool.acquire()

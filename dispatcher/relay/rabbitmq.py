@@ -647,6 +647,9 @@ class RabbitTransport:
             claimed.wait_s if held else None,
         )
 
+    async def more_ready(self, queue: str) -> bool:
+        return True  # deliveries may be waiting in the broker: receive again at once
+
     def finished(self, key: AttemptKey) -> None:
         """The attempt ended (its outcome committed, or left to its lease): ack its delivery."""
         received = self._acks.pop(key, None)

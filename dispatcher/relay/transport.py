@@ -32,6 +32,10 @@ class Delivery(NamedTuple):
 class Transport(Protocol):
     async def receive(self, queue: str, limit: int) -> Delivery: ...
 
+    async def more_ready(self, queue: str) -> bool:
+        """After a receive that took fewer jobs than asked: whether to receive again at once
+        (True) or to wait for a wake-up. True whenever in doubt."""
+
     def finished(self, key: AttemptKey) -> None:
         """The attempt `key` ended (a broker transport acknowledges its delivery now)."""
 
@@ -63,6 +67,12 @@ class InProcessTransport:
             queue, limit, self._capabilities, self._owner, self._lease_s
         )
         return Delivery(jobs, consumed, wait_s)
+
+    async def more_ready(self, queue: str) -> bool:
+        claims = self._claims.get(queue)
+        if claims is None:
+            return True
+        return await claims.ready_left(queue, self._capabilities)
 
     def finished(self, key: AttemptKey) -> None:
         return None  # the claim took the outbox row: nothing to acknowledge

@@ -133,11 +133,23 @@ class QueueWorker(Service):
             if jobs:
                 self._start_all(jobs)
                 fault_point(self.name)  # tests: a bug in a claim loop that has work in flight
+                if len(jobs) < slots and not await self._more_ready():
+                    await self._pause(self._idle_poll_s, wake_on_signal=True)
             elif wait_s is not None:  # the global limits (all daemons together) are spent
                 self._m_limiter_wait.inc(wait_s)
                 await self._pause(min(wait_s, self._idle_poll_s), wake_on_signal=False)
             elif taken == 0:
                 await self._pause(self._idle_poll_s, wake_on_signal=True)
+
+    async def _more_ready(self) -> bool:
+        """After a claim that took fewer jobs than it asked: claim again at once, or wait for a
+        wake-up? A wake-up during the claim (a job committed after it began) means at once."""
+        if self._wake.is_set():
+            return True
+        try:
+            return await self._transport.more_ready(self.queue)
+        except Exception:  # the next claim says what is wrong
+            return True
 
     def _return_unused(self, slots: int, tokens: int, used: int) -> None:
         if slots > used:

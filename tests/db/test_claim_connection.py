@@ -89,3 +89,18 @@ async def test_close_hands_the_connection_back_reset(noop_pool: asyncpg.Pool) ->
     finally:
         for conn in conns:
             await noop_pool.release(conn)
+
+
+async def test_ready_left_counts_only_jobs_this_worker_can_run(noop_pool: asyncpg.Pool) -> None:
+    claims = ClaimConnection(noop_pool)
+    try:
+        assert not await claims.ready_left("default", CAPABILITIES)
+        await enqueue(noop_pool, "one", "two")
+        assert await claims.ready_left("default", CAPABILITIES)
+        assert not await claims.ready_left("default", ["noop:2"])  # another version's worker
+        assert not await claims.ready_left("other", CAPABILITIES)
+        jobs, _, _ = await claims.claim("default", 10, CAPABILITIES, "me", 60)
+        assert len(jobs) == 2
+        assert not await claims.ready_left("default", CAPABILITIES)
+    finally:
+        await claims.close()

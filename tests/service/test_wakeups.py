@@ -9,6 +9,7 @@ not.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -61,9 +62,9 @@ class ClaimHook:
             await self.woken.wait()
 
 
-@pytest.fixture
-async def hooked_daemon(
-    db_url: str, monkeypatch: pytest.MonkeyPatch
+@contextlib.asynccontextmanager
+async def hooked_daemon_with(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, **queue: Any
 ) -> AsyncIterator[tuple[ClaimHook, asyncpg.Connection]]:
     STARTED.clear()
     hook = ClaimHook(monkeypatch)
@@ -71,6 +72,7 @@ async def hooked_daemon(
         db_url,
         scan_interval_s=3600,
         handlers={"record": {"kind": "python", "function": f"{__name__}:record"}},
+        queues={"default": queue},
     )
     conn = await asyncpg.connect(db_url)
     hook.conn = await asyncpg.connect(db_url)
@@ -80,6 +82,14 @@ async def hooked_daemon(
     finally:
         await conn.close()
         await hook.conn.close()
+
+
+@pytest.fixture
+async def hooked_daemon(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[ClaimHook, asyncpg.Connection]]:
+    async with hooked_daemon_with(db_url, monkeypatch) as hooked:
+        yield hooked
 
 
 @pytest.mark.parametrize("claim_in_flight", ["empty", "jobs"])
@@ -103,3 +113,18 @@ async def test_notices_alone_start_a_stream_of_due_jobs(
     for key in keys:
         await conn.execute("SELECT dispatcher.enqueue($1, 'record')", key)
     await wait_until(lambda: sorted(STARTED) == sorted(keys), what="200 jobs started")
+
+
+async def test_a_claim_short_of_its_batch_claims_again_while_ready_jobs_are_left(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claims of 10 share among tenants: with 30 ready jobs of one tenant and 1 of another, the
+    first claim takes 5 + 1 and fewer than it asked; 25 are left that no notice announces."""
+    async with hooked_daemon_with(db_url, monkeypatch, claim_batch=10) as (_, conn):
+        keys = [f"a-{i}" for i in range(30)] + ["b-0"]
+        async with conn.transaction():  # one notice for all of them, at the commit
+            for key in keys:
+                await conn.execute(
+                    "SELECT dispatcher.enqueue($1, 'record', tenant => $2)", key, key[0]
+                )
+        await wait_until(lambda: sorted(STARTED) == sorted(keys), what="31 jobs started")
