@@ -1,9 +1,10 @@
 """Batched completion: successful attempts are recorded many per statement.
 
-Callers `await record(job, result, latency_s)`; a single writer task flushes everything queued so
-far in one statement (the jobs' UPDATE and their attempt history rows), so batching grows with
-load and costs nothing when idle (no timer, no added latency). The metrics of what it wrote
-(effect durations, succeeded counts) are updated once per batch and queue too.
+Callers `await record(job, result, latency_s)`, or `record_many` for the attempts of a claim whose
+effects finished at once (one future for all of them); a single writer task flushes everything
+queued so far in one statement (the jobs' UPDATE and their attempt history rows), so batching
+grows with load and costs nothing when idle (no timer, no added latency). The metrics of what it
+wrote (effect durations, succeeded counts) are updated once per batch and queue too.
 """
 
 from __future__ import annotations
@@ -21,7 +22,26 @@ from dispatcher.work.tally import observe_many
 
 log = logging.getLogger(__name__)
 
-MAX_BATCH = 2000
+MAX_BATCH = 2000  # rows per statement, except that a group from `record_many` is never split
+
+
+class _Group:
+    """Successes queued together, answered by one future: per attempt, whether its lease still
+    held. Parallel lists, so a claim's worth costs three lists, not an object per attempt."""
+
+    __slots__ = ("future", "jobs", "latencies", "results")
+
+    def __init__(
+        self,
+        jobs: list[Job],
+        results: list[Any],
+        latencies: list[float],
+        future: asyncio.Future[list[bool]],
+    ):
+        self.jobs = jobs
+        self.results = results
+        self.latencies = latencies
+        self.future = future
 
 
 class Completer(Service):
@@ -33,7 +53,8 @@ class Completer(Service):
     def __init__(self, repo: JobRepository, owner: str):
         self._repo = repo
         self._owner = owner
-        self._pending: list[tuple[Job, Any, float, asyncio.Future[bool]]] = []
+        self._pending: list[_Group] = []
+        self._pending_rows = 0
         self._wake = asyncio.Event()
         self._flushed = asyncio.Event()
         self._writing = 0
@@ -56,18 +77,27 @@ class Completer(Service):
     @property
     def backlog(self) -> int:
         """Completions queued or being written."""
-        return len(self._pending) + self._writing
+        return self._pending_rows + self._writing
 
     async def wait_backlog_at_most(self, limit: int) -> None:
         while self.backlog > limit and self._task is not None:
             self._flushed.clear()
             await self._flushed.wait()
 
-    def record(self, job: Job, result: Any, latency_s: float) -> asyncio.Future[bool]:
+    def record(self, job: Job, result: Any, latency_s: float) -> asyncio.Future[list[bool]]:
         """Queue a success; `latency_s` (the effect's duration) goes to the attempt history,
-        with the HTTP status and response excerpt when `result` is `Delivered`."""
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._pending.append((job, result, latency_s, future))
+        with the HTTP status and response excerpt when `result` is `Delivered`. The future
+        answers `[held]`."""
+        return self.record_many([job], [result], [latency_s])
+
+    def record_many(
+        self, jobs: list[Job], results: list[Any], latencies: list[float]
+    ) -> asyncio.Future[list[bool]]:
+        """Queue successes (parallel lists, taken over by the completer); the future answers,
+        in order, whether each attempt's lease still held."""
+        future: asyncio.Future[list[bool]] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Group(jobs, results, latencies, future))
+        self._pending_rows += len(jobs)
         self._wake.set()
         return future
 
@@ -76,8 +106,8 @@ class Completer(Service):
             await self._wake.wait()
             self._wake.clear()
             while self._pending:
-                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
-                self._writing = len(batch)
+                batch, rows = self._take()
+                self._writing = rows
                 try:
                     await self._flush(batch)
                 finally:
@@ -86,10 +116,25 @@ class Completer(Service):
             if self._stopping:
                 return
 
-    async def _flush(self, batch: list[tuple[Job, Any, float, asyncio.Future[bool]]]) -> None:
-        jobs: list[Job] = [b[0] for b in batch]
-        results: list[Any] = [b[1] for b in batch]
-        latencies: list[float] = [b[2] for b in batch]
+    def _take(self) -> tuple[list[_Group], int]:
+        """Whole groups from the front of the queue, up to MAX_BATCH rows (at least one)."""
+        taken, rows = 0, 0
+        for group in self._pending:
+            if taken and rows + len(group.jobs) > MAX_BATCH:
+                break
+            taken += 1
+            rows += len(group.jobs)
+        batch, self._pending = self._pending[:taken], self._pending[taken:]
+        self._pending_rows -= rows
+        return batch, rows
+
+    async def _flush(self, batch: list[_Group]) -> None:
+        if len(batch) == 1:  # a claim's worth of attempts that finished at once
+            jobs, results, latencies = batch[0].jobs, batch[0].results, batch[0].latencies
+        else:
+            jobs = [j for g in batch for j in g.jobs]
+            results = [r for g in batch for r in g.results]
+            latencies = [t for g in batch for t in g.latencies]
         statuses, excerpts = _delivery_details(results)
         try:
             done = await self._repo.complete(
@@ -102,16 +147,19 @@ class Completer(Service):
                 excerpts=excerpts,
             )
         except Exception as exc:  # the lease will expire and the job is retried: never lost
-            log.error("could not record %d completions: %s", len(batch), exc)
-            for _, _, _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
+            log.error("could not record %d completions: %s", len(jobs), exc)
+            for group in batch:
+                if not group.future.done():
+                    group.future.set_exception(exc)
             return
         held = [(j.id, j.attempt) in done for j in jobs]
         self._count(jobs, latencies, held)
-        for (_, _, _, future), still_held in zip(batch, held, strict=True):
-            if not future.done():
-                future.set_result(still_held)
+        start = 0
+        for group in batch:
+            end = start + len(group.jobs)
+            if not group.future.done():
+                group.future.set_result(held[start:end])
+            start = end
 
     def _count(self, jobs: list[Job], latencies: list[float], held: list[bool]) -> None:
         """Effect durations (every attempt written) and succeeded counts (those whose lease

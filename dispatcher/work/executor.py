@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from dispatcher import metrics
 from dispatcher.config import MAX_DURATION_S, QueueSettings
 from dispatcher.db.jobs import JobRepository
 from dispatcher.effects.base import Effect, LeaseLost
+from dispatcher.effects.python import PythonEffect
 from dispatcher.errors import Reject, RetryLater
 from dispatcher.faults import fault_point
 from dispatcher.model import Job
@@ -29,6 +32,23 @@ class Attempt(Protocol):
     timed_out: bool
 
     def effect_ended(self) -> None: ...
+
+
+# an effect `start_inline` began that must go on in a task: what to await, when it started, and
+# the context it runs in
+StartedEffect = tuple[Awaitable[Any], float, contextvars.Context]
+
+
+class InlineBatch:
+    """Attempts of one claim whose effects finished without ever waiting (parallel lists): their
+    successes are written together, as one group of the completer, awaited by one task."""
+
+    __slots__ = ("jobs", "latencies", "results")
+
+    def __init__(self) -> None:
+        self.jobs: list[Job] = []
+        self.results: list[Any] = []
+        self.latencies: list[float] = []
 
 
 class Executor:
@@ -68,6 +88,7 @@ class Executor:
         self._m_lease_lost = metrics.LEASES_LOST.labels(queue)
         self._m_unrecorded = metrics.OUTCOMES_UNRECORDED.labels(queue)
         self._complete_in_bound = self._complete_in  # one bound method, not one per attempt
+        self._inline: dict[str, bool] = {}  # handler -> may its attempts start inline
 
     def shared_timeout_s(self, handler: str) -> float | None:
         """The timeout the pool enforces from the claim for attempts of `handler`: None for an
@@ -78,7 +99,65 @@ class Executor:
             return None
         return self._timeouts.get(handler)
 
-    async def execute(self, job: Job, attempt: Attempt) -> bool:
+    def runs_inline(self, handler: str) -> bool:
+        """Whether attempts of `handler` start inline (`start_inline`): non-transactional python
+        handlers, while tracing is off. Most of them (a no-op, a handler that only computes)
+        finish without waiting, and then need no task of their own."""
+        inline = self._inline.get(handler)
+        if inline is None:
+            effect = self._effects.get(handler)
+            inline = self._inline[handler] = (
+                type(effect) is PythonEffect
+                and not effect.completes_in_transaction
+                and self._tracing is None
+            )
+        return inline
+
+    def start_inline(self, job: Job, done: InlineBatch) -> StartedEffect | None:
+        """Run the effect of `job`'s attempt (a `runs_inline` handler) in the caller's frame, in
+        a context of its own, as a task's first step would. Finished without waiting: its
+        success joins `done` (written by `record_inline`) and None is returned. Otherwise returns
+        what a task must await to go on from there (the suspended effect, or the exception it
+        raised), the effect's start time and its context: `execute(..., started_effect=...)`
+        in a task created in that context."""
+        fault_point("after_claim")
+        started = time.perf_counter()
+        effect = cast(PythonEffect, self._effects[job.handler])
+        coro = effect.run(job, self._complete_in_bound)
+        context = contextvars.copy_context()
+        try:
+            waiting = context.run(coro.send, None)
+        except StopIteration as finished:
+            fault_point("after_effect")
+            done.jobs.append(job)
+            done.results.append(finished.value)
+            done.latencies.append(time.perf_counter() - started)
+            return None
+        except (Exception, asyncio.CancelledError) as exc:
+            return _raise(exc), started, context
+        return _resume(coro, waiting), started, context
+
+    async def record_inline(self, done: InlineBatch) -> bool:
+        """Write the successes of `done` in one group; False if they could not be written (the
+        jobs stay leased until the drain hands them back or their leases expire)."""
+        try:
+            held = await self._completer.record_many(done.jobs, done.results, done.latencies)
+        except Exception as exc:
+            for job in done.jobs:
+                self._unrecorded(job, exc)
+            return False
+        lost = len(held) - sum(held)
+        if lost:
+            self._m_lease_lost.inc(lost)
+        fault_point("after_complete")
+        return True
+
+    async def execute(
+        self,
+        job: Job,
+        attempt: Attempt,
+        started_effect: StartedEffect | None = None,
+    ) -> bool:
         """Run one attempt and record its outcome; return False if the outcome could not be
         written (the database failed): the job then stays leased until the drain hands it back
         or its lease expires and any instance retries it. `attempt.effect_ended()` is called
@@ -87,9 +166,10 @@ class Executor:
         passes."""
         if self._tracing is not None:
             return await self._execute_traced(self._tracing, job, attempt)
-        fault_point("after_claim")
+        if started_effect is None:
+            fault_point("after_claim")
         try:
-            await self._attempt(job, attempt)
+            await self._attempt(job, attempt, started_effect)
             return True
         except Exception as exc:  # only writes of the outcome get here
             self._unrecorded(job, exc)
@@ -122,18 +202,26 @@ class Executor:
             extra=job.log_fields,
         )
 
-    async def _attempt(self, job: Job, attempt: Attempt) -> str:
-        """Run the effect and record its outcome; return the outcome (succeeded, retry, dead,
-        cancelled, lease_lost). Raises only when the outcome could not be written."""
+    async def _attempt(
+        self,
+        job: Job,
+        attempt: Attempt,
+        started_effect: StartedEffect | None = None,
+    ) -> str:
+        """Run the effect (or go on with one `start_inline` began) and record its outcome;
+        return the outcome (succeeded, retry, dead, cancelled, lease_lost). Raises only when
+        the outcome could not be written."""
         effect = self._effects.get(job.handler)
-        started = time.perf_counter()
+        started = time.perf_counter() if started_effect is None else started_effect[1]
         try:
             try:
-                if effect is None:
+                if started_effect is not None:
+                    result = await started_effect[0]
+                elif effect is None:
                     raise Reject(
                         f"no handler {job.handler!r} is configured", code="unknown_handler"
                     )
-                if effect.completes_in_transaction:
+                elif effect.completes_in_transaction:
                     result = await self._run_in_transaction(effect, job, started)
                 else:  # no frame of its own: this is every no-op and http job
                     result = await effect.run(job, self._complete_in_bound)
@@ -171,11 +259,12 @@ class Executor:
             return await self._retry(job, failure, None)
         fault_point("after_effect")
         latency_s = time.perf_counter() - started
+        assert effect is not None  # an unknown handler was rejected above
         if effect.completes_in_transaction:
             self._m_duration.observe(latency_s)
             self._m_succeeded.inc()
         # the completer counts the batch it writes (duration and succeeded, once per batch)
-        elif not await self._completer.record(job, result, latency_s):
+        elif not (await self._completer.record(job, result, latency_s))[0]:
             self._m_lease_lost.inc()
             return "lease_lost"
         fault_point("after_complete")
@@ -263,6 +352,34 @@ class _Failure:
     latency_s: float
     http_status: int | None = None
     retry_after_s: float | None = None  # the delay the target asked for, if any
+
+
+async def _raise(exc: BaseException) -> Any:
+    """An effect that raised before it ever waited: the attempt's task meets the exception."""
+    raise exc
+
+
+@types.coroutine
+def _resume(coro: Coroutine[Any, Any, Any], waiting: Any) -> Generator[Any, Any, Any]:
+    """Go on with `coro`, started outside any task and now waiting on `waiting`: the task that
+    awaits this is handed `waiting` first, then every send and throw passes through (a
+    cancellation reaches the effect where it waits, as in a task of its own)."""
+    while True:
+        try:
+            value = yield waiting
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # thrown in by the task: a cancellation
+            try:
+                waiting = coro.throw(exc)
+            except StopIteration as finished:
+                return finished.value
+            continue
+        try:
+            waiting = coro.send(value)
+        except StopIteration as finished:
+            return finished.value
 
 
 def _clamped(delay_s: float) -> float:
