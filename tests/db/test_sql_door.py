@@ -490,3 +490,127 @@ async def test_a_job_accepted_before_migration_005_is_still_recognised(
     else:
         assert await again({"a": 2}) == (original, "conflict")
     assert await jobs_and_outbox(conn) == (1, 1)
+
+
+# enqueue_many: what a batch answers is what it wrote (migration 019) ------------------------------
+JOB_ROWS = "SELECT id, key, state, due_at, created_at FROM dispatcher.jobs ORDER BY id"
+
+
+async def test_enqueue_many_answers_what_it_wrote_ids_in_item_order(
+    conn: asyncpg.Connection,
+) -> None:
+    future = datetime.now(UTC) + timedelta(hours=1)
+    keys = ["w-1", "w-2", "w-3"]
+    rows = await conn.fetch(
+        "SELECT * FROM dispatcher.enqueue_many($1::text[], ARRAY['http','http','http'],"
+        " ARRAY['{}','{}','{}']::jsonb[], $2::timestamptz[], targets => $3::text[]::jsonb[])",
+        keys,
+        [None, future, None],
+        [json.dumps(TARGET)] * 3,
+    )
+    answered = [
+        (r["id"], r["key"], r["state"], r["due_at"], r["created_at"])
+        for r in sorted(rows, key=lambda r: r["ord"])
+    ]
+    stored = [tuple(r) for r in await conn.fetch(JOB_ROWS)]
+    assert answered == stored  # ids ascend in item order
+    assert [s[2] for s in stored] == ["ready", "scheduled", "ready"]
+    assert stored[1][3] == future
+    assert {r["outcome"] for r in rows} == {"created"}
+
+
+async def test_enqueue_many_mixes_new_existing_and_conflicting_keys(
+    conn: asyncpg.Connection,
+) -> None:
+    first = await conn.fetch(
+        ENQUEUE_MANY, ["m-a", "m-b"], ["http"] * 2, ['{"v": 1}'] * 2, None, [json.dumps(TARGET)] * 2
+    )
+    before = {r["key"]: r["id"] for r in first}
+    keys = ["m-new", "m-a", "m-b", "m-new", "m-last"]
+    payloads = ['{"v": 1}', '{"v": 1}', '{"v": 2}', '{"v": 3}', '{"v": 1}']
+    rows = await conn.fetch(
+        ENQUEUE_MANY, keys, ["http"] * 5, payloads, None, [json.dumps(TARGET)] * 5
+    )
+    rows = sorted(rows, key=lambda r: r["ord"])
+    assert [(r["key"], r["outcome"]) for r in rows] == [
+        ("m-new", "created"),
+        ("m-a", "existing"),
+        ("m-b", "conflict"),
+        ("m-new", "conflict"),  # the first item of a key wins; this one asks for other work
+        ("m-last", "created"),
+    ]
+    assert rows[1]["id"] == before["m-a"] and rows[2]["id"] == before["m-b"]
+    assert rows[3]["id"] == rows[0]["id"]
+    stored = {r["key"]: r for r in await conn.fetch(JOB_ROWS)}
+    assert set(stored) == {"m-a", "m-b", "m-new", "m-last"}
+    for r in rows:
+        assert (r["id"], r["state"]) == (stored[r["key"]]["id"], stored[r["key"]]["state"])
+    # every created job has its state row and, for a relay, its outbox row
+    assert await jobs_and_outbox(conn) == (4, 4)
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ({"key": ""}, "invalid key"),
+        ({"key": "caf\u00e9"}, "invalid key"),
+        ({"queue": "missing"}, "unknown queue 'missing'"),
+        ({"payload": "[1]"}, "payload must be a JSON object"),
+        ({"target": None}, 'handler "http" needs target'),
+        ({"max_attempts": 0}, "max_attempts must be >= 1"),
+    ],
+    ids=["empty-key", "utf8-key", "queue", "payload", "target", "attempts"],
+)
+async def test_enqueue_many_with_one_bad_item_after_an_existing_key_writes_nothing(
+    conn: asyncpg.Connection, item: dict[str, Any], message: str
+) -> None:
+    await sql_enqueue(conn, "kept", payload={})
+    bad = {
+        "key": "bad",
+        "queue": None,
+        "payload": "{}",
+        "target": json.dumps(TARGET),
+        "max_attempts": None,
+        **item,
+    }
+    with pytest.raises(asyncpg.InvalidParameterValueError, match=message) as raised:
+        await conn.fetch(
+            "SELECT * FROM dispatcher.enqueue_many($1::text[], ARRAY['http','http','http'],"
+            " $2::text[]::jsonb[], queues => $3::text[], targets => $4::text[]::jsonb[],"
+            " max_attempts => $5::integer[])",
+            ["fresh", "kept", bad["key"]],
+            ["{}", "{}", bad["payload"]],
+            [None, None, bad["queue"]],
+            [json.dumps(TARGET), json.dumps(TARGET), bad["target"]],
+            [None, None, bad["max_attempts"]],
+        )
+    assert raised.value.sqlstate == "22023"
+    assert [r["key"] for r in await conn.fetch(JOB_ROWS)] == ["kept"]
+    assert await jobs_and_outbox(conn) == (1, 1)
+
+
+@pytest.mark.parametrize("first_commits", [True, False], ids=["commit", "rollback"])
+async def test_concurrent_batches_sharing_a_key_resolve_it_once(
+    db_url: str, first_commits: bool
+) -> None:
+    a, b, observer = [await asyncpg.connect(db_url) for _ in range(3)]
+    targets = [json.dumps(TARGET)] * 2
+    try:
+        tx = a.transaction()
+        await tx.start()
+        await a.fetch(ENQUEUE_MANY, ["c-1", "c-2"], ["http"] * 2, ["{}"] * 2, None, targets)
+        second = asyncio.create_task(
+            b.fetch(ENQUEUE_MANY, ["c-2", "c-3"], ["http"] * 2, ["{}"] * 2, None, targets)
+        )
+        await wait_until_blocked(observer, b.get_server_pid())
+        await (tx.commit() if first_commits else tx.rollback())
+        rows = sorted(await asyncio.wait_for(second, DEADLINE_S), key=lambda r: r["ord"])
+        shared = "existing" if first_commits else "created"
+        assert [(r["key"], r["outcome"]) for r in rows] == [("c-2", shared), ("c-3", "created")]
+        stored = {r["key"]: r["id"] for r in await observer.fetch(JOB_ROWS)}
+        assert set(stored) == ({"c-1", "c-2", "c-3"} if first_commits else {"c-2", "c-3"})
+        assert [r["id"] for r in rows] == [stored["c-2"], stored["c-3"]]
+        assert await jobs_and_outbox(observer) == (len(stored), len(stored))
+    finally:
+        for c in (a, b, observer):
+            await c.close()
