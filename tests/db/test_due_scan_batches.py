@@ -1,0 +1,47 @@
+"""The due-scan moves a burst in growing batches (scheduling/due_scan.py): a small first one, so
+the workers can start while it moves the rest, and every due job in the end."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from dispatcher.db.jobs import JobRepository
+from dispatcher.scheduling.due_scan import DueScanner
+
+BURST = 700
+
+
+class RecordingRepository(JobRepository):
+    """The real repository, remembering each scan statement's batch and what it moved."""
+
+    def __init__(self, pool: asyncpg.Pool):
+        super().__init__(pool)
+        self.batches: list[tuple[int, int]] = []
+
+    async def scan_due(self, batch: int) -> int:
+        moved = await super().scan_due(batch)
+        self.batches.append((batch, moved))
+        return moved
+
+
+async def test_a_burst_moves_in_growing_batches_each_waking_the_workers(
+    pool: asyncpg.Pool,
+) -> None:
+    await pool.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
+    await pool.execute(f"""
+        SELECT count(*) FROM dispatcher.enqueue_many(
+               (SELECT array_agg('burst-' || g) FROM generate_series(1, {BURST}) g),
+               array_fill('noop'::text, ARRAY[{BURST}]),
+               array_fill('{{}}'::jsonb, ARRAY[{BURST}]),
+               array_fill(now() + interval '1 hour', ARRAY[{BURST}]))""")
+    # due now by the database's clock, without waiting for it
+    await pool.execute("UPDATE dispatcher.job_state SET due_at = now() - interval '1 second'")
+    repo = RecordingRepository(pool)
+    wakes: list[int] = []
+    scanner = DueScanner(repo, batch=2000, interval_s=60, on_ready=lambda: wakes.append(1))
+
+    assert await scanner.run_once() == BURST
+    assert repo.batches == [(125, 125), (500, 500), (2000, 75)]
+    assert len(wakes) == 3  # the workers heard after each batch that moved jobs
+    ready = "SELECT count(*) FROM dispatcher.job_state WHERE state = 'ready'"
+    assert await pool.fetchval(ready) == BURST
