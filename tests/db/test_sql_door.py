@@ -492,7 +492,7 @@ async def test_a_job_accepted_before_migration_005_is_still_recognised(
     assert await jobs_and_outbox(conn) == (1, 1)
 
 
-# enqueue_many: what a batch answers is what it wrote (migration 019) ------------------------------
+# enqueue_many: what a batch answers is what it wrote (migration 018) ------------------------------
 JOB_ROWS = "SELECT id, key, state, due_at, created_at FROM dispatcher.jobs ORDER BY id"
 
 
