@@ -5,6 +5,8 @@ that a sequential scan would tempt the planner if an index did not serve."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import asyncpg
 import pytest
 
@@ -16,10 +18,12 @@ ROWS = 40_000
 RUNS = 3_000
 
 
-@pytest.fixture
-async def console_tables(pool: asyncpg.Pool) -> asyncpg.Pool:
+@pytest.fixture(scope="module")
+async def console_tables(module_pools: Callable[[], Awaitable[asyncpg.Pool]]) -> asyncpg.Pool:
     """Most jobs succeeded, some dead (three reasons) in two queues, a few ready; a schedule
-    with thousands of runs, each with a unit."""
+    with thousands of runs, each with a unit. Built once: the module's tests only plan and
+    read."""
+    pool = await module_pools()
     await pool.execute(
         "INSERT INTO dispatcher.queues (name, max_attempts, max_retry_age_s) "
         "VALUES ('emails', 10, 86400)"

@@ -7,6 +7,7 @@ to the table, not to the batch. These plans are checked on a table big enough to
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 import asyncpg
@@ -16,10 +17,12 @@ from dispatcher.db.queries import query
 
 ROWS = 30_000
 FENCE = datetime(2030, 1, 1, tzinfo=UTC)
+# Every test here only plans (EXPLAIN) or reads: each data set is built once per module, in a
+# database of its own, and shared by the tests that plan against it.
+NewPool = Callable[[], Awaitable[asyncpg.Pool]]
 
 
-@pytest.fixture
-async def big_table(pool: asyncpg.Pool) -> asyncpg.Pool:
+async def fill_big_table(pool: asyncpg.Pool) -> asyncpg.Pool:
     await pool.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
     for state, due in (("ready", "now()"), ("scheduled", "now() - interval '1 second'")):
         await pool.execute(f"""
@@ -35,6 +38,11 @@ async def big_table(pool: asyncpg.Pool) -> asyncpg.Pool:
          WHERE o.job_id = j.id AND j.state = 'scheduled'""")
     await pool.execute("ANALYZE dispatcher.intents, dispatcher.job_state, dispatcher.outbox")
     return pool
+
+
+@pytest.fixture(scope="module")
+async def big_table(module_pools: NewPool) -> asyncpg.Pool:
+    return await fill_big_table(await module_pools())
 
 
 def assert_no_job_scan(text: str) -> None:
@@ -78,9 +86,14 @@ async def test_batch_statements_never_scan_the_whole_jobs_table(
 # Autovacuum analyzes after a burst lands, not before: until then the planner believes the tables
 # as it last saw them, here empty. A batch statement that reaches jobs by id must still probe the
 # primary key, not scan the table nor walk a whole partial index testing each entry.
-@pytest.fixture
-async def stale_statistics(pool: asyncpg.Pool) -> asyncpg.Pool:
+@pytest.fixture(scope="module")
+async def stale_statistics(module_pools: NewPool) -> asyncpg.Pool:
+    pool = await module_pools()
     await pool.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
+    # the statistics stay those of the empty tables while the module's tests plan: no
+    # autovacuum analyze of its own in between
+    for table in ("intents", "job_state", "outbox"):
+        await pool.execute(f"ALTER TABLE dispatcher.{table} SET (autovacuum_enabled = false)")
     await pool.execute("ANALYZE dispatcher.intents, dispatcher.job_state, dispatcher.outbox")
     await pool.execute(f"""
         SELECT count(*) FROM dispatcher.enqueue_many(
@@ -134,9 +147,10 @@ async def test_batches_probe_the_primary_key_even_with_statistics_of_an_empty_ta
 
 
 # the attempt history ----------------------------------------------------------------------------
-@pytest.fixture
-async def with_history(big_table: asyncpg.Pool) -> asyncpg.Pool:
-    """Three attempts for every job of big_table, half of them finished long ago."""
+@pytest.fixture(scope="module")
+async def with_history(module_pools: NewPool) -> asyncpg.Pool:
+    """Three attempts for every job of big_table's data set, half of them finished long ago."""
+    big_table = await fill_big_table(await module_pools())
     await big_table.execute("""
         UPDATE dispatcher.jobs SET state = 'succeeded', finished_at = now() - interval '30 days'
          WHERE id % 2 = 0 AND state = 'scheduled';
@@ -173,8 +187,9 @@ LIST_ROWS = 40_000
 WINDOW = ("2025-03-01T00:00:00Z", "2025-03-01T06:00:00Z")
 
 
-@pytest.fixture
-async def listed_table(pool: asyncpg.Pool) -> asyncpg.Pool:
+@pytest.fixture(scope="module")
+async def listed_table(module_pools: NewPool) -> asyncpg.Pool:
+    pool = await module_pools()
     await pool.execute(f"""
         INSERT INTO dispatcher.jobs (key, request_hash, queue, tenant, handler, payload, state,
                due_at, max_attempts, max_retry_age_s, budget_started_at, run_key, finished_at)

@@ -5,6 +5,8 @@ broker itself is in tests/e2e/test_rabbitmq.py."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import asyncpg
 import pytest
 
@@ -185,12 +187,20 @@ async def test_migration_017_gives_what_a_relay_published_before_a_published_row
 ROWS = 30_000
 
 
-@pytest.fixture
-async def big_outbox(repo: JobRepository, relay: RelayRepository) -> list[int]:
+@pytest.fixture(scope="module")
+async def big_outbox(
+    module_pools: Callable[[], Awaitable[asyncpg.Pool]],
+) -> tuple[asyncpg.Pool, list[int]]:
     """30,000 ready jobs with outbox rows, 4,000 of them published: enough rows to tempt the
     planner into scanning a whole table instead of probing it per delivery. The statistics are
     those of the empty tables (taken before the jobs arrived, as when a burst outruns
-    autovacuum's analyze): what the planner then believes about ready rows is wrong."""
+    autovacuum's analyze): what the planner then believes about ready rows is wrong. Built once
+    for the module's plan tests, which only plan (EXPLAIN); no autovacuum analyze meanwhile."""
+    repo = JobRepository(await module_pools())
+    relay = RelayRepository(repo.pool)
+    await repo.sync_registry({"default": (3, 3600)}, {"work": ("python", 1)})
+    for table in ("intents", "job_state", "outbox"):
+        await repo.pool.execute(f"ALTER TABLE dispatcher.{table} SET (autovacuum_enabled = false)")
     await repo.pool.execute("ANALYZE dispatcher.intents, dispatcher.job_state, dispatcher.outbox")
     await repo.pool.execute(f"""
         SELECT count(*) FROM dispatcher.enqueue_many(
@@ -200,7 +210,7 @@ async def big_outbox(repo: JobRepository, relay: RelayRepository) -> list[int]:
     await enqueue(repo, [])  # the outbox rows, whatever intake wrote
     leased = await relay.lease_outbox({"default": 4000}, 4000, 30)
     await relay.mark_published([r.id for r in leased])
-    return [r.job_id for r in leased]
+    return repo.pool, [r.job_id for r in leased]
 
 
 async def plan(pool: asyncpg.Pool, name: str, *args: object) -> str:
@@ -210,10 +220,11 @@ async def plan(pool: asyncpg.Pool, name: str, *args: object) -> str:
 
 
 async def test_the_consumers_claim_probes_by_key_at_any_table_size(
-    repo: JobRepository, big_outbox: list[int]
+    big_outbox: tuple[asyncpg.Pool, list[int]],
 ) -> None:
-    ids = big_outbox[:1000]
-    text = await plan(repo.pool, "claim_delivered", "default", ids, [0] * 1000, "o", 60.0, CAPS)
+    pool, published = big_outbox
+    ids = published[:1000]
+    text = await plan(pool, "claim_delivered", "default", ids, [0] * 1000, "o", 60.0, CAPS)
     for table in ("intents", "job_state", "outbox"):
         assert f"Seq Scan on {table}" not in text, text
     # the relay's rows of the started jobs are reached by job id, not filtered one by one,
@@ -223,14 +234,15 @@ async def test_the_consumers_claim_probes_by_key_at_any_table_size(
 
 
 async def test_the_relay_and_its_sweep_never_scan_the_job_tables(
-    repo: JobRepository, big_outbox: list[int]
+    big_outbox: tuple[asyncpg.Pool, list[int]],
 ) -> None:
+    pool = big_outbox[0]
     for name, args in (
         ("lease_outbox", (["default"], [8000], 30.0, 500)),
         ("sweep_unclaimed", (300.0, 500)),
     ):
-        text = await plan(repo.pool, name, *args)
+        text = await plan(pool, name, *args)
         for table in ("intents", "job_state"):
             assert f"Seq Scan on {table}" not in text, (name, text)
     # the sweep walks only the relay's rows (a partial index), never the whole outbox
-    assert "Seq Scan on outbox" not in await plan(repo.pool, "sweep_unclaimed", 300.0, 500)
+    assert "Seq Scan on outbox" not in await plan(pool, "sweep_unclaimed", 300.0, 500)
