@@ -228,14 +228,15 @@ class HttpEffect:
         if "\r" in key or "\n" in key:  # what aiohttp refused too: a header injection
             raise ValueError("the job key holds a line break; it cannot be a header value")
         timestamp = int(self._clock())
+        encoded_key = key.encode()
         parts = [
             target.head,
             b"Idempotency-Key: %s\r\nwebhook-id: %s\r\nwebhook-timestamp: %d\r\n"
-            % (key.encode(), key.encode(), timestamp),
+            % (encoded_key, encoded_key, timestamp),
         ]
         if self._signer is not None:
-            signature = self._signer.signature(key, timestamp, body)
-            parts.append(b"webhook-signature: %s\r\n" % signature.encode())
+            signature = self._signer.signature_bytes(encoded_key, timestamp, body)
+            parts.append(b"webhook-signature: %s\r\n" % signature)
         traceparent = target.traceparent
         if self._trace_context and (current := current_traceparent()) is not None:
             traceparent = current

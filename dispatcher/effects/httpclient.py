@@ -9,6 +9,11 @@ job. The effect needs a small subset of HTTP: send one request with a body it al
 read the status, the headers that frame the body and the ones it classifies by (Retry-After,
 Location), and the first `excerpt_bytes` of the body.
 
+A request that finds every connection slot taken waits in a queue, not in its own task: the
+callback that reads a response sends the next waiting request on that connection at once (no
+pipelining: one request per connection at a time), so a waiting request costs no wake-up
+before it is sent.
+
 What stays exactly as strong as before:
 
 - SSRF: the effect checks the URL (literal addresses included) before calling `request`; host
@@ -31,7 +36,6 @@ What stays exactly as strong as before:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import re
 import socket
@@ -103,7 +107,8 @@ class _Exchange(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
-        self.waiter: asyncio.Future[Response] | None = None
+        self.waiter: asyncio.Future[Response | None] | None = None
+        self.request: _Request | None = None  # the request `waiter` answers
         self._buffer = bytearray()
         self._excerpt_limit = 0
         self._reset()
@@ -122,12 +127,19 @@ class _Exchange(asyncio.Protocol):
         self._body = bytearray()
         self._inflate: Any = None
 
-    def start(self, data: bytes, excerpt_limit: int, waiter: asyncio.Future[Response]) -> None:
+    def start(self, request: _Request) -> None:
+        """Send `request` (whole: head and body, one write); its response resolves
+        `request.response`."""
         assert self.transport is not None
         self._reset()
-        self._excerpt_limit = excerpt_limit
-        self.waiter = waiter
-        self.transport.write(data)
+        self._excerpt_limit = request.excerpt_bytes
+        self.waiter = request.response
+        self.request = request
+        request.exchange = self
+        try:
+            self.transport.write(request.data)
+        except (OSError, RuntimeError) as exc:  # the transport closed under us
+            self._fail(ServerDisconnected(f"the connection closed before the request: {exc}"))
 
     # asyncio.Protocol -----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -343,8 +355,9 @@ class _Exchange(asyncio.Protocol):
                 CIMultiDict((n.decode("latin-1"), v.strip().decode("latin-1")) for n, _, v in pairs)
             )
         response = Response(self._status, headers, bytes(self._body))
+        request, self.request = self.request, None
         if self._reusable and not self._buffer and not self.closed:
-            self._client._release(self)
+            self._client._reuse(self, request)  # may send the next waiting request on it
         else:
             self.abort()
         waiter.set_result(response)
@@ -366,7 +379,7 @@ class _Exchange(asyncio.Protocol):
             self._fail(TimeoutError(f"no response within {timeout_s:g} s"))
 
     def abort(self) -> None:
-        self.waiter = None
+        self.waiter = self.request = None
         if not self.closed:
             self.closed = True
             if self.transport is not None:
@@ -375,24 +388,31 @@ class _Exchange(asyncio.Protocol):
 
 
 class _Request:
-    """One request as its deadline sees it: waiting for a slot (`slot`), then exchanging on
-    `exchange` until `response` is set. The deadline acts on the exchange only while it still
-    serves this request: a connection answered and pooled may already serve the next one."""
+    """One request: waiting for a slot (`queued`), connecting, or exchanging on `exchange`
+    until `response` is set (to None when it was handed a slot but no connection: its caller
+    connects). The deadline acts on the exchange only while it still serves this request: a
+    connection answered and pooled may already serve the next one."""
 
-    __slots__ = ("exchange", "response", "slot")
+    __slots__ = ("data", "excerpt_bytes", "exchange", "holds_slot", "origin", "queued", "response")
 
-    def __init__(self, response: asyncio.Future[Response]) -> None:
+    def __init__(
+        self, response: asyncio.Future[Response | None], origin: Origin, data: bytes, excerpt: int
+    ) -> None:
         self.response = response
-        self.slot: asyncio.Future[None] | None = None
+        self.origin = origin
+        self.data = data
+        self.excerpt_bytes = excerpt
         self.exchange: _Exchange | None = None
+        self.holds_slot = False  # one of the client's `max_connections` slots is this request's
+        self.queued = False  # in the client's queue of requests waiting for a slot
 
     def expire(self, timeout_s: float) -> None:
         exchange = self.exchange
         if exchange is not None:
             if exchange.waiter is self.response:
                 exchange.expire(timeout_s)
-        elif self.slot is not None and not self.slot.done():
-            self.slot.set_exception(TimeoutError(f"no connection within {timeout_s:g} s"))
+        elif self.queued and not self.response.done():  # skipped when the queue reaches it
+            self.response.set_exception(TimeoutError(f"no connection within {timeout_s:g} s"))
 
 
 class _Deadlines:
@@ -453,7 +473,7 @@ class HttpClient:
         self._loop = asyncio.get_running_loop()
         self._idle: dict[Origin, list[_Exchange]] = {}
         self._in_use = 0  # slots taken: connections connecting or in an exchange
-        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._waiting: deque[_Request] = deque()  # first come, first served
         self._deadlines: dict[float, _Deadlines] = {}
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
@@ -468,36 +488,38 @@ class HttpClient:
         deadlines = self._deadlines.get(timeout_s)
         if deadlines is None:
             deadlines = self._deadlines[timeout_s] = _Deadlines(self._loop, timeout_s)
-        waiter: asyncio.Future[Response] = self._loop.create_future()
-        request = _Request(waiter)
+        request = _Request(self._loop.create_future(), origin, data, excerpt_bytes)
         when = deadlines.add(request)  # a dict entry: no timer of its own
         try:
-            exchange = request.exchange = self._idle_exchange(origin)
-            if exchange is None:  # wait for a slot, or connect
-                exchange = request.exchange = await self._open(origin, request, when, timeout_s)
-        except BaseException:
-            deadlines.remove(request)
-            raise
-        try:
-            exchange.start(data, excerpt_bytes, waiter)
-            return await waiter
+            if self._in_use < self._limit and not self._waiting:
+                self._in_use += 1
+                request.holds_slot = True
+                exchange = self._pop_idle(origin)
+                if exchange is None:
+                    await self._connect_and_start(request, when, timeout_s)
+                else:
+                    exchange.start(request)
+            else:  # `_release_slot` sends it when a slot frees (no wake-up of this task)
+                request.queued = True
+                self._waiting.append(request)
+            response = await request.response
+            if response is None:  # handed a slot but no pooled connection to its origin
+                request.response = self._loop.create_future()
+                await self._connect_and_start(request, when, timeout_s)
+                response = await request.response
+            assert response is not None
+            return response
         finally:
             deadlines.remove(request)
-            if exchange.waiter is waiter:  # not answered (cancelled): never reuse it
-                exchange.abort()
-            self._release_slot()
-
-    def _idle_exchange(self, origin: Origin) -> _Exchange | None:
-        """A pooled connection to `origin` (the most recently used) and a slot, if both are
-        free now (and nobody waits before us)."""
-        if self._in_use >= self._limit or self._waiting:
-            return None
-        exchange = self._pop_idle(origin)
-        if exchange is not None:
-            self._in_use += 1
-        return exchange
+            exchange = request.exchange
+            if exchange is not None and exchange.waiter is request.response:
+                exchange.abort()  # not answered (cancelled): never reuse it
+            if request.holds_slot:
+                request.holds_slot = False
+                self._release_slot()
 
     def _pop_idle(self, origin: Origin) -> _Exchange | None:
+        """The most recently used pooled connection to `origin` that is still open."""
         idle = self._idle.get(origin)
         now = self._loop.time()
         while idle:
@@ -507,51 +529,36 @@ class HttpClient:
             exchange.abort()
         return None
 
-    async def _open(
-        self, origin: Origin, request: _Request, when: float, timeout_s: float
-    ) -> _Exchange:
-        """A slot (the deadline fails the wait at `when`), then a pooled
-        connection or a new one (connecting has a timer of its own: it happens once per
-        connection)."""
-        await self._acquire_slot(request)
+    async def _connect_and_start(self, request: _Request, when: float, timeout_s: float) -> None:
+        """Connect (within the request's deadline, `when`) and send `request` on the new
+        connection; the request holds a slot."""
         try:
-            exchange = self._pop_idle(origin)
-            if exchange is not None:
-                return exchange
             async with asyncio.timeout_at(when):
-                return await self._connect(origin)
+                exchange = await self._connect(request.origin)
         except TimeoutError:
-            self._release_slot()
             raise TimeoutError(f"no connection within {timeout_s:g} s") from None
-        except BaseException:
-            self._release_slot()
-            raise
-
-    async def _acquire_slot(self, request: _Request) -> None:
-        if self._in_use < self._limit and not self._waiting:
-            self._in_use += 1
-            return
-        waiter = request.slot = self._loop.create_future()
-        self._waiting.append(waiter)
-        try:
-            await waiter
-        except BaseException:
-            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self._release_slot()  # handed a slot meanwhile: pass it on
-            else:
-                with contextlib.suppress(ValueError):
-                    self._waiting.remove(waiter)
-            raise
-        finally:
-            request.slot = None
+        exchange.start(request)
 
     def _release_slot(self) -> None:
-        """Hand the slot to the first waiter, or free it."""
+        """Hand the slot to the first waiting request, and send it at once on a pooled
+        connection to its origin (the one just answered, when the origins match); without one
+        the request is woken to connect. With nobody waiting, free the slot.
+
+        Sending from here, in the callback that read the previous response, saves each waiting
+        request a wake-up of its task before it is sent (one event-loop step per request: the
+        drain keeps `max_in_flight` requests queued on `max_connections` connections)."""
         while self._waiting:
-            waiter = self._waiting.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+            request = self._waiting.popleft()
+            request.queued = False
+            if request.response.done():  # its deadline passed, or its caller was cancelled
+                continue
+            request.holds_slot = True
+            exchange = self._pop_idle(request.origin)
+            if exchange is None:
+                request.response.set_result(None)
+            else:
+                exchange.start(request)
+            return
         self._in_use -= 1
 
     async def _connect(self, origin: Origin) -> _Exchange:
@@ -590,8 +597,9 @@ class HttpClient:
             raise ConnectError(f"cannot resolve {origin.host}: {exc}") from exc
         return [(r["family"], r["host"], r["port"]) for r in results]
 
-    def _release(self, exchange: _Exchange) -> None:
-        """A response ended cleanly: the connection waits for the next request."""
+    def _reuse(self, exchange: _Exchange, answered: _Request | None) -> None:
+        """A response ended cleanly: the connection waits for the next request, which may be
+        waiting already."""
         if self._closed:
             exchange.abort()
             return
@@ -599,6 +607,9 @@ class HttpClient:
         self._idle.setdefault(exchange.origin, []).append(exchange)
         if self._sweeper is None:
             self._sweeper = self._loop.call_later(KEEPALIVE_S, self._sweep)
+        if answered is not None and answered.holds_slot and self._waiting:
+            answered.holds_slot = False  # its slot goes to the first waiting request
+            self._release_slot()
 
     def _lost(self, exchange: _Exchange) -> None:
         idle = self._idle.get(exchange.origin)
@@ -629,6 +640,6 @@ class HttpClient:
             for exchange in list(idle):
                 exchange.abort()
         self._idle.clear()
-        for waiter in self._waiting:
-            if not waiter.done():
-                waiter.cancel()
+        for request in self._waiting:
+            if not request.response.done():
+                request.response.cancel()

@@ -6,7 +6,7 @@ body bytes with the shared secret, and rejects stale timestamps, which stops for
 
 from __future__ import annotations
 
-import base64
+import binascii
 import hashlib
 import hmac
 
@@ -19,17 +19,23 @@ def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
 
 
 class Signer:
-    """`sign` with the secret decoded once (the http effect signs every request)."""
+    """`sign` with the secret decoded and the HMAC keyed once (the http effect signs every
+    request): each signature copies the keyed HMAC, which spares the per-call key schedule and
+    digest lookup of `hmac.new` (about 1 of 3 µs per small body, measured)."""
 
-    __slots__ = ("_key",)
+    __slots__ = ("_keyed",)
 
     def __init__(self, secret: str) -> None:
-        self._key = decode_secret(secret)
+        self._keyed = hmac.new(decode_secret(secret), digestmod=hashlib.sha256)
 
     def signature(self, msg_id: str, timestamp: int, body: bytes) -> str:
-        signed = b".".join((msg_id.encode(), str(timestamp).encode(), body))
-        digest = hmac.new(self._key, signed, hashlib.sha256).digest()
-        return "v1," + base64.b64encode(digest).decode("ascii")
+        return self.signature_bytes(msg_id.encode(), timestamp, body).decode("ascii")
+
+    def signature_bytes(self, msg_id: bytes, timestamp: int, body: bytes) -> bytes:
+        """The `webhook-signature` value as bytes, ready for a request head."""
+        mac = self._keyed.copy()
+        mac.update(b"%s.%d.%s" % (msg_id, timestamp, body))
+        return b"v1," + binascii.b2a_base64(mac.digest(), newline=False)
 
 
 def webhook_headers(secret: str | None, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:

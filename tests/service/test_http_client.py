@@ -363,6 +363,89 @@ async def test_waiting_for_a_slot_counts_against_the_deadline(serve, client) -> 
         await first
 
 
+async def test_a_waiting_request_is_sent_on_the_connection_just_answered(serve, client) -> None:
+    release = asyncio.Event()
+
+    async def held(request: bytes) -> bytes | None:
+        await release.wait()
+        return response(200, request[-2:])
+
+    server = await serve(held)
+    http = client(max_connections=1)
+    first = asyncio.create_task(
+        http.request(origin(server.port), request(server.port, b"r1"), 5.0, 64)
+    )
+    await wait_until(lambda: len(server.requests) == 1)
+    second = asyncio.create_task(
+        http.request(origin(server.port), request(server.port, b"r2"), 5.0, 64)
+    )
+    release.set()
+    assert [(await first).excerpt, (await second).excerpt] == [b"r1", b"r2"]
+    assert server.connections == 1
+
+
+async def test_a_waiting_request_to_another_origin_connects_when_a_slot_frees(
+    serve, client
+) -> None:
+    release = asyncio.Event()
+
+    async def held(request: bytes) -> bytes | None:
+        await release.wait()
+        return response(200, b"a")
+
+    first_server, other = await serve(held), await serve(fixed(response(200, b"b")))
+    http = client(max_connections=1)
+    first = asyncio.create_task(
+        http.request(origin(first_server.port), request(first_server.port), 5.0, 64)
+    )
+    await wait_until(lambda: len(first_server.requests) == 1)
+    second = asyncio.create_task(http.request(origin(other.port), request(other.port), 5.0, 64))
+    await asyncio.sleep(0)
+    assert other.connections == 0  # the only slot is taken
+    release.set()
+    assert [(await first).excerpt, (await second).excerpt] == [b"a", b"b"]
+    assert (first_server.connections, other.connections) == (1, 1)
+
+
+async def test_waiters_that_gave_up_are_skipped_and_no_slot_is_lost(serve, client) -> None:
+    release = asyncio.Event()
+
+    async def held(request: bytes) -> bytes | None:
+        await release.wait()
+        return response(200, request[-2:])
+
+    server = await serve(held)
+    http = client(max_connections=2)
+    to = origin(server.port)
+    busy = [
+        asyncio.create_task(http.request(to, request(server.port, b"b%d" % i), 5.0, 64))
+        for i in range(2)
+    ]
+    await wait_until(lambda: len(server.requests) == 2)
+    cancelled = asyncio.create_task(http.request(to, request(server.port, b"c1"), 5.0, 64))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    with pytest.raises(TimeoutError, match="no connection within"):
+        await http.request(to, request(server.port, b"t1"), 0.1, 64)
+    last = asyncio.create_task(http.request(to, request(server.port, b"w1"), 5.0, 64))
+    release.set()
+    assert [(await t).excerpt for t in busy] == [b"b0", b"b1"]
+    assert (await last).excerpt == b"w1"
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert [r[-2:] for r in server.requests] == [b"b0", b"b1", b"w1"]
+    # both slots are free again: two requests held by the server at once
+    release.clear()
+    again = [
+        asyncio.create_task(http.request(to, request(server.port, b"a%d" % i), 5.0, 64))
+        for i in range(2)
+    ]
+    await wait_until(lambda: len(server.requests) == 5)
+    release.set()
+    assert [(await t).excerpt for t in again] == [b"a0", b"a1"]
+    assert server.connections == 2
+
+
 async def test_connection_refused_is_a_connect_error(client) -> None:
     with pytest.raises(ConnectError, match=r"cannot connect to 127\.0\.0\.1:1"):
         await client().request(origin(1), request(1), 5.0, 64)

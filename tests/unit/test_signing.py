@@ -8,7 +8,7 @@ import time
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from dispatcher.effects.signing import sign, webhook_headers
+from dispatcher.effects.signing import Signer, sign, webhook_headers
 from dispatcher.signing_secret import decode_secret
 
 SECRET = "whsec_" + base64.b64encode(b"a 32 byte key for the test suite").decode()
@@ -35,6 +35,18 @@ def test_spec_example_vector() -> None:
         b'{"test": 2432232314}',
     )
     assert signature == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+
+
+def test_one_signer_signs_many_messages_alike() -> None:
+    # the keyed HMAC is copied per signature: an earlier message never leaks into a later one
+    signer = Signer(SECRET)
+    for n in range(3):
+        body = b'{"n":%d}' % n
+        assert signer.signature(f"key-{n}", 1700000000 + n, body) == sign(
+            SECRET, f"key-{n}", 1700000000 + n, body
+        )
+        headers = webhook_headers(SECRET, f"key-{n}", int(time.time()), body)
+        assert Webhook(SECRET).verify(body, headers) == {"n": n}
 
 
 def test_unpadded_secret_is_accepted() -> None:
