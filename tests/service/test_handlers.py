@@ -90,6 +90,12 @@ async def test_worker_claims_only_handler_versions_it_can_run(
     CALLS.pop("v2-job", None)  # the other transport's run of this test
     refused = metrics.DELIVERIES_REFUSED.labels("default")
     refused_before = refused._value.get()
+    if transport:
+        # The old daemon's relay re-leases the refused job's outbox row about once a second; a
+        # stop that lands between a lease and its publish leaves the row leased, the message
+        # unsent, until the relay lease expires (30 s by default, past the new daemon's wait
+        # below). A short lease lets the new daemon's relay publish it again soon.
+        transport = {**transport, "rabbitmq": {**transport["rabbitmq"], "relay_lease_s": 2.0}}
     old = make_settings(db_url, **transport, handlers=handlers(version=1))
     async with running_daemon(old):
         await asyncio.sleep(0)  # let the claim loop run its first pass
