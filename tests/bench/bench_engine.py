@@ -7,7 +7,10 @@ started_at, finished_at).
 
   (a) drain: 20,000 due no-op jobs (python handler, non-transactional) inserted with the daemon
       stopped; then the daemon starts; rate = jobs / (last finished_at - first started_at)
-  (b) the same with `http` jobs to a loopback aiohttp target in its own process
+  (b) the same with `http` jobs (signed) to a loopback target in its own process
+  (b') `http-due`: 20,000 signed `http` jobs due at one instant, daemon and target already
+      running and warmed up, so CPU per job is the drain's alone (no start-up); --profile
+      samples the daemon with py-spy
   (c) due-to-start latency (started_at - due_at) at a steady 500 jobs/s for 10 s, one
       `dispatcher.enqueue` per call, due now
   (d) bursts: 2,000 and 10,000 jobs due at one instant T, enqueued ~5 s before T
@@ -21,6 +24,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import time
 from datetime import datetime
 from typing import Any
@@ -49,7 +53,13 @@ from tests.bench.common import (
 DRAIN_TARGET_PER_S = 10_000
 LATENCY_P99_TARGET_S = 0.025
 BURST_2000_TARGET_S = 0.100
+HTTP_DAEMON_US_PER_JOB = 120  # issue 14
 ENGINE_ENV = {**UNLIMITED_QUEUE_ENV, **NOOP_HANDLER_ENV, **LOOPBACK_HTTP_ENV}
+# HTTP workloads sign every request, as a production daemon does (a fixed test secret).
+SIGNING_ENV = {
+    "DISPATCHER_HTTP__SIGNING_SECRET": "whsec_" + "YmVuY2gtc2lnbmluZy1zZWNyZXQtMzItYnl0ZXMh"
+}
+HTTP_ENV = {**ENGINE_ENV, **SIGNING_ENV}
 
 # 'n' jobs of one handler, due at $3 (NULL = now), in one statement.
 ENQUEUE_BULK = """
@@ -137,7 +147,7 @@ async def drain_once(args: argparse.Namespace, server: Any, *, http: bool) -> di
             await conn.execute(VACUUM)
             await wait_for_quiet(30)
             spawned = time.monotonic()
-            async with daemon(dsn, ENGINE_ENV, wait_ready=False) as d:
+            async with daemon(dsn, HTTP_ENV if http else ENGINE_ENV, wait_ready=False) as d:
                 assert d.proc is not None
                 pids = {"daemon": d.proc.pid, **({"target": target_pid} if http else {})}
                 async with CpuMeter(pids, db_name(dsn)) as cpu:
@@ -187,6 +197,76 @@ async def drain(bench: Bench, args: argparse.Namespace, *, http: bool) -> None:
     )
 
 
+async def http_due(bench: Bench, args: argparse.Namespace) -> None:
+    """(b'): signed http jobs due at one instant, the daemon and the target already running
+    and warmed up (connections open, statements prepared): the CPU per job of the daemon, the
+    target and PostgreSQL is the drain's alone. Repeated; the median run is reported."""
+    n = args.jobs
+    runs: list[dict[str, Any]] = []
+    async with (
+        bench.server.database() as dsn,
+        target_process() as (url, target_pid),
+        daemon(dsn, HTTP_ENV) as d,
+    ):
+        assert d.proc is not None
+        pids = {"daemon": d.proc.pid, "target": target_pid}
+        conn = await asyncpg.connect(dsn)
+        try:
+            await enqueue_bulk(conn, "warm", 200, handler="http", target={"url": url})
+            await wait_terminal(conn, 200, 30, "warm-up http jobs")
+            for i in range(args.repeat):
+                await conn.execute(EMPTY)
+                await conn.execute(VACUUM)
+                await wait_for_quiet(30)
+                due = await enqueue_burst(
+                    conn, f"due{i}", n, 3.0, handler="http", target={"url": url}
+                )
+                async with (
+                    CpuMeter(pids, db_name(dsn)) as cpu,
+                    profiled(d.proc.pid, f"drain_http_due_{i}", args.profile),
+                ):
+                    await wait_terminal(conn, n, 120, f"{n} http jobs due at T")
+                row = await burst_times(conn, due)
+                states = await outcome_counts(conn)
+                span_s = row["last_finish"] - row["first_start"]
+                runs.append(
+                    {
+                        "rate": n / span_s,
+                        "span_s": span_s,
+                        "last_finish_s": row["last_finish"],
+                        "states": states,
+                        **{f"{k}_us_per_job": cpu.cpu_s(k) / n * 1e6 for k in cpu.process_pct},
+                        "loadavg": os.getloadavg(),
+                        "cpu": cpu.as_json(),
+                        "cpu_summary": cpu.summary(),
+                    }
+                )
+                r = runs[-1]
+                print(
+                    f"    run: {r['rate']:,.0f} jobs/s; CPU per job: daemon "
+                    f"{r['daemon_us_per_job']:.0f} us, target {r['target_us_per_job']:.0f} us, "
+                    f"postgres {r['postgres_us_per_job']:.0f} us; load "
+                    f"{r['loadavg'][0]:.2f}; {r['cpu_summary']}",
+                    flush=True,
+                )
+        finally:
+            await conn.close()
+    bench.details["drain_http_due"] = runs
+    median = sorted(runs, key=lambda r: r["daemon_us_per_job"])[len(runs) // 2]
+    rates = ", ".join(f"{r['rate']:,.0f}" for r in runs)
+    bench.add(
+        Figure(
+            f"{n:,} signed http jobs due at one instant, daemon running: daemon CPU per job",
+            median["daemon_us_per_job"],
+            "us",
+            at_most=HTTP_DAEMON_US_PER_JOB,
+            note=f"median of {len(runs)} runs; rates {rates} jobs/s; target "
+            f"{median['target_us_per_job']:.0f} us, postgres "
+            f"{median['postgres_us_per_job']:.0f} us per job; {median['cpu_summary']}",
+        )
+    )
+
+
 async def profile_drain(bench: Bench, args: argparse.Namespace) -> None:
     """py-spy profile of the daemon draining no-op jobs enqueued while it runs (attach first)."""
     async with bench.server.database() as dsn, daemon(dsn, ENGINE_ENV) as d:
@@ -224,12 +304,18 @@ async def start_latency(conn: asyncpg.Connection, key_like: str = "lat-%") -> as
 
 
 async def enqueue_burst(
-    conn: asyncpg.Connection, prefix: str, n: int, lead_s: float = 5.0
+    conn: asyncpg.Connection,
+    prefix: str,
+    n: int,
+    lead_s: float = 5.0,
+    *,
+    handler: str = "noop",
+    target: dict[str, Any] | None = None,
 ) -> datetime:
     """`n` jobs due at one instant T, `lead_s` from now (database clock); returns T once it is
     0.1 s away, so what the caller measures next covers the burst, not the wait for it."""
     due: datetime = await conn.fetchval("SELECT now() + make_interval(secs => $1)", lead_s)
-    await enqueue_bulk(conn, prefix, n, due=due)
+    await enqueue_bulk(conn, prefix, n, due=due, handler=handler, target=target)
     await asyncio.sleep(max(0.0, (due - await db_now(conn)).total_seconds() - 0.1))
     return due
 
@@ -404,11 +490,17 @@ async def run_bursts(bench: Bench, args: argparse.Namespace, dsn: str, d: Any) -
 async def main(args: argparse.Namespace) -> None:
     bench = await Bench("bench_engine").open()
     bench.details["daemon_env"] = ENGINE_ENV
-    only = set(args.only.split(",")) if args.only else {"drain", "http", "latency", "burst"}
+    only = (
+        set(args.only.split(","))
+        if args.only
+        else {"drain", "http", "http-due", "latency", "burst"}
+    )
     if "drain" in only:
         await drain(bench, args, http=False)
     if "http" in only:
         await drain(bench, args, http=True)
+    if "http-due" in only:
+        await http_due(bench, args)
     if "latency" in only:
         await steady_latency(bench, args)
     if "burst" in only:
@@ -430,7 +522,9 @@ if __name__ == "__main__":
         default=[2000, 10_000],
         help="burst sizes, comma-separated",
     )
-    parser.add_argument("--only", default="", help="comma-separated: drain,http,latency,burst")
+    parser.add_argument(
+        "--only", default="", help="comma-separated: drain,http,http-due,latency,burst"
+    )
     parser.add_argument(
         "--custom-plans",
         action="store_true",
