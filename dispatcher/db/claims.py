@@ -1,26 +1,21 @@
-"""A queue's claims on a connection its claim loop keeps, planned once, on index paths only.
+"""A queue's claims on a connection its claim loop keeps.
 
 A claim through the pool costs a second round trip before its rows reach the claim loop: the
 pool resets a connection on release (`SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;
 RESET ALL`) and `pool.fetch` returns only after that. On loopback that is ~0.1 ms per claim (a
-`SELECT 1` took 0.17 ms through the pool, 0.06 ms on a connection; 2 loaded cores). The claim
-loop of a queue claims one statement at a time, and the engine pool counts one connection per
-claim loop, so the loop may as well keep it.
+`SELECT 1` took 0.17 ms through the pool, 0.06 ms on a connection; 2 loaded cores), paid twice
+per job of a steady stream of due-now jobs (the claim that finds the job and the one after it
+that finds nothing). The claim loop of a queue claims one statement at a time, and the engine
+pool counts one connection per claim loop, so the loop may as well keep it.
 
-On that connection the claim is planned once (a generic plan) with sequential scans disabled.
-The pools plan every statement afresh (`force_custom_plan`): for a claim of one job that was
-0.5-0.6 ms of planning and 0.4-0.5 ms of execution, against 0.015 ms and 0.27 ms from a
-generic plan (EXPLAIN ANALYZE, 2 loaded cores), paid by every job of a steady stream. A generic
-plan alone is built from the statistics and table sizes of its first execution: built on a
-nearly empty table it walked `job_state` and `intents` sequentially, and a claim of 1,000 after
-a burst took 544 ms instead of 12 ms. Every table the claim reads has an index for each of its
-accesses, so with `enable_seqscan = off` the same stale generic plan probes them by index: 10.8
-ms against 13.3 ms custom-planned for that claim of 1,000, and 231 against 245 ms for 20 claims
-of 1,000 in a drain (tests/db/test_claim_connection.py keeps the plan on indexes).
+The claim stays planned per execution, as the pools plan everything (`force_custom_plan`): a
+generic plan would save ~0.5 ms of planning per claim of one job, but it is built once, from
+the statistics of the moment; built on a nearly empty table it walked the jobs' tables
+sequentially, and a claim of 1,000 after a burst took 544 ms instead of 12 ms.
 
 The connection is taken from the engine pool on the first claim and handed back, reset by the
-pool (its own plan mode again), after any error, so a connection in an unknown state is never
-reused; the next claim takes a fresh one.
+pool, after any error, so a connection in an unknown state is never reused; the next claim
+takes a fresh one.
 """
 
 from __future__ import annotations
@@ -70,7 +65,7 @@ class ClaimConnection:
         unless one is: a job committed after the claim began wakes the loop with its NOTIFY, but
         one the claim could not take (its tenant's share was full, or another claim held it)
         wakes nobody. This look took 0.25 ms where the claim that finds nothing took 1.1-1.3 ms
-        (round trips on 2 loaded cores, both planned per execution), and a steady stream of
+        (round trips on 2 loaded cores; most of the claim's is planning), and a steady stream of
         due-now jobs paid that claim once per job."""
         conn = self._conn or await self._take()
         try:
@@ -81,11 +76,6 @@ class ClaimConnection:
 
     async def _take(self) -> asyncpg.Connection:
         conn = await self._pool.acquire()
-        try:
-            await conn.execute("SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off")
-        except BaseException:
-            await self._pool.release(conn)
-            raise
         conn.add_termination_listener(self._lost)
         self._conn = conn
         return conn

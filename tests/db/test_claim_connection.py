@@ -1,7 +1,6 @@
 """A queue's claims on the connection its claim loop keeps (db/claims.py): one connection for
-every claim, planned once on index paths only (a plan built on a nearly empty table must still
-probe indexes after a burst); a broken connection is replaced, and the kept one goes back to
-its pool."""
+every claim, each claim planned for the table as it is then; a broken connection is replaced,
+and the kept one goes back to its pool."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from dispatcher.db.queries import query
 from tests.harness import wait_until
 
 CAPABILITIES = ["noop:1"]
-BURST = 3000
 
 
 async def enqueue(pool: asyncpg.Pool, *keys: str) -> None:
@@ -27,7 +25,11 @@ async def noop_pool(pool: asyncpg.Pool) -> asyncpg.Pool:
     return pool
 
 
-async def test_claims_share_one_connection_planned_once(noop_pool: asyncpg.Pool) -> None:
+async def test_claims_share_one_connection_and_are_planned_each_time(
+    noop_pool: asyncpg.Pool,
+) -> None:
+    """A generic plan, built once on a nearly empty table, walked the jobs' tables sequentially
+    once a burst had landed (544 ms instead of 12 ms for a claim of 1,000)."""
     claims = ClaimConnection(noop_pool)
     try:
         for i in range(8):
@@ -40,37 +42,7 @@ async def test_claims_share_one_connection_planned_once(noop_pool: asyncpg.Pool)
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
             query("claim_ready"),
         )
-        assert (generic, custom) == (8, 0)
-    finally:
-        await claims.close()
-
-
-async def test_a_plan_made_on_a_small_table_probes_indexes_after_a_burst(
-    noop_pool: asyncpg.Pool,
-) -> None:
-    """Without `enable_seqscan = off` this plan walked job_state and intents sequentially: a
-    claim of 1,000 after a burst took 544 ms instead of 12 ms."""
-    await noop_pool.execute("ANALYZE dispatcher.intents, dispatcher.job_state")
-    claims = ClaimConnection(noop_pool)
-    try:
-        await enqueue(noop_pool, "first")
-        await claims.claim("default", 1000, CAPABILITIES, "me", 60)  # planned here, once
-        await noop_pool.execute(f"""
-            SELECT count(*) FROM dispatcher.enqueue_many(
-                   (SELECT array_agg('burst-' || g) FROM generate_series(1, {BURST}) g),
-                   array_fill('noop'::text, ARRAY[{BURST}]),
-                   array_fill('{{}}'::jsonb, ARRAY[{BURST}]))""")
-        conn = claims._conn
-        assert conn is not None
-        name = await conn.fetchval(
-            "SELECT name FROM pg_prepared_statements WHERE statement = $1", query("claim_ready")
-        )
-        rows = await conn.fetch(f"EXPLAIN EXECUTE {name}('default', 1000, '{{noop:1}}', 'me', 60)")
-        plan = "\n".join(r[0] for r in rows)
-        assert "Seq Scan on job_state" not in plan, plan
-        assert "Seq Scan on intents" not in plan, plan
-        jobs, _, _ = await claims.claim("default", 1000, CAPABILITIES, "me", 60)
-        assert len(jobs) == 1000
+        assert (generic, custom) == (0, 8)
     finally:
         await claims.close()
 
@@ -110,12 +82,10 @@ async def test_close_hands_the_connection_back_reset(noop_pool: asyncpg.Pool) ->
     await claims.close()
     await claims.close()  # idempotent
     assert claims._conn is None
-    # all ten of the pool's connections can be taken again, with the pool's own settings
+    # all ten of the pool's connections can be taken again
     conns = [await noop_pool.acquire(timeout=5) for _ in range(10)]
     try:
-        for conn in conns:
-            assert await conn.fetchval("SHOW plan_cache_mode") == "force_custom_plan"
-            assert await conn.fetchval("SHOW enable_seqscan") == "on"
+        assert len(conns) == 10
     finally:
         for conn in conns:
             await noop_pool.release(conn)
