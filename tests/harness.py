@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 from aiohttp import web
 
 from dispatcher.config import Settings
@@ -51,6 +52,18 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         await asyncio.sleep(interval_s)
+
+
+async def enqueue_noop_jobs(
+    pool: asyncpg.Pool, prefix: str, count: int, due: str | None = None
+) -> None:
+    """Enqueue `count` 'noop' jobs keyed `<prefix>-<n>` in one enqueue_many, due at SQL `due`."""
+    due_times = "" if due is None else f", array_fill({due}, ARRAY[{count}])"
+    await pool.execute(f"""
+        SELECT count(*) FROM dispatcher.enqueue_many(
+               (SELECT array_agg('{prefix}-' || g) FROM generate_series(1, {count}) g),
+               array_fill('noop'::text, ARRAY[{count}]),
+               array_fill('{{}}'::jsonb, ARRAY[{count}]){due_times})""")
 
 
 def make_settings(db_url: str, **overrides: Any) -> Settings:

@@ -16,6 +16,7 @@ import asyncpg
 
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.queries import query
+from tests.harness import enqueue_noop_jobs
 
 JOBS = 5_000
 BATCH = 500
@@ -36,11 +37,7 @@ async def test_a_claim_late_in_a_drain_steps_over_no_claimed_job(
     pool: asyncpg.Pool, repo: JobRepository
 ) -> None:
     await pool.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
-    await pool.execute(f"""
-        SELECT count(*) FROM dispatcher.enqueue_many(
-               (SELECT array_agg('drain-' || g) FROM generate_series(1, {JOBS}) g),
-               array_fill('noop'::text, ARRAY[{JOBS}]),
-               array_fill('{{}}'::jsonb, ARRAY[{JOBS}]))""")
+    await enqueue_noop_jobs(pool, "drain", JOBS)
     # the statistics of a drain's start: every job ready; nothing analyzes them again meanwhile
     await pool.execute("ALTER TABLE dispatcher.job_state SET (autovacuum_enabled = false)")
     await pool.execute("VACUUM ANALYZE dispatcher.intents, dispatcher.job_state")

@@ -7,6 +7,7 @@ import asyncpg
 
 from dispatcher.db.jobs import JobRepository
 from dispatcher.scheduling.due_scan import DueScanner
+from tests.harness import enqueue_noop_jobs
 
 BURST = 700
 
@@ -28,12 +29,7 @@ async def test_a_burst_moves_in_growing_batches_each_waking_the_workers(
     pool: asyncpg.Pool,
 ) -> None:
     await pool.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
-    await pool.execute(f"""
-        SELECT count(*) FROM dispatcher.enqueue_many(
-               (SELECT array_agg('burst-' || g) FROM generate_series(1, {BURST}) g),
-               array_fill('noop'::text, ARRAY[{BURST}]),
-               array_fill('{{}}'::jsonb, ARRAY[{BURST}]),
-               array_fill(now() + interval '1 hour', ARRAY[{BURST}]))""")
+    await enqueue_noop_jobs(pool, "burst", BURST, due="now() + interval '1 hour'")
     # due now by the database's clock, without waiting for it
     await pool.execute("UPDATE dispatcher.job_state SET due_at = now() - interval '1 second'")
     repo = RecordingRepository(pool)

@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 
 from dispatcher.db.queries import query
+from tests.harness import enqueue_noop_jobs
 
 ROWS = 30_000
 FENCE = datetime(2030, 1, 1, tzinfo=UTC)
@@ -25,12 +26,7 @@ NewPool = Callable[[], Awaitable[asyncpg.Pool]]
 async def fill_big_table(pool: asyncpg.Pool) -> asyncpg.Pool:
     await pool.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
     for state, due in (("ready", "now()"), ("scheduled", "now() - interval '1 second'")):
-        await pool.execute(f"""
-            SELECT count(*) FROM dispatcher.enqueue_many(
-                   (SELECT array_agg('{state}-' || g) FROM generate_series(1, {ROWS // 2}) g),
-                   array_fill('noop'::text, ARRAY[{ROWS // 2}]),
-                   array_fill('{{}}'::jsonb, ARRAY[{ROWS // 2}]),
-                   array_fill({due}, ARRAY[{ROWS // 2}]))""")
+        await enqueue_noop_jobs(pool, state, ROWS // 2, due=due)
     await pool.execute("""
         UPDATE dispatcher.jobs SET state = 'scheduled'
          WHERE key LIKE 'scheduled-%';
@@ -95,11 +91,7 @@ async def stale_statistics(module_pools: NewPool) -> asyncpg.Pool:
     for table in ("intents", "job_state", "outbox"):
         await pool.execute(f"ALTER TABLE dispatcher.{table} SET (autovacuum_enabled = false)")
     await pool.execute("ANALYZE dispatcher.intents, dispatcher.job_state, dispatcher.outbox")
-    await pool.execute(f"""
-        SELECT count(*) FROM dispatcher.enqueue_many(
-               (SELECT array_agg('stale-' || g) FROM generate_series(1, {ROWS}) g),
-               array_fill('noop'::text, ARRAY[{ROWS}]),
-               array_fill('{{}}'::jsonb, ARRAY[{ROWS}]))""")
+    await enqueue_noop_jobs(pool, "stale", ROWS)
     await pool.execute("""
         UPDATE dispatcher.job_state SET state = 'running', attempt = 1, lease_owner = 'owner',
                lease_expires_at = now() + interval '1 minute', started_at = now()
