@@ -341,7 +341,8 @@ async def test_a_daemon_killed_mid_stream_loses_nothing_and_its_redeliveries_are
     duplicates; its leases expire and those jobs run again. Every job succeeds exactly once in
     the database; only the attempts the dead daemon had in flight may reach the target twice
     (with the same Idempotency-Key)."""
-    target.delay_s = 0.02
+    # each request held long enough that the victim still runs attempts when it is killed
+    target.delay_s = 0.2
     short = {
         **env(db_url, prefix),
         "DISPATCHER_LEASE_S": "3",
@@ -353,6 +354,16 @@ async def test_a_daemon_killed_mid_stream_loses_nothing_and_its_redeliveries_are
         await asyncio.gather(victim.start(), survivor.start())
         await enqueue(db_url, 1000, target.url)
         await wait_until(lambda: len(target.requests) > 200, timeout_s=30, what="work")
+        # killed while it runs attempts: their deliveries are unacked (a delivery it only held,
+        # not started, would reach the survivor as a job still ready: no duplicate). Under a
+        # slow machine the survivor may have started everything; the wait says so.
+        assert victim.proc is not None
+        await wait_until(
+            lambda: running_attempts_of(db_url, victim.proc.pid),  # type: ignore[union-attr]
+            timeout_s=30,
+            interval_s=0.01,
+            what="the victim running attempts",
+        )
         victim.signal(signal.SIGKILL)
         await victim.wait(10)
         await wait_until(lambda: done(db_url, 1000), timeout_s=120, what="1000 jobs")
@@ -373,6 +384,19 @@ async def test_a_daemon_killed_mid_stream_loses_nothing_and_its_redeliveries_are
     finally:
         await conn.close()
     assert once
+
+
+async def running_attempts_of(db_url: str, pid: int) -> int:
+    """How many attempts the daemon of this process id holds leased (its owner names the pid)."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        return await conn.fetchval(
+            "SELECT count(*) FROM dispatcher.job_state "
+            "WHERE state = 'running' AND lease_owner LIKE '%:' || $1::text || ':%'",
+            str(pid),
+        )
+    finally:
+        await conn.close()
 
 
 async def broker_answers() -> bool:
