@@ -193,8 +193,9 @@ async def main(args: argparse.Namespace) -> None:
         full_conn = await asyncpg.connect(full_dsn)
         try:
             fill_rate = await ensure_filled(full_conn, args.rows)
-            size = await full_conn.fetchval(
-                "SELECT pg_size_pretty(pg_total_relation_size('dispatcher.jobs'))"
+            size = await full_conn.fetchval(  # dispatcher.jobs is a view of these two
+                "SELECT pg_size_pretty(pg_total_relation_size('dispatcher.intents')"
+                " + pg_total_relation_size('dispatcher.job_state'))"
             )
             autovacuum = await full_conn.fetchval("SHOW autovacuum")
             print(
