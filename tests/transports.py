@@ -3,11 +3,13 @@ transport and RabbitMQ (the broker on 127.0.0.1:5672, guest/guest). It yields se
 overrides for `make_settings`; the rabbitmq variant uses a queue prefix of its own and deletes
 its queues afterwards, and is skipped, saying why, when no broker answers.
 
-A module uses it by importing it: `from tests.transports import transport  # noqa: F401`.
+A module uses it by importing it: `from tests.transports import transport  # noqa: F401`;
+`transport_env` gives the same two as environment variables, for daemon processes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import uuid
 from collections.abc import AsyncIterator
@@ -24,18 +26,40 @@ def broker_up() -> bool:
         return s.connect_ex(("127.0.0.1", 5672)) == 0
 
 
-@pytest.fixture(params=["in-process", "rabbitmq"])
-async def transport(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, Any]]:
-    if request.param == "in-process":
-        yield {}
-        return
+@contextlib.asynccontextmanager
+async def broker_prefix() -> AsyncIterator[str]:
+    """A queue prefix of its own on the broker (skipped, saying why, when none answers); its
+    default queue is deleted afterwards."""
     if not broker_up():
         pytest.skip("the rabbitmq variant needs a RabbitMQ broker on 127.0.0.1:5672 (guest/guest)")
     prefix = f"t{uuid.uuid4().hex[:10]}."
-    yield {"transport": "rabbitmq", "rabbitmq": {"url": BROKER, "queue_prefix": prefix}}
+    yield prefix
     import aio_pika
 
     connection = await aio_pika.connect(BROKER)
     async with connection:
         channel = await connection.channel()
         await channel.queue_delete(prefix + "default")
+
+
+@pytest.fixture(params=["in-process", "rabbitmq"])
+async def transport(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, Any]]:
+    if request.param == "in-process":
+        yield {}
+        return
+    async with broker_prefix() as prefix:
+        yield {"transport": "rabbitmq", "rabbitmq": {"url": BROKER, "queue_prefix": prefix}}
+
+
+@pytest.fixture(params=["in-process", "rabbitmq"])
+async def transport_env(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, str]]:
+    """The same two transports for daemon processes: environment variables."""
+    if request.param == "in-process":
+        yield {}
+        return
+    async with broker_prefix() as prefix:
+        yield {
+            "DISPATCHER_TRANSPORT": "rabbitmq",
+            "DISPATCHER_RABBITMQ__URL": BROKER,
+            "DISPATCHER_RABBITMQ__QUEUE_PREFIX": prefix,
+        }

@@ -165,10 +165,10 @@ class _Exchange(asyncio.Protocol):
         what = f": {exc}" if exc else ""
         self._fail_or_answer(ServerDisconnected(f"the target closed the connection{what}"))
 
-    def _fail_or_answer(self, exc: HttpClientError) -> None:
-        """The exchange cannot go on. Once the head is in, the status has decided the outcome
-        and the body read so far is the excerpt (it is only a diagnostic); before it, the
-        request failed."""
+    def _fail_or_answer(self, exc: BaseException) -> None:
+        """The exchange cannot go on (a fault, or its deadline). Once the head is in, the status
+        has decided the outcome and the body read so far is the excerpt (it is only a
+        diagnostic); before it, the request failed."""
         if self.waiter is None:
             return
         if self._in_body:
@@ -370,13 +370,7 @@ class _Exchange(asyncio.Protocol):
 
     def expire(self, timeout_s: float) -> None:
         """The request's deadline passed: answer with what was read, or fail."""
-        if self.waiter is None:
-            return
-        if self._in_body:
-            self._reusable = False
-            self._answer()
-        else:
-            self._fail(TimeoutError(f"no response within {timeout_s:g} s"))
+        self._fail_or_answer(TimeoutError(f"no response within {timeout_s:g} s"))
 
     def abort(self) -> None:
         self.waiter = self.request = None

@@ -4,7 +4,8 @@ effects land (a loopback target), not where the daemons think they are.
 
 Each request takes 0.4 s at the target, so 20 in flight and 50/s bind at about the same point:
 whichever limit leaked would show. Each daemon alone is configured with the same numbers; if the
-limits were per daemon, three would start up to 150/s with 60 in flight.
+limits were per daemon, three would start up to 150/s with 60 in flight. The same over both
+transports: in process (claims from PostgreSQL) and RabbitMQ (leases of what was delivered).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import asyncpg
 import pytest
 
 from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, serve_target, wait_until
+from tests.transports import transport_env  # noqa: F401
 
 RATE_PER_S = 50
 BURST = 20
@@ -40,9 +42,12 @@ async def target() -> AsyncIterator[Target]:
 
 
 async def test_three_daemons_share_one_rate_and_one_inflight_cap(
-    db_url: str, target: Target
+    db_url: str,
+    target: Target,
+    transport_env: dict[str, str],  # noqa: F811
 ) -> None:
-    daemons = [DaemonProcess({"DISPATCHER_DATABASE_URL": db_url, **ENV}) for _ in range(3)]
+    env = {"DISPATCHER_DATABASE_URL": db_url, **ENV, **transport_env}
+    daemons = [DaemonProcess(env) for _ in range(3)]
     try:
         await asyncio.gather(*(d.start() for d in daemons))
         conn = await asyncpg.connect(db_url)
