@@ -113,8 +113,8 @@ SELECT queue, count(*) FILTER (WHERE again)::integer AS republished,
 -- name: claim_delivered
 -- Consumer: lease the delivered jobs ($2 ids, $3 the attempt each message was published after)
 -- of queue $1 that this process can run ($6 handler:version pairs) to owner $4 for $5 seconds,
--- within the queue's global limits (none while the queue is paused: all held, look again in a
--- second). A job no longer ready, or ready for another attempt, is not eligible (a duplicate
+-- the first delivered first, within the queue's global limits (none while the queue is
+-- paused: all held, look again in a second). A job no longer ready, or ready for another attempt, is not eligible (a duplicate
 -- delivery). A ready job this process cannot run (a mixed-version fleet) is refused: a new
 -- outbox row, published again after a second, carries it to another daemon. The relay's rows of
 -- the jobs started or refused here, and of those no longer ready, are deleted (those of a job
@@ -131,15 +131,15 @@ WITH paused AS MATERIALIZED (
 ), delivered AS MATERIALIZED (
     -- one primary-key probe per delivery (OFFSET 0: a join let the planner hash a scan of
     -- every state row)
-    SELECT k.id, k.tenant, k.capability, k.state,
+    SELECT k.id, k.tenant, k.capability, k.state, d.pos,
            k.state = 'ready' AND k.attempt = d.attempt AS ready
-      FROM unnest($2::bigint[], $3::integer[]) AS d(id, attempt)
+      FROM unnest($2::bigint[], $3::integer[]) WITH ORDINALITY AS d(id, attempt, pos)
      CROSS JOIN LATERAL (SELECT k.* FROM dispatcher.job_state k
                           WHERE k.id = d.id AND k.queue = $1 OFFSET 0) k
 ), ready AS MATERIALIZED (
-    SELECT id, tenant, capability FROM delivered WHERE ready
+    SELECT id, tenant, capability, pos FROM delivered WHERE ready
 ), eligible AS MATERIALIZED (
-    SELECT id FROM ready WHERE capability = ANY ($6::text[])
+    SELECT id, pos FROM ready WHERE capability = ANY ($6::text[])
 ), refused AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, leased_until)
     SELECT id, $1, tenant, capability, now() + interval '1 second'
@@ -149,7 +149,9 @@ WITH paused AS MATERIALIZED (
     UPDATE dispatcher.job_state s
        SET state = 'running', attempt = s.attempt + 1, lease_owner = $4,
            lease_expires_at = now() + make_interval(secs => $5), started_at = now()
-     WHERE s.id = ANY (ARRAY(SELECT id FROM eligible ORDER BY id
+     -- in delivery order when the limits grant fewer: the consumer hands over what it held
+     -- back first (by id, a held job lost to every newer delivery of an older burst)
+     WHERE s.id = ANY (ARRAY(SELECT id FROM eligible ORDER BY pos
                               LIMIT (SELECT granted FROM grant_)))
        -- re-checked when a concurrent claim got there first; written so that no index of ready
        -- rows matches it: with stale statistics the planner walked all of jobs_ready_claim

@@ -137,6 +137,24 @@ async def test_a_claim_deletes_the_rows_of_what_it_started_and_keeps_another_att
     assert [r["job_id"] for r in await outbox(repo.pool)] == [other]
 
 
+async def test_deliveries_the_limits_hold_back_start_in_the_order_they_came(
+    repo: JobRepository, relay: RelayRepository
+) -> None:
+    """The limits grant fewer starts than were delivered: the first deliveries start, not the
+    lowest ids. (By id, a job held back, its delivery put first again, lost to the newer
+    deliveries of an older burst every time: over RabbitMQ a tenant's single job waited for
+    the whole of another tenant's burst.)"""
+    await repo.sync_registry(
+        {"default": (3, 3600)}, {"work": ("python", 1)}, limits={"default": (0.001, 2, None)}
+    )
+    burst = await enqueue(repo, [f"big-{i}" for i in range(4)], tenant="a")
+    [single] = await enqueue(repo, ["small"], tenant="b")
+    delivered = [(single, 0), *((job, 0) for job in burst)]
+    claimed = await relay.claim_delivered("default", delivered, CAPABILITIES, "d1", 60)
+    assert {j.id for j in claimed.jobs} == {single, burst[0]}
+    assert claimed.eligible == {single, *burst}  # the rest held back, not duplicates
+
+
 async def test_a_paused_queue_holds_its_deliveries(
     repo: JobRepository, relay: RelayRepository
 ) -> None:
