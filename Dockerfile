@@ -17,13 +17,14 @@
 # (tests/e2e/test_container.py). Everything is installed into a venv, so the base needs no pip.
 ARG BASE=python:3.11-slim
 
-# The run-time dependencies, listed from pyproject.toml in a stage of their own: the build stage
-# copies only this list, so their install layer stays cached until the list itself changes (not
-# when the code, the version or the test extra does).
+# The run-time dependencies and the tracing extra (OpenTelemetry, off unless OTEL_* asks for it),
+# listed from pyproject.toml in a stage of their own: the build stage copies only this list, so
+# their install layer stays cached until the list itself changes (not when the code, the version
+# or the test extra does).
 FROM ${BASE} AS requirements
 WORKDIR /src
 COPY pyproject.toml ./
-RUN python3 -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > requirements.txt
+RUN python3 -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print(*p['dependencies'], *p['optional-dependencies']['tracing'], sep='\n')" > requirements.txt
 
 FROM ${BASE} AS build
 # A CA bundle for pip, where TLS to the package index is intercepted (unset: the system's).

@@ -255,6 +255,14 @@ async def test_image_serves_drains_on_podman_stop_and_keeps_its_jobs(
             "exec", "--user", "0", container.name, "touch", "/probe", check=False
         )
         assert "Read-only file system" in refused, refused
+        # The tracing extra is in the image: OTEL_* variables alone turn traces on there.
+        await podman(
+            "exec",
+            container.name,
+            "python3",
+            "-c",
+            "import opentelemetry.sdk.trace, opentelemetry.exporter.otlp.proto.http.trace_exporter",
+        )
 
         later = await container.post_job(
             "container-later",
