@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -19,15 +17,7 @@ import asyncpg
 import pytest
 
 from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, free_port, serve_target, wait_until
-
-BROKER = "amqp://guest:guest@127.0.0.1:5672/"
-
-
-def broker_up() -> bool:
-    with socket.socket() as s:
-        s.settimeout(1)
-        return s.connect_ex(("127.0.0.1", 5672)) == 0
-
+from tests.transports import BROKER, broker_prefix, broker_up
 
 pytestmark = [
     pytest.mark.rabbitmq,
@@ -37,14 +27,8 @@ pytestmark = [
 
 @pytest.fixture
 async def prefix() -> AsyncIterator[str]:
-    import aio_pika
-
-    name = f"t{uuid.uuid4().hex[:10]}."
-    yield name
-    connection = await aio_pika.connect(BROKER)
-    async with connection:
-        channel = await connection.channel()
-        await channel.queue_delete(name + "default")
+    async with broker_prefix() as name:
+        yield name
 
 
 @pytest.fixture
