@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from multidict import MultiMapping
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
@@ -552,6 +553,14 @@ def attempt_view(row: dict[str, Any]) -> dict[str, Any]:
 ATTEMPT_PARAMETERS = ("limit", "cursor")
 
 
+def page_limit(q: MultiMapping[str]) -> int:
+    """A listing's `limit` parameter: 1 to 1000, 100 when absent."""
+    raw = q.get("limit", "100")
+    if not is_ascii_number(raw, max_digits=4) or not 1 <= int(raw) <= 1000:
+        raise Problem(422, "limit: an integer from 1 to 1000")
+    return int(raw)
+
+
 async def list_attempts(request: web.Request) -> web.Response:
     """A job's attempt history, newest first, paged like the job list."""
     q = request.query
@@ -560,13 +569,11 @@ async def list_attempts(request: web.Request) -> web.Response:
             raise Problem(
                 422, f"{name[:64]}: not a parameter here (or given twice); use limit, cursor"
             )
-    limit_raw = q.get("limit", "100")
-    if not is_ascii_number(limit_raw, max_digits=4) or not 1 <= int(limit_raw) <= 1000:
-        raise Problem(422, "limit: an integer from 1 to 1000")
+    limit = page_limit(q)
     cursor = q.get("cursor") or None
     if cursor is not None and not is_ascii_number(cursor, max_digits=18):
         raise Problem(422, "cursor: pass the next_cursor of the previous page")
-    repo, jid, limit = request.app[REPO], job_id(request), int(limit_raw)
+    repo, jid = request.app[REPO], job_id(request)
     rows = await repo.attempts(jid, before_id=int(cursor) if cursor else None, limit=limit)
     if not rows and await repo.get(jid) is None:
         raise Problem(404, f"no job {request.match_info['id']}")
@@ -595,11 +602,9 @@ async def list_jobs(request: web.Request) -> web.Response:
         cursor = parse_cursor(q.get("cursor"), filters)
     except FilterError as exc:
         raise Problem(422, str(exc)) from None
-    limit_raw = q.get("limit", "100")
-    if not is_ascii_number(limit_raw, max_digits=4) or not 1 <= int(limit_raw) <= 1000:
-        raise Problem(422, "limit: an integer from 1 to 1000")
-    rows = await request.app[REPO].list_summaries(filters, cursor=cursor, limit=int(limit_raw))
-    after = next_cursor(rows[-1], filters) if len(rows) == int(limit_raw) else None
+    limit = page_limit(q)
+    rows = await request.app[REPO].list_summaries(filters, cursor=cursor, limit=limit)
+    after = next_cursor(rows[-1], filters) if len(rows) == limit else None
     return json_response({"items": [summary_view(r) for r in rows], "next_cursor": after})
 
 
