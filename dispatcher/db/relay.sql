@@ -114,9 +114,10 @@ SELECT queue, count(*) FILTER (WHERE again)::integer AS republished,
 -- Consumer: lease the delivered jobs ($2 ids, $3 the attempt each message was published after)
 -- of queue $1 that this process can run ($6 handler:version pairs) to owner $4 for $5 seconds,
 -- the first delivered first, within the queue's global limits (none while the queue is
--- paused: all held, look again in a second). A job no longer ready, or ready for another attempt, is not eligible (a duplicate
--- delivery). A ready job this process cannot run (a mixed-version fleet) is refused: a new
--- outbox row, published again after a second, carries it to another daemon. The relay's rows of
+-- paused: all held, look again in a second). A job no longer ready, or ready for another
+-- attempt, is not eligible (a duplicate delivery). A ready job this process cannot run (a
+-- mixed-version fleet) is refused: a new outbox row, published again after a second, carries
+-- it to another daemon. The relay's rows of
 -- the jobs started or refused here, and of those no longer ready, are deleted (those of a job
 -- ready for another attempt carry that attempt's message: kept).
 -- The last row is always the marker: the eligible ids (those not claimed were held back by the
