@@ -362,7 +362,8 @@ WITH target AS (
 ), cancelled AS (
     UPDATE dispatcher.jobs j
        SET state = CASE WHEN t.state IN ('scheduled', 'ready') THEN 'cancelled' ELSE j.state END,
-           finished_at = CASE WHEN t.state IN ('scheduled', 'ready') THEN now() ELSE j.finished_at END,
+           finished_at = CASE WHEN t.state IN ('scheduled', 'ready') THEN now()
+                              ELSE j.finished_at END,
            cancel_requested = (t.state = 'running')
       FROM target t WHERE j.id = t.id AND t.state IN ('scheduled', 'ready', 'running')
     RETURNING j.*

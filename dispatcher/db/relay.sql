@@ -11,9 +11,10 @@
 -- name: lease_outbox
 -- Relay: lease for $3 seconds up to $4 unpublished rows nobody holds, of the queues $1, each at
 -- most $2 (its window) ahead of its consumers: the window less its rows published (or being
--- published: leased) and not yet claimed. Within a queue, fairly across tenants as claim_ready does (every tenant's oldest rows
--- first, ties at random), so one tenant's burst does not fill the window ahead of another's
--- job. Each row with what its message carries (the job's key and the attempt it is ready after).
+-- published: leased) and not yet claimed. Within a queue, fairly across tenants as claim_ready
+-- does (every tenant's oldest rows first, ties at random), so one tenant's burst does not fill
+-- the window ahead of another's job. Each row with what its message carries (the job's key
+-- and the attempt it is ready after).
 WITH windows AS MATERIALIZED (
     SELECT w.queue,
            least($4::integer, greatest(0, w.size - (
@@ -117,9 +118,9 @@ SELECT queue, count(*) FILTER (WHERE again)::integer AS republished,
 -- paused: all held, look again in a second). A job no longer ready, or ready for another
 -- attempt, is not eligible (a duplicate delivery). A ready job this process cannot run (a
 -- mixed-version fleet) is refused: a new outbox row, published again after a second, carries
--- it to another daemon. The relay's rows of
--- the jobs started or refused here, and of those no longer ready, are deleted (those of a job
--- ready for another attempt carry that attempt's message: kept).
+-- it to another daemon. The relay's rows of the jobs started or refused here, and of those no
+-- longer ready, are deleted (those of a job ready for another attempt carry that attempt's
+-- message: kept).
 -- The last row is always the marker: the eligible ids (those not claimed were held back by the
 -- limits), the refused ids and the limiter's wait.
 WITH paused AS MATERIALIZED (
