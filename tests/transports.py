@@ -4,7 +4,8 @@ overrides for `make_settings`; the rabbitmq variant uses a queue prefix of its o
 its queues afterwards, and is skipped, saying why, when no broker answers.
 
 A module uses it by importing it: `from tests.transports import transport  # noqa: F401`;
-`transport_env` gives the same two as environment variables, for daemon processes.
+`transport_env` (import it with `transport`) gives the same two as environment variables, for
+daemon processes.
 """
 
 from __future__ import annotations
@@ -51,15 +52,14 @@ async def transport(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, A
         yield {"transport": "rabbitmq", "rabbitmq": {"url": BROKER, "queue_prefix": prefix}}
 
 
-@pytest.fixture(params=["in-process", "rabbitmq"])
-async def transport_env(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, str]]:
-    """The same two transports for daemon processes: environment variables."""
-    if request.param == "in-process":
-        yield {}
-        return
-    async with broker_prefix() as prefix:
-        yield {
-            "DISPATCHER_TRANSPORT": "rabbitmq",
-            "DISPATCHER_RABBITMQ__URL": BROKER,
-            "DISPATCHER_RABBITMQ__QUEUE_PREFIX": prefix,
-        }
+@pytest.fixture
+def transport_env(transport: dict[str, Any]) -> dict[str, str]:
+    """The same two transports for daemon processes: `transport` as environment variables."""
+    if not transport:
+        return {}
+    rabbitmq = transport["rabbitmq"]
+    return {
+        "DISPATCHER_TRANSPORT": transport["transport"],
+        "DISPATCHER_RABBITMQ__URL": rabbitmq["url"],
+        "DISPATCHER_RABBITMQ__QUEUE_PREFIX": rabbitmq["queue_prefix"],
+    }

@@ -18,7 +18,7 @@ import asyncpg
 import pytest
 
 from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, serve_target, wait_until
-from tests.transports import transport_env  # noqa: F401
+from tests.transports import transport, transport_env  # noqa: F401
 
 RATE_PER_S = 50
 BURST = 20
