@@ -5,7 +5,7 @@
 #   podman build --format docker -t dispatcher .         # docker format keeps the HEALTHCHECK
 #   docker build --build-arg BASE=registry.example/debian-python:bookworm -t dispatcher .
 #   docker run --init --read-only --stop-timeout 65 -p 8080:8080 \
-#       -e DISPATCHER_API_TOKENS=change-me -e DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS=true \
+#       -e DISPATCHER_API_TOKENS="$(openssl rand -hex 32)" -e DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS=true \
 #       -v dispatcher-state:/var/lib/dispatcher dispatcher
 #
 # Without DISPATCHER_DATABASE_URL the daemon runs its own PostgreSQL in the volume; give the

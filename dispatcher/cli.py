@@ -14,6 +14,7 @@ from typing import Any
 
 from dispatcher import __version__, logs, rfc3339
 from dispatcher.config import Settings, load_settings
+from dispatcher.console import admin as console_admin
 from dispatcher.errors import DispatcherError
 from dispatcher.model import STATES
 
@@ -136,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Refuses a database that already has a dispatcher schema unless --force",
     )
     restore.add_argument("file", metavar="FILE", help="archive written by dispatcher backup")
+    console_admin.add_commands(command("console", "the web console: list and revoke sessions"))
     restore.add_argument(
         "--force", action="store_true", help="drop the existing dispatcher schema and replace it"
     )
@@ -844,6 +846,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "catch-up": cmd_catch_up,
     "backup": cmd_backup,
     "restore": cmd_restore,
+    "console": console_admin.cmd_console,
 }
 
 if __name__ == "__main__":
