@@ -29,6 +29,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from dispatcher import metrics
+
 log = logging.getLogger(__name__)
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -68,10 +70,12 @@ class GuessLimiter:
         window = self._current(client_key(client))
         if window is None or window.failures < self.limit:
             return None
-        return max(1, math.ceil(window.started + self.window_s - self._clock()))
+        metrics.AUTH_REFUSED.inc()
+        return self._remaining_s(window)
 
     def failed(self, client: str, what: str) -> None:
         """Count a failed authentication (`what`: e.g. 'bearer token') of `client`."""
+        metrics.AUTH_FAILURES.labels(what).inc()
         key = client_key(client)
         window = self._current(key)
         if window is None:
@@ -87,7 +91,7 @@ class GuessLimiter:
                 "%d failed authentications from %s within %.1f s (last: %s): refusing it "
                 "with 429 for %d s",
                 self.limit, client, self._clock() - window.started, what,
-                self.retry_after_s(client) or 0,
+                self._remaining_s(window),
             )  # fmt: skip
 
     def _current(self, key: str) -> _Window | None:
@@ -104,6 +108,9 @@ class GuessLimiter:
             self._windows.popitem(last=False)  # the oldest window: the first to end anyway
         window = self._windows[key] = _Window(self._clock())
         return window
+
+    def _remaining_s(self, window: _Window) -> int:
+        return max(1, math.ceil(window.started + self.window_s - self._clock()))
 
     def _expired(self, window: _Window) -> bool:
         return self._clock() >= window.started + self.window_s

@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.console.common import OPERATOR_TOKEN, TOKENS, form_token
 from tests.harness import make_settings, running_daemon, wait_until
@@ -61,6 +62,20 @@ def assert_throttled(statuses: list[tuple[int, Any]], limit: int, window_s: floa
         assert 1 <= int(headers["Retry-After"]) <= window_s
 
 
+async def auth_counts(client: aiohttp.ClientSession, base: str) -> tuple[float, float]:
+    """dispatcher_auth_failures_total (bearer tokens) and dispatcher_auth_refused_total."""
+    async with client.get(base + "/metrics") as r:
+        text = await r.text()
+    found = {"failures": 0.0, "refused": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "dispatcher_auth_failures_total":
+                found["failures"] += sample.value if sample.labels["what"] == "bearer token" else 0
+            elif sample.name == "dispatcher_auth_refused_total":
+                found["refused"] += sample.value
+    return found["failures"], found["refused"]
+
+
 def burst_lines(caplog: pytest.LogCaptureFixture, address: str) -> list[str]:
     return [
         r.getMessage()
@@ -79,6 +94,7 @@ async def test_wrong_bearer_tokens_meet_429_and_other_addresses_do_not(
         client_from("127.0.0.2") as other,
     ):
         base = daemon.base_url
+        failures, refused = await auth_counts(other, base)
         statuses = [await get_jobs(guesser, base, f"{WRONG}{n}") for n in range(200)]
         assert_throttled(statuses, LIMIT, settings.auth_failure_window_s)
         async with guesser.get(base + "/v1/jobs", headers={"Authorization": "Bearer x"}) as r:
@@ -92,6 +108,8 @@ async def test_wrong_bearer_tokens_meet_429_and_other_addresses_do_not(
         assert (await get_jobs(guesser, base, OPERATOR_TOKEN))[0] == 429  # not reset by it
         async with guesser.get(base + "/healthz") as r:
             assert r.status == 200  # unauthenticated paths are not limited
+        # counted: 10 + 1 wrong tokens; refused: 190 + 1 wrong, 2 right from the guesser
+        assert await auth_counts(other, base) == (failures + 11, refused + 193)
     # once per burst: its first failure and the moment the address is refused, not 200 lines
     assert len(burst_lines(caplog, "127.0.0.1")) == 2
     assert WRONG not in caplog.text
