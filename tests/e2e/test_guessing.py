@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.console.common import OPERATOR_TOKEN, TOKENS, form_token
-from tests.harness import make_settings, running_daemon, wait_until
+from tests.harness import free_port, make_settings, running_daemon, wait_until
 
 WRONG = "wrong-token-" + "0" * 40
 LIMIT = 10  # the default auth_failure_limit
@@ -137,13 +137,17 @@ async def test_wrong_console_sign_ins_meet_429_and_other_addresses_sign_in(
     assert len(burst_lines(caplog, "127.0.0.1")) == 2
 
 
-async def test_the_api_and_the_console_count_together_and_the_window_ends(db_url: str) -> None:
+@pytest.mark.parametrize("console_listener", ["mounted", "own"])
+async def test_the_api_and_the_console_count_together_and_the_window_ends(
+    db_url: str, console_listener: str
+) -> None:
+    own = {"console_listen": f"127.0.0.1:{free_port()}"} if console_listener == "own" else {}
     settings = make_settings(
-        db_url, api_tokens=TOKENS, auth_failure_limit=4, auth_failure_window_s=1.5
+        db_url, api_tokens=TOKENS, auth_failure_limit=4, auth_failure_window_s=1.5, **own
     )
     async with running_daemon(settings) as daemon, client_from("127.0.0.1") as client:
         base = daemon.base_url
-        signing_in = SignIn(client, base)
+        signing_in = SignIn(client, f"http://{settings.console_listen}" if own else base)
         assert [(await get_jobs(client, base, WRONG))[0] for _ in range(2)] == [401, 401]
         assert [(await signing_in.attempt(WRONG))[0] for _ in range(2)] == [401, 401]
         status, headers = await get_jobs(client, base, OPERATOR_TOKEN)
