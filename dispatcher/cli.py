@@ -733,6 +733,16 @@ def cmd_restore(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def cmd_console(settings: Settings, args: argparse.Namespace) -> int:
+    from dispatcher.db.sessions import SessionRepository
+
+    async def run() -> int:
+        async with database(settings) as (_dsn, pool):
+            return await console_admin.sessions_command(SessionRepository(pool), args)
+
+    return asyncio.run(run())
+
+
 def with_cron(settings: Settings, body: Callable[[Any], Awaitable[int]]) -> int:
     from dispatcher.db.jobs import JobRepository
     from dispatcher.scheduling.cron_service import CronService
@@ -846,7 +856,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "catch-up": cmd_catch_up,
     "backup": cmd_backup,
     "restore": cmd_restore,
-    "console": console_admin.cmd_console,
+    "console": cmd_console,
 }
 
 if __name__ == "__main__":

@@ -8,12 +8,9 @@ the address it signed in from and its times; never the session id, which only th
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from typing import TYPE_CHECKING, Any
-
-from dispatcher.config import Settings
 
 if TYPE_CHECKING:  # the CLI imports this module on every command: the driver only when used
     from dispatcher.db.sessions import SessionRepository, SessionRow
@@ -38,23 +35,16 @@ def add_commands(console: argparse.ArgumentParser) -> None:
     target.add_argument("--all", action="store_true", help="revoke every session")
 
 
-def cmd_console(settings: Settings, args: argparse.Namespace) -> int:
-    from dispatcher.cli import database
-    from dispatcher.db.sessions import SessionRepository
-
-    async def run() -> int:
-        async with database(settings) as (_dsn, pool):
-            repo = SessionRepository(pool)
-            if getattr(args, "sessions_action", None) == "revoke":
-                return await revoke(repo, args)
-            rows = await repo.live_sessions()
-        if args.json:
-            print(json.dumps({"sessions": [row_view(r) for r in rows]}, indent=2))
-        else:
-            print(format_sessions(rows))
-        return 0
-
-    return asyncio.run(run())
+async def sessions_command(repo: SessionRepository, args: argparse.Namespace) -> int:
+    """`dispatcher console sessions [revoke ID | revoke --all] [--json]` on `repo`."""
+    if getattr(args, "sessions_action", None) == "revoke":
+        return await revoke(repo, args)
+    rows = await repo.live_sessions()
+    if args.json:
+        print(json.dumps({"sessions": [row_view(r) for r in rows]}, indent=2))
+    else:
+        print(format_sessions(rows))
+    return 0
 
 
 async def revoke(repo: SessionRepository, args: argparse.Namespace) -> int:
