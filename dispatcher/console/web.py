@@ -133,6 +133,8 @@ async def headers_middleware(request: web.Request, handler: Handler) -> web.Stre
 async def session_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Who is asking (the session cookie), whether they may, and for a POST whether the form
     came from this console (same origin, CSRF token of the session)."""
+    if is_static(request):  # served to anyone: no session lookup (a database probe) for it
+        return await handler(request)
     signer = request.app[SIGNER]
     route_handler = request.match_info.handler
     session = await current_session(request)
@@ -141,7 +143,7 @@ async def session_middleware(request: web.Request, handler: Handler) -> web.Stre
         issued = signer.issue(None)
         session = signer.verify(issued)
     if session is None:
-        if getattr(route_handler, "console_public", False) or is_static(request):
+        if getattr(route_handler, "console_public", False):
             return await handler(request)
         return sign_in_first(request)
     request[SESSION] = session
@@ -312,7 +314,6 @@ async def login(request: web.Request) -> web.StreamResponse:
         return login_page(
             request, f"Token {token.name!r} lacks the read scope the console needs.", 403
         )
-    log.info("console: %r signed in", token.name, extra={"token": token.name})
     next_url = form.get("next")
     response = web.HTTPSeeOther(safe_next(next_url if isinstance(next_url, str) else None))
     cookie = signer.issue(token)
@@ -321,6 +322,7 @@ async def login(request: web.Request) -> web.StreamResponse:
     await request.app[SESSIONS].create(
         session.id_hash, session.token_id, session.name, client, session.expires_at
     )
+    log.info("console: %r signed in from %s", token.name, client, extra={"token": token.name})
     set_session_cookie(request, response, cookie, signer.ttl_s)
     response.del_cookie(LOGIN_COOKIE, path=f"{PREFIX}/")
     raise response
