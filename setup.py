@@ -3,7 +3,9 @@ plus data packages mapped from two top-level directories that stay where operato
 tools look for them. config/ (the annotated settings file, examples, Prometheus and Grafana
 files, sidecar manifests) ships as `dispatcher.share.config` and systemd/ as
 `dispatcher.share.systemd`, so `dispatcher config example` can print them from an installed
-wheel. Everything else about the build is in pyproject.toml."""
+wheel. Their files reach the wheel through MANIFEST.in (`graft config`, `graft systemd`):
+pyproject.toml's package-data replaces setup.py's, and include-package-data takes what the
+manifest lists. Everything else about the build is in pyproject.toml."""
 
 from pathlib import Path
 
@@ -28,5 +30,4 @@ DATA = data_packages()
 setup(
     packages=[*find_packages(include=["dispatcher*"]), *DATA],
     package_dir=DATA,
-    package_data={package: ["*"] for package in DATA},
 )
