@@ -1,6 +1,7 @@
 """Imports run downward only (docs/concepts/how-it-works.md, "Code layout"): a module may import
-its own layer and the layers below it, never one above. Read from the source (`ast`), so it holds for imports inside
-functions too; imports only a type checker runs (`if TYPE_CHECKING:`) are left out."""
+its own layer and the layers below it, never one above. Read from the source (`ast`), so it holds
+for imports inside functions too; imports only a type checker runs (`if TYPE_CHECKING:`) are left
+out."""
 
 from __future__ import annotations
 
