@@ -16,6 +16,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import asyncpg
 import pytest
 import yaml
 
@@ -191,3 +192,33 @@ def test_site_builds_strictly_with_every_generated_reference(tmp_path: Path) -> 
     )
     for page in site.rglob("*.html"):  # nothing is fetched from elsewhere at run time
         assert not fetched.search(page.read_text()), page
+
+
+async def test_the_sql_door_python_example_enqueues_in_its_transaction(
+    db_url: str, tmp_path: Path
+) -> None:
+    """docs/guides/sql-door.md's Python block, run twice on a migrated database: one job, the
+    lease moved, and the same id again on the second run (the key, not the call, decides)."""
+    [block] = [b for b in blocks(ROOT / "docs/guides/sql-door.md") if b.language == "python"]
+    script = tmp_path / "enqueue_lease.py"
+    script.write_text(block.text)
+    env = user_env(tmp_path) | {"DATABASE_URL": db_url}
+    printed = []
+    for _ in range(2):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(script), env=env, stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0
+        printed.append(out.decode())
+    conn = await asyncpg.connect(db_url)
+    try:
+        job = await conn.fetchrow(
+            "SELECT id, key, handler FROM dispatcher.jobs WHERE key = $1",
+            "lease-4831:send-move-out-notice:2030-05-31",
+        )
+        ends_on = await conn.fetchval("SELECT ends_on::text FROM leases WHERE id = 4831")
+    finally:
+        await conn.close()
+    assert job is not None and printed == [f"job {job['id']}\n"] * 2
+    assert ends_on == "2030-05-31"
