@@ -86,9 +86,24 @@ def expected_output(block: Block) -> list[str]:
     return shown
 
 
+def contains(whole: object, part: object) -> bool:
+    """`part` names some of `whole`'s fields, at any depth; lists match item by item."""
+    if isinstance(part, dict):
+        return isinstance(whole, dict) and all(
+            k in whole and contains(whole[k], v) for k, v in part.items()
+        )
+    if isinstance(part, list):
+        return (
+            isinstance(whole, list)
+            and len(whole) == len(part)
+            and all(contains(w, p) for w, p in zip(whole, part, strict=True))
+        )
+    return whole == part
+
+
 def shown(expected: str, output: list[str]) -> bool:
     """Whether an output line matches the page's: a JSON object ending in `,...}` names some of
-    the fields (any order); any other line is exact."""
+    the fields (any order, objects inside it too); any other line is exact."""
     if expected.startswith("{") and expected.endswith(",...}"):
         subset = json.loads(expected.removesuffix(",...}") + "}")
         for line in output:
@@ -96,7 +111,7 @@ def shown(expected: str, output: list[str]) -> bool:
                 whole = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(whole, dict) and subset.items() <= whole.items():
+            if contains(whole, subset):
                 return True
         return False
     return expected in output

@@ -40,6 +40,7 @@ SITE = "https://pg-dispatcher.github.io/pg-dispatcher/"
 SCRIPT_PAGES = {
     "docs/tutorial.md": "tests/e2e/test_wheel.py",
     "docs/guides/python-handlers.md": "tests/e2e/test_docs_examples.py",
+    "docs/guides/recipes.md": "tests/e2e/test_docs_examples.py",
 }
 DATA = {"json", "yaml", "toml"}
 NOT_CODE = {"text"}  # output shown, diagrams, file contents that are not commands
@@ -137,6 +138,19 @@ async def test_python_handlers_guide_runs_as_written(tmp_path: Path) -> None:
     await run_walkthrough(
         "docs/guides/python-handlers.md", work, env, {"localhost:8080": f"localhost:{port}"}, 180
     )
+    await no_server_left(work / "var" / "pgdata")
+
+
+async def test_recipes_run_as_written(tmp_path: Path) -> None:
+    """recipes.md in an empty directory: the nightly cleanup (shipped example, 16 units, 10,000
+    expired rows deleted and 100 kept, the same night triggered again is `existing`), then one
+    job per record under a queue limit with a target that answers 429 once per job."""
+    work = tmp_path / "work"
+    work.mkdir()
+    port, target = free_port(), free_port()
+    env = user_env(tmp_path) | {"DISPATCHER_LISTEN": f"127.0.0.1:{port}"}
+    replace = {"localhost:8080": f"localhost:{port}", "9003": str(target)}
+    await run_walkthrough("docs/guides/recipes.md", work, env, replace, 240)
     await no_server_left(work / "var" / "pgdata")
 
 
