@@ -170,6 +170,10 @@ def test_readme_is_short_and_its_links_reach_pages() -> None:
         candidates = [ROOT / "docs" / f"{page}.md", ROOT / "docs" / page / "index.md"]
         assert any(p.is_file() for p in candidates), f"README links to {SITE}{link}: no page"
     assert "](" + "docs/" not in readme  # relative links break on PyPI
+    for page in pages():  # links into the repository name files that exist
+        for path in re.findall(r"github\.com/pg-dispatcher/pg-dispatcher/blob/main/([^)#\s]+)",
+                               page.read_text()):  # fmt: skip
+            assert (ROOT / path).exists(), f"{page.name} links to {path}: not in the tree"
 
 
 def test_site_builds_strictly_with_every_generated_reference(tmp_path: Path) -> None:
