@@ -23,7 +23,8 @@ def _root(package: str, folder: str) -> Traversable:
     try:
         return resources.files(package)
     except ModuleNotFoundError:
-        # an editable install made before the data packages existed: the source tree has them
+        # an editable install (pip install -e .): setuptools' finder maps `dispatcher` to the
+        # source tree but not the mapped data packages, which sit at the top of that tree
         return Path(__file__).resolve().parents[2] / folder
 
 
