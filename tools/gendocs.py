@@ -107,6 +107,9 @@ def inner_model(annotation: Any) -> tuple[type[BaseModel], str] | None:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation, ""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):  # an optional section: `X | None`
+        present = [a for a in args if a is not type(None)]
+        return inner_model(present[0]) if len(present) == 1 else None
     if origin is dict and isinstance(args[1], type) and issubclass(args[1], BaseModel):
         return args[1], ".NAME"
     if origin is list and isinstance(args[0], type) and issubclass(args[0], BaseModel):
