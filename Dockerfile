@@ -35,8 +35,11 @@ RUN python3 -m venv /opt/dispatcher
 WORKDIR /src
 COPY --from=requirements /src/requirements.txt ./
 RUN /opt/dispatcher/bin/pip install -r requirements.txt
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md setup.py MANIFEST.in LICENSE ./
 COPY dispatcher ./dispatcher
+# shipped inside the package as data (setup.py): `dispatcher config example` prints them
+COPY config ./config
+COPY systemd ./systemd
 # pip and setuptools are not needed at run time.
 RUN /opt/dispatcher/bin/pip install --no-deps . \
     && /opt/dispatcher/bin/pip uninstall -q -y pip setuptools

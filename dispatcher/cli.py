@@ -74,6 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
         "README: Tracing)"
     )
     command("migrate", "apply pending database migrations and exit")
+    config = command("config", "files shipped with the package: the annotated settings file")
+    config_sub = config.add_subparsers(dest="config_action", metavar="ACTION", required=True)
+    config_example = config_sub.add_parser(
+        "example",
+        help="print a shipped file (default: the annotated dispatcher.toml, every setting)",
+        description="print a shipped file: dispatcher config example > dispatcher.toml",
+    )
+    config_example.add_argument("name", nargs="?", default="dispatcher.toml", metavar="NAME")
+    config_example.add_argument("--list", action="store_true", help="list the shipped files")
     command("check-config", "validate the configuration and print it with secrets masked")
     command(
         "db-url",
@@ -844,9 +853,19 @@ def _plain(value: Any) -> str:
     return str(value)
 
 
+def cmd_config(settings: Settings, args: argparse.Namespace) -> int:
+    from dispatcher import share
+
+    print("\n".join(share.shipped()) if args.list else share.example(args.name), end="")
+    if args.list:
+        print()
+    return 0
+
+
 COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "run": cmd_run,
     "migrate": cmd_migrate,
+    "config": cmd_config,
     "check-config": cmd_check_config,
     "db-url": cmd_db_url,
     "jobs": cmd_jobs,
