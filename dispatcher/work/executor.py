@@ -310,7 +310,8 @@ class Executor:
 
     async def _fail(self, job: Job, failure: _Failure, *, permanent: bool, delay_s: float) -> str:
         """Record a failed attempt; return the outcome: dead, cancelled, retry or lease_lost."""
-        error, reason = failure.error[:ERROR_TEXT_LIMIT], failure.reason
+        # stored whole, in its safe form (cut with a marker past ERROR_CHARS: db/outcomes.py)
+        error, reason = failure.error, failure.reason
         outcome = await self._repo.record_failure(
             job,
             self._owner,
@@ -330,7 +331,7 @@ class Executor:
         if state == "dead":
             metrics.DEAD_LETTERS.labels(self.queue, dead_reason or reason).inc()
             metrics.JOBS_COMPLETED.labels(self.queue, "dead").inc()
-            log.warning("dead letter (%s): %s", dead_reason, error, extra=fields)
+            log.warning("dead letter (%s): %s", dead_reason, error[:ERROR_TEXT_LIMIT], extra=fields)
             return "dead"
         if state == "cancelled":
             metrics.JOBS_COMPLETED.labels(self.queue, "cancelled").inc()
@@ -338,7 +339,9 @@ class Executor:
             return "cancelled"
         metrics.RETRIES.labels(self.queue, reason).inc()
         self._on_rescheduled()
-        log.info("retry in %.3f s (%s): %s", delay_s, reason, error, extra=fields)
+        log.info(
+            "retry in %.3f s (%s): %s", delay_s, reason, error[:ERROR_TEXT_LIMIT], extra=fields
+        )
         return "retry"
 
 
