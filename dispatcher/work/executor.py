@@ -250,9 +250,7 @@ class Executor:
             failure = _Failure("attempt timed out", "timeout", time.perf_counter() - started)
             return await self._retry(job, failure, None)
         except Exception as exc:
-            failure = _Failure(
-                f"{type(exc).__name__}: {exc}", "error", time.perf_counter() - started
-            )
+            failure = _Failure(describe(exc), "error", time.perf_counter() - started)
             if _is_permanent_sql_error(exc):
                 failure.reason = "sql_error"
                 return await self._fail(job, failure, permanent=True, delay_s=0)
@@ -383,6 +381,15 @@ def _resume(coro: Coroutine[Any, Any, Any], waiting: Any) -> Generator[Any, Any,
             waiting = coro.send(value)
         except StopIteration as finished:
             return finished.value
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as its error text: its type and message, or only its type when the message
+    cannot be made (a handler's exception may raise from `__str__`: still an ordinary failure)."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return f"{type(exc).__name__} (its message could not be read)"
 
 
 def _clamped(delay_s: float) -> float:
