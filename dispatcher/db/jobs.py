@@ -9,11 +9,11 @@ from typing import Any, cast
 
 import asyncpg
 
-from dispatcher import jsoncodec
 from dispatcher.db.outcomes import (
     ERROR_CHARS,
     EXCERPT_CHARS,
     REASON_CHARS,
+    result_json,
     storable_result,
     storable_text,
 )
@@ -140,7 +140,7 @@ class JobRepository:
         """Record successes and their attempt history rows (the optional lists run parallel to
         `ids`; None records nothing for that column); returns the (job id, attempt) pairs this
         owner still held. Results and excerpts are stored in their safe form (db/outcomes.py)."""
-        texts = [_result_text(r) for r in results]
+        texts = [result_json(r) for r in results]
         if excerpts is not None:
             excerpts = [storable_text(e, EXCERPT_CHARS) for e in excerpts]
         rows = await self.pool.fetch(
@@ -160,7 +160,7 @@ class JobRepository:
             _COMPLETE,
             [job.id],
             [job.attempt],
-            [_result_text(result)],
+            [result_json(result)],
             owner,
             None,
             [latency_s],
@@ -462,12 +462,6 @@ def _enqueued(rows: list[asyncpg.Record], n: int) -> list[EnqueueResult]:
             r["id"], r["key"], r["state"], r["due_at"], r["created_at"], r["outcome"]
         )
     return cast(list[EnqueueResult], results)  # the function answers every item
-
-
-def _result_text(result: Any) -> str | None:
-    """A result as the JSON text complete_succeeded stores, in its safe form; None (no result)
-    stays SQL NULL."""
-    return None if result is None else jsoncodec.dumps(storable_result(result))
 
 
 def _split(attempts: Sequence[AttemptKey]) -> tuple[list[int], list[int]]:

@@ -31,6 +31,8 @@ from typing import Any
 
 import orjson
 
+from dispatcher import jsoncodec
+
 MAX_TEXT_CHARS = 64 * 1024  # one string inside a result
 MAX_RESULT_CHARS = 256 * 1024  # a whole result's JSON, roughly (the intake body limit's default)
 MAX_DEPTH = 64  # nesting levels kept (orjson itself refuses beyond 254)
@@ -92,6 +94,33 @@ def storable_result(value: Any) -> Any:
             + _excerpt(value),
             MAX_TEXT_CHARS,
         )
+
+
+def result_json(value: Any) -> str | None:
+    """`storable_result(value)` as JSON text (None stays None: SQL NULL, no result).
+
+    Most results are small and plain: orjson writes them in well under a microsecond, and when
+    its output shows none of what the safe form changes, it is the answer, with no walk in
+    Python (a walk costs about 5 µs for a three-key dict, 0.6 ms for a list of 1,000 ints).
+    Each test is conservative: NUL is written `\\u0000`; NaN and the infinities come out as
+    `null` (so any `null` takes the walk); orjson refuses surrogates, ints past 64 bits, keys
+    that are not text, sets, bytes, other objects and cycles; no string can pass MAX_TEXT_CHARS
+    in a text shorter than that, nor nest deeper than MAX_DEPTH with fewer brackets."""
+    if value is None:
+        return None
+    try:
+        text = orjson.dumps(value)
+    except (TypeError, ValueError):  # orjson.JSONEncodeError is a TypeError
+        pass
+    else:
+        if (
+            len(text) <= MAX_TEXT_CHARS
+            and b"\\u0000" not in text
+            and b"null" not in text
+            and text.count(b"[") + text.count(b"{") <= MAX_DEPTH
+        ):
+            return text.decode()
+    return jsoncodec.dumps(storable_result(value))
 
 
 def _escape(match: re.Match[str]) -> str:
