@@ -14,6 +14,7 @@ from typing import Any, Protocol, cast
 from dispatcher import metrics
 from dispatcher.config import MAX_DURATION_S, QueueSettings
 from dispatcher.db.jobs import JobRepository
+from dispatcher.db.outcomes import storable_text
 from dispatcher.effects.base import Effect, LeaseLost
 from dispatcher.effects.python import PythonEffect
 from dispatcher.errors import Reject, RetryLater
@@ -326,10 +327,11 @@ class Executor:
             return "lease_lost"
         state, dead_reason = outcome
         fields = {**job.log_fields, "state": state}
+        shown = storable_text(error, ERROR_TEXT_LIMIT)  # a handler's reason may not be text
         if state == "dead":
             metrics.DEAD_LETTERS.labels(self.queue, dead_reason or reason).inc()
             metrics.JOBS_COMPLETED.labels(self.queue, "dead").inc()
-            log.warning("dead letter (%s): %s", dead_reason, error[:ERROR_TEXT_LIMIT], extra=fields)
+            log.warning("dead letter (%s): %s", dead_reason, shown, extra=fields)
             return "dead"
         if state == "cancelled":
             metrics.JOBS_COMPLETED.labels(self.queue, "cancelled").inc()
@@ -337,9 +339,7 @@ class Executor:
             return "cancelled"
         metrics.RETRIES.labels(self.queue, reason).inc()
         self._on_rescheduled()
-        log.info(
-            "retry in %.3f s (%s): %s", delay_s, reason, error[:ERROR_TEXT_LIMIT], extra=fields
-        )
+        log.info("retry in %.3f s (%s): %s", delay_s, reason, shown, extra=fields)
         return "retry"
 
 

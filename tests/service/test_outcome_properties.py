@@ -156,6 +156,8 @@ raised = st.one_of(
     any_text.map(lambda t: RetryLater(t, delay_s=0)),
     any_text.map(lambda t: Reject(t, code="rejected_by_handler")),
     st.builds(BadText),
+    st.sampled_from([123, None, {"why": "\x00"}]).map(lambda r: Reject(r, code="odd_reason")),
+    st.sampled_from([123, b"\x00"]).map(lambda r: RetryLater(r, delay_s=0)),
 ).map(Raises)
 outcomes = results | raised
 
@@ -283,7 +285,7 @@ def assert_ended_as_expected(outcome: Any, row: asyncpg.Record) -> None:
     exc = outcome.exc
     assert row["state"] == "dead"
     if isinstance(exc, Reject):
-        assert row["dead_reason"] == "rejected_by_handler"
+        assert row["dead_reason"] == exc.code
         assert row["last_error"] == storable_text(exc.reason, ERROR_CHARS)
     else:  # transient: retried until its one attempt was used
         assert row["dead_reason"] == "max_attempts"
