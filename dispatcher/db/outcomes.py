@@ -13,8 +13,8 @@ table in docs/outcomes.md:
   (its first and last digits and its length); NaN and the infinities as the text JSON would need
   ("NaN", "Infinity", "-Infinity");
 - containers: dicts (keys as text, the way `json.dumps` writes them), lists and tuples are kept,
-  at most MAX_DEPTH levels deep; a cycle, a deeper level, and any other value (a set, bytes, an
-  object) that orjson cannot write either become a bounded `repr` excerpt;
+  at most MAX_DEPTH (254) levels deep; a cycle, a deeper level, and any other value (a set,
+  bytes, an object) that orjson cannot write either become a bounded `repr` excerpt;
 - size: a result whose JSON would pass MAX_RESULT_CHARS is stored as a bounded `repr` excerpt.
 
 Each function returns its input unchanged (the same object) when it is storable as given, so the
@@ -35,7 +35,9 @@ from dispatcher import jsoncodec
 
 MAX_TEXT_CHARS = 64 * 1024  # one string inside a result
 MAX_RESULT_CHARS = 256 * 1024  # a whole result's JSON, roughly (the intake body limit's default)
-MAX_DEPTH = 64  # nesting levels kept (orjson itself refuses beyond 254)
+# Nesting levels kept: orjson's own limit, so a result orjson writes needs no depth check (a
+# list of 1,000 records has 2,001 brackets; counting them sent such results to the walk, 3 ms).
+MAX_DEPTH = 254
 REPR_CHARS = 500  # a `repr` excerpt standing in for a value that cannot be stored as JSON
 ERROR_CHARS = 2000  # an error text (the job's last_error)
 EXCERPT_CHARS = 500  # a response excerpt in the attempt history
@@ -89,11 +91,10 @@ def storable_result(value: Any) -> Any:
     try:
         return walk.value(value, 0)
     except _TooLarge:
-        return storable_text(
-            f"[result too large to store: over {MAX_RESULT_CHARS} characters of JSON] "
-            + _excerpt(value),
-            MAX_TEXT_CHARS,
-        )
+        why = f"[result too large to store: over {MAX_RESULT_CHARS} characters of JSON] "
+    except RecursionError:  # the walk began on a deep stack already
+        why = "[result nested too deep to store] "
+    return storable_text(why + _excerpt(value), MAX_TEXT_CHARS)
 
 
 def result_json(value: Any) -> str | None:
@@ -104,8 +105,8 @@ def result_json(value: Any) -> str | None:
     Python (a walk costs about 5 µs for a three-key dict, 0.6 ms for a list of 1,000 ints).
     Each test is conservative: NUL is written `\\u0000`; NaN and the infinities come out as
     `null` (so any `null` takes the walk); orjson refuses surrogates, ints past 64 bits, keys
-    that are not text, sets, bytes, other objects and cycles; no string can pass MAX_TEXT_CHARS
-    in a text shorter than that, nor nest deeper than MAX_DEPTH with fewer brackets."""
+    that are not text, sets, bytes, other objects, cycles and nesting past MAX_DEPTH (its own
+    limit); no string can pass MAX_TEXT_CHARS in a text shorter than that."""
     if value is None:
         return None
     try:
@@ -113,12 +114,7 @@ def result_json(value: Any) -> str | None:
     except (TypeError, ValueError):  # orjson.JSONEncodeError is a TypeError
         pass
     else:
-        if (
-            len(text) <= MAX_TEXT_CHARS
-            and b"\\u0000" not in text
-            and b"null" not in text
-            and text.count(b"[") + text.count(b"{") <= MAX_DEPTH
-        ):
+        if len(text) <= MAX_TEXT_CHARS and b"\\u0000" not in text and b"null" not in text:
             return text.decode()
     return jsoncodec.dumps(storable_result(value))
 
