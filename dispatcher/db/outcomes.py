@@ -109,6 +109,8 @@ def result_json(value: Any) -> str | None:
     limit); no string can pass MAX_TEXT_CHARS in a text shorter than that."""
     if value is None:
         return None
+    if isinstance(value, str | list | tuple | dict) and len(value) > MAX_TEXT_CHARS:
+        return jsoncodec.dumps(storable_result(value))  # too long for the fast path: no copy
     try:
         text = orjson.dumps(value)
     except (TypeError, ValueError):  # orjson.JSONEncodeError is a TypeError

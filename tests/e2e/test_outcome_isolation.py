@@ -137,7 +137,7 @@ POISONS = {
 
 @pytest.mark.parametrize("poison", sorted(POISONS))
 async def test_a_handler_returning_an_unstorable_result_harms_no_other_job(
-    db_url: str, poison: str
+    db_url: str, transport: dict[str, Any], poison: str
 ) -> None:
     function, expected_state = POISONS[poison]
     settings = make_settings(
@@ -151,6 +151,7 @@ async def test_a_handler_returning_an_unstorable_result_harms_no_other_job(
             }
         },
         queues={"default": {"backoff_base_s": 0.05, "backoff_cap_s": 0.1}},
+        **transport,
     )
     conn = await asyncpg.connect(db_url)
     try:
