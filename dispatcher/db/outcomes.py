@@ -29,6 +29,7 @@ import reprlib
 import sys
 from typing import Any
 
+import asyncpg
 import orjson
 
 from dispatcher import jsoncodec
@@ -62,6 +63,23 @@ class _Repr(reprlib.Repr):
 
 
 _REPR = _Repr()
+
+
+# SQLSTATE classes that refuse a statement for the values it carries: data exceptions (22:
+# invalid text, numeric out of range), integrity constraints (23), program limits (54: a value
+# too large). Anything else (a deadlock, a timeout, an undefined column) is not one job's fault.
+_DATA_ERROR_CLASSES = ("22", "23", "54")
+
+
+def is_data_error(exc: BaseException) -> bool:
+    """Whether `exc` refused a write for the values it carries, so that the same write without
+    one job's values may succeed: the server's data classes, the driver's refusal to encode an
+    argument (a ValueError), or an exception raised in Python before anything was sent."""
+    if isinstance(exc, asyncpg.InterfaceError):
+        return isinstance(exc, ValueError)
+    if isinstance(exc, asyncpg.PostgresError):
+        return str(exc.sqlstate)[:2] in _DATA_ERROR_CLASSES
+    return not isinstance(exc, OSError)  # OSError: no connection (is_unavailable's)
 
 
 def storable_text(text: str | None, limit: int) -> str | None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from dispatcher import metrics
 from dispatcher.db.jobs import JobRepository
+from dispatcher.db.outcomes import is_data_error
 from dispatcher.db.pool import is_unavailable
 from dispatcher.effects.base import Delivered
 from dispatcher.lifecycle import Service
@@ -200,10 +201,11 @@ class Completer(Service):
 
     async def _write(self, rows: _Rows, unstorable: dict[int, bool]) -> set[AttemptKey]:
         """Write `rows` as succeeded; return the attempts whose lease held. A write the database
-        refuses for its data rather than an outage (a value no safe form foresaw, a constraint)
-        is split in halves, down to the job whose data it refuses, which is ended alone (added
-        to `unstorable`): one job's outcome never fails the others'. An unreachable database
-        raises, as a retry one half at a time would only meet it again."""
+        refuses for its data (`is_data_error`: a value no safe form foresaw, a constraint) is
+        split in halves, down to the job whose data it refuses, which is ended alone (added to
+        `unstorable`): one job's outcome never fails the others'. Any other error (the database
+        unreachable, a deadlock, a timeout) raises, as before: it is no one job's doing, and
+        ending a job for it would end every job of the batch."""
         try:
             return await self._repo.complete(
                 [j.id for j in rows.jobs],
@@ -215,8 +217,8 @@ class Completer(Service):
                 excerpts=rows.excerpts,
             )
         except Exception as exc:
-            if is_unavailable(exc):
-                raise
+            if is_unavailable(exc) or not is_data_error(exc):
+                raise  # not one job's doing: the batch fails whole, retried after its leases
             if len(rows.jobs) > 1:
                 half = len(rows.jobs) // 2
                 first = await self._write(rows.part(0, half), unstorable)

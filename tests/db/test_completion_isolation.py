@@ -102,6 +102,34 @@ async def test_an_unreachable_database_fails_the_batch_whole_and_ends_no_job(
     assert set((await states(repo)).values()) == {("running", None)}  # left to their leases
 
 
+async def test_an_error_that_is_no_jobs_doing_fails_the_batch_whole_and_ends_no_job(
+    registry: JobRepository,
+) -> None:
+    """A deadlock (or a timeout, an undefined column) met while writing one job's row says
+    nothing about that job's data: splitting would end it, or every job, as unstorable."""
+    repo = registry
+    await repo.pool.execute("""
+        CREATE FUNCTION deadlock_on_marked() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.result ? 'marked' THEN
+                RAISE EXCEPTION 'deadlock detected (test)' USING ERRCODE = '40P01';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER deadlock_on_marked BEFORE UPDATE ON dispatcher.job_state
+           FOR EACH ROW EXECUTE FUNCTION deadlock_on_marked();""")
+    jobs = await claim(repo, 6)
+    results: list[Any] = [{"marked": True} if i == 2 else {"n": i} for i in range(6)]
+    completer = Completer(repo, OWNER)
+    await completer.start()
+    try:
+        with pytest.raises(asyncpg.DeadlockDetectedError):
+            await completer.record_many(jobs, results, [0.01] * 6)
+    finally:
+        await completer.stop()
+    assert set((await states(repo)).values()) == {("running", None)}  # left to their leases
+
+
 async def test_results_that_are_json_arrays_are_stored_as_given(registry: JobRepository) -> None:
     """asyncpg read a list inside a jsonb[] parameter as a dimension of the array: a handler
     returning a JSON array failed its whole batch (found by test_outcome_properties.py)."""
