@@ -22,6 +22,7 @@ import asyncpg
 from aiohttp import web
 
 from tests.harness import LOOPBACK_ENV, DaemonProcess, free_port, wait_until
+from tests.transports import transport, transport_env  # noqa: F401
 
 RSS_LIMIT_BYTES = 250 * 1024 * 1024
 MiB = 1024 * 1024
@@ -44,13 +45,25 @@ class CountingTarget:
     def __init__(self, delay_s: float):
         self.delay_s = delay_s
         self.sizes: dict[str, int] = {}
+        self.inflight: set[str] = set()
+        self.max_inflight = 0
+        # per key: the other keys in flight at any moment while it was
+        self.beside: dict[str, set[str]] = {}
         self.url = ""
 
     async def handle(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        await asyncio.sleep(self.delay_s)
-        self.sizes[request.headers.get("Idempotency-Key", "")] = len(body)
-        return web.json_response({"ok": True})
+        key = request.headers.get("Idempotency-Key", "")
+        self.inflight.add(key)
+        self.max_inflight = max(self.max_inflight, len(self.inflight))
+        for other in self.inflight:
+            self.beside.setdefault(other, set()).update(self.inflight - {other})
+        try:
+            body = await request.read()
+            await asyncio.sleep(self.delay_s)
+            self.sizes[key] = len(body)
+            return web.json_response({"ok": True})
+        finally:
+            self.inflight.discard(key)
 
 
 @contextlib.asynccontextmanager
@@ -144,7 +157,10 @@ async def stop(daemon: DaemonProcess) -> None:
         await daemon.proc.wait()
 
 
-async def test_draining_large_payloads_from_every_door_stays_under_the_bound(db_url: str) -> None:
+async def test_draining_large_payloads_from_every_door_stays_under_the_bound(
+    db_url: str,
+    transport_env: dict[str, str],  # noqa: F811
+) -> None:
     async with counting_target(delay_s=0.3) as target:
         conn = await asyncpg.connect(db_url)
         try:
@@ -154,7 +170,7 @@ async def test_draining_large_payloads_from_every_door_stays_under_the_bound(db_
                 " WHERE name = 'default'"
             )
             sizes = await store_through_sql_doors(conn, target.url)
-            daemon = await DaemonProcess(daemon_env(db_url)).start()
+            daemon = await DaemonProcess(daemon_env(db_url, **transport_env)).start()
             try:
                 assert daemon.proc is not None
                 sizes.update(await post_through_http(daemon.base_url, target.url, 8))
@@ -173,7 +189,8 @@ async def test_draining_large_payloads_from_every_door_stays_under_the_bound(db_
             await conn.close()
     total = sum(sizes.values())
     print(
-        f"\ndrain of {len(sizes)} jobs, {total / MiB:.0f} MiB of payload: "
+        f"\n{transport_env.get('DISPATCHER_TRANSPORT', 'in-process')}: drain of {len(sizes)} "
+        f"jobs, {total / MiB:.0f} MiB of payload: "
         f"idle {idle / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB"
     )
     for key, size in sizes.items():  # every body carried its whole payload
@@ -217,3 +234,41 @@ async def test_concurrent_status_reads_of_a_30_mb_job_stay_under_the_bound(db_ur
         f"idle {idle / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB"
     )
     assert peak < RSS_LIMIT_BYTES, f"peak RSS {peak / MiB:.0f} MiB"
+
+
+async def test_a_short_budget_claims_fewer_jobs_and_a_larger_job_runs_alone(
+    db_url: str,
+    transport_env: dict[str, str],  # noqa: F811
+) -> None:
+    """A budget of 1 MiB: jobs of 300 kB run at most 3 at a time (the queue allows 200), and
+    one of 3 MB, larger than the whole budget, still runs, with nothing beside it."""
+    async with counting_target(delay_s=0.2) as target:
+        conn = await asyncpg.connect(db_url)
+        try:
+            await conn.execute(
+                """SELECT dispatcher.enqueue_many(
+                       array_agg('small-' || i), array_fill('http'::text, ARRAY[12]),
+                       array_agg(jsonb_build_object('blob', repeat('s', 300000))),
+                       targets => array_fill(jsonb_build_object('url', $1::text), ARRAY[12]))
+                     FROM generate_series(0, 11) AS i""",
+                target.url,
+            )
+            await conn.execute(
+                "SELECT dispatcher.enqueue('big', 'http',"
+                " jsonb_build_object('blob', repeat('b', 3000000)),"
+                " target => jsonb_build_object('url', $1::text))",
+                target.url,
+            )
+        finally:
+            await conn.close()
+        env = daemon_env(db_url, DISPATCHER_MAX_INFLIGHT_PAYLOAD_BYTES=str(MiB), **transport_env)
+        daemon = await DaemonProcess(env).start()
+        try:
+            await wait_until(
+                lambda: len(target.sizes) == 13, timeout_s=DRAIN_DEADLINE_S, what="13 deliveries"
+            )
+        finally:
+            await stop(daemon)
+    assert target.sizes["big"] >= 3_000_000
+    assert target.beside.get("big", set()) == set(), target.beside["big"]
+    assert 1 <= target.max_inflight <= 3, target.max_inflight
