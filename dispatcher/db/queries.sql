@@ -151,13 +151,19 @@ WITH RECURSIVE grant_ AS MATERIALIZED (
      ORDER BY pos
      LIMIT (SELECT granted FROM grant_)
 ), budgeted AS MATERIALIZED (
-    -- one primary-key probe of the intents per candidate, for its size (migration 020)
-    SELECT b.id FROM (
-        SELECT c.id, c.pos, sum(z.bytes) OVER (ORDER BY c.pos) AS upto
+    -- The one primary-key probe of the intents per candidate, for its size (migration 020)
+    -- and for what the claimed job carries (a payload stays a TOAST pointer until it is
+    -- sent). Probed here for the size and again for the jobs claimed, the intents made a claim
+    -- of 1,000 no-op jobs among 20,000 26 % slower than before migration 020 (median 44 ->
+    -- 56 ms, 2 loaded cores); read once, 6 % (47 ms).
+    SELECT b.* FROM (
+        SELECT c.pos, z.*, sum(z.size_bytes) OVER (ORDER BY c.pos) AS upto
           FROM candidates c
          CROSS JOIN LATERAL (
-               SELECT coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
-                      AS bytes
+               SELECT i.id, i.key, i.tenant, i.handler, i.handler_version, i.target, i.payload,
+                      i.max_attempts, i.traceparent,
+                      coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
+                      AS size_bytes
                  FROM dispatcher.intents i WHERE i.id = c.id OFFSET 0) z) b
      WHERE b.upto <= $6::bigint OR (b.pos = 1 AND $7::boolean)
 ), claimed AS (
@@ -179,10 +185,9 @@ WITH RECURSIVE grant_ AS MATERIALIZED (
            CASE WHEN c.due_at <@ dispatcher.due_at_range()
                 THEN extract(epoch FROM now() - c.due_at) ELSE 0 END::float8 AS due_to_start_s,
            i.traceparent,
-           -- the 16th column, last of those `Job` is built from by position
-           coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target)) AS size_bytes
+           i.size_bytes  -- the 16th column, last of those `Job` is built from by position
       FROM claimed c
-     CROSS JOIN LATERAL (SELECT i.* FROM dispatcher.intents i WHERE i.id = c.id OFFSET 0) i
+      JOIN budgeted i ON i.id = c.id
 )
 SELECT c.*, (SELECT count(*) FROM budgeted)::int AS taken_count, NULL::float8 AS wait_s
   FROM started c

@@ -147,14 +147,17 @@ WITH paused AS MATERIALIZED (
 ), eligible AS MATERIALIZED (
     SELECT id, pos FROM ready WHERE capability = ANY ($6::text[])
 ), budgeted AS MATERIALIZED (
-    -- one primary-key probe of the intents per job granted, for its size
-    SELECT b.id FROM (
-        SELECT g.id, g.n, sum(z.bytes) OVER (ORDER BY g.n) AS upto
+    -- one primary-key probe of the intents per job granted, for its size and for what the
+    -- claimed job carries (read once, as in claim_ready)
+    SELECT b.* FROM (
+        SELECT g.n, z.*, sum(z.size_bytes) OVER (ORDER BY g.n) AS upto
           FROM (SELECT id, row_number() OVER (ORDER BY pos) AS n FROM eligible
                  ORDER BY pos LIMIT (SELECT granted FROM grant_)) g
          CROSS JOIN LATERAL (
-               SELECT coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
-                      AS bytes
+               SELECT i.id, i.key, i.tenant, i.handler, i.handler_version, i.target, i.payload,
+                      i.max_attempts, i.traceparent,
+                      coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
+                      AS size_bytes
                  FROM dispatcher.intents i WHERE i.id = g.id OFFSET 0) z) b
      WHERE b.upto <= $7::bigint OR (b.n = 1 AND $8::boolean)
 ), refused AS (
@@ -184,10 +187,9 @@ WITH paused AS MATERIALIZED (
            CASE WHEN c.due_at <@ dispatcher.due_at_range()
                 THEN extract(epoch FROM now() - c.due_at) ELSE 0 END::float8 AS due_to_start_s,
            i.traceparent,
-           coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
-               AS size_bytes  -- the 16th column, as in claim_ready
+           i.size_bytes  -- the 16th column, as in claim_ready
       FROM started c
-     CROSS JOIN LATERAL (SELECT i.* FROM dispatcher.intents i WHERE i.id = c.id OFFSET 0) i
+      JOIN budgeted i ON i.id = c.id
 ), consumed AS (
     -- the relay's rows of each job, one probe of outbox_relayed_job per job, deleted by id (a
     -- filter `job_id = ANY (...)` was checked against every relayed row: 41 ms for 1,000)
