@@ -257,6 +257,9 @@ class Settings(_Strict):
     # How long start-up waits for an unreachable database (with backoff) before giving up.
     database_wait_s: float = Field(60.0, ge=0, le=MAX_DURATION_S)
     body_limit_bytes: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # Payload and target bytes of the jobs a daemon runs at once: a claim takes fewer jobs
+    # rather than exceed it; one larger job still runs, alone (docs/memory.md).
+    max_inflight_payload_bytes: int = Field(64 * 1024 * 1024, ge=1024 * 1024, le=2**40)
     # A request body must arrive within this long (aiohttp itself has no read timeout).
     body_read_timeout_s: float = Field(30.0, gt=0, le=3600)
     due_at_past_tolerance_s: float = Field(300.0, ge=0, le=MAX_DURATION_S)

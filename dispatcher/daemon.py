@@ -52,6 +52,7 @@ from dispatcher.scheduling.due_scan import DueScanner
 from dispatcher.scheduling.pruning import Pruner
 from dispatcher.scheduling.sampler import MetricsSampler
 from dispatcher.tracing import Tracing, current_trace_id
+from dispatcher.work.budget import PayloadBudget
 from dispatcher.work.completer import Completer
 from dispatcher.work.executor import Executor
 from dispatcher.work.pool import LeaseHeartbeat, QueueWorker, WorkerPool
@@ -501,8 +502,9 @@ class Daemon:
                 tracing=self.tracing,
             )
 
+        budget = PayloadBudget(s.max_inflight_payload_bytes)  # one for all queues
         workers = [
-            QueueWorker(q, qs, transport, executor(q), idle_poll_s=s.scan_interval_s)
+            QueueWorker(q, qs, transport, executor(q), idle_poll_s=s.scan_interval_s, budget=budget)
             for q, qs in s.queues.items()
         ]
         return WorkerPool(

@@ -62,8 +62,10 @@ class Job:
     progress: dict[str, Any] | None
     run_key: str | None
     due_to_start_s: float
-    # the claim builds a Job from its row's first 15 columns, in this order (claim_ready)
+    # the claim builds a Job from its row's first 16 columns, in this order (claim_ready)
     traceparent: str | None = None
+    # its payload and target bytes, as the memory budget counts them (migration 020)
+    size_bytes: int = 0
 
     @property
     def log_fields(self) -> dict[str, Any]:
@@ -78,6 +80,20 @@ class Job:
         if self.run_key:
             fields["run_key"] = self.run_key
         return fields
+
+
+@dataclass(slots=True, frozen=True)
+class ByteGrant:
+    """What one claim may take of the daemon's memory budget: jobs whose payload and target
+    bytes add up to at most `bytes`; with `alone` (the daemon holds no other job), the first
+    job whatever its size, so a job larger than the whole budget still runs, by itself."""
+
+    bytes: int
+    alone: bool = False
+
+
+# A claim without a budget (tests of the claim statements, tools): everything fits.
+UNBOUNDED = ByteGrant(2**62, True)
 
 
 @dataclass(slots=True, frozen=True)

@@ -539,11 +539,11 @@ def summary_view(row: dict[str, Any]) -> dict[str, Any]:
 
 def job_view(row: dict[str, Any]) -> dict[str, Any]:
     """The status resource: the list view's fields plus what only one job's page shows."""
-    target = row.get("target") or None
     return {
         **summary_view(row),
         "handler_version": row["handler_version"],
-        "target_url": target.get("url") if isinstance(target, dict) else None,
+        # a URL that is no text (the SQL door stores a target as given) is shown as none
+        "target_url": row.get("target_url"),
         "max_attempts": row["max_attempts"],
         "max_retry_age_s": row["max_retry_age_s"],
         "cancel_requested": row["cancel_requested"],

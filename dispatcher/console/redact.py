@@ -33,18 +33,33 @@ def masked_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
-def masked_target(target: Any) -> dict[str, Any] | None:
-    """A copy of a stored http target with its secrets masked (None if there is none)."""
+# Every field the job page shows, present whichever door stored the target: the HTTP API
+# stores it normalised (method, headers, timeout), the SQL door and direct inserts as given, so
+# `{"url": ...}` alone (the README's own example) made the page answer 500 (issue 20).
+SHOWN_TARGET_DEFAULTS: dict[str, Any] = {
+    "url": "",
+    "method": "POST",
+    "headers": {},
+    "timeout_s": None,
+}
+
+
+def masked_target(target: Any, url: str | None = None) -> dict[str, Any] | None:
+    """A copy of a stored http target with its secrets masked, with every field of
+    `SHOWN_TARGET_DEFAULTS` (None if there is no target). `url`: the target's URL, for a target
+    too large to load (None: the target itself is given)."""
     if not isinstance(target, dict):
-        return None
-    shown: dict[str, Any] = {}
+        target = {"url": url} if isinstance(url, str) else None
+        if target is None:
+            return None
+    shown: dict[str, Any] = dict(SHOWN_TARGET_DEFAULTS)
     for field, value in target.items():
-        if field == "url" and isinstance(value, str):
-            shown["url"] = masked_url(value)
+        if field == "url":
+            shown["url"] = masked_url(value) if isinstance(value, str) else MASK
         elif field == "headers" and isinstance(value, dict):
             shown["headers"] = {str(name): MASK for name in value}
-        elif field in ("method", "timeout_s"):
-            shown[field] = value
-        else:
+        elif field in ("method", "timeout_s") and value is not None:
+            shown[field] = value if isinstance(value, str | int | float) else str(value)
+        elif field not in SHOWN_TARGET_DEFAULTS:
             shown[field] = MASK  # a field added later may hold a secret too: mask by default
     return shown

@@ -27,7 +27,7 @@ import asyncpg
 from dispatcher.db.jobs import claimed_rows
 from dispatcher.db.pool import translate_unavailable
 from dispatcher.db.queries import query
-from dispatcher.model import Job
+from dispatcher.model import UNBOUNDED, ByteGrant, Job
 
 _CLAIM = query("claim_ready")
 _READY_LEFT = query("ready_left")
@@ -46,12 +46,20 @@ class ClaimConnection:
 
     @translate_unavailable
     async def claim(
-        self, queue: str, limit: int, capabilities: list[str], owner: str, lease_s: float
+        self,
+        queue: str,
+        limit: int,
+        capabilities: list[str],
+        owner: str,
+        lease_s: float,
+        grant: ByteGrant = UNBOUNDED,
     ) -> tuple[list[Job], int, float | None]:
         """As `JobRepository.claim_limited`."""
         conn = self._conn or await self._take()
         try:
-            rows = await conn.fetch(_CLAIM, queue, limit, capabilities, owner, lease_s)
+            rows = await conn.fetch(
+                _CLAIM, queue, limit, capabilities, owner, lease_s, grant.bytes, grant.alone
+            )
         except BaseException:
             await self.close()  # its state is unknown: the pool resets it or drops it
             raise

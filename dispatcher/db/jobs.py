@@ -20,7 +20,9 @@ from dispatcher.db.outcomes import (
 from dispatcher.db.pool import translate_unavailable
 from dispatcher.db.queries import query
 from dispatcher.model import (
+    UNBOUNDED,
     AttemptKey,
+    ByteGrant,
     DeadLetterFilter,
     EnqueueResult,
     Job,
@@ -35,7 +37,7 @@ _COMPLETE = query("complete_succeeded")
 _RECORD_FAILURE = query("record_failure")
 # claim_ready and claim_delivered return a Job's fields first, in the dataclass's order
 # (tests/db/test_traceparent.py)
-CLAIM_JOB_COLUMNS = 15
+CLAIM_JOB_COLUMNS = 16
 
 # Only waiting jobs can be rescheduled; a look that raced a claim or the scan is retried.
 RESCHEDULABLE = ("scheduled", "ready")
@@ -110,20 +112,37 @@ class JobRepository:
 
     # the hot path -------------------------------------------------------------------------
     async def claim(
-        self, queue: str, limit: int, capabilities: list[str], owner: str, lease_s: float
+        self,
+        queue: str,
+        limit: int,
+        capabilities: list[str],
+        owner: str,
+        lease_s: float,
+        grant: ByteGrant = UNBOUNDED,
     ) -> tuple[list[Job], int]:
         """Claim up to `limit` jobs; return them and the number of outbox rows consumed."""
-        jobs, taken, _wait_s = await self.claim_limited(queue, limit, capabilities, owner, lease_s)
+        jobs, taken, _wait_s = await self.claim_limited(
+            queue, limit, capabilities, owner, lease_s, grant
+        )
         return jobs, taken
 
     async def claim_limited(
-        self, queue: str, limit: int, capabilities: list[str], owner: str, lease_s: float
+        self,
+        queue: str,
+        limit: int,
+        capabilities: list[str],
+        owner: str,
+        lease_s: float,
+        grant: ByteGrant = UNBOUNDED,
     ) -> tuple[list[Job], int, float | None]:
-        """Claim up to `limit` jobs within the queue's global limits; return them, the number
-        of outbox rows consumed and, when the start rate held the claim back, the seconds until
-        the next token (the last row of the claim is always its marker)."""
+        """Claim up to `limit` jobs within the queue's global limits and the bytes of `grant`;
+        return them, the number of outbox rows consumed and, when the start rate held the claim
+        back, the seconds until the next token (the last row of the claim is always its
+        marker)."""
         return claimed_rows(
-            await self.pool.fetch(_CLAIM, queue, limit, capabilities, owner, lease_s)
+            await self.pool.fetch(
+                _CLAIM, queue, limit, capabilities, owner, lease_s, grant.bytes, grant.alone
+            )
         )
 
     async def complete(
@@ -225,6 +244,14 @@ class JobRepository:
     @translate_unavailable
     async def get(self, job_id: int) -> dict[str, Any] | None:
         row = await self.pool.fetchrow(query("get_job"), job_id)
+        return dict(row) if row else None
+
+    @translate_unavailable
+    async def get_page(self, job_id: int, shown_bytes: int) -> dict[str, Any] | None:
+        """One job for a page that shows it: `get`'s columns, the payload whole when it is at
+        most `shown_bytes` (else its first `shown_bytes` characters, `payload_excerpt`), its
+        size (`payload_bytes`), and the target when it is at most `shown_bytes`."""
+        row = await self.pool.fetchrow(query("get_job_page"), job_id, shown_bytes)
         return dict(row) if row else None
 
     @translate_unavailable

@@ -10,7 +10,7 @@ import asyncpg
 
 from dispatcher.db.jobs import CLAIM_JOB_COLUMNS
 from dispatcher.db.queries import query
-from dispatcher.model import AttemptKey, Job
+from dispatcher.model import UNBOUNDED, AttemptKey, ByteGrant, Job
 
 _CLAIM_DELIVERED = query("claim_delivered")
 _LEASE_OUTBOX = query("lease_outbox")
@@ -67,14 +67,23 @@ class RelayRepository:
         capabilities: list[str],
         owner: str,
         lease_s: float,
+        grant: ByteGrant = UNBOUNDED,
     ) -> Claimed:
         """Lease delivered jobs this process can run, each fenced by the attempt its message
-        was published after, within the queue's global limits; delete the relay's rows of the
-        jobs started (their messages are consumed)."""
+        was published after, within the queue's global limits and the bytes of `grant`; delete
+        the relay's rows of the jobs started (their messages are consumed)."""
         ids = [job_id for job_id, _ in deliveries]
         attempts = [attempt for _, attempt in deliveries]
         rows = await self.pool.fetch(
-            _CLAIM_DELIVERED, queue, ids, attempts, owner, lease_s, capabilities
+            _CLAIM_DELIVERED,
+            queue,
+            ids,
+            attempts,
+            owner,
+            lease_s,
+            capabilities,
+            grant.bytes,
+            grant.alone,
         )
         marker = rows[-1]
         return Claimed(

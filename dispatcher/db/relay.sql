@@ -121,6 +121,10 @@ SELECT queue, count(*) FILTER (WHERE again)::integer AS republished,
 -- it to another daemon. The relay's rows of the jobs started or refused here, and of those no
 -- longer ready, are deleted (those of a job ready for another attempt carry that attempt's
 -- message: kept).
+-- The daemon's memory budget (migration 020): of the jobs the limits grant, in delivery order,
+-- the claim starts the longest prefix whose payload and target bytes fit in $7; with $8 (the
+-- daemon holds nothing else) the first is started whatever its size. The rest are held back,
+-- as the limits hold them.
 -- The last row is always the marker: the eligible ids (those not claimed were held back by the
 -- limits), the refused ids and the limiter's wait.
 WITH paused AS MATERIALIZED (
@@ -142,6 +146,20 @@ WITH paused AS MATERIALIZED (
     SELECT id, tenant, capability, pos FROM delivered WHERE ready
 ), eligible AS MATERIALIZED (
     SELECT id, pos FROM ready WHERE capability = ANY ($6::text[])
+), budgeted AS MATERIALIZED (
+    -- one primary-key probe of the intents per job granted, for its size and for what the
+    -- claimed job carries (read once, as in claim_ready)
+    SELECT b.* FROM (
+        SELECT g.n, z.*, sum(z.size_bytes) OVER (ORDER BY g.n) AS upto
+          FROM (SELECT id, row_number() OVER (ORDER BY pos) AS n FROM eligible
+                 ORDER BY pos LIMIT (SELECT granted FROM grant_)) g
+         CROSS JOIN LATERAL (
+               SELECT i.id, i.key, i.tenant, i.handler, i.handler_version, i.target, i.payload,
+                      i.max_attempts, i.traceparent,
+                      coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
+                      AS size_bytes
+                 FROM dispatcher.intents i WHERE i.id = g.id OFFSET 0) z) b
+     WHERE b.upto <= $7::bigint OR (b.n = 1 AND $8::boolean)
 ), refused AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, leased_until)
     SELECT id, $1, tenant, capability, now() + interval '1 second'
@@ -153,8 +171,7 @@ WITH paused AS MATERIALIZED (
            lease_expires_at = now() + make_interval(secs => $5), started_at = now()
      -- in delivery order when the limits grant fewer: the consumer hands over what it held
      -- back first (by id, a held job lost to every newer delivery of an older burst)
-     WHERE s.id = ANY (ARRAY(SELECT id FROM eligible ORDER BY pos
-                              LIMIT (SELECT granted FROM grant_)))
+     WHERE s.id = ANY (ARRAY(SELECT id FROM budgeted))
        -- re-checked when a concurrent claim got there first; written so that no index of ready
        -- rows matches it: with stale statistics the planner walked all of jobs_ready_claim
        -- (migration 015), testing every entry against the id array (1.4 s for 1,000 ids among
@@ -169,9 +186,10 @@ WITH paused AS MATERIALIZED (
            c.progress, c.run_key,
            CASE WHEN c.due_at <@ dispatcher.due_at_range()
                 THEN extract(epoch FROM now() - c.due_at) ELSE 0 END::float8 AS due_to_start_s,
-           i.traceparent  -- the 15th column, as in claim_ready
+           i.traceparent,
+           i.size_bytes  -- the 16th column, as in claim_ready
       FROM started c
-     CROSS JOIN LATERAL (SELECT i.* FROM dispatcher.intents i WHERE i.id = c.id OFFSET 0) i
+      JOIN budgeted i ON i.id = c.id
 ), consumed AS (
     -- the relay's rows of each job, one probe of outbox_relayed_job per job, deleted by id (a
     -- filter `job_id = ANY (...)` was checked against every relayed row: 41 ms for 1,000)
@@ -189,6 +207,6 @@ SELECT c.*, NULL::bigint[] AS eligible, NULL::bigint[] AS refused, NULL::float8 
   FROM claimed c
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       ARRAY(SELECT id FROM eligible), ARRAY(SELECT job_id FROM refused),
+       NULL, ARRAY(SELECT id FROM eligible), ARRAY(SELECT job_id FROM refused),
        dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM started)::int, g.wait_s)
   FROM grant_ g;

@@ -212,12 +212,13 @@ class HttpEffect:
     async def _send(self, job: Job, target: _Prepared) -> tuple[int, Mapping[str, str], str]:
         if self._client is None:
             raise RuntimeError("HttpEffect.start() must be awaited before run()")
-        body = _encode(job.payload)
+        request = self._request(job, target, _encode(job.payload))
+        # The request carries the payload now: the decoded copy is not needed by this attempt
+        # any more (a retry is another claim, another Job), and while the target answers it
+        # was the second copy of every payload in flight (issue 20: 1.5 copies per job).
+        job.payload = {}
         response = await self._client.request(
-            target.origin,
-            self._request(job, target, body),
-            target.timeout_s,
-            self._excerpt_bytes,
+            target.origin, request, target.timeout_s, self._excerpt_bytes
         )
         return response.status, response.headers, _excerpt(response.excerpt, self._excerpt_bytes)
 

@@ -62,7 +62,7 @@ from pamqp.header import ContentHeader
 from dispatcher import metrics
 from dispatcher.db.relay import OutboxLease, RelayRepository
 from dispatcher.lifecycle import LoopService
-from dispatcher.model import AttemptKey
+from dispatcher.model import AttemptKey, ByteGrant
 from dispatcher.relay.transport import Delivery
 
 log = logging.getLogger(__name__)
@@ -588,7 +588,7 @@ class RabbitTransport:
         self._wait_s = wait_s
         self._acks: dict[AttemptKey, _Received] = {}
 
-    async def receive(self, queue: str, limit: int) -> Delivery:
+    async def receive(self, queue: str, limit: int, grant: ByteGrant) -> Delivery:
         waiting = self._link.inbox[queue]
         if not waiting:
             arrived = self._link.arrived[queue]
@@ -616,6 +616,7 @@ class RabbitTransport:
                 self._capabilities,
                 self._owner,
                 self._lease_s,
+                grant,
             )
         except Exception:
             if self._link.receiving(queue):
@@ -637,7 +638,8 @@ class RabbitTransport:
         if len(held) < len(by_job):  # published rows consumed: the relay's window opened
             self._link.claimed.set()
         if self._link.receiving(queue):
-            waiting.extendleft(reversed(held))  # the limits held them back: first next time
+            # the limits or the memory budget held them back: first next time
+            waiting.extendleft(reversed(held))
         else:  # the drain began during the claim: they go back to the broker too
             for received in held:
                 received.acks.give_back(received.tag)

@@ -19,7 +19,7 @@ from typing import NamedTuple, Protocol
 
 from dispatcher.db.claims import ClaimConnection
 from dispatcher.db.jobs import JobRepository
-from dispatcher.model import AttemptKey, Job
+from dispatcher.model import AttemptKey, ByteGrant, Job
 
 
 class Delivery(NamedTuple):
@@ -30,7 +30,8 @@ class Delivery(NamedTuple):
 
 
 class Transport(Protocol):
-    async def receive(self, queue: str, limit: int) -> Delivery: ...
+    async def receive(self, queue: str, limit: int, grant: ByteGrant) -> Delivery:
+        """At most `limit` jobs of `queue`, whose payload and target bytes fit in `grant`."""
 
     async def more_ready(self, queue: str) -> bool:
         """After a receive that took fewer jobs than asked: whether to receive again at once
@@ -59,12 +60,12 @@ class InProcessTransport:
         self._lease_s = lease_s
         self._claims: dict[str, ClaimConnection] = {}
 
-    async def receive(self, queue: str, limit: int) -> Delivery:
+    async def receive(self, queue: str, limit: int, grant: ByteGrant) -> Delivery:
         claims = self._claims.get(queue)
         if claims is None:
             claims = self._claims[queue] = ClaimConnection(self._repo.pool)
         jobs, consumed, wait_s = await claims.claim(
-            queue, limit, self._capabilities, self._owner, self._lease_s
+            queue, limit, self._capabilities, self._owner, self._lease_s, grant
         )
         return Delivery(jobs, consumed, wait_s)
 

@@ -234,6 +234,8 @@ class Executor:
                 raise
             finally:
                 attempt.effect_ended()
+                # its bytes left the memory budget: the completion write needs ids, not them
+                job.payload = {}
         except RetryLater as exc:
             return await self._retry_later(job, exc, time.perf_counter() - started)
         except Reject as exc:

@@ -26,6 +26,7 @@ from dispatcher.faults import fault_point
 from dispatcher.lifecycle import LoopService, Service
 from dispatcher.model import AttemptKey, Job
 from dispatcher.relay.transport import Transport
+from dispatcher.work.budget import PayloadBudget
 from dispatcher.work.deadlines import Member, SharedDeadline
 from dispatcher.work.executor import Executor, InlineBatch
 from dispatcher.work.limiter import InflightLimit, TokenBucket
@@ -57,12 +58,15 @@ class QueueWorker(Service):
         *,
         idle_poll_s: float,
         bucket: TokenBucket | None = None,
+        budget: PayloadBudget | None = None,
     ):
         self.name = f"claim:{queue}"
         self.queue = queue
         self.settings = settings
         self.bucket = bucket or TokenBucket(settings.rate_per_s, settings.burst)
         self.inflight = InflightLimit(settings.max_inflight)
+        # the daemon's memory budget, shared by all its queues (a worker alone: its own)
+        self.budget = budget or PayloadBudget(2**62)
         self.running: dict[AttemptKey, asyncio.Task[bool]] = {}
         self.effects_running = 0  # attempts whose effect has not ended (dispatcher_inflight)
         self.unsettled: set[AttemptKey] = set()
@@ -121,14 +125,25 @@ class QueueWorker(Service):
                 await self._pause(local_wait_s, wake_on_signal=False)
                 continue
             slots = self.inflight.reserve_up_to(tokens)
+            grant = self.budget.grant()
+            if grant is None:  # the payloads of jobs in flight fill the memory budget
+                self._return_unused(slots, tokens, 0)
+                grant = await self.budget.wait_for_grant(self._halt)
+                if grant is not None:
+                    self.budget.settle(grant, 0)  # claim with a fresh look at the limits
+                continue
             self._wake.clear()
             try:
-                jobs, taken, wait_s = await self._transport.receive(self.queue, slots)
+                jobs, taken, wait_s = await self._transport.receive(self.queue, slots, grant)
             except Exception as exc:  # the database may be restarting: try again shortly
                 log.error("claim failed on queue %s: %s", self.queue, exc)
+                self.budget.settle(grant, 0)
                 self._return_unused(slots, tokens, 0)
                 await self._pause(CLAIM_ERROR_BACKOFF_S, wake_on_signal=False)
                 continue
+            self.budget.settle(grant, sum(job.size_bytes for job in jobs))
+            if not jobs and not grant.alone:  # perhaps the budget left no room for the next
+                self.budget.wake_when_freed(self.wake)
             self._return_unused(slots, tokens, len(jobs))
             if taken > len(jobs):
                 self._m_duplicates.inc(taken - len(jobs))
@@ -185,7 +200,7 @@ class QueueWorker(Service):
                 deadline = deadlines[handler] = (
                     SharedDeadline(timeout_s, self._timed_out) if timeout_s else None
                 )
-            attempt = _Attempt(self, (job.id, job.attempt), deadline)
+            attempt = _Attempt(self, (job.id, job.attempt), deadline, job.size_bytes)
             context = None if started is None else started[2]
             task = create_task(executor.execute(job, attempt, started), context=context)
             running[attempt.key] = task
@@ -199,6 +214,7 @@ class QueueWorker(Service):
         ended = len(done.jobs)
         self.effects_running -= ended
         self.inflight.release(ended)
+        self.budget.release(sum(job.size_bytes for job in done.jobs))
         keys = [(job.id, job.attempt) for job in done.jobs]
         task = asyncio.create_task(self._executor.record_inline(done))
         for key in keys:
@@ -221,9 +237,10 @@ class QueueWorker(Service):
             room = MAX_UNSETTLED - len(self.unsettled)
             self.unsettled.update(keys[: max(0, room)])
 
-    def _effect_ended(self) -> None:
+    def _effect_ended(self, size_bytes: int) -> None:
         self.effects_running -= 1
         self.inflight.release()
+        self.budget.release(size_bytes)
 
     def _finished(self, attempt: _Attempt, task: asyncio.Task[bool]) -> None:
         if self.running.get(attempt.key) is task:
@@ -275,14 +292,22 @@ class QueueWorker(Service):
 
 
 class _Attempt:
-    """One job's attempt as the pool sees it. Its in-flight slot is released exactly once, when
-    the effect ends (the completion write that follows runs outside the cap; the completer
-    applies its own backpressure), and it leaves its shared deadline at the same moment."""
+    """One job's attempt as the pool sees it. Its in-flight slot and its bytes of the memory
+    budget are released exactly once, when the effect ends (the completion write that follows
+    runs outside the cap; the completer applies its own backpressure), and it leaves its shared
+    deadline at the same moment."""
 
-    __slots__ = ("_deadline", "_released", "_worker", "key", "timed_out")
+    __slots__ = ("_deadline", "_released", "_size_bytes", "_worker", "key", "timed_out")
 
-    def __init__(self, worker: QueueWorker, key: AttemptKey, deadline: SharedDeadline | None):
+    def __init__(
+        self,
+        worker: QueueWorker,
+        key: AttemptKey,
+        deadline: SharedDeadline | None,
+        size_bytes: int,
+    ):
         self.key = key
+        self._size_bytes = size_bytes
         self.timed_out = False
         self._worker = worker
         self._deadline = deadline
@@ -293,7 +318,7 @@ class _Attempt:
     def effect_ended(self) -> None:
         if not self._released:
             self._released = True
-            self._worker._effect_ended()
+            self._worker._effect_ended(self._size_bytes)
             if self._deadline is not None:
                 self._deadline.leave(self)
 

@@ -34,7 +34,7 @@ RUNNING = 1_000
 PAUSE_CHECK = (
     "\n       AND NOT EXISTS (SELECT 1 FROM dispatcher.queues q WHERE q.name = $1 AND q.paused)"
 )
-CLAIM_ARGS = ("default", 500, ["noop:1"], "bench", 60.0)
+CLAIM_ARGS = ("default", 500, ["noop:1"], "bench", 60.0, 2**62, True)  # no memory budget
 
 Timed = Callable[[asyncpg.Connection], Awaitable[Any]]
 

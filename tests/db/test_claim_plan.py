@@ -52,6 +52,8 @@ async def test_a_claim_late_in_a_drain_steps_over_no_claimed_job(
             ["noop:1"],
             "owner",
             60.0,
+            2**62,  # no memory budget
+            True,
         )
         explained = rows[0][0]  # the pool decodes json
         plan = (json.loads(explained) if isinstance(explained, str) else explained)[0]["Plan"]

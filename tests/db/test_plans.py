@@ -56,7 +56,7 @@ async def plan(pool: asyncpg.Pool, statement: str, *args: object) -> str:
 @pytest.mark.parametrize(
     ("name", "args"),
     [
-        ("claim_ready", ("default", 1000, ["noop:1"], "owner", 60.0)),
+        ("claim_ready", ("default", 1000, ["noop:1"], "owner", 60.0, 2**62, True)),
         ("scan_due", (2000,)),
         ("rescue_expired_leases", (1000,)),
         ("prune_terminal", ("succeeded", 86400.0, 1000)),
@@ -113,7 +113,7 @@ RUNNING = list(range(2, 2002, 2))
 @pytest.mark.parametrize(
     ("name", "args"),
     [
-        ("claim_ready", ("default", 1000, ["noop:1"], "owner", 60.0)),
+        ("claim_ready", ("default", 1000, ["noop:1"], "owner", 60.0, 2**62, True)),
         (
             "complete_succeeded",
             (

@@ -242,7 +242,9 @@ async def test_the_consumers_claim_probes_by_key_at_any_table_size(
 ) -> None:
     pool, published = big_outbox
     ids = published[:1000]
-    text = await plan(pool, "claim_delivered", "default", ids, [0] * 1000, "o", 60.0, CAPS)
+    text = await plan(
+        pool, "claim_delivered", "default", ids, [0] * 1000, "o", 60.0, CAPS, 2**62, True
+    )
     for table in ("intents", "job_state", "outbox"):
         assert f"Seq Scan on {table}" not in text, text
     # the relay's rows of the started jobs are reached by job id, not filtered one by one,
