@@ -66,6 +66,14 @@ async def enqueue_noop_jobs(
                array_fill('{{}}'::jsonb, ARRAY[{count}]){due_times})""")
 
 
+async def stored_job(pool: Any, job_id: int | None = None, *, key: str | None = None) -> Any:
+    """The whole stored job (payload and target included, which the repository's status reads
+    leave out), by id or by key; None when there is none."""
+    if key is not None:
+        return await pool.fetchrow("SELECT * FROM dispatcher.jobs WHERE key = $1", key)
+    return await pool.fetchrow("SELECT * FROM dispatcher.jobs WHERE id = $1", job_id)
+
+
 def make_settings(db_url: str, **overrides: Any) -> Settings:
     raw: dict[str, Any] = {
         "database_url": db_url,

@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 from aiohttp import ClientResponse
 
+from tests.harness import stored_job
 from tests.service.intake_app import Api, http_job, problem, serve_api
 
 
@@ -136,7 +137,7 @@ async def test_changed_item_under_an_existing_key_is_a_conflict(api: Api) -> Non
     assert results[0]["id"] == original[0]["id"]
     assert "different request" in results[0]["error"]
     assert results[1]["status"] == "accepted"
-    stored = await api.repo.get_by_key("k-1")
+    stored = await stored_job(api.repo.pool, key="k-1")
     assert stored is not None and stored["payload"] == {"v": 1}
 
 

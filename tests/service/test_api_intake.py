@@ -11,6 +11,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from tests.harness import stored_job
 from tests.service.intake_app import TARGET, Api, http_job, problem, serve_api
 
 
@@ -39,7 +40,7 @@ async def test_accepts_a_due_job_with_202_location_and_one_outbox_row(api: Api) 
     # the intent and its outbox row were written together
     outbox = await api.repo.pool.fetch("SELECT job_id, queue, tenant FROM dispatcher.outbox")
     assert [tuple(o) for o in outbox] == [(body["id"], "default", "property-17")]
-    stored = await api.repo.get(body["id"])
+    stored = await stored_job(api.repo.pool, body["id"])
     assert stored is not None
     assert stored["payload"] == {"grant": 1}
     # the target was normalized by the HTTP effect's validator
@@ -89,7 +90,7 @@ async def test_every_optional_field_is_stored(api: Api) -> None:
         },
     )
     assert r.status == 202, await r.text()
-    row = await api.repo.get((await r.json())["id"])
+    row = await stored_job(api.repo.pool, (await r.json())["id"])
     assert row is not None
     assert (
         row["handler"],
@@ -103,7 +104,7 @@ async def test_every_optional_field_is_stored(api: Api) -> None:
 
 async def test_queue_defaults_fill_omitted_limits(api: Api) -> None:
     r = await api.post_job("bulk-1", http_job(queue="bulk"))
-    row = await api.repo.get((await r.json())["id"])
+    row = await stored_job(api.repo.pool, (await r.json())["id"])
     assert row is not None
     assert (row["max_attempts"], row["max_retry_age_s"]) == (3, 600)
 
@@ -342,7 +343,7 @@ async def test_same_key_with_a_different_request_is_409(api: Api) -> None:
         assert f"job {job_id}" in doc["detail"]
         assert "resend the original body or use a new key" in doc["detail"]
         assert doc["job_id"] == job_id
-    stored = await api.repo.get(job_id)
+    stored = await stored_job(api.repo.pool, job_id)
     assert stored is not None and stored["payload"] == {"amount": 10}
     assert await api.count() == 1
 
@@ -352,7 +353,7 @@ async def test_concurrent_posts_with_one_key_and_different_bodies(api: Api) -> N
     responses = await asyncio.gather(*(api.post_job("split-1", b) for b in bodies))
     statuses = sorted(r.status for r in responses)
     assert set(statuses) == {202, 409}
-    stored = await api.repo.get_by_key("split-1")
+    stored = await stored_job(api.repo.pool, key="split-1")
     assert stored is not None
     winner = stored["payload"]["variant"]
     for body, r in zip(bodies, responses, strict=True):

@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from dispatcher.model import ByteGrant
 from dispatcher.relay.transport import Delivery, InProcessTransport
 from dispatcher.work.pool import QueueWorker
 from tests.harness import make_settings, running_daemon, wait_until
@@ -38,8 +39,10 @@ class ClaimHook:
         self.conn: asyncpg.Connection | None = None  # its own: the test's may be busy
         receive, wake = InProcessTransport.receive, QueueWorker.wake
 
-        async def hooked(transport: InProcessTransport, queue: str, limit: int) -> Delivery:
-            delivery = await receive(transport, queue, limit)
+        async def hooked(
+            transport: InProcessTransport, queue: str, limit: int, grant: ByteGrant
+        ) -> Delivery:
+            delivery = await receive(transport, queue, limit, grant)
             if self.armed_for == ("jobs" if delivery.jobs else "empty"):
                 self.armed_for = None
                 await self.during()
