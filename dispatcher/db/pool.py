@@ -120,13 +120,23 @@ async def wait_for_database(dsn: str, *, timeout_s: float, log_every_s: float = 
             conn = await asyncpg.connect(dsn, timeout=5)
             await conn.close()
             return
-        except (*CONNECT_ERRORS, asyncpg.InvalidCatalogNameError) as exc:
+        except (
+            *CONNECT_ERRORS,
+            asyncpg.InvalidCatalogNameError,
+            asyncpg.TooManyConnectionsError,  # a full server may have room again soon
+        ) as exc:
             reason = f"{type(exc).__name__}: {exc}"
+            full = isinstance(exc, asyncpg.TooManyConnectionsError)
         now = time.monotonic()
         if now >= deadline:
+            fix = (
+                "the server has no free connection slot: close other clients' connections or "
+                "raise its max_connections (docs/connections.md)"
+                if full
+                else "check DISPATCHER_DATABASE_URL, or unset it to use the embedded database"
+            )
             raise DatabaseUnavailable(
-                f"database {mask_url(dsn)} not reachable after {timeout_s:.0f} s ({reason}); "
-                "check DISPATCHER_DATABASE_URL, or unset it to use the embedded database"
+                f"database {mask_url(dsn)} not reachable after {timeout_s:.0f} s ({reason}); {fix}"
             )
         if now - last_log >= log_every_s:
             log.warning("database not reachable yet, retrying: %s", reason)

@@ -224,6 +224,25 @@ async def test_a_budget_the_server_cannot_hold_is_refused_at_start(
             await conn.close()
 
 
+async def test_a_daemon_starting_on_a_full_server_says_so_in_one_line(
+    spawn: Spawn, db_url: str
+) -> None:
+    """It died with a TooManyConnectionsError traceback from its first connection."""
+    held = await fill_the_server(db_url)
+    try:
+        env = daemon_env(db_url, DISPATCHER_DATABASE_WAIT_S="1")
+        daemon = await spawn(env, wait_ready=False)
+        assert await daemon.wait(timeout_s=60) == 1
+        log = daemon.log_text()
+        assert "Traceback" not in log, log[-3000:]
+        assert "TooManyConnectionsError" in log and "no free connection slot" in log, log
+        lines = [x for x in log.splitlines() if "not reachable after" in x]
+        assert len(lines) == 1, log[-3000:]
+    finally:
+        for conn in held:
+            await conn.close()
+
+
 CUT_CLAIM_CONNECTIONS = """
 SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
  WHERE application_name = 'dispatcher:claims'"""
