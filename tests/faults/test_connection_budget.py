@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -245,7 +246,8 @@ async def test_a_daemon_starting_on_a_full_server_says_so_in_one_line(
 
 CUT_CLAIM_CONNECTIONS = """
 SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
- WHERE application_name = 'dispatcher:claims'"""
+ WHERE application_name IN ('dispatcher:claims', 'dispatcher:wake-listener')"""
+STARVED_FOR_S = 2.5  # the wake-up listener retries every second: several refusals
 
 
 async def test_readyz_is_503_while_claim_loops_cannot_connect(
@@ -274,6 +276,9 @@ async def test_readyz_is_503_while_claim_loops_cannot_connect(
         body = await readyz_body(ready_url)
         assert "claim loops cannot get a database connection" in body, body
         assert "TooManyConnectionsError" in body, body
+        until = time.monotonic() + STARVED_FOR_S
+        while time.monotonic() < until:  # unready for as long as it lasts, not flapping
+            assert await unready()
     finally:
         for conn in held:
             await conn.close()
@@ -285,6 +290,11 @@ async def test_readyz_is_503_while_claim_loops_cannot_connect(
     lines = daemon.log_text().splitlines()
     assert len([x for x in lines if "queues are not claimed until it clears" in x]) == 1
     assert len([x for x in lines if "have database connections again" in x]) == 1
+    await wait_until(
+        lambda: "wake-up listener connected again" in daemon.log_text(), what="LISTEN again"
+    )
+    lines = daemon.log_text().splitlines()
+    assert len([x for x in lines if "wake-up listener cannot connect" in x]) == 1
     assert [x for x in lines if "claim failed" in x and "TooManyConnections" in x] == []
 
 
