@@ -35,6 +35,7 @@ from tests.transports import BROKER, broker_prefix
 SERVER_MAX_CONNECTIONS = 100
 BUDGET = 20  # the default
 _databases = itertools.count()
+ENQUEUE = "SELECT dispatcher.enqueue($1, 'record', queue => $2)"
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +113,7 @@ async def enqueue_one_per_queue(db_url: str, queues: int, prefix: str) -> list[s
     conn = await asyncpg.connect(db_url)
     try:
         for i, key in enumerate(keys):
-            await conn.execute("SELECT dispatcher.enqueue($1, 'record', queue => $2)", key, f"q{i}")
+            await conn.execute(ENQUEUE, key, f"q{i}")
     finally:
         await conn.close()
     return keys
@@ -245,29 +246,55 @@ async def test_a_daemon_starting_on_a_full_server_says_so_in_one_line(
 
 
 CUT_CLAIM_CONNECTIONS = """
-SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
- WHERE application_name IN ('dispatcher:claims', 'dispatcher:wake-listener')"""
+SELECT pid FROM pg_stat_activity
+ WHERE application_name IN ('dispatcher:claims', 'dispatcher:wake-listener')
+   AND pg_terminate_backend(pid)"""
 STARVED_FOR_S = 2.5  # the wake-up listener retries every second: several refusals
 
 
+@pytest.mark.parametrize("transport", ["in-process", "rabbitmq"])
 async def test_readyz_is_503_while_claim_loops_cannot_connect(
-    spawn: Spawn, db_url: str, tmp_path: Path
+    spawn: Spawn, db_url: str, tmp_path: Path, transport: str
 ) -> None:
     """The server refuses the claim loops new connections: unready, said once; back to ready
-    and delivering once it takes them again."""
-    daemon = await spawn(daemon_env(db_url, **queues_config(tmp_path, 30)))
+    once it takes them again, before any new job arrives (a RabbitMQ consumer claims only
+    what is delivered), and delivering."""
+    async with transport_for(transport, 30) as broker_env:
+        await readyz_while_starved(spawn, db_url, tmp_path, broker_env)
+
+
+async def readyz_while_starved(
+    spawn: Spawn, db_url: str, tmp_path: Path, broker_env: dict[str, str]
+) -> None:
+    daemon = await spawn(daemon_env(db_url, **queues_config(tmp_path, 30), **broker_env))
     ready_url = f"{daemon.base_url}/readyz"
     keys = await enqueue_one_per_queue(db_url, 30, "before")
     await wait_until(lambda: delivered(db_url, keys), timeout_s=60, what="jobs before")
     held = await fill_the_server(db_url)
     try:
-        # the claim connections go; the slots they free are taken before the daemon's loops
-        # take them back (the loop ends once the server has refused the daemon every one)
+        # the claim connections go, and the slots they free are taken before the daemon's
+        # loops take them back: a terminated backend exits a moment later, so wait for it,
+        # fill again, and stop once a full server holds no claim connection
         for _ in range(100):
-            if not await held[0].fetchval(CUT_CLAIM_CONNECTIONS):
+            cut = [r["pid"] for r in await held[0].fetch(CUT_CLAIM_CONNECTIONS)]
+            if not cut:
                 break
+
+            async def exited(pids: list[int] = cut, conn: asyncpg.Connection = held[0]) -> bool:
+                return not await conn.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)", pids
+                )
+
+            await wait_until(exited, timeout_s=10, what="the cut connections gone")
             held += await fill_the_server(db_url)
-        assert not await held[0].fetchval(CUT_CLAIM_CONNECTIONS), "claims kept reconnecting"
+        else:
+            raise AssertionError("the claim connections kept coming back")
+        # while the server was filled, the daemon may have won a slot back for a moment (an
+        # episode of its own); from here on the server stays full: one episode, said once
+        settled = len(daemon.log_text().splitlines())
+        during = [f"during-q{i}" for i in range(30)]
+        for i, key in enumerate(during):  # work to claim (a broker consumer claims only that)
+            await held[0].execute(ENQUEUE, key, f"q{i}")
 
         async def unready() -> bool:
             return await http_status(ready_url) == 503
@@ -276,25 +303,32 @@ async def test_readyz_is_503_while_claim_loops_cannot_connect(
         body = await readyz_body(ready_url)
         assert "claim loops cannot get a database connection" in body, body
         assert "TooManyConnectionsError" in body, body
-        until = time.monotonic() + STARVED_FOR_S
+        until, seen = time.monotonic() + STARVED_FOR_S, set()
         while time.monotonic() < until:  # unready for as long as it lasts, not flapping
-            assert await unready()
+            seen.add(await http_status(ready_url))  # None: no answer within 5 s (a busy host)
+        assert 200 not in seen, seen
     finally:
         for conn in held:
             await conn.close()
+    await wait_until(
+        lambda: http_ok(ready_url), timeout_s=20, what="/readyz 200 once claims can connect"
+    )
+    await wait_until(lambda: delivered(db_url, during), timeout_s=60, what="jobs during")
     keys = await enqueue_one_per_queue(db_url, 30, "after")
     await wait_until(lambda: delivered(db_url, keys), timeout_s=60, what="jobs after")
-    await wait_until(
-        lambda: http_ok(ready_url), timeout_s=20, what="/readyz 200 once claims connect"
-    )
     lines = daemon.log_text().splitlines()
-    assert len([x for x in lines if "queues are not claimed until it clears" in x]) == 1
-    assert len([x for x in lines if "have database connections again" in x]) == 1
+    begun = [x for x in lines if "queues are not claimed until it clears" in x]
+    ended = [x for x in lines if "have database connections again" in x]
+    assert len(begun) == len(ended) >= 1
+    assert len([x for x in lines[settled:] if "queues are not claimed until it clears" in x]) <= 1
+    assert len([x for x in lines[settled:] if "have database connections again" in x]) == 1
     await wait_until(
         lambda: "wake-up listener connected again" in daemon.log_text(), what="LISTEN again"
     )
     lines = daemon.log_text().splitlines()
-    assert len([x for x in lines if "wake-up listener cannot connect" in x]) == 1
+    refused = [x for x in lines if "wake-up listener cannot connect" in x]
+    assert len(refused) == len([x for x in lines if "wake-up listener connected again" in x])
+    assert len([x for x in lines[settled:] if "wake-up listener cannot connect" in x]) <= 1
     assert [x for x in lines if "claim failed" in x and "TooManyConnections" in x] == []
 
 
