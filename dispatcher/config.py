@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from dispatcher.connection_budget import ConnectionBudget
 from dispatcher.errors import ConfigError
 from dispatcher.schedules import ScheduleSettings
 from dispatcher.signing_secret import decode_secret
@@ -281,12 +282,16 @@ class Settings(_Strict):
 
     scan_interval_s: float = Field(1.0, gt=0, le=MAX_DURATION_S)
     scan_batch: int = Field(2000, ge=1, le=100_000)
-    # Connections for intake and operator reads. Claims, completions and the scan have a pool
-    # of their own, the heartbeat one connection of its own, transactional handlers another.
-    db_pool_size: int = Field(10, ge=2, le=500)
+    # Every connection this daemon opens, whatever the number of queues; the pools below are
+    # derived from it (dispatcher/connection_budget.py, docs/connections.md).
+    database_max_connections: int = Field(20, ge=1, le=10_000)
+    # Connections for intake and operator reads (unset: a quarter of the budget's shared part).
+    # Claims, completions and the scan have pools of their own, the heartbeat one connection.
+    db_pool_size: int | None = Field(None, ge=2, le=500)
     # Connections for transactional handlers (python with transactional = true, sql): at most
     # this many such attempts run at once; the others wait, their timeout not yet started.
-    handler_pool_size: int = Field(10, ge=1, le=500)
+    # Unset: a quarter of the budget's shared part.
+    handler_pool_size: int | None = Field(None, ge=1, le=500)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["auto", "json", "text"] = "auto"
     instance_name: str | None = None
@@ -301,6 +306,17 @@ class Settings(_Strict):
     # A job due longer ago than this and not terminal counts as overdue (the correctness SLI).
     overdue_after_s: float = Field(300.0, gt=0, le=MAX_DURATION_S)
     schedules: list[ScheduleSettings] = []
+
+    @model_validator(mode="after")
+    def _connections_fit(self) -> Settings:
+        self.connection_budget()  # raises ValueError naming the minimum
+        return self
+
+    def connection_budget(self) -> ConnectionBudget:
+        """The pools' sizes within `database_max_connections`."""
+        return ConnectionBudget.split(
+            self.database_max_connections, api=self.db_pool_size, handlers=self.handler_pool_size
+        )
 
     def stop_budget_s(self) -> float:
         """The longest a stop takes before the database is closed: the soft stop (drain), the

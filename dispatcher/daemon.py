@@ -32,6 +32,8 @@ from dispatcher.config import Settings, mask_url
 from dispatcher.console import web as console
 from dispatcher.console.series import StartSeries
 from dispatcher.db import migrations
+from dispatcher.db.capacity import check_capacity
+from dispatcher.db.claims import ClaimConnections
 from dispatcher.db.embedded import EmbeddedPostgres
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.notifications import WakeListener
@@ -100,6 +102,7 @@ async def prepare_schema(dsn: str, settings: Settings) -> None:
             await migrations.check_current(conn)
         for problem in await vacuum_problems(conn):
             log.warning(problem)
+        await check_capacity(conn, settings.connection_budget())
     finally:
         await conn.close()
 
@@ -200,14 +203,16 @@ def log_handler_concurrency(settings: Settings, effects: dict[str, Effect]) -> N
     if not any(e.completes_in_transaction for e in effects.values()):
         return
     wanted = sum(q.max_inflight for q in settings.queues.values())
-    if wanted > settings.handler_pool_size:
+    size = settings.connection_budget().handlers
+    if wanted > size:
         log.info(
-            "transactional handlers: up to %d attempts may be in flight, but handler_pool_size "
-            "is %d; at most %d run at once and the rest wait for a connection (their timeout "
-            "starts once they have one). Raise DISPATCHER_HANDLER_POOL_SIZE to run more at once.",
+            "transactional handlers: up to %d attempts may be in flight, but the handlers pool "
+            "has %d connections; at most %d run at once and the rest wait for a connection "
+            "(their timeout starts once they have one). Raise DISPATCHER_HANDLER_POOL_SIZE (and "
+            "DISPATCHER_DATABASE_MAX_CONNECTIONS) to run more at once.",
             wanted,
-            settings.handler_pool_size,
-            settings.handler_pool_size,
+            size,
+            size,
         )
 
 
@@ -244,6 +249,7 @@ class Daemon:
         self.ready = asyncio.Event()
         self._group = ServiceGroup()
         self._repo: JobRepository | None = None
+        self._claims: ClaimConnections | None = None  # their problem makes the daemon unready
         self._disk: DiskSpace | None = None  # the embedded database's filesystem
         self._broker: list[Service] = []  # RabbitMQ link and relay (transport = "rabbitmq")
         self._tls: ServerTls | None = None
@@ -275,6 +281,9 @@ class Daemon:
             return False, disk_problem
         if self._repo is None or not self.ready.is_set():
             return False, "starting"
+        starved = self._claims.problem() if self._claims is not None else None
+        if starved is not None:
+            return False, starved
         # the broker down is degraded, not unready: intake and the due-scan still work
         problems = (getattr(b, "problem", None) for b in self._broker)
         degraded: str | None = next((p for p in problems if p), None)
@@ -327,12 +336,9 @@ class Daemon:
         return 0
 
     def _pools(self, dsn: str) -> PoolSet:
-        s = self.settings
-        # the engine pool: a claim loop per queue, the completer, the scan, one for the rest
-        engine = len(s.queues) + 4
-        return PoolSet(
-            dsn, api_size=s.db_pool_size, engine_size=engine, handler_size=s.handler_pool_size
-        )
+        budget = self.settings.connection_budget()  # whatever the number of queues
+        log.info("database connections at most %s", budget.describe())
+        return PoolSet(dsn, budget)
 
     async def services(self, dsn: str, pools: PoolSet) -> list[Startable]:
         """Every service after the database, in start order (they stop in reverse)."""
@@ -354,7 +360,9 @@ class Daemon:
         log_handler_concurrency(s, effects)
         completer = Completer(engine, self.owner)
         wake = Wakeups()
-        workers = self._workers(effects, engine, JobRepository(pools["handlers"]), completer, wake)
+        claims = self._claims = ClaimConnections(pools["claims"], pools.budget.claims)
+        handlers = JobRepository(pools["handlers"])
+        workers = self._workers(effects, engine, claims, handlers, completer, wake)
         scanner = DueScanner(
             engine, batch=s.scan_batch, interval_s=s.scan_interval_s, on_ready=workers.wake
         )
@@ -396,6 +404,7 @@ class Daemon:
                 JobRepository(pools["lease"]), self.owner, s.lease_s, workers.running_attempts
             ),
             *self._broker,  # the RabbitMQ link and relay: up before the consumers, down after
+            claims,  # handed back once every claim loop has stopped
             workers,
             scanner,
             WakeListener(dsn, wake),
@@ -449,6 +458,7 @@ class Daemon:
         self,
         effects: dict[str, Effect],
         engine: JobRepository,
+        claims: ClaimConnections,
         handlers: JobRepository,
         completer: Completer,
         wake: Wakeups,
@@ -456,7 +466,7 @@ class Daemon:
         s = self.settings
         timeouts = {n: h.timeout_s for n, h in s.handlers.items()}
         transport: Transport = InProcessTransport(
-            engine, owner=self.owner, capabilities=capabilities(s), lease_s=s.lease_s
+            claims, owner=self.owner, capabilities=capabilities(s), lease_s=s.lease_s
         )
         if s.transport == "rabbitmq":
             from dispatcher.relay import rabbitmq  # aio_pika only when the broker is used
@@ -480,7 +490,7 @@ class Daemon:
             )
             self._broker = [link, relay]
             transport = rabbitmq.RabbitTransport(
-                relays,
+                claims,
                 link,
                 owner=self.owner,
                 capabilities=capabilities(s),

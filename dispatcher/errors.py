@@ -15,6 +15,15 @@ class DatabaseUnavailable(DispatcherError):
     """The database could not be reached or is not ready."""
 
 
+class ClaimsStarved(DatabaseUnavailable):
+    """Claim loops cannot get a database connection (the server refuses more, or every claim
+    connection stayed busy); said once per episode, and `/readyz` says it meanwhile."""
+
+
+class ServerCapacityError(DispatcherError):
+    """The server cannot take this daemon's connection budget (`database_max_connections`)."""
+
+
 class SchemaMismatch(DispatcherError):
     """The database schema is older or newer than this release expects."""
 

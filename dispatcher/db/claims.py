@@ -1,48 +1,78 @@
-"""A queue's claims on a connection its claim loop keeps.
+"""Claims of every queue, on a few connections kept between claims and shared by all loops.
 
-A claim through the pool costs a second round trip before its rows reach the claim loop: the
-pool resets a connection on release (`SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;
-RESET ALL`) and `pool.fetch` returns only after that. On loopback that is ~0.1 ms per claim (a
-`SELECT 1` took 0.17 ms through the pool, 0.06 ms on a connection; 2 loaded cores), paid twice
-per job of a steady stream of due-now jobs (the claim that finds the job and the one after it
-that finds nothing). The claim loop of a queue claims one statement at a time, and the engine
-pool counts one connection per claim loop, so the loop may as well keep it.
+Why kept: a claim through the pool costs a second round trip before its rows reach the claim
+loop: the pool resets a connection on release (`SELECT pg_advisory_unlock_all(); CLOSE ALL;
+UNLISTEN *; RESET ALL`) and `pool.fetch` returns only after that. On loopback that is ~0.1 ms
+per claim (a `SELECT 1` took 0.17 ms through the pool, 0.06 ms on a connection; 2 loaded
+cores), paid twice per job of a steady stream of due-now jobs (the claim that finds the job and
+the one after it that finds nothing).
+
+Why shared: a connection kept per queue made a daemon's connections grow with its queues (60
+queues held 66 connections idle; 120 queues ran the server out of connections). A claim is one
+short statement, so `size` connections (the budget's `claims`, db/claims-pool) serve any number
+of loops: a loop borrows one for a claim and gives it back, unreset, to the next loop.
 
 The claim stays planned per execution, as the pools plan everything (`force_custom_plan`): a
 generic plan would save ~0.5 ms of planning per claim of one job, but it is built once, from
 the statistics of the moment; built on a nearly empty table it walked the jobs' tables
 sequentially, and a claim of 1,000 after a burst took 544 ms instead of 12 ms.
 
-The connection is taken from the engine pool on the first claim and handed back, reset by the
-pool, after any error, so a connection in an unknown state is never reused; the next claim
-takes a fresh one.
+A connection whose statement failed goes back to the pool, which resets or drops it, so a
+connection in an unknown state is never reused; one the server closed meanwhile is dropped
+when next borrowed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
 
 import asyncpg
 
 from dispatcher.db.jobs import claimed_rows
-from dispatcher.db.pool import translate_unavailable
+from dispatcher.db.pool import is_unavailable, translate_unavailable
 from dispatcher.db.queries import query
-from dispatcher.model import UNBOUNDED, ByteGrant, Job
+from dispatcher.db.relay import Claimed, claimed_deliveries
+from dispatcher.errors import ClaimsStarved
+from dispatcher.lifecycle import Service
+from dispatcher.model import UNBOUNDED, AttemptKey, ByteGrant, Job
+
+log = logging.getLogger(__name__)
 
 _CLAIM = query("claim_ready")
 _READY_LEFT = query("ready_left")
+_CLAIM_DELIVERED = query("claim_delivered")
+
+# A claim takes 1-30 ms; a loop that waited this long for one of the claim connections is
+# starved (statements stuck behind locks, or far more loops than connections), not unlucky.
+STARVED_AFTER_S = 5.0
+# After the server refused a connection, borrowers that find none idle fail at once for this
+# long instead of each asking the server again: 120 loops must not become 120 attempts a second.
+REFUSED_RETRY_S = 1.0
 
 
-class ClaimConnection:
-    """Claims of one queue, one at a time, on a connection held between claims. `close()`
-    hands it back to its pool; it is idempotent, and a claim after it takes a connection
-    again. A held connection that the server closes meanwhile (a restart, an idle timeout, an
-    operator's pg_terminate_backend) is forgotten as soon as the driver notices, so the next
-    claim takes a fresh one instead of failing."""
+class ClaimConnections(Service):
+    """Up to `size` connections of `pool` (sized `size`), kept between claims and lent to one
+    claim at a time. Invariant: at most `size` connections are open, whatever the number of
+    queues. `problem()` says why loops cannot claim (None while they can); each episode is
+    logged once when it begins and once when it ends. `stop()` hands the connections back."""
 
-    def __init__(self, pool: asyncpg.Pool):
+    name = "claim-connections"
+
+    def __init__(self, pool: asyncpg.Pool, size: int):
         self._pool = pool
-        self._conn: asyncpg.Connection | None = None
+        self._size = size
+        self._lent = asyncio.Semaphore(size)
+        self._idle: list[asyncpg.Connection] = []
+        self._problem: str | None = None
+        self._since = 0.0
+        self._refused_until = 0.0
+
+    def problem(self) -> str | None:
+        return self._problem
 
     @translate_unavailable
     async def claim(
@@ -55,14 +85,10 @@ class ClaimConnection:
         grant: ByteGrant = UNBOUNDED,
     ) -> tuple[list[Job], int, float | None]:
         """As `JobRepository.claim_limited`."""
-        conn = self._conn or await self._take()
-        try:
+        async with self._borrow() as conn:
             rows = await conn.fetch(
                 _CLAIM, queue, limit, capabilities, owner, lease_s, grant.bytes, grant.alone
             )
-        except BaseException:
-            await self.close()  # its state is unknown: the pool resets it or drops it
-            raise
         return claimed_rows(rows)
 
     @translate_unavailable
@@ -75,25 +101,122 @@ class ClaimConnection:
         wakes nobody. This look took 0.25 ms where the claim that finds nothing took 1.1-1.3 ms
         (round trips on 2 loaded cores; most of the claim's is planning), and a steady stream of
         due-now jobs paid that claim once per job."""
-        conn = self._conn or await self._take()
-        try:
+        async with self._borrow() as conn:
             return bool(await conn.fetchval(_READY_LEFT, queue, capabilities))
-        except BaseException:
-            await self.close()
-            raise
 
-    async def _take(self) -> asyncpg.Connection:
-        conn = await self._pool.acquire()
-        conn.add_termination_listener(self._lost)
-        self._conn = conn
+    @translate_unavailable
+    async def claim_delivered(
+        self,
+        queue: str,
+        deliveries: Sequence[AttemptKey],
+        capabilities: list[str],
+        owner: str,
+        lease_s: float,
+        grant: ByteGrant = UNBOUNDED,
+    ) -> Claimed:
+        """As `RelayRepository.claim_delivered` (the RabbitMQ transport's claim)."""
+        ids = [job_id for job_id, _ in deliveries]
+        attempts = [attempt for _, attempt in deliveries]
+        async with self._borrow() as conn:
+            rows = await conn.fetch(
+                _CLAIM_DELIVERED,
+                queue,
+                ids,
+                attempts,
+                owner,
+                lease_s,
+                capabilities,
+                grant.bytes,
+                grant.alone,
+            )
+        return claimed_deliveries(rows)
+
+    @contextlib.asynccontextmanager
+    async def _borrow(self) -> AsyncIterator[asyncpg.Connection]:
+        await self._wait_for_turn()
+        try:
+            conn = await self._kept_or_new()
+            try:
+                yield conn
+            except BaseException:
+                await self._give_back(conn)  # its state is unknown: reset or dropped
+                raise
+            if self._stopping:  # stop() handed the others back already
+                await self._give_back(conn)
+            else:
+                self._idle.append(conn)
+            self._fed()
+        finally:
+            self._lent.release()
+
+    async def _wait_for_turn(self) -> None:
+        try:
+            async with asyncio.timeout(STARVED_AFTER_S):
+                await self._lent.acquire()
+                return
+        except TimeoutError:
+            self._starved(
+                f"all {self._size} claim connections stayed busy for {STARVED_AFTER_S:.0f} s "
+                "(database_max_connections; docs/connections.md)"
+            )
+        await self._lent.acquire()
+
+    async def _kept_or_new(self) -> asyncpg.Connection:
+        while self._idle:
+            conn = self._idle.pop()
+            if _open(conn):
+                return conn
+            await self._give_back(conn)  # the server closed it meanwhile: the pool drops it
+        if time.monotonic() < self._refused_until and self._problem is not None:
+            raise ClaimsStarved(self._problem)
+        try:
+            conn = await self._pool.acquire()
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+            self._refused_until = time.monotonic() + REFUSED_RETRY_S
+            self._starved(f"claim loops cannot get a database connection: {_reason(exc)}")
+            assert self._problem is not None
+            raise ClaimsStarved(self._problem) from exc
         return conn
 
-    def _lost(self, conn: asyncpg.Connection) -> None:
-        self._conn = None  # the pool has taken the closed connection back already
+    def _starved(self, problem: str) -> None:
+        if self._problem is None:
+            log.error("%s; queues are not claimed until it clears", problem)
+            self._since = time.monotonic()
+        self._problem = problem
 
-    async def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(asyncpg.InterfaceError):  # the pool took it back already
-                conn.remove_termination_listener(self._lost)
+    def _fed(self) -> None:
+        if self._problem is not None:
+            log.warning(
+                "claim loops have database connections again, after %.1f s (%s)",
+                time.monotonic() - self._since,
+                self._problem,
+            )
+            self._problem = None
+
+    async def stop(self) -> None:
+        """Hand every kept connection back to the pool (reset); idempotent."""
+        await super().stop()
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await self._give_back(conn)
+
+    close = stop
+
+    async def _give_back(self, conn: asyncpg.Connection) -> None:
+        """To the pool, which resets it or drops it; one the server closed, the pool took
+        back already when the driver noticed."""
+        with contextlib.suppress(asyncpg.InterfaceError):
             await self._pool.release(conn)
+
+
+def _open(conn: asyncpg.Connection) -> bool:
+    try:
+        return not conn.is_closed()
+    except asyncpg.InterfaceError:  # closed, and released to the pool by the driver already
+        return False
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -31,18 +31,30 @@ class WakeListener(LoopService):
         self._reconnect_s = reconnect_s
 
     async def _run(self) -> None:
+        failing = False  # said once per episode: a full server refuses every second for long
         while True:
             conn = None
             try:
-                conn = await asyncpg.connect(self._dsn)
+                conn = await asyncpg.connect(
+                    self._dsn, server_settings={"application_name": "dispatcher:wake-listener"}
+                )
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                 await conn.add_listener(CHANNEL, lambda *args: self._on_wake(args[-1]))
+                if failing:
+                    log.warning("wake-up listener connected again")
+                    failing = False
                 self._on_wake("")  # notices sent while we were not listening are lost: look now
                 await lost.wait()
                 log.warning("wake-up listener connection lost; reconnecting")
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                log.warning("wake-up listener cannot connect: %s", exc)
+                if not failing:
+                    log.warning(
+                        "wake-up listener cannot connect (retrying every %.0f s): %s",
+                        self._reconnect_s,
+                        exc,
+                    )
+                failing = True
             finally:
                 if conn is not None and not conn.is_closed():
                     with contextlib.suppress(Exception):

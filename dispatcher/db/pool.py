@@ -13,6 +13,7 @@ import asyncpg
 
 from dispatcher import jsoncodec, metrics
 from dispatcher.config import mask_url
+from dispatcher.connection_budget import ConnectionBudget
 from dispatcher.errors import DatabaseUnavailable
 from dispatcher.lifecycle import Service
 
@@ -123,13 +124,23 @@ async def wait_for_database(dsn: str, *, timeout_s: float, log_every_s: float = 
             conn = await asyncpg.connect(dsn, timeout=5)
             await conn.close()
             return
-        except (*CONNECT_ERRORS, asyncpg.InvalidCatalogNameError) as exc:
+        except (
+            *CONNECT_ERRORS,
+            asyncpg.InvalidCatalogNameError,
+            asyncpg.TooManyConnectionsError,  # a full server may have room again soon
+        ) as exc:
             reason = f"{type(exc).__name__}: {exc}"
+            full = isinstance(exc, asyncpg.TooManyConnectionsError)
         now = time.monotonic()
         if now >= deadline:
+            fix = (
+                "the server has no free connection slot: close other clients' connections or "
+                "raise its max_connections (docs/connections.md)"
+                if full
+                else "check DISPATCHER_DATABASE_URL, or unset it to use the embedded database"
+            )
             raise DatabaseUnavailable(
-                f"database {mask_url(dsn)} not reachable after {timeout_s:.0f} s ({reason}); "
-                "check DISPATCHER_DATABASE_URL, or unset it to use the embedded database"
+                f"database {mask_url(dsn)} not reachable after {timeout_s:.0f} s ({reason}); {fix}"
             )
         if now - last_log >= log_every_s:
             log.warning("database not reachable yet, retrying: %s", reason)
@@ -139,20 +150,29 @@ async def wait_for_database(dsn: str, *, timeout_s: float, log_every_s: float = 
 
 
 class PoolSet(Service):
-    """The daemon's connection pools, one per kind of work, so none can starve another:
+    """The daemon's connection pools, one per kind of work, so none can starve another, sized
+    by its connection budget (dispatcher/connection_budget.py; docs/connections.md):
 
-    - `api`: intake and operator reads (`db_pool_size`);
-    - `engine`: claims, completions, failures, the due-scan, cron, sampling and pruning: short
-      statements only, one claim loop per queue plus a few;
+    - `api`: intake and operator reads;
+    - `engine`: completions, failures, the due-scan, cron, sampling, pruning, the RabbitMQ relay:
+      short statements only;
+    - `claims`: the claim connections every queue's claim loop borrows (db/claims.py);
     - `lease`: one connection for the heartbeat alone, so leases are renewed whatever else waits;
     - `handlers`: transactional effects, which hold a connection for their whole run.
     """
 
     name = "database-pools"
 
-    def __init__(self, dsn: str, *, api_size: int, engine_size: int, handler_size: int):
+    def __init__(self, dsn: str, budget: ConnectionBudget):
         self._dsn = dsn
-        self._sizes = {"api": api_size, "engine": engine_size, "lease": 1, "handlers": handler_size}
+        self.budget = budget
+        self._sizes = {
+            "api": budget.api,
+            "engine": budget.engine,
+            "claims": budget.claims,
+            "lease": 1,
+            "handlers": budget.handlers,
+        }
         self._pools: dict[str, asyncpg.Pool] = {}
 
     def __getitem__(self, kind: str) -> asyncpg.Pool:
@@ -160,12 +180,13 @@ class PoolSet(Service):
 
     async def start(self) -> None:
         for kind, size in self._sizes.items():
-            # handler connections are opened on demand: many deployments have no such handler
+            # claim and handler connections are opened on demand: a claim connection per loop
+            # claiming at once, and many deployments have no transactional handler
             self._pools[kind] = await create_pool(
                 self._dsn,
                 size=size,
                 application_name=f"dispatcher:{kind}",
-                min_size=0 if kind == "handlers" else 2,
+                min_size=0 if kind in ("claims", "handlers") else 2,
             )
 
     async def stop(self) -> None:

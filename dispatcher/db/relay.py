@@ -85,10 +85,15 @@ class RelayRepository:
             grant.bytes,
             grant.alone,
         )
-        marker = rows[-1]
-        return Claimed(
-            [Job(*r[:CLAIM_JOB_COLUMNS]) for r in rows if r[0] is not None],
-            set(marker["eligible"]),
-            set(marker["refused"]),
-            marker["wait_s"],
-        )
+        return claimed_deliveries(rows)
+
+
+def claimed_deliveries(rows: list[asyncpg.Record]) -> Claimed:
+    """`claim_delivered`'s rows: the jobs started, then a marker row with the verdicts."""
+    marker = rows[-1]
+    return Claimed(
+        [Job(*r[:CLAIM_JOB_COLUMNS]) for r in rows if r[0] is not None],
+        set(marker["eligible"]),
+        set(marker["refused"]),
+        marker["wait_s"],
+    )

@@ -60,6 +60,7 @@ from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
 from dispatcher import metrics
+from dispatcher.db.claims import ClaimConnections
 from dispatcher.db.relay import OutboxLease, RelayRepository
 from dispatcher.lifecycle import LoopService
 from dispatcher.model import AttemptKey, ByteGrant
@@ -568,11 +569,12 @@ def _failed(exc: BaseException) -> None:
 
 
 class RabbitTransport:
-    """What the claim loop of each queue receives: deliveries, leased in the database."""
+    """What the claim loop of each queue receives: deliveries, leased in the database on the
+    daemon's shared claim connections (db/claims.py)."""
 
     def __init__(
         self,
-        repo: RelayRepository,
+        claims: ClaimConnections,
         link: RabbitLink,
         *,
         owner: str,
@@ -580,7 +582,7 @@ class RabbitTransport:
         lease_s: float,
         wait_s: float,
     ):
-        self._repo = repo
+        self._claims = claims
         self._link = link
         self._owner = owner
         self._capabilities = capabilities
@@ -610,7 +612,7 @@ class RabbitTransport:
             else:
                 by_job[received.job_id] = received
         try:
-            claimed = await self._repo.claim_delivered(
+            claimed = await self._claims.claim_delivered(
                 queue,
                 [(r.job_id, r.attempt) for r in by_job.values()],
                 self._capabilities,

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
-from dispatcher.db.claims import ClaimConnection
-from dispatcher.db.jobs import JobRepository
+from dispatcher.db.claims import ClaimConnections
 from dispatcher.model import AttemptKey, ByteGrant, Job
 
 
@@ -49,31 +48,25 @@ class Transport(Protocol):
 
 
 class InProcessTransport:
-    """Relay and claim in one statement, fair across tenants (see `claim_ready`). Each queue
-    claims on a connection of its own, kept between claims (db/claims.py); `settle()`, after
-    the drain, hands them back."""
+    """Relay and claim in one statement, fair across tenants (see `claim_ready`). Every queue
+    claims on the daemon's few shared claim connections (db/claims.py), one claim at a time."""
 
-    def __init__(self, repo: JobRepository, *, owner: str, capabilities: list[str], lease_s: float):
-        self._repo = repo
+    def __init__(
+        self, claims: ClaimConnections, *, owner: str, capabilities: list[str], lease_s: float
+    ):
+        self._claims = claims
         self._owner = owner
         self._capabilities = capabilities
         self._lease_s = lease_s
-        self._claims: dict[str, ClaimConnection] = {}
 
     async def receive(self, queue: str, limit: int, grant: ByteGrant) -> Delivery:
-        claims = self._claims.get(queue)
-        if claims is None:
-            claims = self._claims[queue] = ClaimConnection(self._repo.pool)
-        jobs, consumed, wait_s = await claims.claim(
+        jobs, consumed, wait_s = await self._claims.claim(
             queue, limit, self._capabilities, self._owner, self._lease_s, grant
         )
         return Delivery(jobs, consumed, wait_s)
 
     async def more_ready(self, queue: str) -> bool:
-        claims = self._claims.get(queue)
-        if claims is None:
-            return True
-        return await claims.ready_left(queue, self._capabilities)
+        return await self._claims.ready_left(queue, self._capabilities)
 
     def finished(self, key: AttemptKey) -> None:
         return None  # the claim took the outbox row: nothing to acknowledge
@@ -82,6 +75,4 @@ class InProcessTransport:
         return None  # no job is held between claims (a claim in flight ends before the drain)
 
     async def settle(self) -> None:
-        """Every claim loop has ended: hand their connections back to the pool."""
-        for claims in list(self._claims.values()):
-            await claims.close()
+        return None  # the claim connections are a service of their own, stopped after the drain

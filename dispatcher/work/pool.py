@@ -22,6 +22,7 @@ from typing import Any
 from dispatcher import metrics
 from dispatcher.config import QueueSettings
 from dispatcher.db.jobs import JobRepository
+from dispatcher.errors import ClaimsStarved
 from dispatcher.faults import fault_point
 from dispatcher.lifecycle import LoopService, Service
 from dispatcher.model import AttemptKey, Job
@@ -136,7 +137,8 @@ class QueueWorker(Service):
             try:
                 jobs, taken, wait_s = await self._transport.receive(self.queue, slots, grant)
             except Exception as exc:  # the database may be restarting: try again shortly
-                log.error("claim failed on queue %s: %s", self.queue, exc)
+                if not isinstance(exc, ClaimsStarved):  # said once for every loop (db/claims.py)
+                    log.error("claim failed on queue %s: %s", self.queue, exc)
                 self.budget.settle(grant, 0)
                 self._return_unused(slots, tokens, 0)
                 await self._pause(CLAIM_ERROR_BACKOFF_S, wake_on_signal=False)

@@ -25,6 +25,14 @@ BAD_ENV = {
         {"DISPATCHER_DB_POOL_SIZE": "1"},
         "setting db_pool_size = '1': Input should be greater than or equal to 2",
     ),
+    "connections-below-the-minimum": (
+        {"DISPATCHER_DATABASE_MAX_CONNECTIONS": "8"},
+        "database_max_connections = 8 is below the 9 connections a daemon needs",
+    ),
+    "pools-past-the-connection-budget": (
+        {"DISPATCHER_DB_POOL_SIZE": "10", "DISPATCHER_HANDLER_POOL_SIZE": "10"},
+        "set it to at least 26 (DISPATCHER_DATABASE_MAX_CONNECTIONS), or lower db_pool_size",
+    ),
     "lease-not-a-number": ({"DISPATCHER_LEASE_S": "soon"}, "setting lease_s = 'soon'"),
     "listen-without-port": ({"DISPATCHER_LISTEN": "localhost"}, "must be host:port"),
     "tiny-body-limit": ({"DISPATCHER_BODY_LIMIT_BYTES": "10"}, "setting body_limit_bytes = '10'"),

@@ -16,7 +16,17 @@ PACKAGE = Path(__file__).resolve().parents[2] / "dispatcher"
 LAYERS: list[tuple[str, set[str]]] = [
     (
         "pure values",
-        {"", "errors", "rfc3339", "model", "jsoncodec", "signing_secret", "tokens", "faults"},
+        {
+            "",
+            "errors",
+            "rfc3339",
+            "model",
+            "jsoncodec",
+            "signing_secret",
+            "tokens",
+            "faults",
+            "connection_budget",
+        },
     ),
     ("cron arithmetic", {"cron"}),
     ("what doors accept, schedules", {"requests", "schedules"}),
