@@ -32,13 +32,13 @@ from collections.abc import AsyncIterator, Sequence
 
 import asyncpg
 
-from dispatcher.db.jobs import claimed_rows
+from dispatcher.db.jobs import Claim, claimed_rows
 from dispatcher.db.pool import is_unavailable, translate_unavailable
 from dispatcher.db.queries import query
 from dispatcher.db.relay import Claimed, claimed_deliveries
 from dispatcher.errors import ClaimsStarved
 from dispatcher.lifecycle import Service
-from dispatcher.model import UNBOUNDED, AttemptKey, ByteGrant, Job
+from dispatcher.model import UNBOUNDED, AttemptKey, ByteGrant
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class ClaimConnections(Service):
         owner: str,
         lease_s: float,
         grant: ByteGrant = UNBOUNDED,
-    ) -> tuple[list[Job], int, float | None]:
+    ) -> Claim:
         """As `JobRepository.claim_limited`."""
         async with self._borrow() as conn:
             rows = await conn.fetch(

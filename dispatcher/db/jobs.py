@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import asyncpg
 
@@ -121,10 +121,8 @@ class JobRepository:
         grant: ByteGrant = UNBOUNDED,
     ) -> tuple[list[Job], int]:
         """Claim up to `limit` jobs; return them and the number of outbox rows consumed."""
-        jobs, taken, _wait_s = await self.claim_limited(
-            queue, limit, capabilities, owner, lease_s, grant
-        )
-        return jobs, taken
+        claim = await self.claim_limited(queue, limit, capabilities, owner, lease_s, grant)
+        return claim.jobs, claim.consumed
 
     async def claim_limited(
         self,
@@ -134,11 +132,9 @@ class JobRepository:
         owner: str,
         lease_s: float,
         grant: ByteGrant = UNBOUNDED,
-    ) -> tuple[list[Job], int, float | None]:
-        """Claim up to `limit` jobs within the queue's global limits and the bytes of `grant`;
-        return them, the number of outbox rows consumed and, when the start rate held the claim
-        back, the seconds until the next token (the last row of the claim is always its
-        marker)."""
+    ) -> Claim:
+        """Claim up to `limit` jobs within the queue's global limits and the bytes of `grant`
+        (the last row of the claim is always its marker)."""
         return claimed_rows(
             await self.pool.fetch(
                 _CLAIM, queue, limit, capabilities, owner, lease_s, grant.bytes, grant.alone
@@ -475,11 +471,20 @@ class JobRepository:
             yield conn
 
 
-def claimed_rows(rows: list[asyncpg.Record]) -> tuple[list[Job], int, float | None]:
-    """A claim's rows as (jobs, outbox rows consumed, seconds until a token is free)."""
+class Claim(NamedTuple):
+    """What one claim statement did."""
+
+    jobs: list[Job]
+    consumed: int  # outbox rows taken (ready jobs, in process)
+    wait_s: float | None  # the global limits held the claim back: a token is free after this
+    held_back: bool  # the memory budget left picked jobs ready: claim again once bytes free
+
+
+def claimed_rows(rows: list[asyncpg.Record]) -> Claim:
+    """A claim's rows: the jobs, then its marker row (always last)."""
     marker = rows[-1]
     jobs = [Job(*r[:CLAIM_JOB_COLUMNS]) for r in rows if r[0] is not None]
-    return jobs, marker["taken_count"], marker["wait_s"]
+    return Claim(jobs, marker["taken_count"], marker["wait_s"], marker["held_back"])
 
 
 def _enqueued(rows: list[asyncpg.Record], n: int) -> list[EnqueueResult]:

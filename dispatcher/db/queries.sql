@@ -189,14 +189,17 @@ WITH RECURSIVE grant_ AS MATERIALIZED (
       FROM claimed c
       JOIN budgeted i ON i.id = c.id
 )
-SELECT c.*, (SELECT count(*) FROM budgeted)::int AS taken_count, NULL::float8 AS wait_s
+SELECT c.*, (SELECT count(*) FROM budgeted)::int AS taken_count, NULL::float8 AS wait_s,
+       NULL::boolean AS held_back
   FROM started c
 UNION ALL
 -- the marker row: how many ready jobs the claim took (those picked beyond the memory budget
--- are left ready, unlocked at commit), and the limiter's wait
+-- are left ready, unlocked at commit), the limiter's wait, and whether the memory budget held
+-- picked jobs back (then, and only then, the claim loop waits for bytes to be freed)
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        NULL, (SELECT count(*) FROM budgeted)::int,
-       dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM claimed)::int, g.wait_s)
+       dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM claimed)::int, g.wait_s),
+       (SELECT count(*) FROM candidates) > (SELECT count(*) FROM budgeted)
   FROM grant_ g;
 
 -- name: complete_succeeded

@@ -590,7 +590,9 @@ class RabbitTransport:
         self._wait_s = wait_s
         self._acks: dict[AttemptKey, _Received] = {}
 
-    async def receive(self, queue: str, limit: int, grant: ByteGrant) -> Delivery:
+    async def wait_for_work(self, queue: str, limit: int) -> None:
+        """Until a delivery of `queue` waits (at most `wait_s`), then a moment for more of the
+        same stream, so one claim takes them all."""
         waiting = self._link.inbox[queue]
         if not waiting:
             arrived = self._link.arrived[queue]
@@ -599,7 +601,10 @@ class RabbitTransport:
                 async with asyncio.timeout(self._wait_s):
                     await arrived.wait()
         if waiting and len(waiting) < limit and self._link.receiving(queue):
-            await asyncio.sleep(GATHER_S)  # more of the same stream: one claim for them all
+            await asyncio.sleep(GATHER_S)
+
+    async def receive(self, queue: str, limit: int, grant: ByteGrant) -> Delivery:
+        waiting = self._link.inbox[queue]
         batch = [waiting.popleft() for _ in range(min(limit, len(waiting)))]
         if not batch:  # waited for a delivery already: ask again at once
             return Delivery([], 0, 0.0)
@@ -649,6 +654,7 @@ class RabbitTransport:
             claimed.jobs,
             len(claimed.jobs) + duplicates,
             claimed.wait_s if held else None,
+            held_back=bool(held) and claimed.wait_s is None,  # the limits hold with a wait
         )
 
     async def more_ready(self, queue: str) -> bool:

@@ -26,9 +26,16 @@ class Delivery(NamedTuple):
     consumed: int  # outbox rows taken; more than len(jobs) means duplicate deliveries
     # the queue's global limits held the claim back: look again after this many seconds
     wait_s: float | None = None
+    # the daemon's memory budget held jobs back: claim again once in-flight bytes are freed
+    held_back: bool = False
 
 
 class Transport(Protocol):
+    async def wait_for_work(self, queue: str, limit: int) -> None:
+        """Until a `receive` of up to `limit` jobs may find some (a broker transport waits for
+        deliveries, bounded). Called before the claim takes its share of the daemon's memory
+        budget: a queue that waits holds none of it, so it never holds up other queues."""
+
     async def receive(self, queue: str, limit: int, grant: ByteGrant) -> Delivery:
         """At most `limit` jobs of `queue`, whose payload and target bytes fit in `grant`."""
 
@@ -59,11 +66,14 @@ class InProcessTransport:
         self._capabilities = capabilities
         self._lease_s = lease_s
 
+    async def wait_for_work(self, queue: str, limit: int) -> None:
+        return None  # the claim itself looks
+
     async def receive(self, queue: str, limit: int, grant: ByteGrant) -> Delivery:
-        jobs, consumed, wait_s = await self._claims.claim(
+        claim = await self._claims.claim(
             queue, limit, self._capabilities, self._owner, self._lease_s, grant
         )
-        return Delivery(jobs, consumed, wait_s)
+        return Delivery(claim.jobs, claim.consumed, claim.wait_s, claim.held_back)
 
     async def more_ready(self, queue: str) -> bool:
         return await self._claims.ready_left(queue, self._capabilities)

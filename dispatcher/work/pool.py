@@ -126,6 +126,7 @@ class QueueWorker(Service):
                 await self._pause(local_wait_s, wake_on_signal=False)
                 continue
             slots = self.inflight.reserve_up_to(tokens)
+            await self._transport.wait_for_work(self.queue, slots)
             grant = self.budget.grant()
             if grant is None:  # the payloads of jobs in flight fill the memory budget
                 self._return_unused(slots, tokens, 0)
@@ -135,7 +136,9 @@ class QueueWorker(Service):
                 continue
             self._wake.clear()
             try:
-                jobs, taken, wait_s = await self._transport.receive(self.queue, slots, grant)
+                jobs, taken, wait_s, held_back = await self._transport.receive(
+                    self.queue, slots, grant
+                )
             except Exception as exc:  # the database may be restarting: try again shortly
                 if not isinstance(exc, ClaimsStarved):  # said once for every loop (db/claims.py)
                     log.error("claim failed on queue %s: %s", self.queue, exc)
@@ -144,7 +147,7 @@ class QueueWorker(Service):
                 await self._pause(CLAIM_ERROR_BACKOFF_S, wake_on_signal=False)
                 continue
             self.budget.settle(grant, sum(job.size_bytes for job in jobs))
-            if not jobs and not grant.alone:  # perhaps the budget left no room for the next
+            if held_back:  # the budget left jobs ready: claim again once bytes are freed
                 self.budget.wake_when_freed(self.wake)
             self._return_unused(slots, tokens, len(jobs))
             if taken > len(jobs):

@@ -59,7 +59,7 @@ async def test_claims_reuse_a_kept_connection_and_are_planned_each_time(
     try:
         for i in range(8):
             await enqueue(noop_pool, f"job-{i}")
-            jobs, taken, wait_s = await claims.claim("default", 10, CAPABILITIES, "me", 60)
+            jobs, taken, wait_s, _ = await claims.claim("default", 10, CAPABILITIES, "me", 60)
             assert ([j.key for j in jobs], taken, wait_s) == ([f"job-{i}"], 1, None)
         [conn] = claims._idle  # one claim at a time: one connection did them all
         generic, custom = await conn.fetchrow(
@@ -88,7 +88,7 @@ async def test_any_number_of_loops_share_at_most_size_connections(
         results = await asyncio.gather(
             *(claims.claim(q, 10, CAPABILITIES, "me", 60) for q in queues for _ in range(3))
         )
-        assert sorted(j.key for jobs, _, _ in results for j in jobs) == sorted(
+        assert sorted(j.key for claim in results for j in claim.jobs) == sorted(
             f"{q}-job" for q in queues
         )
         assert 1 <= await open_claim_connections(noop_pool) <= 3
@@ -108,7 +108,7 @@ async def test_a_claim_connection_the_server_closed_is_replaced(
         await noop_pool.execute("SELECT pg_terminate_backend($1)", conn.get_server_pid())
         await wait_until(lambda: not _open(conn), what="the driver noticing the closed connection")
         await enqueue(noop_pool, "after-the-cut")
-        jobs, _, _ = await claims.claim("default", 10, CAPABILITIES, "me", 60)
+        jobs, *_ = await claims.claim("default", 10, CAPABILITIES, "me", 60)
         assert [j.key for j in jobs] == ["after-the-cut"]
     finally:
         await claims.close()
@@ -124,7 +124,7 @@ async def test_a_failed_claim_hands_its_connection_back(
         with pytest.raises(asyncpg.PostgresError):  # no lease is that long: the claim fails
             await claims.claim("default", 10, CAPABILITIES, "me", float("inf"))
         assert claims._idle == []
-        jobs, _, _ = await claims.claim("default", 10, CAPABILITIES, "me", 60)
+        jobs, *_ = await claims.claim("default", 10, CAPABILITIES, "me", 60)
         assert [j.key for j in jobs] == ["next"]
     finally:
         await claims.close()
@@ -154,7 +154,7 @@ async def test_ready_left_counts_only_jobs_this_worker_can_run(
         assert await claims.ready_left("default", CAPABILITIES)
         assert not await claims.ready_left("default", ["noop:2"])  # another version's worker
         assert not await claims.ready_left("other", CAPABILITIES)
-        jobs, _, _ = await claims.claim("default", 10, CAPABILITIES, "me", 60)
+        jobs, *_ = await claims.claim("default", 10, CAPABILITIES, "me", 60)
         assert len(jobs) == 2
         assert not await claims.ready_left("default", CAPABILITIES)
     finally:
@@ -202,7 +202,7 @@ async def test_refused_connections_are_one_episode_said_once(
 
         async def claimed() -> bool:
             try:
-                jobs, _, _ = await claims.claim("default", 10, CAPABILITIES, "me", 60)
+                jobs, *_ = await claims.claim("default", 10, CAPABILITIES, "me", 60)
             except ClaimsStarved:
                 return False
             return [j.key for j in jobs] == ["after"]
