@@ -328,7 +328,7 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
             database(settings, check_schema=False, create=True) as (_dsn, pool),
             pool.acquire() as conn,
         ):
-            applied = await migrations.migrate(conn)
+            applied = await migrations.migrate(conn, wait_s=settings.database_wait_s)
         print("applied: " + ", ".join(applied) if applied else "schema is current")
         return 0
 

@@ -95,8 +95,8 @@ async def resolve_database(
 async def prepare_schema(dsn: str, settings: Settings) -> None:
     conn = await connect(dsn)
     try:
-        if settings.auto_migrate:
-            await migrations.migrate(conn)
+        if settings.auto_migrate:  # waits, saying so, while a restore loads the database
+            await migrations.migrate(conn, wait_s=settings.database_wait_s)
         else:
             await migrations.check_current(conn)
         for problem in await vacuum_problems(conn):
