@@ -59,7 +59,7 @@ async def restore_held(url: str, dump: Path, cwd: Path) -> AsyncIterator[asyncio
         return bool(
             await watcher.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND application_name = 'dispatcher-restore' AND wait_event_type = 'Lock'"
+                " AND query LIKE 'CREATE SCHEMA dispatcher%' AND wait_event_type = 'Lock'"
             )
         )
 
@@ -72,6 +72,23 @@ async def restore_held(url: str, dump: Path, cwd: Path) -> AsyncIterator[asyncio
         await watcher.close()
 
 
+WAITS = "a dispatcher restore is loading this database"
+
+
+async def schema_waiters(url: str) -> int:
+    """Sessions waiting on a lock in CREATE SCHEMA (the held restore, and anyone racing it)."""
+    conn = await asyncpg.connect(url)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND query ILIKE 'CREATE SCHEMA%dispatcher%' AND wait_event_type = 'Lock'"
+            )
+        )
+    finally:
+        await conn.close()
+
+
 async def test_a_daemon_started_during_a_restore_waits_for_it_then_runs(
     db_url: str, server_url: str, tmp_path: Path
 ) -> None:
@@ -82,13 +99,15 @@ async def test_a_daemon_started_during_a_restore_waits_for_it_then_runs(
         try:
             async with restore_held(url, dump, tmp_path) as restore:
                 await daemon.start(wait_ready=False)
-                await wait_until(
-                    lambda: "a dispatcher restore is loading this database" in daemon.log_text(),
-                    timeout_s=60,
-                    what="the daemon saying it waits for the restore",
-                )
+
+                async def arrived() -> bool:  # waiting: saying so, or (before) blocked silently
+                    return WAITS in daemon.log_text() or await schema_waiters(url) == 2
+
+                await wait_until(arrived, timeout_s=60, what="the daemon at the schema step")
                 assert daemon.proc is not None and daemon.proc.returncode is None
             result = await restore
+            # before: the daemon's CREATE SCHEMA IF NOT EXISTS then collided with the restore's
+            # (UniqueViolationError, exit 1), or the restore with the daemon's
             assert result.code == 0, result.stderr
             assert f"{JOBS} jobs" in result.stdout
             await wait_until(daemon.is_ready, timeout_s=60, what="the daemon ready after it")
@@ -97,6 +116,7 @@ async def test_a_daemon_started_during_a_restore_waits_for_it_then_runs(
             if daemon.proc is not None and daemon.proc.returncode is None:
                 daemon.proc.kill()
                 await daemon.proc.wait()
+        assert WAITS in daemon.log_text()  # it said why it waited
         log = daemon.log_text()
         assert "Traceback" not in log and "UniqueViolation" not in log, log[-3000:]
         conn = await asyncpg.connect(url)
