@@ -14,6 +14,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import aiohttp
 import asyncpg
@@ -62,12 +63,15 @@ def held_first_attempts() -> tuple[Target, asyncio.Event]:
     return Target(respond=respond), release
 
 
-async def post_batch(daemon: DaemonProcess, target: Target, prefix: str, n: int) -> None:
+async def post_batch(
+    daemon: DaemonProcess, target: Target, prefix: str, n: int, queue: str = "default"
+) -> None:
     jobs = [
         {
             "idempotency_key": f"{prefix}-{i}",
             "handler": "http",
             "target": {"url": target.url, "timeout_s": 300},
+            "queue": queue,
         }
         for i in range(n)
     ]
@@ -257,3 +261,58 @@ async def _lease_rescued(conn: asyncpg.Connection, owner: str, n: int) -> bool:
 
 async def _states_are(conn: asyncpg.Connection, expected: dict[str, int]) -> bool:
     return await states(conn) == expected
+
+
+async def test_a_postgres_restart_takes_no_living_daemons_jobs(tmp_path: Path) -> None:
+    """Every session lock vanishes with the server: the daemons take theirs back and none is
+    judged gone (the restart grace), so nobody's running jobs move."""
+    from tests.faults.common import PrivatePostgres
+
+    n = 20
+    target, release = held_first_attempts()
+    pg = PrivatePostgres(tmp_path / "pg")
+    daemons: list[DaemonProcess] = []
+    try:
+        url = await pg.start()
+        async with serve_target(target):
+            env = {"DISPATCHER_DATABASE_URL": url, **LOOPBACK_ENV, **LONG_LEASE}
+            for name in ("left", "right"):  # a queue each, so each holds its own jobs
+                own_queue = {f"DISPATCHER_QUEUES__{name.upper()}__MAX_INFLIGHT": str(n)}
+                daemon = await DaemonProcess({**env, **own_queue}).start()
+                daemons.append(daemon)
+                await post_batch(daemon, target, name, n, queue=name)
+                await wait_until(lambda: target.inflight == len(daemons) * n)
+            conn = await asyncpg.connect(url)
+            before = await running_owners(conn)
+            await conn.close()
+            assert sorted(before.values()) == [n, n]
+
+            await pg.stop_server()
+            await pg.start_server()
+            conn = await asyncpg.connect(url)
+            try:
+                # past the grace (5 s of uptime) and the confirmation (1 s), with margin
+                until = time.monotonic() + 8
+                while time.monotonic() < until:
+                    assert await running_owners(conn) == before
+                    await asyncio.sleep(0.2)
+                gone = await conn.fetchval(
+                    "SELECT count(*) FROM dispatcher.attempts WHERE reason = 'owner_gone'"
+                )
+                assert gone == 0
+                for daemon in daemons:
+                    assert "liveness lock taken again" in daemon.log_text()
+                release.set()
+                await wait_until(lambda: _states_are(conn, {"succeeded": 2 * n}), timeout_s=60)
+                assert await conn.fetchval("SELECT max(attempt) FROM dispatcher.jobs") == 1
+            finally:
+                await conn.close()
+            for daemon in daemons:
+                assert await daemon.stop() == 0
+    finally:
+        release.set()
+        for daemon in daemons:
+            if daemon.proc is not None and daemon.proc.returncode is None:
+                daemon.proc.kill()
+                await daemon.proc.wait()
+        await pg.close()
