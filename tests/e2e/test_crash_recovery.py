@@ -316,3 +316,53 @@ async def test_a_postgres_restart_takes_no_living_daemons_jobs(tmp_path: Path) -
                 daemon.proc.kill()
                 await daemon.proc.wait()
         await pg.close()
+
+
+async def test_a_daemon_whose_lock_connection_is_cut_takes_it_back_and_keeps_its_jobs(
+    db_url: str,
+) -> None:
+    """The server ends a living daemon's liveness session (pg_terminate_backend): it takes the
+    lock again on a new connection at once, and the other daemon judges nobody gone."""
+    n = 20
+    target, release = held_first_attempts()
+    env = {"DISPATCHER_DATABASE_URL": db_url, **LOOPBACK_ENV, **LONG_LEASE}
+    daemons: list[DaemonProcess] = []
+    conn = await asyncpg.connect(db_url)
+    try:
+        async with serve_target(target):
+            cut = await DaemonProcess(env).start()
+            daemons.append(cut)
+            owner = await owner_of(conn, cut)
+            await post_batch(cut, target, "cut", n)
+            await wait_until(lambda: target.inflight == n, what=f"{n} attempts in flight")
+            daemons.append(await DaemonProcess(env).start())
+            ended = await conn.fetchval(
+                """SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l
+                    WHERE l.locktype = 'advisory' AND l.objsubid = 2
+                      AND l.classid = dispatcher.liveness_namespace()::oid
+                      AND l.objid = dispatcher.liveness_key($1)::oid""",
+                owner,
+            )
+            assert ended == 1
+            await wait_until(
+                lambda: "liveness lock taken again" in cut.log_text(), what="the lock taken back"
+            )
+            until = time.monotonic() + 3  # past the others' 1 s confirmation, with margin
+            while time.monotonic() < until:
+                assert await running_owners(conn) == {owner: n}
+                await asyncio.sleep(0.1)
+            assert await cut.is_ready()
+            assert not await conn.fetchval(
+                "SELECT count(*) FROM dispatcher.attempts WHERE reason = 'owner_gone'"
+            )
+            release.set()
+            await wait_until(lambda: _states_are(conn, {"succeeded": n}), timeout_s=60)
+            for daemon in daemons:
+                assert await daemon.stop() == 0
+    finally:
+        release.set()
+        await conn.close()
+        for daemon in daemons:
+            if daemon.proc is not None and daemon.proc.returncode is None:
+                daemon.proc.kill()
+                await daemon.proc.wait()
