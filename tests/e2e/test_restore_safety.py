@@ -145,7 +145,14 @@ async def test_a_bounded_wait_and_operator_commands_say_so_in_one_line(
             assert "gave up after waiting 1 s" in line
             migrate = await cli("migrate", cwd=tmp_path, env=env)
             listing = await cli("jobs", "list", cwd=tmp_path, env=env)
-            for result, what in ((migrate, "gave up"), (listing, "try again once")):
+            backup = await cli("backup", str(tmp_path / "during.dump"), cwd=tmp_path, env=env)
+            again = await cli("restore", str(dump), cwd=tmp_path, env=env)
+            for result, what in (
+                (migrate, "gave up"),
+                (listing, "try again once"),
+                (backup, "try again once"),
+                (again, "try again once"),
+            ):
                 assert result.code == 1, result
                 assert "Traceback" not in result.stderr, result.stderr
                 # one line ends it (migrate said first that it waits, as a log line)
