@@ -63,36 +63,30 @@ class DueScanner(LoopService):
             if n < batch:
                 break
             batch = min(batch * 4, self._batch)
-        if await self._rescue():
-            self._on_ready()
+        await self._rescue()
         metrics.SCAN_MOVED.inc(moved)
         return moved
 
-    async def _rescue(self) -> bool:
+    async def _rescue(self) -> None:
         """Rescue expired leases and the running jobs of gone daemons, a batch at a time until
-        a batch comes back short (a killed daemon may leave thousands); whether any went back
-        to ready."""
-        gone, any_ready = self._gone_owners(), False
+        a batch comes back short (a killed daemon may leave thousands), waking the workers
+        after each batch that made jobs ready."""
+        gone = self._gone_owners()
         while True:
             rescued = await self._repo.rescue(self._batch, gone)
+            per_kind: dict[str, int] = {}
             for (why, state), n in rescued.items():
-                any_ready = any_ready or state == "ready"
+                per_kind[why] = per_kind.get(why, 0) + n
                 if why == "owner_gone":
                     metrics.OWNER_GONE_RESCUED.labels(state).inc(n)
-                    log.warning(
-                        "rescued %d running jobs of gone daemons (%s) -> %s",
-                        n,
-                        ", ".join(gone),
-                        state,
-                    )
+                    log.warning("rescued %d jobs of gone daemons %s -> %s", n, gone, state)
                 else:
                     metrics.LEASES_RESCUED.labels(state).inc(n)
                     log.warning("rescued %d jobs with expired leases -> %s", n, state)
-            by_kind = {why: 0 for why, _state in rescued}
-            for (why, _state), n in rescued.items():
-                by_kind[why] += n
-            if max(by_kind.values(), default=0) < self._batch:
-                return any_ready
+            if any(state == "ready" for _why, state in rescued):
+                self._on_ready()
+            if max(per_kind.values(), default=0) < self._batch:
+                return
 
     async def _run(self) -> None:
         while True:
