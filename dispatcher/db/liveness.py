@@ -96,7 +96,7 @@ class LivenessLock(Service):
         self._stopping = False
         try:
             held = await self._take()
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise LivenessLockError(
                 f"could not take the liveness lock: {type(exc).__name__}: {exc}"
             ) from None
