@@ -339,7 +339,7 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
             database(settings, check_schema=False, create=True) as (_dsn, pool),
             pool.acquire() as conn,
         ):
-            applied = await migrations.migrate(conn)
+            applied = await migrations.migrate(conn, wait_s=settings.database_wait_s)
         print("applied: " + ", ".join(applied) if applied else "schema is current")
         return 0
 
@@ -693,6 +693,7 @@ def cmd_backup(settings: Settings, args: argparse.Namespace) -> int:
 
     async def run() -> int:
         async with database(settings, check_schema=False) as (dsn, pool):
+            await refuse_while_restoring(pool)
             if not await BackupRepository(pool).schema_exists():
                 print(
                     "dispatcher: this database has no dispatcher schema to back up "
@@ -707,6 +708,17 @@ def cmd_backup(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+async def refuse_while_restoring(pool: Any) -> None:
+    """A backup or a second restore while a restore loads: say so (SchemaBusy), in one line."""
+    from dispatcher.db import migrations
+    from dispatcher.errors import SchemaBusy
+
+    async with pool.acquire() as conn:
+        holder = await migrations.lock_holder(conn)
+    if holder is not None:
+        raise SchemaBusy(f"{holder}; try again once it has finished")
+
+
 def cmd_restore(settings: Settings, args: argparse.Namespace) -> int:
     from dispatcher.db.backup import BackupRepository, check_archive, restore
 
@@ -715,6 +727,7 @@ def cmd_restore(settings: Settings, args: argparse.Namespace) -> int:
 
     async def run() -> int:
         async with database(settings, check_schema=False, create=True) as (dsn, pool):
+            await refuse_while_restoring(pool)
             repo = BackupRepository(pool)
             if await repo.daemon_sessions():
                 print(

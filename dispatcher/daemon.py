@@ -36,6 +36,7 @@ from dispatcher.db.capacity import check_capacity
 from dispatcher.db.claims import ClaimConnections
 from dispatcher.db.embedded import EmbeddedPostgres
 from dispatcher.db.jobs import JobRepository
+from dispatcher.db.liveness import LivenessLock
 from dispatcher.db.notifications import WakeListener
 from dispatcher.db.ownership import Role
 from dispatcher.db.pool import PoolSet, connect, wait_for_database
@@ -51,6 +52,7 @@ from dispatcher.lifecycle import CallbackService, Service, ServiceGroup, Startab
 from dispatcher.relay.transport import InProcessTransport, Transport
 from dispatcher.scheduling.cron_service import CronService
 from dispatcher.scheduling.due_scan import DueScanner
+from dispatcher.scheduling.gone_owners import GoneOwners
 from dispatcher.scheduling.pruning import Pruner
 from dispatcher.scheduling.sampler import MetricsSampler
 from dispatcher.tracing import Tracing, current_trace_id
@@ -96,8 +98,8 @@ async def resolve_database(
 async def prepare_schema(dsn: str, settings: Settings) -> None:
     conn = await connect(dsn)
     try:
-        if settings.auto_migrate:
-            await migrations.migrate(conn)
+        if settings.auto_migrate:  # waits, saying so, while a restore loads the database
+            await migrations.migrate(conn, wait_s=settings.database_wait_s)
         else:
             await migrations.check_current(conn)
         for problem in await vacuum_problems(conn):
@@ -251,6 +253,7 @@ class Daemon:
         self._repo: JobRepository | None = None
         self._claims: ClaimConnections | None = None  # their problem makes the daemon unready
         self._disk: DiskSpace | None = None  # the embedded database's filesystem
+        self._liveness: LivenessLock | None = None  # crash recovery in seconds (recovery.md)
         self._broker: list[Service] = []  # RabbitMQ link and relay (transport = "rabbitmq")
         self._tls: ServerTls | None = None
         if settings.tls.cert_file is not None and settings.tls.key_file is not None:
@@ -279,6 +282,9 @@ class Daemon:
         disk_problem = self._disk.problem() if self._disk is not None else None
         if disk_problem is not None:
             return False, disk_problem
+        liveness_problem = self._liveness.problem() if self._liveness is not None else None
+        if liveness_problem is not None:
+            return False, liveness_problem
         if self._repo is None or not self.ready.is_set():
             return False, "starting"
         starved = self._claims.problem() if self._claims is not None else None
@@ -363,9 +369,15 @@ class Daemon:
         claims = self._claims = ClaimConnections(pools["claims"], pools.budget.claims)
         handlers = JobRepository(pools["handlers"])
         workers = self._workers(effects, engine, claims, handlers, completer, wake)
+        judge = GoneOwners()  # which other daemons died: their running jobs are rescued
         scanner = DueScanner(
-            engine, batch=s.scan_batch, interval_s=s.scan_interval_s, on_ready=workers.wake
+            engine,
+            batch=s.scan_batch,
+            interval_s=s.scan_interval_s,
+            on_ready=workers.wake,
+            gone_owners=judge.confirmed,
         )
+        self._liveness = LivenessLock(dsn, self.owner, judge, on_gone=scanner.wake)
         wake.bind(workers, scanner)
         scheduler = AsyncIOScheduler(timezone=UTC)
         scheduler.add_job(
@@ -395,6 +407,7 @@ class Daemon:
         )
         services: list[Startable] = [
             tracing_service(self.tracing),  # stops after every other service: spans flushed
+            self._liveness,  # before the first claim, released after the last lease
             effect_service(effects),
             completer,
             HttpListener(
@@ -426,7 +439,7 @@ class Daemon:
             listener = HttpListener(
                 "metrics", metrics_app, s.metrics_listen, "DISPATCHER_METRICS_LISTEN"
             )
-            services.insert(3, listener)
+            services.insert(4, listener)  # before the API listener
         return services
 
     def _console(self, api: web.Application) -> list[Startable]:

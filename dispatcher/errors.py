@@ -28,6 +28,14 @@ class SchemaMismatch(DispatcherError):
     """The database schema is older or newer than this release expects."""
 
 
+class SchemaBusy(SchemaMismatch):
+    """A restore (or another process's migration) holds the schema; try again once it is done."""
+
+
+class SchemaIncomplete(SchemaMismatch):
+    """The schema is there in part (a restore that did not finish); an operator must act."""
+
+
 class JobControl(DispatcherError):
     """Raised by an effect to decide the outcome of the current attempt."""
 

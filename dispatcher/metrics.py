@@ -104,6 +104,19 @@ LEASES_RESCUED = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+OWNER_GONE_RESCUED = Counter(
+    "dispatcher_owner_gone_rescued",
+    "Running jobs rescued before their lease expired because their daemon was gone (its "
+    "liveness lock released: docs/recovery.md), by the state they went to.",
+    ["outcome"],
+    registry=REGISTRY,
+)
+LIVENESS_LOCK_HELD = Gauge(
+    "dispatcher_liveness_lock_held",
+    "1 while this daemon holds its liveness lock; 0 while it reconnects (others may then rescue "
+    "its running jobs).",
+    registry=REGISTRY,
+)
 JOBS_BY_STATE = Gauge(
     "dispatcher_jobs",
     "Jobs per state (sampled from the database).",

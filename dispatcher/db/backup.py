@@ -6,7 +6,8 @@ A backup is one pg_dump snapshot, so it is consistent while a daemon keeps worki
 written beside FILE and renamed into place, so FILE is never a half-written archive. A restore
 reads the archive first (a file pg_restore cannot list changes nothing), refuses a database
 that already has a dispatcher schema unless forced, refuses while a daemon is connected, and
-runs in one transaction: it lands whole or not at all.
+runs in one transaction holding the migration lock: it lands whole or not at all, and a daemon
+started meanwhile waits for it, saying so (docs/recovery.md).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import asyncpg
 
+from dispatcher.db.migrations import MIGRATION_LOCK, RESTORE_APPLICATION
 from dispatcher.db.pool import translate_unavailable
 from dispatcher.db.queries import query
 from dispatcher.errors import DispatcherError
@@ -132,6 +134,7 @@ def restore(dsn: str, file: Path, bin_dir: Path, *, server_version: int, replace
     that same transaction. COMMIT is sent only once pg_restore has read the whole archive: a
     damaged archive or an error leaves the database as it was."""
     dsn, env = client_env(dsn)
+    env["PGAPPNAME"] = RESTORE_APPLICATION  # how a daemon arriving meanwhile names what it waits on
     unknown = {line for since, line in NEWER_SETTINGS.items() if server_version < since}
     psql = [
         str(bin_dir / "psql"),
@@ -156,6 +159,9 @@ def restore(dsn: str, file: Path, bin_dir: Path, *, server_version: int, replace
         assert script.stdout is not None and load.stdin is not None
         try:
             load.stdin.write(b"BEGIN;\n")
+            # the migration lock for the whole load: a daemon or a command that starts now waits
+            # for it (dispatcher.db.migrations) instead of racing CREATE SCHEMA
+            load.stdin.write(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK});\n".encode())
             if replace:
                 load.stdin.write(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE;\n".encode())
             for line in script.stdout:

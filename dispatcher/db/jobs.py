@@ -107,8 +107,18 @@ class JobRepository:
         return seconds
 
     async def rescue_expired_leases(self, batch: int) -> dict[str, int]:
-        rows = await self.pool.fetch(query("rescue_expired_leases"), batch)
-        return {r["state"]: r["n"] for r in rows}
+        """Rescue expired leases only; jobs per new state."""
+        by_state: dict[str, int] = {}
+        for (_why, state), n in (await self.rescue(batch, ())).items():
+            by_state[state] = by_state.get(state, 0) + n
+        return by_state
+
+    async def rescue(self, batch: int, gone_owners: Sequence[str]) -> dict[tuple[str, str], int]:
+        """Rescue expired leases, and the running jobs of `gone_owners` (daemons whose liveness
+        lock was seen released); jobs per (why, new state), why being `lease_expired` or
+        `owner_gone`."""
+        rows = await self.pool.fetch(query("rescue_expired_leases"), batch, list(gone_owners))
+        return {(r["why"], r["state"]): r["n"] for r in rows}
 
     # the hot path -------------------------------------------------------------------------
     async def claim(

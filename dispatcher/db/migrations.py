@@ -1,18 +1,32 @@
-"""Forward-only schema migrations: numbered `.sql` files applied in order under an advisory lock."""
+"""Forward-only schema migrations: numbered `.sql` files applied in order under an advisory lock.
+
+`dispatcher restore` holds the same lock for its whole transaction (db/backup.py), so a daemon or
+a command that arrives meanwhile never races it (racing it, `CREATE SCHEMA` waited on the
+restore's uncommitted schema and then failed with a raw UniqueViolationError): `migrate` says
+who holds the lock every few seconds and waits up to its bound, then gives up in one line; the
+schema checks name a restore in progress, or a schema present only in part, in one line too.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from importlib import resources
 
 import asyncpg
 
-from dispatcher.errors import SchemaMismatch
+from dispatcher.errors import SchemaBusy, SchemaIncomplete, SchemaMismatch
 
 log = logging.getLogger(__name__)
 
 # Any constant works; it only has to be the same in every dispatcher process.
-_MIGRATION_LOCK = 0x6469_7370
+MIGRATION_LOCK = 0x6469_7370
+# What `dispatcher restore` calls its loading session, so others can name it.
+RESTORE_APPLICATION = "dispatcher-restore"
+DEFAULT_WAIT_S = 60.0
+LOCK_POLL_S = 0.2
+SAY_EVERY_S = 5.0
 
 
 def available() -> list[tuple[int, str, str]]:
@@ -30,30 +44,101 @@ def latest_version() -> int:
     return available()[-1][0]
 
 
-async def migrate(conn: asyncpg.Connection, upto: int | None = None) -> list[str]:
+async def migrate(
+    conn: asyncpg.Connection, upto: int | None = None, *, wait_s: float = DEFAULT_WAIT_S
+) -> list[str]:
     """Apply pending migrations (those numbered up to `upto`, when given: tests of one
-    migration start from the schema before it); return the names applied."""
-    applied_now: list[str] = []
-    async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
-        await conn.execute("CREATE SCHEMA IF NOT EXISTS dispatcher")
-        await conn.execute(
-            """CREATE TABLE IF NOT EXISTS dispatcher.migrations (
-                   version integer PRIMARY KEY, name text NOT NULL,
-                   applied_at timestamptz NOT NULL DEFAULT now())"""
-        )
-        done = {r["version"] for r in await conn.fetch("SELECT version FROM dispatcher.migrations")}
-        for version, name, sql in available():
-            if version in done or (upto is not None and version > upto):
-                continue
-            await conn.execute(sql)
-            await conn.execute(
-                "INSERT INTO dispatcher.migrations (version, name) VALUES ($1, $2)", version, name
-            )
-            applied_now.append(name)
+    migration start from the schema before it); return the names applied. While a restore or
+    another migration holds the lock, wait up to `wait_s` saying so, then raise SchemaBusy."""
+    deadline = time.monotonic() + wait_s
+    said_at = None
+    while True:
+        async with conn.transaction():
+            if await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", MIGRATION_LOCK):
+                applied_now = await _apply(conn, upto)
+                break
+        holder = await lock_holder(conn) or "another session holds the migration lock"
+        now = time.monotonic()
+        if now >= deadline:
+            raise SchemaBusy(f"{holder}; gave up after waiting {wait_s:.0f} s (database_wait_s)")
+        if said_at is None or now - said_at >= SAY_EVERY_S:
+            log.warning("%s; waiting (up to %.0f s more)", holder, deadline - now)
+            said_at = now
+        await asyncio.sleep(LOCK_POLL_S)
     for name in applied_now:
         log.info("applied migration %s", name)
     return applied_now
+
+
+async def _apply(conn: asyncpg.Connection, upto: int | None) -> list[str]:
+    """Under the lock: apply what is missing, on a schema that is either absent or whole."""
+    await check_not_partial(conn)
+    await conn.execute("CREATE SCHEMA IF NOT EXISTS dispatcher")
+    await conn.execute(
+        """CREATE TABLE IF NOT EXISTS dispatcher.migrations (
+               version integer PRIMARY KEY, name text NOT NULL,
+               applied_at timestamptz NOT NULL DEFAULT now())"""
+    )
+    done = {r["version"] for r in await conn.fetch("SELECT version FROM dispatcher.migrations")}
+    applied_now = []
+    for version, name, sql in available():
+        if version in done or (upto is not None and version > upto):
+            continue
+        await conn.execute(sql)
+        await conn.execute(
+            "INSERT INTO dispatcher.migrations (version, name) VALUES ($1, $2)", version, name
+        )
+        applied_now.append(name)
+    return applied_now
+
+
+async def lock_holder(conn: asyncpg.Connection) -> str | None:
+    """Who holds the migration lock, in words: a restore (named by `dispatcher restore`'s
+    session) or another process's migration; None when nobody does."""
+    row = await conn.fetchrow(
+        """SELECT a.pid, a.application_name,
+                  extract(epoch FROM now() - a.xact_start)::float8 AS for_s
+             FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+            WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+              AND l.classid = ($1::bigint >> 32)::oid AND l.objid = ($1::bigint & 4294967295)::oid
+              AND l.database = (SELECT d.oid FROM pg_database d
+                                 WHERE d.datname = current_database())
+              AND l.pid <> pg_backend_pid()
+            LIMIT 1""",
+        MIGRATION_LOCK,
+    )
+    if row is None:
+        return None
+    for_s = f", for {row['for_s']:.0f} s" if row["for_s"] is not None else ""
+    if row["application_name"] == RESTORE_APPLICATION:
+        return f"a dispatcher restore is loading this database (pid {row['pid']}{for_s})"
+    return (
+        f"another session is migrating this database (pid {row['pid']}, "
+        f"{row['application_name'] or 'no application name'}{for_s})"
+    )
+
+
+async def check_not_partial(conn: asyncpg.Connection) -> None:
+    """Refuse a dispatcher schema that has tables but no migration record: a restore that did
+    not finish (pg_restore run by hand, outside one transaction) or one still loading so."""
+    row = await conn.fetchrow(
+        """SELECT count(*) FILTER (WHERE c.relname <> 'migrations') AS tables,
+                  to_regclass('dispatcher.migrations') IS NOT NULL AS has_record
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = 'dispatcher' AND c.relkind IN ('r', 'p')"""
+    )
+    if not row["tables"]:
+        return
+    recorded = row["has_record"] and await conn.fetchval(
+        "SELECT count(*) FROM dispatcher.migrations"
+    )
+    if not recorded:
+        raise SchemaIncomplete(
+            f"the dispatcher schema is incomplete ({row['tables']} tables, no migration "
+            "record): a restore that did not finish, or one still loading outside dispatcher "
+            "restore. Restore the backup whole (dispatcher restore --force FILE) or drop the "
+            "schema dispatcher; nothing was changed"
+        )
 
 
 async def current_version(conn: asyncpg.Connection) -> int | None:
@@ -68,6 +153,10 @@ async def check_current(conn: asyncpg.Connection) -> None:
     version = await current_version(conn)
     expected = latest_version()
     if version is None:
+        holder = await lock_holder(conn)
+        if holder is not None:
+            raise SchemaBusy(f"{holder}; try again once it has finished")
+        await check_not_partial(conn)
         raise SchemaMismatch(
             f"no dispatcher schema (this release needs version {expected}): if this is the "
             "right database, run `dispatcher migrate` (or `dispatcher run` with auto_migrate)"

@@ -55,18 +55,31 @@ SELECT CASE WHEN min(due_at) IS NULL THEN NULL
   FROM dispatcher.job_state WHERE state = 'scheduled';
 
 -- name: rescue_expired_leases
--- Put running jobs whose lease expired back to ready (the attempt counts), or dead when it was
--- the last attempt, or cancelled when an operator asked; each leaves a `lease_expired` history
--- row naming the owner that lost it.
+-- Put running jobs whose lease expired, or whose owner is gone ($2: daemons whose liveness lock
+-- was seen released, migration 022), back to ready (the attempt counts), or dead when it was the
+-- last attempt, or cancelled when an operator asked; each leaves a `lease_expired` history row
+-- naming the owner that lost it (reason `owner_gone` for the second kind). An owner in $2 that
+-- holds its lock again keeps its jobs; one with no running job left leaves the registry (in
+-- this statement's snapshot, so one scan after its last rescue).
 WITH expired AS (
-    SELECT id, lease_owner FROM dispatcher.job_state
+    SELECT id, lease_owner, 'lease_expired' AS why FROM dispatcher.job_state
      WHERE state = 'running' AND lease_expires_at < now()
      ORDER BY lease_expires_at
      LIMIT $1
        FOR UPDATE SKIP LOCKED
+), gone_owners AS MATERIALIZED (
+    SELECT o FROM unnest($2::text[]) o WHERE NOT dispatcher.liveness_held(o)
+), gone AS (
+    -- no owner given (every scan but those after a crash): a one-time filter, no index read
+    SELECT id, lease_owner, 'owner_gone' AS why FROM dispatcher.job_state
+     WHERE cardinality($2::text[]) > 0 AND state = 'running' AND lease_expires_at >= now()
+       AND lease_owner = ANY (ARRAY(SELECT o FROM gone_owners))
+     ORDER BY lease_expires_at
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
 ), limits AS (
-    SELECT e.id, e.lease_owner, i.max_attempts
-      FROM expired e
+    SELECT e.id, e.lease_owner, e.why, i.max_attempts
+      FROM (SELECT * FROM expired UNION ALL SELECT * FROM gone) e
      CROSS JOIN LATERAL (SELECT i.max_attempts FROM dispatcher.intents i
                          WHERE i.id = e.id OFFSET 0) i
 ), rescued AS (
@@ -76,14 +89,18 @@ WITH expired AS (
                         ELSE 'ready' END,
            dead_reason = CASE WHEN NOT s.cancel_requested AND s.attempt >= l.max_attempts
                               THEN 'lease_expired' END,
-           last_error = 'lease of ' || s.lease_owner || ' expired during attempt ' || s.attempt,
+           last_error = CASE WHEN l.why = 'owner_gone'
+                             THEN 'lease of ' || s.lease_owner || ' ended early: its daemon is '
+                                  || 'gone (liveness lock released) during attempt ' || s.attempt
+                             ELSE 'lease of ' || s.lease_owner || ' expired during attempt '
+                                  || s.attempt END,
            finished_at = CASE WHEN s.cancel_requested OR s.attempt >= l.max_attempts
                               THEN now() END,
            lease_owner = NULL, lease_expires_at = NULL
       FROM limits l
-     WHERE s.id = l.id AND s.id = ANY (ARRAY(SELECT id FROM expired))
+     WHERE s.id = l.id AND s.id = ANY (ARRAY(SELECT id FROM limits))
     RETURNING s.id, s.state, s.queue, s.tenant, s.capability, s.attempt, s.started_at,
-              s.dead_reason, s.last_error, l.lease_owner
+              s.dead_reason, s.last_error, l.lease_owner, l.why
 ), outboxed AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
     SELECT id, queue, tenant, capability FROM rescued
@@ -91,11 +108,17 @@ WITH expired AS (
 ), history AS (
     INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome,
                                      reason, excerpt)
-    SELECT r.id, r.attempt, r.lease_owner, r.started_at, now(), 'lease_expired', r.dead_reason,
+    SELECT r.id, r.attempt, r.lease_owner, r.started_at, now(), 'lease_expired',
+           CASE WHEN r.why = 'owner_gone' THEN 'owner_gone' ELSE r.dead_reason END,
            left(r.last_error, 500)
       FROM rescued r
+), forgotten AS (
+    DELETE FROM dispatcher.instances i
+     WHERE i.owner = ANY (ARRAY(SELECT o FROM gone_owners))
+       AND NOT EXISTS (SELECT 1 FROM dispatcher.job_state s
+                        WHERE s.state = 'running' AND s.lease_owner = i.owner)
 )
-SELECT state, count(*)::int AS n FROM rescued GROUP BY state;
+SELECT state, why, count(*)::int AS n FROM rescued GROUP BY state, why;
 
 -- name: claim_ready
 -- Claim up to $2 ready jobs of queue $1 that this worker can run ($3 = handler:version list),

@@ -1,4 +1,5 @@
-"""The due-scan: moves due jobs to ready (with their outbox rows) and rescues expired leases.
+"""The due-scan: moves due jobs to ready (with their outbox rows) and rescues expired leases,
+and the running jobs of daemons judged gone (docs/recovery.md).
 
 It runs when woken (intake of a future job, a retry, a NOTIFY from another instance), at the
 next due time it computed, and at least every `interval_s` (an APScheduler interval job), so a
@@ -32,11 +33,14 @@ class DueScanner(LoopService):
         batch: int,
         interval_s: float,
         on_ready: Callable[[], None],
+        gone_owners: Callable[[], list[str]] = list,
     ):
         self._repo = repo
         self._batch = batch
         self._interval_s = interval_s
         self._on_ready = on_ready
+        # daemons judged gone (scheduling/gone_owners.py): their running jobs are rescued now
+        self._gone_owners = gone_owners
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
@@ -59,14 +63,30 @@ class DueScanner(LoopService):
             if n < batch:
                 break
             batch = min(batch * 4, self._batch)
-        rescued = await self._repo.rescue_expired_leases(self._batch)
-        for state, n in rescued.items():
-            metrics.LEASES_RESCUED.labels(state).inc(n)
-            log.warning("rescued %d jobs with expired leases -> %s", n, state)
-        if rescued.get("ready"):
-            self._on_ready()
+        await self._rescue()
         metrics.SCAN_MOVED.inc(moved)
         return moved
+
+    async def _rescue(self) -> None:
+        """Rescue expired leases and the running jobs of gone daemons, a batch at a time until
+        a batch comes back short (a killed daemon may leave thousands), waking the workers
+        after each batch that made jobs ready."""
+        gone = self._gone_owners()
+        while True:
+            rescued = await self._repo.rescue(self._batch, gone)
+            per_kind: dict[str, int] = {}
+            for (why, state), n in rescued.items():
+                per_kind[why] = per_kind.get(why, 0) + n
+                if why == "owner_gone":
+                    metrics.OWNER_GONE_RESCUED.labels(state).inc(n)
+                    log.warning("rescued %d jobs of gone daemons %s -> %s", n, gone, state)
+                else:
+                    metrics.LEASES_RESCUED.labels(state).inc(n)
+                    log.warning("rescued %d jobs with expired leases -> %s", n, state)
+            if any(state == "ready" for _why, state in rescued):
+                self._on_ready()
+            if max(per_kind.values(), default=0) < self._batch:
+                return
 
     async def _run(self) -> None:
         while True:

@@ -58,7 +58,8 @@ async def plan(pool: asyncpg.Pool, statement: str, *args: object) -> str:
     [
         ("claim_ready", ("default", 1000, ["noop:1"], "owner", 60.0, 2**62, True)),
         ("scan_due", (2000,)),
-        ("rescue_expired_leases", (1000,)),
+        ("rescue_expired_leases", (1000, [])),
+        ("rescue_expired_leases", (1000, ["host:1:gone"])),  # a daemon judged gone (022)
         ("prune_terminal", ("succeeded", 86400.0, 1000)),
         ("prune_terminal", ("discarded", 86400.0, 1000)),
         # bulk redrive / discard of dead letters, with no filter and with each one
