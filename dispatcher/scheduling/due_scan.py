@@ -1,8 +1,8 @@
 """The due-scan: moves due jobs to ready (with their outbox rows) and rescues expired leases.
 
 It runs when woken (intake of a future job, a retry, a NOTIFY from another instance), at the
-next due time it computed, and at least every `interval_s` (an APScheduler interval job), so a
-job due now starts within milliseconds and a missed wake-up costs at most one interval.
+next due time it computed, and at least every `interval_s` (`tick`, on the timing engine), so
+a job due now starts within milliseconds and a missed wake-up costs at most one interval.
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ class DueScanner(LoopService):
 
     def wake(self) -> None:
         self._wake.set()
+
+    async def tick(self) -> None:
+        """The safety tick (dispatcher.timing): a wake-up that no notice is needed for."""
+        self.wake()
 
     async def run_once(self) -> int:
         """Move every due job (in batches) and rescue expired leases; return jobs made ready."""
