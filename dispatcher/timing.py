@@ -10,6 +10,10 @@ runs any more. Everything else in the daemon says *what* runs *when* through thr
   once); a failed round is logged and the next one tries again.
 - `at(name, when, work)`: a one-shot job at an instant (a cron fire; the cron service arms
   the next period when one fires). Arming a name again replaces its earlier time.
+
+At `stop()` a call in flight of a job added with `finish_on_stop` (cron fires and sweeps, so a
+run is not cut in two) may finish, bounded by `stop_timeout_s`; the others (sampling, pruning:
+rounds that any later round redoes) are cancelled at once, so they never hold up a drain.
 - `run_now(name)`: a wake-up, bringing a job's next round forward to now.
 
 Jobs are coroutine functions run on the event loop, never in APScheduler's thread pool: a job
@@ -53,18 +57,22 @@ class TimingEngine(Service):
         self._running: dict[str, asyncio.Task[Any]] = {}
         self._cancelled: set[str] = set()
         self._calls: Counter[str] = Counter()
+        self._finish_on_stop: set[str] = set()
+        self._cut: set[asyncio.Task[Any]] = set()  # calls we cancel ourselves
         self._stopped = False
 
     # what runs when --------------------------------------------------------------------------
-    def every(self, name: str, interval_s: float, work: Work) -> None:
+    def every(
+        self, name: str, interval_s: float, work: Work, *, finish_on_stop: bool = False
+    ) -> None:
         """Run `work` every `interval_s` seconds, the first time one interval from now."""
         if not interval_s > 0:
             raise ValueError(f"{name}: interval_s must be > 0, not {interval_s!r}")
-        self._add(name, work, trigger="interval", seconds=interval_s)
+        self._add(name, work, finish_on_stop, trigger="interval", seconds=interval_s)
 
-    def at(self, name: str, when: datetime, work: Work) -> None:
+    def at(self, name: str, when: datetime, work: Work, *, finish_on_stop: bool = True) -> None:
         """Run `work` once at `when` (now if it has passed); replaces `name`'s earlier time."""
-        self._add(name, work, trigger="date", run_date=when)
+        self._add(name, work, finish_on_stop, trigger="date", run_date=when)
 
     def run_now(self, name: str) -> None:
         """Bring job `name`'s next round forward to now (a periodic job keeps its interval
@@ -103,16 +111,23 @@ class TimingEngine(Service):
         if not self._scheduler.running:
             return
         self._scheduler.remove_all_jobs()  # nothing new starts
+        for name, task in self._running.items():
+            if name not in self._finish_on_stop:
+                self._cut_short(task)
         # wait first: APScheduler's shutdown cancels the calls it still runs at once
         await self._wait_for(dict(self._running))
         self._scheduler.shutdown(wait=False)
         await asyncio.sleep(0)  # AsyncIOScheduler shuts down in a loop callback; let it run
 
     # internals -------------------------------------------------------------------------------
-    def _add(self, name: str, work: Work, **trigger: Any) -> None:
+    def _add(self, name: str, work: Work, finish_on_stop: bool, **trigger: Any) -> None:
         if self._stopped:
             return  # a job arming its successor while the engine stops: nothing more runs
         self._cancelled.discard(name)
+        if finish_on_stop:
+            self._finish_on_stop.add(name)
+        else:
+            self._finish_on_stop.discard(name)
         self._scheduler.add_job(
             self._call,
             args=[name, work],
@@ -135,8 +150,14 @@ class TimingEngine(Service):
             await work()
         except Exception as exc:  # periodic work is never urgent enough to stop the daemon
             log.warning("%s failed (it runs again at its next time): %s", name, exc)
+        except asyncio.CancelledError:
+            if task not in self._cut:
+                raise
+            # cut short by our own stop or cancel: the call ends here, quietly (raised on, it
+            # would only reach APScheduler's wrapper, which logs it as a job error)
         finally:
             del self._running[name]
+            self._cut.discard(task)
             self._calls[name] += 1
 
     async def _wait_for(self, calls: dict[str, asyncio.Task[Any]]) -> None:
@@ -146,5 +167,9 @@ class TimingEngine(Service):
         for name, task in calls.items():
             if task in pending:
                 log.warning("%s still ran after %.0f s; cancelled", name, self._wait_s)
-                task.cancel()
+                self._cut_short(task)
         await asyncio.gather(*pending, return_exceptions=True)
+
+    def _cut_short(self, task: asyncio.Task[Any]) -> None:
+        self._cut.add(task)
+        task.cancel()

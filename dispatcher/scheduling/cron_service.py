@@ -163,7 +163,7 @@ class CronService(Service):
 
     def _every(self, job: str, interval_s: float, work: Callable[[], Any]) -> None:
         assert self._timing is not None
-        self._timing.every(job, interval_s, work)
+        self._timing.every(job, interval_s, work, finish_on_stop=True)
         self._jobs.append(job)
 
     def _arm(self, name: str, after: datetime) -> None:

@@ -117,6 +117,29 @@ async def test_cancel_and_stop_wait_for_calls_in_flight_then_nothing_runs() -> N
     assert engine.calls("finishes") == calls
 
 
+async def test_stop_cuts_a_periodic_round_short_at_once_and_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Sampling or pruning in flight never holds up a drain, and leaves no error line."""
+    engine = TimingEngine(stop_timeout_s=30)
+    cut = asyncio.Event()
+
+    async def long_round() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cut.set()
+
+    engine.every("long-round", 0.01, long_round)
+    await engine.start()
+    await wait_until(lambda: "long-round" in engine._running, timeout_s=10)
+    with caplog.at_level(logging.INFO):
+        async with asyncio.timeout(5):  # far below stop_timeout_s
+            await engine.stop()
+    assert cut.is_set()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
 def test_an_interval_must_be_positive() -> None:
     engine = TimingEngine()
 
