@@ -340,12 +340,11 @@ class Daemon:
         completer = Completer(engine, self.owner)
         wake = Wakeups()
         workers = self._workers(effects, engine, JobRepository(pools["handlers"]), completer, wake)
+        timing = TimingEngine()  # when every periodic job, wake-up and cron fire runs
         scanner = DueScanner(
-            engine, batch=s.scan_batch, interval_s=s.scan_interval_s, on_ready=workers.wake
+            engine, timing, batch=s.scan_batch, interval_s=s.scan_interval_s, on_ready=workers.wake
         )
         wake.bind(workers, scanner)
-        timing = TimingEngine()  # every periodic job and cron fire (dispatcher.timing)
-        timing.every("due-scan", s.scan_interval_s, scanner.tick)  # the safety tick
         cron = CronService(pools["engine"], engine, s.schedules, timing=timing, on_enqueued=wake)
         disk = await self._disk_space()
         refusal = disk.problem if disk is not None else lambda: None
@@ -377,10 +376,10 @@ class Daemon:
                 JobRepository(pools["lease"]), self.owner, s.lease_s, workers.running_attempts
             ),
             *self._broker,  # the RabbitMQ link and relay: up before the consumers, down after
+            timing,  # up before the jobs on it (the scan, cron), down after them
             workers,
             scanner,
             WakeListener(dsn, wake),
-            timing,
             cron,
             sdnotify.Watchdog(),
         ]

@@ -14,7 +14,9 @@ runs any more. Everything else in the daemon says *what* runs *when* through thr
 At `stop()` a call in flight of a job added with `finish_on_stop` (cron fires and sweeps, so a
 run is not cut in two) may finish, bounded by `stop_timeout_s`; the others (sampling, pruning:
 rounds that any later round redoes) are cancelled at once, so they never hold up a drain.
-- `run_now(name)`: a wake-up, bringing a job's next round forward to now.
+- `run_now(name)`: a wake-up, bringing a job's next round forward to now; woken while it
+  runs, the job runs once more right after (a wake-up is never lost in a round that had
+  already read the database). `run_by(name, when)`: its next round no later than `when`.
 
 Jobs are coroutine functions run on the event loop, never in APScheduler's thread pool: a job
 touches asyncio objects (events, pools) that are not thread-safe. Each call goes through one
@@ -59,6 +61,7 @@ class TimingEngine(Service):
         self._calls: Counter[str] = Counter()
         self._finish_on_stop: set[str] = set()
         self._cut: set[asyncio.Task[Any]] = set()  # calls we cancel ourselves
+        self._again: set[str] = set()  # woken while running: run once more
         self._stopped = False
 
     # what runs when --------------------------------------------------------------------------
@@ -75,15 +78,26 @@ class TimingEngine(Service):
         self._add(name, work, finish_on_stop, trigger="date", run_date=when)
 
     def run_now(self, name: str) -> None:
-        """Bring job `name`'s next round forward to now (a periodic job keeps its interval
-        from this round on). Unknown names are ignored: the job may have just run out."""
+        """Bring job `name`'s next round forward to now, or, while a round runs, have it run
+        once more after it. Unknown names are ignored: the job may have just run out."""
+        if name in self._running:
+            self._again.add(name)
+            return
+        self.run_by(name, datetime.now(UTC))
+
+    def run_by(self, name: str, when: datetime) -> None:
+        """Job `name`'s next round no later than `when` (an earlier one stays)."""
+        job = self._scheduler.get_job(name)
+        due = getattr(job, "next_run_time", None)  # a job added before start has none yet
+        if job is None or (due is not None and due <= when):
+            return
         with contextlib.suppress(JobLookupError):
-            self._scheduler.modify_job(name, next_run_time=datetime.now(UTC))
+            self._scheduler.modify_job(name, next_run_time=when)
 
     def next_run(self, name: str) -> datetime | None:
         """When job `name` runs next (None: no such job)."""
         job = self._scheduler.get_job(name)
-        when: datetime | None = None if job is None else job.next_run_time
+        when: datetime | None = getattr(job, "next_run_time", None)
         return when
 
     def calls(self, name: str) -> int:
@@ -148,6 +162,9 @@ class TimingEngine(Service):
         self._running[name] = task
         try:
             await work()
+            while name in self._again and not self._stopping:
+                self._again.discard(name)
+                await work()
         except Exception as exc:  # periodic work is never urgent enough to stop the daemon
             log.warning("%s failed (it runs again at its next time): %s", name, exc)
         except asyncio.CancelledError:
@@ -157,6 +174,7 @@ class TimingEngine(Service):
             # would only reach APScheduler's wrapper, which logs it as a job error)
         finally:
             del self._running[name]
+            self._again.discard(name)
             self._cut.discard(task)
             self._calls[name] += 1
 

@@ -140,6 +140,36 @@ async def test_stop_cuts_a_periodic_round_short_at_once_and_quietly(
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
+async def test_a_wake_up_during_a_round_runs_one_more_round_after_it() -> None:
+    """The due-scan's wake-up: one that arrives while a round runs (after it read the
+    database) is not lost, and many of them make one more round, not many."""
+    engine, release, rounds = TimingEngine(), asyncio.Event(), [0]
+
+    async def scan() -> None:
+        rounds[0] += 1
+        if rounds[0] == 1:
+            await release.wait()
+
+    engine.every("due-scan", 3600, scan)
+    await engine.start()
+    try:
+        engine.run_now("due-scan")
+        await wait_until(lambda: rounds[0] == 1, timeout_s=10)
+        for _ in range(5):
+            engine.run_now("due-scan")
+        release.set()
+        await wait_until(lambda: engine.calls("due-scan") == 1, timeout_s=10)
+        assert rounds[0] == 2
+        # run_by: the next round no later than that instant; a later one does not postpone it
+        soon = datetime.now(UTC) + timedelta(seconds=0.2)
+        engine.run_by("due-scan", soon)
+        engine.run_by("due-scan", soon + timedelta(hours=1))
+        assert engine.next_run("due-scan") == soon
+        await wait_until(lambda: rounds[0] == 3, timeout_s=10)
+    finally:
+        await engine.stop()
+
+
 def test_an_interval_must_be_positive() -> None:
     engine = TimingEngine()
 
