@@ -19,10 +19,8 @@ import ssl
 import uuid
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from datetime import UTC
 
 from aiohttp import web
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from dispatcher import logs, sdnotify
 from dispatcher.api.app import create_app, create_metrics_app
@@ -48,13 +46,14 @@ from dispatcher.effects.http import HttpEffect, dead_letter_target
 from dispatcher.effects.python import PythonEffect
 from dispatcher.effects.sql import SqlEffect
 from dispatcher.intake import Intake
-from dispatcher.lifecycle import CallbackService, Service, ServiceGroup, Startable, Ticker
+from dispatcher.lifecycle import CallbackService, Service, ServiceGroup, Startable
 from dispatcher.relay.transport import InProcessTransport, Transport
 from dispatcher.scheduling.cron_service import CronService
 from dispatcher.scheduling.due_scan import DueScanner
 from dispatcher.scheduling.gone_owners import GoneOwners
 from dispatcher.scheduling.pruning import Pruner
 from dispatcher.scheduling.sampler import MetricsSampler
+from dispatcher.timing import TimingEngine
 from dispatcher.tracing import Tracing, current_trace_id
 from dispatcher.work.budget import PayloadBudget
 from dispatcher.work.completer import Completer
@@ -177,19 +176,6 @@ def tracing_service(tracing: Tracing | None) -> Service:
             await asyncio.to_thread(tracing.close)
 
     return CallbackService("tracing", start, stop)
-
-
-def scheduler_service(scheduler: AsyncIOScheduler) -> Service:
-    """APScheduler: the due-scan's interval tick and the cron fires run on it."""
-
-    async def start() -> None:
-        scheduler.start()
-
-    async def stop() -> None:
-        if scheduler.running:
-            scheduler.shutdown(wait=False)
-
-    return CallbackService("scheduler", start, stop)
 
 
 def capabilities(settings: Settings) -> list[str]:
@@ -370,8 +356,10 @@ class Daemon:
         handlers = JobRepository(pools["handlers"])
         workers = self._workers(effects, engine, claims, handlers, completer, wake)
         judge = GoneOwners()  # which other daemons died: their running jobs are rescued
+        timing = TimingEngine()  # when every periodic job, wake-up and cron fire runs
         scanner = DueScanner(
             engine,
+            timing,
             batch=s.scan_batch,
             interval_s=s.scan_interval_s,
             on_ready=workers.wake,
@@ -379,13 +367,7 @@ class Daemon:
         )
         self._liveness = LivenessLock(dsn, self.owner, judge, on_gone=scanner.wake)
         wake.bind(workers, scanner)
-        scheduler = AsyncIOScheduler(timezone=UTC)
-        scheduler.add_job(
-            scanner.wake, "interval", seconds=s.scan_interval_s, coalesce=True, id="due-scan"
-        )
-        cron = CronService(
-            pools["engine"], engine, s.schedules, scheduler=scheduler, on_enqueued=wake
-        )
+        cron = CronService(pools["engine"], engine, s.schedules, timing=timing, on_enqueued=wake)
         disk = await self._disk_space()
         refusal = disk.problem if disk is not None else lambda: None
         intake = Intake(
@@ -417,23 +399,19 @@ class Daemon:
                 JobRepository(pools["lease"]), self.owner, s.lease_s, workers.running_attempts
             ),
             *self._broker,  # the RabbitMQ link and relay: up before the consumers, down after
+            timing,  # up before the jobs on it (the scan, cron), down after them
             claims,  # handed back once every claim loop has stopped
             workers,
             scanner,
             WakeListener(dsn, wake),
-            Ticker(
-                "metrics-sampler",
-                SAMPLE_INTERVAL_S,
-                sampler.run_once,
-            ),
-            Ticker("pruner", s.retention.interval_s, Pruner(engine, s.retention).run_once),
-            scheduler_service(scheduler),
             cron,
             sdnotify.Watchdog(),
         ]
+        timing.every("metrics-sampler", SAMPLE_INTERVAL_S, sampler.run_once)
+        timing.every("pruner", s.retention.interval_s, Pruner(engine, s.retention).run_once)
         if disk is not None:
-            services.append(Ticker("disk-space", CHECK_INTERVAL_S, disk.run_once))
-        services += self._console(api)
+            timing.every("disk-space", CHECK_INTERVAL_S, disk.run_once)
+        services += self._console(api, timing)
         if s.metrics_listen is not None:
             metrics_app = create_metrics_app(self.readiness)
             listener = HttpListener(
@@ -442,11 +420,12 @@ class Daemon:
             services.insert(4, listener)  # before the API listener
         return services
 
-    def _console(self, api: web.Application) -> list[Startable]:
+    def _console(self, api: web.Application, timing: TimingEngine) -> list[Startable]:
         """The web console: under /console/ on the API listener, or on its own listener; its
-        chart's ring of samples is filled by a ticker (dispatcher.console.series)."""
+        chart's ring of samples is filled on the timing engine (dispatcher.console.series)."""
         s, series = self.settings, StartSeries()
-        services: list[Startable] = [Ticker("console-series", series.interval_s, series.run_once)]
+        timing.every("console-series", series.interval_s, series.run_once)
+        services: list[Startable] = []
         if s.console_listen is None:
             console.mount(api, series, s.console_session_s)
         else:

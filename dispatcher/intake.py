@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,7 +16,7 @@ from dispatcher import jsoncodec, metrics, rfc3339
 from dispatcher.config import Settings
 from dispatcher.db.jobs import JobRepository
 from dispatcher.errors import DatabaseUnavailable
-from dispatcher.model import EnqueueResult, NewJob
+from dispatcher.model import EnqueueResult, NewJob, Rejected
 from dispatcher.requests import JobRequest
 from dispatcher.tracing import Tracing
 
@@ -28,14 +27,6 @@ from dispatcher.tracing import Tracing
 TARGET_CACHE_CHARS = 4 * 1024 * 1024
 TARGET_CACHE_ENTRY_MAX_CHARS = 16 * 1024
 TargetValidator = Callable[[dict[str, Any]], dict[str, Any]]
-
-
-@dataclass(slots=True, frozen=True)
-class Rejected:
-    """A request that changed nothing: HTTP status and what to fix."""
-
-    status: int
-    detail: str
 
 
 class Intake:

@@ -1,4 +1,5 @@
-"""The service contract, periodic tickers, and the supervisor that composes services.
+"""The service contract and the supervisor that composes services (periodic work runs on the
+one timing engine, dispatcher.timing).
 
 Every long-running part of the daemon is a `Service`: `start()` returns once it runs, `stop()` is
 idempotent and returns once it has stopped. `ServiceGroup` starts services in the order given,
@@ -79,27 +80,6 @@ class LoopService(Service, ABC):
     @abstractmethod
     async def _run(self) -> None:
         """The service's loop; it runs until cancelled."""
-
-
-class Ticker(LoopService):
-    """Calls `work()` every `interval_s` seconds (never overlapping, never catching up in a
-    burst). A failed round is logged and the next one tries again: periodic work (sampling,
-    pruning) is never urgent enough to stop the daemon over a database blip."""
-
-    def __init__(self, name: str, interval_s: float, work: Callable[[], Awaitable[Any]]):
-        self.name = name
-        self._interval_s = interval_s
-        self._work = work
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            try:
-                await self._work()
-            except Exception as exc:
-                log.warning(
-                    "%s failed (next round in %.0f s): %s", self.name, self._interval_s, exc
-                )
 
 
 class CallbackService(Service):

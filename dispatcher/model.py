@@ -1,4 +1,5 @@
-"""Plain data shared across layers: the intake item, the enqueue result, a claimed job."""
+"""Plain data shared across layers: the intake item, the enqueue result or refusal, a claimed
+job."""
 
 from __future__ import annotations
 
@@ -12,6 +13,15 @@ TERMINAL_STATES = ("succeeded", "dead", "cancelled", "discarded")
 
 # One attempt of one job: what everything in memory about a running job is keyed by.
 AttemptKey = tuple[int, int]  # (job id, attempt number)
+
+
+@dataclass(slots=True, frozen=True)
+class Rejected:
+    """An intake item that changed nothing: HTTP status and what to fix (the outcome intake
+    returns beside `EnqueueResult`, and tracing records)."""
+
+    status: int
+    detail: str
 
 
 @dataclass(slots=True, frozen=True)

@@ -36,10 +36,9 @@ from opentelemetry.trace import (
 
 from dispatcher import __version__
 from dispatcher.errors import ConfigError
-from dispatcher.model import EnqueueResult
+from dispatcher.model import EnqueueResult, Rejected
 
 if TYPE_CHECKING:
-    from dispatcher.intake import Rejected
     from dispatcher.model import Job
 
 TRACEPARENT = "traceparent"

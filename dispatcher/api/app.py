@@ -46,8 +46,8 @@ from dispatcher.cron import PeriodError
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.runs import TriggerFailed
 from dispatcher.errors import DatabaseUnavailable
-from dispatcher.intake import Intake, Rejected
-from dispatcher.model import EnqueueResult
+from dispatcher.intake import Intake
+from dispatcher.model import EnqueueResult, Rejected
 from dispatcher.operations import long_past, move_dead_letters, queue_overview, unknown_queue
 from dispatcher.requests import DeadLetterRequest, JobRequest
 from dispatcher.scheduling.sampler import MetricsSampler

@@ -36,7 +36,7 @@ from dispatcher.api.filters import FILTERS, FilterError, next_cursor, parse_curs
 from dispatcher.api.problems import Problem
 from dispatcher.api.schemas import describe, is_ascii_number, summary
 from dispatcher.console.redact import masked_target
-from dispatcher.console.web import (
+from dispatcher.console.toolkit import (
     PREFIX,
     SERIES,
     Route,

@@ -23,34 +23,22 @@ Follow-ups: a schedule with `on_finished` gets one follow-up job per finished ru
 the transaction that marks the run finished (see dispatcher.db.runs); a sweep every
 `finish_interval_s` finds the runs whose last unit became terminal.
 
-Timing follows the process clock (APScheduler's); identity never depends on it.
+Timing: the fires, the housekeeping tick and the run-finished sweep are jobs on the daemon's
+one timing engine (dispatcher.timing); each fire arms the next period's. Timing follows the
+process clock; identity never depends on it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from apscheduler.jobstores.base import JobLookupError
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from apscheduler.triggers.base import BaseTrigger
-
 from dispatcher import metrics, rfc3339
-from dispatcher.cron import (
-    EARLIEST_INSTANT,
-    CronSchedule,
-    PeriodError,
-    query_units,
-    run_key,
-)
+from dispatcher.cron import PeriodError, query_units, run_key
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.runs import (
     AfterUnitBatch,
@@ -64,77 +52,54 @@ from dispatcher.db.runs import (
     TriggerFailed,
 )
 from dispatcher.errors import DispatcherError
+from dispatcher.lifecycle import Service
 from dispatcher.model import NewJob
 from dispatcher.schedules import QueryFanout, ScheduleSettings
+from dispatcher.scheduling.cron_periods import (
+    MAX_LOOKBACK,
+    MAX_RECORDED_MISSED,
+    STATUS_MISSED_SHOWN,
+    Missed,
+    PlannedRun,
+    as_utc,
+    catch_up_hint,
+    catch_up_periods,
+    check_period,
+    missed_reason,
+    status_entry,
+)
+from dispatcher.timing import TimingEngine
 
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["CronService", "PeriodError", "RunReceipt", "TriggerFailed", "UnknownSchedule"]
+__all__ = [
+    "CronService",
+    "PeriodError",
+    "PlannedRun",
+    "RunReceipt",
+    "TriggerFailed",
+    "UnknownSchedule",
+]
 
 log = logging.getLogger(__name__)
-
-# Periods further back than this are neither enumerated nor reported (a schedule that was off
-# for years does not make the daemon walk every minute of them).
-MAX_LOOKBACK = timedelta(days=366)
-MAX_RECORDED_MISSED = 10_000
-MAX_CATCH_UP_PERIODS = 1000
-# A period start may lie this far ahead of this process's clock (the caller's clock may lead).
-FUTURE_TOLERANCE = timedelta(seconds=60)
-STATUS_MISSED_SHOWN = 20
 
 
 class UnknownSchedule(DispatcherError, LookupError):
     """No schedule of that name is configured."""
 
 
-@dataclass(frozen=True, slots=True)
-class PlannedRun:
-    """What a trigger or catch-up would do for one period (a dry run): create its run
-    (`would_create`, with the unit count when the fan-out is static) or find it `existing`."""
+class CronService(Service):
+    """Fires the configured schedules on the timing engine and owns the runs they create.
 
-    run_key: str
-    period_start: datetime
-    outcome: str
-    units: int | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "run_key": self.run_key,
-            "period_start": rfc3339.format(self.period_start),
-            "outcome": self.outcome,
-            "units": self.units,
-        }
-
-
-class _PeriodTrigger(BaseTrigger):  # type: ignore[misc]  # APScheduler 3 has no types
-    """An APScheduler trigger firing at the period starts `CronSchedule` computes, so the times
-    APScheduler waits for and the periods the service derives can never disagree."""
-
-    __slots__ = ("_schedule",)
-
-    def __init__(self, schedule: CronSchedule):
-        self._schedule = schedule
-
-    def get_next_fire_time(
-        self, previous_fire_time: datetime | None, now: datetime
-    ) -> datetime | None:
-        if previous_fire_time is None:
-            return self._schedule.next_after(now - timedelta(microseconds=1))
-        return self._schedule.next_after(previous_fire_time)
-
-    def __str__(self) -> str:
-        return f"cron[{self._schedule.expression}, {self._schedule.zone.key}]"
-
-
-class CronService:
-    """Owns the cron jobs on an APScheduler scheduler and the runs they create.
-
-    `start()` accounts for the periods that passed while no instance ran, then registers one
-    APScheduler job per enabled schedule (coalesce, one instance at a time, the schedule's grace)
-    and a housekeeping tick; `stop()` is idempotent, removes them, and waits (bounded) for fires
-    in progress. A scheduler passed in is owned by the caller (started and shut down there).
+    `start()` accounts for the periods that passed while no instance ran, then arms one
+    engine job per enabled schedule at its next period start, a housekeeping tick and (with
+    `on_finished` schedules) the run-finished sweep; `stop()` is idempotent, removes them, and
+    waits (bounded by the engine) for fires in progress. Without an engine the service still
+    triggers, catches up and reports (the CLI), but cannot start.
     """
+
+    name = "cron"
 
     def __init__(
         self,
@@ -142,11 +107,10 @@ class CronService:
         repo: JobRepository,
         schedules: list[ScheduleSettings],
         *,
-        scheduler: AsyncIOScheduler | None = None,
+        timing: TimingEngine | None = None,
         on_enqueued: Callable[[], None] | None = None,
         clock: Callable[[], datetime] | None = None,
         housekeeping_s: float = 30.0,
-        stop_timeout_s: float = 10.0,
         unit_batch: int = 1000,
         after_unit_batch: AfterUnitBatch | None = None,
         finish_interval_s: float = 1.0,
@@ -160,86 +124,68 @@ class CronService:
             follow_up=self._follow_up_job,
         )
         self._finish_interval_s = finish_interval_s
-        self._scheduler = scheduler
-        self._owns_scheduler = scheduler is None
+        self._timing = timing
         self._on_enqueued = on_enqueued
         self._clock = clock or (lambda: datetime.now(UTC))
         self._housekeeping_s = housekeeping_s
-        self._stop_timeout_s = stop_timeout_s
-        self._job_ids: list[str] = []
-        self._inflight: set[asyncio.Task[Any]] = set()
-        self._stopped = False
+        self._jobs: list[str] = []
 
     # lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
-        """Account for periods missed while down (late fires within grace), then schedule."""
+        """Account for periods missed while down (late fires within grace), then arm the
+        engine's jobs."""
+        if self._timing is None:
+            raise DispatcherError("the cron service needs a timing engine to start")
+        self._stopping = False
         await self.run_once()
-        if self._scheduler is None:
-            self._scheduler = AsyncIOScheduler(timezone=UTC)
         for s in self._schedules.values():
-            if not s.enabled:
-                continue
-            job = self._scheduler.add_job(
-                self._fire_job,
-                trigger=_PeriodTrigger(s.schedule()),
-                args=[s.name],
-                id=f"dispatcher.cron:{s.name}",
-                name=f"cron {s.name}",
-                coalesce=True,
-                max_instances=1,
-                misfire_grace_time=max(1, math.ceil(s.misfire_grace_s)),
-                replace_existing=True,
-            )
-            self._job_ids.append(job.id)
+            if s.enabled:
+                self._arm(s.name, datetime.now(UTC) - timedelta(microseconds=1))
         if self._schedules:
-            job = self._scheduler.add_job(
-                self._housekeeping_job,
-                "interval",
-                seconds=self._housekeeping_s,
-                id="dispatcher.cron:housekeeping",
-                name="cron housekeeping",
-                coalesce=True,
-                max_instances=1,
-                replace_existing=True,
-            )
-            self._job_ids.append(job.id)
+            self._every("cron-housekeeping", self._housekeeping_s, self.run_once)
         if any(s.on_finished is not None for s in self._schedules.values()):
             # follow-ups promptly after a run's last unit ends (housekeeping also finishes runs)
-            job = self._scheduler.add_job(
-                self._finish_job,
-                "interval",
-                seconds=self._finish_interval_s,
-                id="dispatcher.cron:finish",
-                name="cron run-finished sweep",
-                coalesce=True,
-                max_instances=1,
-                replace_existing=True,
-            )
-            self._job_ids.append(job.id)
-        if self._owns_scheduler and not self._scheduler.running:
-            self._scheduler.start()
+            self._every("cron-finish", self._finish_interval_s, self.finish_runs)
         enabled = sum(s.enabled for s in self._schedules.values())
         log.info("cron: %d schedules (%d enabled)", len(self._schedules), enabled)
 
     async def stop(self) -> None:
-        """Idempotent: no new fires, fires in progress finish (or are cancelled at the timeout;
-        a cancelled trigger rolls back and converges when fired again)."""
-        if self._stopped:
+        """Idempotent: no new fires, fires in progress finish (or are cancelled at the engine's
+        timeout; a cancelled trigger rolls back and converges when fired again)."""
+        self._stopping = True
+        jobs, self._jobs = self._jobs, []
+        if self._timing is not None and jobs:
+            await self._timing.cancel(*jobs)
+
+    def job_name(self, name: str) -> str:
+        """The engine job that fires schedule `name`."""
+        return f"cron:{name}"
+
+    def _every(self, job: str, interval_s: float, work: Callable[[], Any]) -> None:
+        assert self._timing is not None
+        self._timing.every(job, interval_s, work, finish_on_stop=True)
+        self._jobs.append(job)
+
+    def _arm(self, name: str, after: datetime) -> None:
+        """Arm schedule `name`'s job at its first period start after `after`."""
+        when = self._schedules[name].schedule().next_after(after)
+        if when is None or self._timing is None or self._stopping:
             return
-        self._stopped = True
-        if self._scheduler is not None:
-            for job_id in self._job_ids:
-                with contextlib.suppress(JobLookupError):
-                    self._scheduler.remove_job(job_id)
-        self._job_ids.clear()
-        if self._inflight:
-            _, pending = await asyncio.wait(set(self._inflight), timeout=self._stop_timeout_s)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        if self._owns_scheduler and self._scheduler is not None and self._scheduler.running:
-            self._scheduler.shutdown(wait=False)
-            await asyncio.sleep(0)  # AsyncIOScheduler shuts down in a loop callback; let it run
+        job = self.job_name(name)
+        self._timing.at(job, when, lambda: self._fire_and_arm(name))
+        if job not in self._jobs:
+            self._jobs.append(job)
+
+    async def _fire_and_arm(self, name: str) -> None:
+        """The engine's call at a period start: fire, then arm the next period start after
+        now (periods passed meanwhile are the accounting's: fired late within grace, or
+        recorded missed)."""
+        try:
+            await self.fire(name)
+        except Exception as exc:
+            log.error("cron %s: fire failed, retrying at the next tick: %s", name, exc)
+        finally:
+            self._arm(name, datetime.now(UTC))
 
     def names(self) -> list[str]:
         return list(self._schedules)
@@ -252,7 +198,7 @@ class CronService:
         An explicit trigger (`api`, `catch_up`) under the `skip` policy queues behind an
         unfinished earlier run instead of skipping: the operator asked for this period."""
         s = self._schedule(name)
-        period = self._check_period(s, period_start)
+        period = check_period(s, period_start, self._clock())
         overlap = s.overlap if via == "cron" or s.overlap != "skip" else "queue"
         request = RunRequest(
             schedule=s.name,
@@ -279,7 +225,7 @@ class CronService:
     async def catch_up(self, name: str, start: datetime, end: datetime) -> list[RunReceipt]:
         """Create the runs of every period starting in [start, end] that has none yet (the
         receipts of all of them, `created` or `existing`); refuse a range reaching the future."""
-        periods = self._catch_up_periods(self._schedule(name), start, end)
+        periods = catch_up_periods(self._schedule(name), start, end, self._clock())
         receipts = [await self.trigger(name, p, via="catch_up") for p in periods]
         created = sum(r.outcome == "created" for r in receipts)
         log.info(
@@ -291,33 +237,13 @@ class CronService:
     async def plan_catch_up(self, name: str, start: datetime, end: datetime) -> list[PlannedRun]:
         """The dry run of `catch_up`: the same checks and periods, nothing created."""
         s = self._schedule(name)
-        return await self._plan(s, self._catch_up_periods(s, start, end))
+        return await self._plan(s, catch_up_periods(s, start, end, self._clock()))
 
     async def plan_trigger(self, name: str, period_start: datetime) -> PlannedRun:
         """The dry run of `trigger`: the same checks, nothing created."""
         s = self._schedule(name)
-        (planned,) = await self._plan(s, [self._check_period(s, period_start)])
+        (planned,) = await self._plan(s, [check_period(s, period_start, self._clock())])
         return planned
-
-    def _catch_up_periods(
-        self, s: ScheduleSettings, start: datetime, end: datetime
-    ) -> list[datetime]:
-        start, end = _utc(start, "from"), _utc(end, "to")
-        if end < start:
-            raise PeriodError(f"catch-up range ends ({rfc3339.format(end)}) before it starts")
-        _check_not_too_early(start, f"catch-up range start {rfc3339.format(start)}")
-        if end > self._clock() + FUTURE_TOLERANCE:
-            raise PeriodError(
-                f"catch-up range ends in the future ({rfc3339.format(end)}); the schedule "
-                "fires those periods itself"
-            )
-        periods = list(islice(s.schedule().periods(start, end), MAX_CATCH_UP_PERIODS + 1))
-        if len(periods) > MAX_CATCH_UP_PERIODS:
-            raise PeriodError(
-                f"the range holds more than {MAX_CATCH_UP_PERIODS} periods of {s.name!r}; "
-                "catch up in smaller ranges"
-            )
-        return periods
 
     async def _plan(self, s: ScheduleSettings, periods: list[datetime]) -> list[PlannedRun]:
         if not periods:
@@ -341,7 +267,7 @@ class CronService:
         """Pause a schedule on every instance (idempotent: a pause keeps its start); return
         its status. Its periods are recorded missed (`paused`) until it is resumed."""
         s = self._schedule(name)
-        now = _utc(now or self._clock(), "now")
+        now = as_utc(now or self._clock(), "now")
         state = await self._runs.set_paused(s.name, s.enabled, True, now)
         metrics.SCHEDULE_PAUSED.labels(s.name).set(1)
         log.warning("cron %s paused (since %s)", s.name, rfc3339.format(state.paused_at or now))
@@ -351,7 +277,7 @@ class CronService:
         """Resume a schedule (idempotent); return its status. The periods that passed while it
         was paused are recorded missed (`paused`) first, so none fires late or silently."""
         s = self._schedule(name)
-        now = _utc(now or self._clock(), "now")
+        now = as_utc(now or self._clock(), "now")
         state = await self._runs.get_state(s.name)
         if state is not None and state.paused:
             await self._account(s, now)
@@ -401,13 +327,13 @@ class CronService:
         """Account for the periods of one schedule up to `now` (default: the clock): fire the
         latest unrun one if still within grace, record older ones as missed. The APScheduler
         job calls this at each period start; tests call it with an injected time."""
-        return await self._account(self._schedule(name), _utc(now or self._clock(), "now"))
+        return await self._account(self._schedule(name), as_utc(now or self._clock(), "now"))
 
     async def run_once(self, now: datetime | None = None) -> dict[str, RunReceipt | None]:
         """Housekeeping for every schedule: release queued runs whose turn came, account for
         periods (late fires within grace, missed ones recorded). Failures are logged per
         schedule and retried at the next tick."""
-        now = _utc(now or self._clock(), "now")
+        now = as_utc(now or self._clock(), "now")
         fired: dict[str, RunReceipt | None] = {}
         for s in self._schedules.values():
             try:
@@ -421,7 +347,7 @@ class CronService:
     # operator view ------------------------------------------------------------------------
     async def status(self, now: datetime | None = None) -> list[dict[str, Any]]:
         """One entry per configured schedule: next fire time, last run receipt, missed periods."""
-        now = _utc(now or self._clock(), "now")
+        now = as_utc(now or self._clock(), "now")
         return [await self._status_of(s, now) for s in self._schedules.values()]
 
     async def receipts(self, name: str, limit: int) -> list[RunReceipt]:
@@ -429,7 +355,6 @@ class CronService:
         return await self._runs.recent(self._schedule(name).name, limit)
 
     async def _status_of(self, s: ScheduleSettings, now: datetime) -> dict[str, Any]:
-        schedule = s.schedule()
         await self._runs.finish_runs(s.name)
         latest = await self._runs.latest(s.name)
         recorded_total, oldest, recorded = await self._runs.outstanding_missed(
@@ -437,34 +362,13 @@ class CronService:
         )
         state = await self._runs.get_state(s.name)
         unrecorded = await self._unrecorded_missed(s, state, now) if state else []
-        missed = sorted(recorded + unrecorded, reverse=True)[:STATUS_MISSED_SHOWN]
-        paused = state is not None and state.paused
-        next_fire = schedule.next_after(now) if s.enabled and not paused else None
-        return {
-            "name": s.name,
-            "cron": s.cron,
-            "timezone": s.timezone,
-            "enabled": s.enabled,
-            "paused": paused,
-            "paused_at": rfc3339.format(state.paused_at) if state and state.paused_at else None,
-            "handler": s.handler,
-            "queue": s.queue,
-            "overlap": s.overlap,
-            "misfire_grace_s": s.misfire_grace_s,
-            "fanout": s.describe_fanout(),
-            "on_finished": None if s.on_finished is None else s.on_finished.model_dump(),
-            "next_fire_at": None if next_fire is None else rfc3339.format(next_fire),
-            "last_run": None if latest is None else latest.to_json(),
-            "queued_runs": await self._runs.count_queued(s.name),
-            "missed": {
-                "count": recorded_total + len(unrecorded),
-                "periods": [
-                    {"period_start": rfc3339.format(m.period_start), "reason": m.reason}
-                    for m in missed
-                ],
-                "catch_up": _catch_up_hint(s.name, recorded + unrecorded, oldest),
-            },
-        }
+        missed = Missed(
+            recorded_total + len(unrecorded),
+            sorted(recorded + unrecorded, reverse=True)[:STATUS_MISSED_SHOWN],
+            catch_up_hint(s.name, recorded + unrecorded, oldest),
+        )
+        queued = await self._runs.count_queued(s.name)
+        return status_entry(s, now, state, latest, queued, missed)
 
     async def _unrecorded_missed(
         self, s: ScheduleSettings, state: ScheduleState, now: datetime
@@ -477,7 +381,7 @@ class CronService:
         periods = list(islice(s.schedule().periods(since, until, include_start=False), 10_000))
         have = await self._runs.run_periods_between(s.name, since, until)
         return [
-            MissedPeriod(p, self._missed_reason(s, state, p, within_grace=False))
+            MissedPeriod(p, missed_reason(s, state, p, within_grace=False))
             for p in periods
             if p not in have
         ]
@@ -489,22 +393,6 @@ class CronService:
         except KeyError:
             known = ", ".join(sorted(self._schedules)) or "none configured"
             raise UnknownSchedule(f"no schedule {name!r} (known: {known})") from None
-
-    def _check_period(self, s: ScheduleSettings, period_start: datetime) -> datetime:
-        period = _utc(period_start, "period_start")
-        _check_not_too_early(period, f"period {rfc3339.format(period)} of {s.name!r}")
-        if period > self._clock() + FUTURE_TOLERANCE:
-            raise PeriodError(
-                f"period {rfc3339.format(period)} of {s.name!r} is in the future; the schedule "
-                "fires it when it is due"
-            )
-        schedule = s.schedule()
-        if not schedule.is_period_start(period):
-            raise PeriodError(
-                f"{rfc3339.format(period)} is not a period start of schedule {s.name!r} "
-                f"({s.cron!r} in {s.timezone}); nearest: {schedule.describe_near(period)}"
-            )
-        return period
 
     @staticmethod
     def _planner(
@@ -540,9 +428,7 @@ class CronService:
         if live and missing and now - missing[-1] <= grace:
             fire_period = missing.pop()
             total -= 1
-        missed = [
-            MissedPeriod(p, self._missed_reason(s, state, p, now - p <= grace)) for p in missing
-        ]
+        missed = [MissedPeriod(p, missed_reason(s, state, p, now - p <= grace)) for p in missing]
         if total > len(missed):
             log.warning(
                 "cron %s: %d older periods without a run are not recorded individually",
@@ -567,17 +453,6 @@ class CronService:
         await self._runs.advance_state(s.name, through, s.enabled)
         return receipt
 
-    @staticmethod
-    def _missed_reason(
-        s: ScheduleSettings, state: ScheduleState, period: datetime, within_grace: bool
-    ) -> str:
-        if not (s.enabled and state.enabled):
-            return "disabled"
-        # paused: a period that would have fired now, or one that started after the pause
-        if state.paused and (within_grace or (state.paused_at and period > state.paused_at)):
-            return "paused"
-        return "coalesced" if within_grace else "not_fired"
-
     async def _report_missed(self, s: ScheduleSettings, new: list[MissedPeriod]) -> None:
         if not new:
             return
@@ -586,7 +461,7 @@ class CronService:
         log.warning(
             "cron %s: %d period(s) missed (%s), first %s, last %s; not backfilled: %s",
             s.name, len(new), ", ".join(reasons), rfc3339.format(new[0].period_start),
-            rfc3339.format(new[-1].period_start), _catch_up_hint(s.name, new),
+            rfc3339.format(new[-1].period_start), catch_up_hint(s.name, new),
         )  # fmt: skip
 
     async def _release(self, name: str) -> None:
@@ -616,63 +491,3 @@ class CronService:
                 self._on_enqueued()
             except Exception as exc:  # a wake-up is an optimisation; the due-scan covers it
                 log.warning("cron: on_enqueued hook failed: %s", exc)
-
-    async def _fire_job(self, name: str) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._inflight.add(task)
-        try:
-            await self.fire(name)
-        except Exception as exc:
-            log.error("cron %s: fire failed, retrying at the next tick: %s", name, exc)
-        finally:
-            if task is not None:
-                self._inflight.discard(task)
-
-    async def _finish_job(self) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._inflight.add(task)
-        try:
-            await self.finish_runs()
-        finally:
-            if task is not None:
-                self._inflight.discard(task)
-
-    async def _housekeeping_job(self) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._inflight.add(task)
-        try:
-            await self.run_once()
-        finally:
-            if task is not None:
-                self._inflight.discard(task)
-
-
-def _utc(value: datetime, what: str) -> datetime:
-    try:
-        return rfc3339.utc(value)
-    except rfc3339.TimeError as exc:
-        raise PeriodError(f"{what}: {exc}") from None
-
-
-def _check_not_too_early(instant: datetime, what: str) -> None:
-    """Periods start no earlier than due times may be (the same bound at every door)."""
-    if instant < EARLIEST_INSTANT:
-        raise PeriodError(
-            f"{what} is before {rfc3339.format(EARLIEST_INSTANT)}, the earliest time the "
-            "dispatcher accepts"
-        )
-
-
-def _catch_up_hint(
-    name: str, missed: list[MissedPeriod], oldest: datetime | None = None
-) -> str | None:
-    """The command that creates the runs of these missed periods (and of nothing else: every
-    period between them either has a run or was recorded missed too)."""
-    if not missed:
-        return None
-    first = min([m.period_start for m in missed] + ([oldest] if oldest else []))
-    last = max(m.period_start for m in missed)
-    return f"dispatcher catch-up {name} --from {rfc3339.format(first)} --to {rfc3339.format(last)}"

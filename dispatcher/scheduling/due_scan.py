@@ -1,21 +1,23 @@
 """The due-scan: moves due jobs to ready (with their outbox rows) and rescues expired leases,
 and the running jobs of daemons judged gone (docs/recovery.md).
 
-It runs when woken (intake of a future job, a retry, a NOTIFY from another instance), at the
-next due time it computed, and at least every `interval_s` (an APScheduler interval job), so a
-job due now starts within milliseconds and a missed wake-up costs at most one interval.
+It is a job on the daemon's timing engine (dispatcher.timing), which decides when it runs: when
+woken (intake of a future job, a retry, a NOTIFY from another instance: `wake`), at the next due
+time it computed after its last round, and at least every `interval_s`; so a job due now starts
+within milliseconds and a missed wake-up costs at most one interval. A wake-up during a round
+runs one more round after it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 from dispatcher import metrics
 from dispatcher.db.jobs import JobRepository
-from dispatcher.lifecycle import LoopService
+from dispatcher.lifecycle import Service
+from dispatcher.timing import TimingEngine
 
 log = logging.getLogger(__name__)
 
@@ -23,12 +25,13 @@ MIN_IDLE_WAIT_S = 0.005
 FIRST_BATCH = 125
 
 
-class DueScanner(LoopService):
+class DueScanner(Service):
     name = "due-scan"
 
     def __init__(
         self,
         repo: JobRepository,
+        timing: TimingEngine,
         *,
         batch: int,
         interval_s: float,
@@ -36,15 +39,22 @@ class DueScanner(LoopService):
         gone_owners: Callable[[], list[str]] = list,
     ):
         self._repo = repo
+        self._timing = timing
         self._batch = batch
         self._interval_s = interval_s
         self._on_ready = on_ready
         # daemons judged gone (scheduling/gone_owners.py): their running jobs are rescued now
         self._gone_owners = gone_owners
-        self._wake = asyncio.Event()
+
+    async def start(self) -> None:
+        self._timing.every(self.name, self._interval_s, self.scan, finish_on_stop=True)
+        self.wake()  # the first round at once
+
+    async def stop(self) -> None:
+        await self._timing.cancel(self.name)
 
     def wake(self) -> None:
-        self._wake.set()
+        self._timing.run_now(self.name)
 
     async def run_once(self) -> int:
         """Move every due job (in batches) and rescue expired leases; return jobs made ready."""
@@ -88,20 +98,17 @@ class DueScanner(LoopService):
             if max(per_kind.values(), default=0) < self._batch:
                 return
 
-    async def _run(self) -> None:
-        while True:
-            self._wake.clear()
-            try:
-                moved = await self.run_once()
-                next_due = await self._repo.seconds_to_next_due()
-            except Exception as exc:  # the database may be restarting: try again next interval
-                log.error("due-scan failed: %s", exc)
-                moved, next_due = 0, None
-            timeout = self._interval_s if next_due is None else min(self._interval_s, next_due)
-            if not moved:  # due rows we could not take are locked by another instance: no spin
-                timeout = max(timeout, MIN_IDLE_WAIT_S)
-            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that races
-            # a wake-up, and stop() would then wait forever.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
-                    await self._wake.wait()
+    async def scan(self) -> None:
+        """One round (the engine's call): move what is due, then ask to run again at the next
+        due time if that comes before the next interval."""
+        try:
+            moved = await self.run_once()
+            next_due = await self._repo.seconds_to_next_due()
+        except Exception as exc:  # the database may be restarting: try again next interval
+            log.error("due-scan failed: %s", exc)
+            return
+        if next_due is None or next_due >= self._interval_s:
+            return
+        if not moved:  # due rows we could not take are locked by another instance: no spin
+            next_due = max(next_due, MIN_IDLE_WAIT_S)
+        self._timing.run_by(self.name, datetime.now(UTC) + timedelta(seconds=next_due))

@@ -12,7 +12,6 @@ from typing import Any
 
 import asyncpg
 import pytest
-from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, JobExecutionEvent
 
 from dispatcher import metrics
 from dispatcher.cron import PeriodError, run_key
@@ -21,8 +20,11 @@ from dispatcher.db.runs import TriggerFailed
 from dispatcher.model import NewJob
 from dispatcher.schedules import ScheduleSettings
 from dispatcher.scheduling.cron_service import CronService, UnknownSchedule
+from dispatcher.timing import TimingEngine
+from tests.harness import wait_until
 
 OWNER = "test-worker"
+MINUTE = timedelta(minutes=1)
 
 
 def utc(*args: int) -> datetime:
@@ -120,48 +122,41 @@ async def test_two_instances_firing_the_same_period_yield_one_run(
     assert keys[0]["key"] == "fanout:2026-05-31T00:00:00Z:r000-of-240"
 
 
-async def test_two_started_daemons_both_firing_on_apscheduler_yield_one_run(
+async def test_two_started_daemons_both_firing_on_the_timing_engine_yield_one_run(
     pool: asyncpg.Pool, registry: JobRepository
 ) -> None:
     s = make_schedule("every-minute", cron="* * * * *", fanout={"tenants": ["a", "b", "c"]})
     period = utc(2026, 6, 1, 12, 0)
     clock = [period - timedelta(seconds=30)]
-    daemons = [service(pool, registry, s, clock=lambda: clock[0]) for _ in range(2)]
-    executed: list[asyncio.Event] = []
-    for daemon in daemons:
+    engines = [TimingEngine(), TimingEngine()]
+    daemons = [service(pool, registry, s, clock=lambda: clock[0], timing=t) for t in engines]
+    job = daemons[0].job_name("every-minute")
+    for engine, daemon in zip(engines, daemons, strict=True):
+        await engine.start()
         await daemon.start()
-        done = asyncio.Event()
-        executed.append(done)
-
-        def listener(event: JobExecutionEvent, done: asyncio.Event = done) -> None:
-            if event.job_id == "dispatcher.cron:every-minute":
-                assert event.exception is None, event.exception
-                done.set()
-
-        daemon._scheduler.add_listener(listener, EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)  # type: ignore[union-attr]
     try:
-        jobs = [d._scheduler.get_job("dispatcher.cron:every-minute") for d in daemons]  # type: ignore[union-attr]
-        assert all(j is not None and j.next_run_time is not None for j in jobs)
-        assert (jobs[0].coalesce, jobs[0].max_instances, jobs[0].misfire_grace_time) == (
-            True,
-            1,
-            60,
-        )
-        # the period has come (for the services' clock); make both schedulers fire now
+        # each engine waits for the schedule's next period start (by the real clock)
+        now = datetime.now(UTC)
+        expected = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+        assert [e.next_run(job) for e in engines] in ([expected] * 2, [expected - MINUTE] * 2)
+        # the period has come (for the services' clock); make both engines fire now
         clock[0] = period + timedelta(seconds=2)
-        for job in jobs:
-            job.modify(next_run_time=datetime.now(UTC))
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in executed)), 20)
+        for engine in engines:
+            engine.run_now(job)
+        await wait_until(lambda: all(e.calls(job) == 1 for e in engines), timeout_s=20)
         assert await run_count(pool, "every-minute") == 1
         assert await unit_count(pool, "every-minute") == 3
         receipt = (await daemons[0].status())[0]["last_run"]
         assert receipt["run_key"] == "every-minute:2026-06-01T12:00:00Z"
         assert receipt["via"] == "cron"
+        # each fire armed the next period on its engine
+        assert all((e.next_run(job) or now) > now for e in engines)
     finally:
-        for daemon in daemons:
+        for engine, daemon in zip(engines, daemons, strict=True):
             await daemon.stop()
             await daemon.stop()  # idempotent
-    assert all(not d._scheduler.running for d in daemons)  # type: ignore[union-attr]
+            await engine.stop()
+    assert all(e.next_run(job) is None for e in engines)
 
 
 # the seed scenario: 137 of 240, then the connection drops ------------------------------------

@@ -7,6 +7,7 @@ import asyncpg
 
 from dispatcher.db.jobs import JobRepository
 from dispatcher.scheduling.due_scan import DueScanner
+from dispatcher.timing import TimingEngine
 from tests.harness import enqueue_noop_jobs
 
 BURST = 700
@@ -34,7 +35,9 @@ async def test_a_burst_moves_in_growing_batches_each_waking_the_workers(
     await pool.execute("UPDATE dispatcher.job_state SET due_at = now() - interval '1 second'")
     repo = RecordingRepository(pool)
     wakes: list[int] = []
-    scanner = DueScanner(repo, batch=2000, interval_s=60, on_ready=lambda: wakes.append(1))
+    scanner = DueScanner(
+        repo, TimingEngine(), batch=2000, interval_s=60, on_ready=lambda: wakes.append(1)
+    )
 
     assert await scanner.run_once() == BURST
     assert repo.batches == [(125, 125), (500, 500), (2000, 75)]

@@ -17,6 +17,7 @@ from dispatcher.cron import EARLIEST_INSTANT, LATEST_INSTANT
 from dispatcher.db import migrations
 from dispatcher.db.jobs import JobRepository
 from dispatcher.scheduling.due_scan import DueScanner
+from dispatcher.timing import TimingEngine
 from tests.conftest import scratch_database
 from tests.harness import wait_until
 
@@ -203,7 +204,8 @@ async def test_the_due_scan_and_metrics_queries_never_fail_on_bad_rows(
     # the scheduled -infinity, BC and 1970/1999 rows are due: they move to ready
     ready = "SELECT count(*) FROM dispatcher.job_state WHERE state = 'ready'"
     ready_before = await conn.fetchval(ready)
-    scanner = DueScanner(repo, batch=2, interval_s=0.05, on_ready=lambda: None)
+    timing = TimingEngine()
+    scanner = DueScanner(repo, timing, batch=2, interval_s=0.05, on_ready=lambda: None)
     assert await scanner.run_once() == 4
     assert await conn.fetchval(ready) == ready_before + 4
 
@@ -224,11 +226,13 @@ async def test_the_due_scan_and_metrics_queries_never_fail_on_bad_rows(
 
     repo.seconds_to_next_due = counted  # type: ignore[method-assign]
     with caplog.at_level(logging.ERROR, logger="dispatcher.scheduling.due_scan"):
+        await timing.start()
         await scanner.start()
         try:
             await wait_until(lambda: rounds >= 3, timeout_s=10, what="three scan rounds")
         finally:
             await scanner.stop()
+            await timing.stop()
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 

@@ -8,7 +8,8 @@ import pytest
 from dispatcher.console.redact import MASK, masked_target, masked_url
 from dispatcher.console.series import StartSeries, Totals, percentile_bound
 from dispatcher.console.session import SessionSigner
-from dispatcher.console.web import printable, safe_next
+from dispatcher.console.toolkit import printable
+from dispatcher.console.web import safe_next
 from dispatcher.tokens import parse_entry
 
 OPERATOR = parse_entry("op-secret operate,read # ops", "test", "ops")

@@ -23,7 +23,6 @@ from dispatcher.cron import (
 from dispatcher.errors import ConfigError
 from dispatcher.rfc3339 import format as rfc3339
 from dispatcher.schedules import ScheduleSettings
-from dispatcher.scheduling.cron_service import _PeriodTrigger
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")
@@ -176,20 +175,6 @@ def test_next_after_and_latest_agree_with_periods_across_dst() -> None:
             assert schedule.latest_at_or_before(p + timedelta(seconds=59)) == p
             assert schedule.is_period_start(p)
             assert not schedule.is_period_start(p + timedelta(minutes=1)) or "*" in expression
-
-
-def test_apscheduler_trigger_fires_at_the_computed_periods() -> None:
-    trigger = _PeriodTrigger(parse_cron("30 2 * * *", "Europe/Berlin"))
-    first = trigger.get_next_fire_time(None, utc(2026, 10, 24, 12))
-    second = trigger.get_next_fire_time(first, first)
-    third = trigger.get_next_fire_time(second, second)
-    assert [first, second, third] == [
-        utc(2026, 10, 25, 0, 30),
-        utc(2026, 10, 26, 1, 30),
-        utc(2026, 10, 27, 1, 30),
-    ]
-    # a trigger added exactly at a period start fires it
-    assert trigger.get_next_fire_time(None, first) == first
 
 
 # run keys and units -------------------------------------------------------------------------
