@@ -40,15 +40,18 @@ STALL_BOUND_S = LEASE_S + 20.0
 SETTLE_S = 120.0  # after the chaos, every accepted job is terminal within this
 SAMPLE_EVERY_S = 1.0
 TERMINAL_SQL = "('succeeded', 'dead', 'cancelled', 'discarded')"
+RUNNABLE = "(j.state = 'ready' OR (j.state = 'scheduled' AND j.due_at < now() - interval '2 s'))"
+# Per queue: its oldest runnable job and how many there are. Claims take the earliest due first
+# (DESIGN.md, scheduling policy), so a queue that makes progress moves its oldest job on soon; the
+# same oldest job for longer than the bound is a stall, whatever else the queue does (a queue
+# that only re-runs a few doomed jobs is stalled for the rest).
 QUEUE_PROGRESS = f"""
-SELECT q.name, q.paused,
-       count(j.id) FILTER (WHERE j.state = 'ready'
-                           OR (j.state = 'scheduled' AND j.due_at < now() - interval '2 s'))
-         AS runnable,
-       coalesce(sum(j.attempt), 0) + count(j.id) FILTER (WHERE j.state IN {TERMINAL_SQL})
-         AS progress
-  FROM dispatcher.queues q LEFT JOIN dispatcher.jobs j ON j.queue = q.name
- GROUP BY q.name, q.paused"""
+SELECT q.name, q.paused, o.id AS oldest, c.n AS runnable
+  FROM dispatcher.queues q
+  LEFT JOIN LATERAL (SELECT j.id FROM dispatcher.jobs j WHERE j.queue = q.name AND {RUNNABLE}
+                      ORDER BY j.due_at, j.id LIMIT 1) o ON true
+  LEFT JOIN LATERAL (SELECT count(*) AS n FROM dispatcher.jobs j
+                      WHERE j.queue = q.name AND {RUNNABLE}) c ON true"""
 
 
 @dataclass
@@ -61,7 +64,7 @@ class Monitor:
     violations: list[str] = field(default_factory=list)
     unreachable_samples: int = 0
     _since: dict[str, float] = field(default_factory=dict)
-    _progress: dict[str, int] = field(default_factory=dict)
+    _oldest: dict[str, int | None] = field(default_factory=dict)
     _reported: set[str] = field(default_factory=set)
     _database_away: bool = False
 
@@ -81,8 +84,8 @@ class Monitor:
         away, self._database_away = self._database_away, False
         for row in rows:
             name = row["name"]
-            moved = self._progress.get(name) != row["progress"]
-            self._progress[name] = row["progress"]
+            moved = self._oldest.get(name) != row["oldest"]
+            self._oldest[name] = row["oldest"]
             if away or moved or row["paused"] or not row["runnable"] or name not in self._since:
                 self._since[name] = now  # the clock runs only while work waits and nothing moves
             stall = now - self._since[name]
@@ -90,8 +93,8 @@ class Monitor:
             if stall > STALL_BOUND_S and name not in self._reported:
                 self._reported.add(name)
                 self.violations.append(
-                    f"queue {name}: {row['runnable']} runnable jobs and no progress for "
-                    f"{stall:.0f} s (bound {STALL_BOUND_S:g} s)"
+                    f"queue {name}: {row['runnable']} runnable jobs, the oldest (id "
+                    f"{row['oldest']}) not started for {stall:.0f} s (bound {STALL_BOUND_S:g} s)"
                 )
 
     def _rss(self) -> None:
@@ -150,7 +153,8 @@ async def _soak(options: Options, base: Path) -> dict[str, Any]:
         stack.push_async_callback(daemons.stop_all)
         await daemons.start(daemons.slots[0])  # the first one migrates the schema
         await asyncio.gather(*(daemons.start(s) for s in daemons.slots[1:]))
-        pool = await asyncpg.create_pool(database.dsn, min_size=1, max_size=4)
+        # min_size 0: no pool floor to restore (and log) while the database restarts
+        pool = await asyncpg.create_pool(database.dsn, min_size=0, max_size=4)
         stack.push_async_callback(pool.close)
         timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
         session = await stack.enter_async_context(aiohttp.ClientSession(timeout=timeout))
