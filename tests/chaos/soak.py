@@ -131,7 +131,6 @@ async def run_soak(options: Options) -> dict[str, Any]:
 
 
 async def _soak(options: Options, base: Path) -> dict[str, Any]:
-    rng = random.Random(options.seed)
     database = Database(base / "db")
     await database.start()
     await database.prepare()
@@ -158,9 +157,11 @@ async def _soak(options: Options, base: Path) -> dict[str, Any]:
         stack.push_async_callback(pool.close)
         timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
         session = await stack.enter_async_context(aiohttp.ClientSession(timeout=timeout))
-        api = Api(daemons, session, rng)
-        load = Load(api, pool, target, rng)
-        injector = Injector(daemons, database, api, rng, broker)
+        # one generator each: the fault schedule does not shift with how the load's timing went
+        api = Api(daemons, session, random.Random(f"api-{options.seed}"))
+        load = Load(api, pool, target, random.Random(f"load-{options.seed}"))
+        faults_rng = random.Random(f"faults-{options.seed}")
+        injector = Injector(daemons, database, api, faults_rng, broker)
         monitor = Monitor(pool, daemons)
         return await _chaos_then_settle(options, daemons, load, injector, monitor, pool, target)
     raise AssertionError("unreachable")
