@@ -146,6 +146,9 @@ async def _soak(options: Options, base: Path) -> dict[str, Any]:
                 "DISPATCHER_RABBITMQ__URL": broker.url,
                 "DISPATCHER_RABBITMQ__QUEUE_PREFIX": prefix,
                 "DISPATCHER_RABBITMQ__RECONNECT_MAX_S": "2",
+                # the relay's lease on outbox rows, like a job's: what a killed, frozen or
+                # failed relay round holds is waited out within the same stall bound
+                "DISPATCHER_RABBITMQ__RELAY_LEASE_S": str(LEASE_S),
             }
         (base / "logs").mkdir()
         daemons = Daemons(DAEMONS, env, base, base / "logs")
@@ -202,6 +205,7 @@ async def _chaos_then_settle(
     target: ChaosTarget,
 ) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
+    started = time.monotonic()
     until = loop.time() + options.minutes * 60
     print(f"chaos: {options.minutes:g} min on {options.transport}, seed {options.seed}", flush=True)
     watcher = asyncio.create_task(monitor.run())
@@ -222,7 +226,8 @@ async def _chaos_then_settle(
     for slot in daemons.slots:
         if slot.process is not None:
             injector.drain_exits.append((slot.name, await daemons.terminate(slot)))
-    return await _final_report(options, load, injector, monitor, pool, target, daemons, settle_s)
+    timing = (started, settle_s)
+    return await _final_report(options, load, injector, monitor, pool, target, daemons, timing)
 
 
 async def _settle(pool: asyncpg.Pool, load: Load) -> float:
@@ -262,8 +267,9 @@ async def _final_report(
     pool: asyncpg.Pool,
     target: ChaosTarget,
     daemons: Daemons,
-    settle_s: float,
+    timing: tuple[float, float],
 ) -> dict[str, Any]:
+    started, settle_s = timing  # when the chaos began (monotonic), how long the settle took
     rows = {
         r["key"]: checks.JobRow(**dict(r))
         for r in await pool.fetch(
@@ -306,6 +312,10 @@ async def _final_report(
         "cron_triggers_by_status": dict(load.triggers),
         "submissions_given_up": len(load.given_up),
         "faults": dict(Counter(f.kind for f in injector.faults)),
+        "fault_log": [
+            [round(f.start - started, 1), f.kind, f.subject, round(f.end - f.start, 1), f.detail]
+            for f in injector.faults
+        ],
         "worst_stall_s": {q: round(s, 1) for q, s in sorted(monitor.worst_stall_s.items())},
         "stall_bound_s": STALL_BOUND_S,
         "peak_rss_mb": {s.name: round(s.peak_rss_bytes / 2**20, 1) for s in daemons.slots},

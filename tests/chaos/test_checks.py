@@ -124,15 +124,15 @@ def test_a_queue_with_work_and_no_progress_past_its_bound_is_a_stall() -> None:
     monitor = Monitor(pool=None, daemons=None)  # type: ignore[arg-type]  # only _stalls runs
     stuck = {"name": "web", "paused": False, "runnable": 3, "oldest": 7}
     for t in (0.0, 10.0, STALL_BOUND_S - 1):
-        monitor._stalls([stuck], t)  # type: ignore[list-item]
+        monitor._stalls([stuck], t)
     assert monitor.violations == []
-    monitor._stalls([stuck], STALL_BOUND_S + 1)  # type: ignore[list-item]
+    monitor._stalls([stuck], STALL_BOUND_S + 1)
     assert "not started for" in monitor.violations[0]
     moving = Monitor(pool=None, daemons=None)  # type: ignore[arg-type]
     for t in range(0, int(STALL_BOUND_S) + 5, 5):
-        moving._stalls([{**stuck, "oldest": t}], float(t))  # type: ignore[list-item]
+        moving._stalls([{**stuck, "oldest": t}], float(t))
     assert moving.violations == []
     paused = Monitor(pool=None, daemons=None)  # type: ignore[arg-type]
     for t in (0.0, STALL_BOUND_S + 1):
-        paused._stalls([{**stuck, "paused": True}], t)  # type: ignore[list-item]
+        paused._stalls([{**stuck, "paused": True}], t)
     assert paused.violations == [] and paused.worst_stall_s["web"] == 0.0
