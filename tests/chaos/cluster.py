@@ -178,11 +178,16 @@ class Daemons:
         slot.frozen = False
 
     async def terminate(self, slot: Slot) -> int:
-        """SIGTERM: the graceful drain; its exit status (0 expected)."""
+        """SIGTERM: the graceful drain; its exit status (0 expected; -1: still running 30 s
+        later, then killed)."""
         assert slot.process is not None
-        code = await slot.process.stop()
-        slot.process = None
-        return code
+        process, slot.process = slot.process, None
+        try:
+            return await process.stop()
+        except TimeoutError:
+            process.signal(signal.SIGKILL)
+            await process.wait()
+            return -1
 
     def sample_rss(self) -> list[tuple[str, int]]:
         """Each live daemon's peak resident size so far (VmHWM, else VmRSS), in bytes."""
