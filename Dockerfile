@@ -5,7 +5,7 @@
 #   podman build --format docker -t dispatcher .         # docker format keeps the HEALTHCHECK
 #   docker build --build-arg BASE=registry.example/debian-python:bookworm -t dispatcher .
 #   docker run --init --read-only --stop-timeout 65 -p 8080:8080 \
-#       -e DISPATCHER_API_TOKENS=change-me -e DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS=true \
+#       -e DISPATCHER_API_TOKENS="$(openssl rand -hex 32)" -e DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS=true \
 #       -v dispatcher-state:/var/lib/dispatcher dispatcher
 #
 # Without DISPATCHER_DATABASE_URL the daemon runs its own PostgreSQL in the volume; give the
@@ -35,8 +35,11 @@ RUN python3 -m venv /opt/dispatcher
 WORKDIR /src
 COPY --from=requirements /src/requirements.txt ./
 RUN /opt/dispatcher/bin/pip install -r requirements.txt
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md setup.py MANIFEST.in LICENSE ./
 COPY dispatcher ./dispatcher
+# shipped inside the package as data (setup.py): `dispatcher config example` prints them
+COPY config ./config
+COPY systemd ./systemd
 # pip and setuptools are not needed at run time.
 RUN /opt/dispatcher/bin/pip install --no-deps . \
     && /opt/dispatcher/bin/pip uninstall -q -y pip setuptools

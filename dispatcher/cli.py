@@ -14,6 +14,7 @@ from typing import Any
 
 from dispatcher import __version__, logs, rfc3339
 from dispatcher.config import Settings, load_settings
+from dispatcher.console import admin as console_admin
 from dispatcher.errors import DispatcherError
 from dispatcher.model import STATES
 
@@ -73,6 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
         "README: Tracing)"
     )
     command("migrate", "apply pending database migrations and exit")
+    config = command("config", "files shipped with the package: the annotated settings file")
+    config_sub = config.add_subparsers(dest="config_action", metavar="ACTION", required=True)
+    config_example = config_sub.add_parser(
+        "example",
+        help="print a shipped file (default: the annotated dispatcher.toml, every setting)",
+        description="print a shipped file: dispatcher config example > dispatcher.toml",
+    )
+    config_example.add_argument("name", nargs="?", default="dispatcher.toml", metavar="NAME")
+    config_example.add_argument("--list", action="store_true", help="list the shipped files")
     command("check-config", "validate the configuration and print it with secrets masked")
     command(
         "db-url",
@@ -136,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Refuses a database that already has a dispatcher schema unless --force",
     )
     restore.add_argument("file", metavar="FILE", help="archive written by dispatcher backup")
+    console_admin.add_commands(command("console", "the web console: list and revoke sessions"))
     restore.add_argument(
         "--force", action="store_true", help="drop the existing dispatcher schema and replace it"
     )
@@ -731,6 +742,16 @@ def cmd_restore(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def cmd_console(settings: Settings, args: argparse.Namespace) -> int:
+    from dispatcher.db.sessions import SessionRepository
+
+    async def run() -> int:
+        async with database(settings) as (_dsn, pool):
+            return await console_admin.sessions_command(SessionRepository(pool), args)
+
+    return asyncio.run(run())
+
+
 def with_cron(settings: Settings, body: Callable[[Any], Awaitable[int]]) -> int:
     from dispatcher.db.jobs import JobRepository
     from dispatcher.scheduling.cron_service import CronService
@@ -832,9 +853,19 @@ def _plain(value: Any) -> str:
     return str(value)
 
 
+def cmd_config(settings: Settings, args: argparse.Namespace) -> int:
+    from dispatcher import share
+
+    print("\n".join(share.shipped()) if args.list else share.example(args.name), end="")
+    if args.list:
+        print()
+    return 0
+
+
 COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "run": cmd_run,
     "migrate": cmd_migrate,
+    "config": cmd_config,
     "check-config": cmd_check_config,
     "db-url": cmd_db_url,
     "jobs": cmd_jobs,
@@ -844,6 +875,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "catch-up": cmd_catch_up,
     "backup": cmd_backup,
     "restore": cmd_restore,
+    "console": cmd_console,
 }
 
 if __name__ == "__main__":

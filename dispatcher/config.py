@@ -239,6 +239,13 @@ class Settings(_Strict):
     console_listen: str | None = None
     # How long a console sign-in lasts before the token must be entered again.
     console_session_s: float = Field(8 * 3600.0, ge=60, le=30 * 86400)
+    # Failed authentications (wrong bearer tokens, wrong console sign-ins) one client address
+    # may make within auth_failure_window_s before it is refused with 429 until the window ends.
+    auth_failure_limit: int = Field(10, ge=1, le=100_000)
+    auth_failure_window_s: float = Field(60.0, gt=0, le=86_400)
+    # Reverse proxies whose X-Forwarded-For names the client (for the limit above); without
+    # them the socket's peer is the client and X-Forwarded-For is ignored.
+    trusted_proxies: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
     api_tokens: list[SecretStr] = []
     api_tokens_file: Path | None = None
     target_allow_cidrs: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
@@ -371,7 +378,12 @@ class Settings(_Strict):
                 "this listener, allow_plain_http_tokens = true (DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS)"
             )
         self._check_console_listener(bool(tokens))
+        if not is_loopback_host(host) or not self._console_on_loopback():
+            check_token_strength(tokens)
         return self
+
+    def _console_on_loopback(self) -> bool:
+        return self.console_listen is None or is_loopback_host(host_port(self.console_listen)[0])
 
     def _check_console_listener(self, has_tokens: bool) -> None:
         """The console's own listener signs in with the API tokens: the API's rules hold."""
@@ -442,6 +454,21 @@ class Settings(_Strict):
         return view
 
 
+MIN_TOKEN_CHARS = 32
+
+
+def check_token_strength(tokens: list[ApiToken]) -> None:
+    """Off loopback, a token must be long enough that guessing it is hopeless (at the 429
+    limit of 10 a minute, even a 32-character hex token takes longer than the universe)."""
+    short = [t.where for t in tokens if len(t.secret) < MIN_TOKEN_CHARS]
+    if short:
+        raise ValueError(
+            f"{', '.join(short)}: API tokens must be at least {MIN_TOKEN_CHARS} characters "
+            "when the API or console listens beyond loopback; generate one with: python3 -c "
+            "'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+
+
 def host_port(listen: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -499,7 +526,13 @@ def load_settings(
 
 # DISPATCHER_* variables that are not settings: the config path and the crash-test fault point.
 _NOT_SETTINGS = {ENV_PREFIX + "CONFIG", ENV_PREFIX + "FAULT"}
-_LIST_SETTINGS = {"api_tokens", "target_allow_cidrs", "params", "accepts_versions"}
+_LIST_SETTINGS = {
+    "api_tokens",
+    "target_allow_cidrs",
+    "trusted_proxies",
+    "params",
+    "accepts_versions",
+}
 _SECRET_SETTINGS = {"api_tokens", "database_url", "signing_secret"}
 
 

@@ -207,3 +207,14 @@ DATABASE_DISK_FULL = Counter(
     "Statements PostgreSQL refused because its disk is full (SQLSTATE 53100).",
     registry=REGISTRY,
 )
+AUTH_FAILURES = Counter(
+    "dispatcher_auth_failures",
+    "Wrong bearer tokens and console sign-ins (what: 'bearer token', 'console sign-in').",
+    ["what"],
+    registry=REGISTRY,
+)
+AUTH_REFUSED = Counter(
+    "dispatcher_auth_refused",
+    "Requests answered 429 because their address had too many failed authentications.",
+    registry=REGISTRY,
+)

@@ -26,6 +26,7 @@ from dispatcher.api.filters import (
     parse_cursor,
     parse_job_filter,
 )
+from dispatcher.api.guessing import GuessLimiter, client_address
 from dispatcher.api.openapi import openapi_document
 from dispatcher.api.problems import Problem, problem
 from dispatcher.api.schemas import (
@@ -74,6 +75,8 @@ SAMPLER = web.AppKey("sampler", MetricsSampler)
 # Set on a sub-application that authenticates its own requests (the console: session cookies);
 # the bearer-token check below leaves its routes to it.
 OWN_AUTH = web.AppKey("own_auth", bool)
+# Failed authentications per client address (the console's sign-in counts here too).
+GUESSES = web.AppKey("guesses", GuessLimiter)
 # The queue overview's job counts may be this old: concurrent requests share one sample.
 OVERVIEW_MAX_AGE_S = 1.0
 M = TypeVar("M", bound=BaseModel)
@@ -107,6 +110,7 @@ def create_app(
     app[BODY_TIMEOUT] = body_read_timeout_s
     app[SETTINGS] = settings = settings or Settings()
     app[SAMPLER] = sampler or MetricsSampler(repo, settings.overdue_after_s)
+    app[GUESSES] = GuessLimiter(settings.auth_failure_limit, settings.auth_failure_window_s)
     app.router.add_post("/v1/jobs", post_job)
     app.router.add_post("/v1/jobs/batch", post_batch)
     app.router.add_get("/v1/jobs", list_jobs)
@@ -235,8 +239,13 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     scope = required_scope(request.method, route.canonical) if routed and route else None
     caller = ANONYMOUS
     if tokens:
+        guesses, client = request.app[GUESSES], client_of(request.app, request)
+        if (wait_s := guesses.retry_after_s(client)) is not None:
+            return too_many_failures(wait_s)
         token = authenticate(tokens, request.headers.get("Authorization", ""))
         if token is None:
+            if "Authorization" in request.headers:  # no header is no guess
+                guesses.failed(client, "bearer token")
             return problem(
                 401,
                 "missing or invalid bearer token: send 'Authorization: Bearer "
@@ -286,6 +295,23 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             status,
             extra={"token": caller},
         )
+
+
+def client_of(api: web.Application, request: web.Request) -> str:
+    """The client's address, as failed authentications are counted by (api.guessing); `api`
+    is the API application, whose settings name the trusted proxies."""
+    return client_address(
+        request.remote, request.headers.get("X-Forwarded-For"), api[SETTINGS].trusted_proxies
+    )
+
+
+def too_many_failures(retry_after_s: int) -> web.Response:
+    return problem(
+        429,
+        f"too many failed authentications from this address; retry in {retry_after_s} s "
+        "with a valid token (the limit: auth_failure_limit per auth_failure_window_s)",
+        headers={"Retry-After": str(retry_after_s)},
+    )
 
 
 def owns_auth(request: web.Request) -> bool:

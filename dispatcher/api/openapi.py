@@ -698,10 +698,11 @@ def openapi_document() -> dict[str, Any]:
 
 def _require_scope(operation: dict[str, Any], scope: str) -> None:
     """The token scope the route needs (dispatcher.api.scopes), as a role of the bearer scheme
-    (OpenAPI 3.1), and the answers to a token that is missing (401) or lacks it (403)."""
+    (OpenAPI 3.1), and the answers to a token that is missing (401) or lacks it (403), and to
+    an address refused after too many wrong tokens (429, with Retry-After)."""
     operation["security"] = [{"bearer": [scope]}]
     operation["description"] = (
         operation.get("description", "") + f" Needs a token with scope `{scope}`."
     ).strip()
-    for code, answer in _problem_responses(401, 403).items():
+    for code, answer in _problem_responses(401, 403, 429).items():
         operation["responses"].setdefault(code, answer)

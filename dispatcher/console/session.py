@@ -1,5 +1,10 @@
 """Console sign-in: a signed session cookie standing for one API token, and CSRF tokens.
 
+A signed cookie alone cannot be taken back, so every session of a token also has a row on the
+server (dispatcher.db.sessions, keyed by `id_hash`): the console accepts a cookie only while
+its row exists, and signing out, `dispatcher console sessions revoke` and removing the token
+delete it. This module checks the cookie itself; dispatcher.console.web asks the database.
+
 A session is `EXPIRES.SESSION_ID.TOKEN_ID.SIGNATURE` (all ASCII, cookie-safe): the expiry (Unix
 seconds), a random id, which configured token signed in (an HMAC of the token's digest, never
 the token or its digest), and an HMAC-SHA256 over the rest. The token's name and scopes are
@@ -47,6 +52,18 @@ class Session:
     @property
     def can_operate(self) -> bool:
         return "operate" in self.scopes
+
+    @property
+    def on_server(self) -> bool:
+        """Whether the session has a row on the server. Anonymous sessions (no tokens, loopback
+        only) have none: anyone there gets a new one for the asking, so revoking means nothing,
+        and a row per cookieless request would let a loop of requests fill the table."""
+        return self.token_id != ANONYMOUS_ID
+
+    @property
+    def id_hash(self) -> bytes:
+        """What the server stores of the session id (the id itself is a bearer secret)."""
+        return hashlib.sha256(self.session_id.encode("ascii")).digest()
 
 
 class SessionSigner:
@@ -96,6 +113,10 @@ class SessionSigner:
         if token is None:
             return None
         return Session(session_id, token_id, token.name, token.scopes, int(expires))
+
+    def token_ids(self) -> list[str]:
+        """The ids of the configured tokens, as sessions name them."""
+        return list(self._tokens)
 
     # CSRF ---------------------------------------------------------------------------------
     def csrf_token(self, session: Session) -> str:

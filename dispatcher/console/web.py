@@ -22,10 +22,18 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from markupsafe import Markup
 
-from dispatcher.api.app import OWN_AUTH, TOKENS, authenticate
+from dispatcher.api.app import (
+    GUESSES,
+    OWN_AUTH,
+    REPO,
+    TOKENS,
+    authenticate,
+    client_of,
+)
 from dispatcher.api.problems import Problem
 from dispatcher.console.series import StartSeries
 from dispatcher.console.session import Session, SessionSigner
+from dispatcher.db.sessions import SessionRepository
 from dispatcher.errors import DatabaseUnavailable
 from dispatcher.tokens import ApiToken
 
@@ -40,6 +48,7 @@ LOGIN_COOKIE_S = 600  # the login form must be sent within 10 minutes of being s
 API: web.AppKey[web.Application] = web.AppKey("console_api", web.Application)
 SIGNER: web.AppKey[SessionSigner] = web.AppKey("console_signer", SessionSigner)
 SERIES: web.AppKey[StartSeries] = web.AppKey("console_series", StartSeries)
+SESSIONS: web.AppKey[SessionRepository] = web.AppKey("console_sessions", SessionRepository)
 # Where a request's session is kept (typed keys for requests exist from aiohttp 3.12 on).
 SESSION: Any = (
     web.RequestKey("console_session", Session) if hasattr(web, "RequestKey") else "console_session"
@@ -124,15 +133,17 @@ async def headers_middleware(request: web.Request, handler: Handler) -> web.Stre
 async def session_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Who is asking (the session cookie), whether they may, and for a POST whether the form
     came from this console (same origin, CSRF token of the session)."""
+    if is_static(request):  # served to anyone: no session lookup (a database probe) for it
+        return await handler(request)
     signer = request.app[SIGNER]
     route_handler = request.match_info.handler
-    session = signer.verify(request.cookies.get(COOKIE))
+    session = await current_session(request)
     issued = None
     if session is None and signer.open:  # no tokens: an anonymous session, set on the answer
         issued = signer.issue(None)
         session = signer.verify(issued)
     if session is None:
-        if getattr(route_handler, "console_public", False) or is_static(request):
+        if getattr(route_handler, "console_public", False):
             return await handler(request)
         return sign_in_first(request)
     request[SESSION] = session
@@ -160,6 +171,17 @@ async def session_middleware(request: web.Request, handler: Handler) -> web.Stre
             request.path, session.name, response.status, extra={"token": session.name},
         )  # fmt: skip
     return response
+
+
+async def current_session(request: web.Request) -> Session | None:
+    """The session the cookie stands for: signed, not expired, for a configured token, and,
+    but for anonymous ones, not signed out or revoked on the server (one index probe)."""
+    session = request.app[SIGNER].verify(request.cookies.get(COOKIE))
+    if session is None or not session.on_server:
+        return session
+    if not await request.app[SESSIONS].is_active(session.id_hash, session.token_id):
+        return None
+    return session
 
 
 def is_static(request: web.Request) -> bool:
@@ -273,25 +295,45 @@ async def login(request: web.Request) -> web.StreamResponse:
         return login_page(request, "The sign-in form expired; enter the token again.", 403)
     if signer.open:
         raise web.HTTPSeeOther(f"{PREFIX}/")  # no tokens: nothing to sign in with
+    guesses, client = request.app[API][GUESSES], client_of(request.app[API], request)
+    if (wait_s := guesses.retry_after_s(client)) is not None:
+        response = login_page(
+            request,
+            f"Too many failed sign-ins from your address: try again in {wait_s} s.",
+            429,
+        )
+        response.headers["Retry-After"] = str(wait_s)
+        return response
     token = None
     if isinstance(token_text, str) and token_text.strip():
         token = authenticate(request.app[API][TOKENS], f"Bearer {token_text.strip()}")
     if token is None:
-        log.warning("console: sign-in refused (unknown token) from %s", request.remote)
+        guesses.failed(client, "console sign-in")  # logged once per burst, not per attempt
         return login_page(request, "That token is not one of this dispatcher's API tokens.", 401)
     if "read" not in token.scopes:
         return login_page(
             request, f"Token {token.name!r} lacks the read scope the console needs.", 403
         )
-    log.info("console: %r signed in", token.name, extra={"token": token.name})
     next_url = form.get("next")
     response = web.HTTPSeeOther(safe_next(next_url if isinstance(next_url, str) else None))
-    set_session_cookie(request, response, signer.issue(token), signer.ttl_s)
+    cookie = signer.issue(token)
+    session = signer.verify(cookie)
+    assert session is not None  # just issued
+    await request.app[SESSIONS].create(
+        session.id_hash, session.token_id, session.name, client, session.expires_at
+    )
+    log.info("console: %r signed in from %s", token.name, client, extra={"token": token.name})
+    set_session_cookie(request, response, cookie, signer.ttl_s)
     response.del_cookie(LOGIN_COOKIE, path=f"{PREFIX}/")
     raise response
 
 
 async def logout(request: web.Request) -> web.StreamResponse:
+    """Ends the session on the server (every copy of the cookie), not only in this browser."""
+    session = session_of(request)
+    if session.on_server:
+        await request.app[SESSIONS].end(session.id_hash)
+        log.info("console: %r signed out", session.name, extra={"token": session.name})
     response = web.HTTPSeeOther(f"{PREFIX}/login")
     response.del_cookie(COOKIE, path=f"{PREFIX}/")
     raise response
@@ -314,6 +356,8 @@ def create_console(
     app[SERIES] = series
     tokens: list[ApiToken] = api[TOKENS]
     app[SIGNER] = SessionSigner(tokens, session_ttl_s)
+    app[SESSIONS] = SessionRepository(api[REPO].pool)
+    app.on_startup.append(end_sessions_of_removed_tokens)
     env = aiohttp_jinja2.setup(
         app,
         loader=jinja2.PackageLoader("dispatcher.console", "templates"),
@@ -331,6 +375,19 @@ def create_console(
         app.router.add_route(method, path, handler)
     app.router.add_static("/static/", STATIC, append_version=False)
     return app
+
+
+async def end_sessions_of_removed_tokens(app: web.Application) -> None:
+    """At start: delete the sessions of tokens no longer configured (and expired ones). They
+    are refused anyway (each request checks its token against the configured ones); this keeps
+    them out of `dispatcher console sessions`. Daemons sharing a database share its tokens."""
+    try:
+        ended = await app[SESSIONS].revoke_other_tokens(app[SIGNER].token_ids())
+    except DatabaseUnavailable as exc:
+        log.warning("console: could not end the sessions of removed tokens: %s", exc)
+        return
+    if ended:
+        log.info("console: ended %d session(s) of tokens no longer configured", ended)
 
 
 def mount(api: web.Application, series: StartSeries, session_ttl_s: float) -> None:

@@ -9,6 +9,14 @@ from typing import Any, cast
 
 import asyncpg
 
+from dispatcher.db.outcomes import (
+    ERROR_CHARS,
+    EXCERPT_CHARS,
+    REASON_CHARS,
+    result_json,
+    storable_result,
+    storable_text,
+)
 from dispatcher.db.pool import translate_unavailable
 from dispatcher.db.queries import query
 from dispatcher.model import (
@@ -131,9 +139,12 @@ class JobRepository:
     ) -> set[AttemptKey]:
         """Record successes and their attempt history rows (the optional lists run parallel to
         `ids`; None records nothing for that column); returns the (job id, attempt) pairs this
-        owner still held."""
+        owner still held. Results and excerpts are stored in their safe form (db/outcomes.py)."""
+        texts = [result_json(r) for r in results]
+        if excerpts is not None:
+            excerpts = [storable_text(e, EXCERPT_CHARS) for e in excerpts]
         rows = await self.pool.fetch(
-            _COMPLETE, ids, attempts, results, owner, http_statuses, latencies_s, excerpts
+            _COMPLETE, ids, attempts, texts, owner, http_statuses, latencies_s, excerpts
         )
         return {(r[0], r[1]) for r in rows}
 
@@ -146,7 +157,14 @@ class JobRepository:
         latency_s: float | None = None,
     ) -> bool:
         rows = await conn.fetch(
-            _COMPLETE, [job.id], [job.attempt], [result], owner, None, [latency_s], None
+            _COMPLETE,
+            [job.id],
+            [job.attempt],
+            [result_json(result)],
+            owner,
+            None,
+            [latency_s],
+            None,
         )
         return bool(rows)
 
@@ -174,8 +192,8 @@ class JobRepository:
             owner,
             permanent,
             delay_s,
-            error,
-            reason,
+            storable_text(error, ERROR_CHARS),
+            storable_text(reason, REASON_CHARS),
             retry_after_s,
             http_status,
             latency_s,
@@ -186,7 +204,7 @@ class JobRepository:
         self, conn: asyncpg.Connection, job: Job, owner: str, progress: dict[str, Any]
     ) -> bool:
         status: str = await conn.execute(
-            query("save_progress"), job.id, job.attempt, owner, progress
+            query("save_progress"), job.id, job.attempt, owner, storable_result(progress)
         )
         return status.endswith(" 1")
 

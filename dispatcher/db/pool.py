@@ -46,7 +46,11 @@ UNAVAILABLE_ERRORS = (
 def is_unavailable(exc: BaseException) -> bool:
     """Whether `exc` says the database is unreachable, rather than that the request is wrong."""
     if isinstance(exc, asyncpg.InterfaceError):
-        # "connection is closed", "pool is closing": the rest (bad arguments) are bugs
+        # "connection is closed", "pool is closing": the rest (bad arguments) are bugs. An
+        # argument the driver could not encode (a ValueError) quotes the argument, whose text
+        # may say anything, "closed" too: it is never an outage.
+        if isinstance(exc, ValueError):
+            return False
         return "closed" in str(exc) or "closing" in str(exc)
     return isinstance(exc, UNAVAILABLE_ERRORS)
 

@@ -181,12 +181,14 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, N
 
 -- name: complete_succeeded
 -- Record successful attempts and their history rows in one statement; only the current lease
--- holder may complete. $5-$7: HTTP status, latency (s) and response excerpt per attempt.
+-- holder may complete. $3: each result as JSON text (a jsonb[] parameter would read a result
+-- that is a JSON array as a dimension of the array). $5-$7: HTTP status, latency (s) and
+-- response excerpt per attempt.
 WITH done AS (
     UPDATE dispatcher.job_state s
-       SET state = 'succeeded', finished_at = now(), result = r.result,
+       SET state = 'succeeded', finished_at = now(), result = r.result::jsonb,
            lease_owner = NULL, lease_expires_at = NULL, last_error = NULL
-      FROM unnest($1::bigint[], $2::integer[], $3::jsonb[], $5::integer[], $6::float8[],
+      FROM unnest($1::bigint[], $2::integer[], $3::text[], $5::integer[], $6::float8[],
                   $7::text[]) AS r(id, attempt, result, http_status, latency_s, excerpt)
      WHERE s.id = ANY (ARRAY(SELECT unnest($1::bigint[]))) AND s.id = r.id
        AND s.attempt = r.attempt AND s.lease_owner = $4

@@ -5,6 +5,10 @@ effects finished at once (one future for all of them); a single writer task flus
 queued so far in one statement (the jobs' UPDATE and their attempt history rows), so batching
 grows with load and costs nothing when idle (no timer, no added latency). The metrics of what it
 wrote (effect durations, succeeded counts) are updated once per batch and queue too.
+
+One job's outcome never fails the others' (invariant 10): the repository stores every result
+and excerpt in its safe form (db/outcomes.py), and a batch the database still refuses for its
+data is split until the one job it refuses is found and ended alone (`result_unstorable`).
 """
 
 from __future__ import annotations
@@ -15,14 +19,19 @@ from typing import Any
 
 from dispatcher import metrics
 from dispatcher.db.jobs import JobRepository
+from dispatcher.db.outcomes import is_data_error
+from dispatcher.db.pool import is_unavailable
 from dispatcher.effects.base import Delivered
 from dispatcher.lifecycle import Service
-from dispatcher.model import Job
+from dispatcher.model import AttemptKey, Job
 from dispatcher.work.tally import observe_many
 
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 2000  # rows per statement, except that a group from `record_many` is never split
+# The dead reason of a job whose effect succeeded but whose outcome the database refused even in
+# its safe form (db/outcomes.py): it ends alone, and the others of its batch are written.
+UNSTORABLE = "result_unstorable"
 
 
 class _Group:
@@ -42,6 +51,39 @@ class _Group:
         self.results = results
         self.latencies = latencies
         self.future = future
+
+
+class _Rows:
+    """A batch of completions as the write takes them (parallel lists), or a part of one;
+    `offset` is the part's first index in the whole batch."""
+
+    __slots__ = ("excerpts", "jobs", "latencies", "offset", "results", "statuses")
+
+    def __init__(
+        self,
+        jobs: list[Job],
+        results: list[Any],
+        latencies: list[float],
+        statuses: list[int | None] | None,
+        excerpts: list[str | None] | None,
+        offset: int = 0,
+    ):
+        self.jobs = jobs
+        self.results = results
+        self.latencies = latencies
+        self.statuses = statuses
+        self.excerpts = excerpts
+        self.offset = offset
+
+    def part(self, start: int, end: int) -> _Rows:
+        return _Rows(
+            self.jobs[start:end],
+            self.results[start:end],
+            self.latencies[start:end],
+            None if self.statuses is None else self.statuses[start:end],
+            None if self.excerpts is None else self.excerpts[start:end],
+            self.offset + start,
+        )
 
 
 class Completer(Service):
@@ -136,16 +178,10 @@ class Completer(Service):
             results = [r for g in batch for r in g.results]
             latencies = [t for g in batch for t in g.latencies]
         statuses, excerpts = _delivery_details(results)
+        rows = _Rows(jobs, results, latencies, statuses, excerpts)
+        unstorable: dict[int, bool] = {}  # index -> whether it was ended (its lease held)
         try:
-            done = await self._repo.complete(
-                [j.id for j in jobs],
-                [j.attempt for j in jobs],
-                results,
-                self._owner,
-                http_statuses=statuses,
-                latencies_s=latencies,  # type: ignore[arg-type]  # list is invariant
-                excerpts=excerpts,
-            )
+            done = await self._write(rows, unstorable)
         except Exception as exc:  # the lease will expire and the job is retried: never lost
             log.error("could not record %d completions: %s", len(jobs), exc)
             for group in batch:
@@ -154,12 +190,75 @@ class Completer(Service):
             return
         held = [(j.id, j.attempt) in done for j in jobs]
         self._count(jobs, latencies, held)
+        for index, ended in unstorable.items():
+            held[index] = ended  # its outcome was recorded (dead), not lost
         start = 0
         for group in batch:
             end = start + len(group.jobs)
             if not group.future.done():
                 group.future.set_result(held[start:end])
             start = end
+
+    async def _write(self, rows: _Rows, unstorable: dict[int, bool]) -> set[AttemptKey]:
+        """Write `rows` as succeeded; return the attempts whose lease held. A write the database
+        refuses for its data (`is_data_error`: a value no safe form foresaw, a constraint) is
+        split in halves, down to the job whose data it refuses, which is ended alone (added to
+        `unstorable`): one job's outcome never fails the others'. Any other error (the database
+        unreachable, a deadlock, a timeout) raises, as before: it is no one job's doing, and
+        ending a job for it would end every job of the batch."""
+        try:
+            return await self._repo.complete(
+                [j.id for j in rows.jobs],
+                [j.attempt for j in rows.jobs],
+                rows.results,
+                self._owner,
+                http_statuses=rows.statuses,
+                latencies_s=rows.latencies,  # type: ignore[arg-type]  # list is invariant
+                excerpts=rows.excerpts,
+            )
+        except Exception as exc:
+            if is_unavailable(exc) or not is_data_error(exc):
+                raise  # not one job's doing: the batch fails whole, retried after its leases
+            if len(rows.jobs) > 1:
+                half = len(rows.jobs) // 2
+                first = await self._write(rows.part(0, half), unstorable)
+                return first | await self._write(rows.part(half, len(rows.jobs)), unstorable)
+            unstorable[rows.offset] = await self._end_unstorable(rows, exc)
+            return set()
+
+    async def _end_unstorable(self, rows: _Rows, exc: Exception) -> bool:
+        """End the one job of `rows` as dead (`result_unstorable`): its effect ran, but the
+        database refused its outcome even in its safe form. Returns whether its lease held."""
+        job = rows.jobs[0]
+        error = (
+            f"the effect succeeded, but its outcome could not be stored "
+            f"({type(exc).__name__}: {exc}); the result is dropped (a retry runs the effect again)"
+        )
+        try:
+            outcome = await self._repo.record_failure(
+                job,
+                self._owner,
+                permanent=True,
+                delay_s=0.0,
+                error=error,
+                reason=UNSTORABLE,
+                http_status=rows.statuses[0] if rows.statuses else None,
+                latency_s=rows.latencies[0],
+            )
+        except Exception as failed:
+            if is_unavailable(failed):
+                raise
+            # refused again: left to its lease, as before; the rest of the batch is written
+            log.error(
+                "could not end the job as %s either: %s", UNSTORABLE, failed, extra=job.log_fields
+            )
+            return False
+        if outcome is None:
+            return False
+        metrics.DEAD_LETTERS.labels(job.queue, outcome[1] or UNSTORABLE).inc()
+        metrics.JOBS_COMPLETED.labels(job.queue, "dead").inc()
+        log.warning("dead letter (%s): %s", outcome[1], error[:500], extra=job.log_fields)
+        return True
 
     def _count(self, jobs: list[Job], latencies: list[float], held: list[bool]) -> None:
         """Effect durations (every attempt written) and succeeded counts (those whose lease

@@ -14,6 +14,7 @@ from typing import Any, Protocol, cast
 from dispatcher import metrics
 from dispatcher.config import MAX_DURATION_S, QueueSettings
 from dispatcher.db.jobs import JobRepository
+from dispatcher.db.outcomes import storable_text
 from dispatcher.effects.base import Effect, LeaseLost
 from dispatcher.effects.python import PythonEffect
 from dispatcher.errors import Reject, RetryLater
@@ -250,9 +251,7 @@ class Executor:
             failure = _Failure("attempt timed out", "timeout", time.perf_counter() - started)
             return await self._retry(job, failure, None)
         except Exception as exc:
-            failure = _Failure(
-                f"{type(exc).__name__}: {exc}", "error", time.perf_counter() - started
-            )
+            failure = _Failure(describe(exc), "error", time.perf_counter() - started)
             if _is_permanent_sql_error(exc):
                 failure.reason = "sql_error"
                 return await self._fail(job, failure, permanent=True, delay_s=0)
@@ -310,7 +309,8 @@ class Executor:
 
     async def _fail(self, job: Job, failure: _Failure, *, permanent: bool, delay_s: float) -> str:
         """Record a failed attempt; return the outcome: dead, cancelled, retry or lease_lost."""
-        error, reason = failure.error[:ERROR_TEXT_LIMIT], failure.reason
+        # stored whole, in its safe form (cut with a marker past ERROR_CHARS: db/outcomes.py)
+        error, reason = failure.error, failure.reason
         outcome = await self._repo.record_failure(
             job,
             self._owner,
@@ -327,10 +327,11 @@ class Executor:
             return "lease_lost"
         state, dead_reason = outcome
         fields = {**job.log_fields, "state": state}
+        shown = storable_text(error, ERROR_TEXT_LIMIT)  # a handler's reason may not be text
         if state == "dead":
             metrics.DEAD_LETTERS.labels(self.queue, dead_reason or reason).inc()
             metrics.JOBS_COMPLETED.labels(self.queue, "dead").inc()
-            log.warning("dead letter (%s): %s", dead_reason, error, extra=fields)
+            log.warning("dead letter (%s): %s", dead_reason, shown, extra=fields)
             return "dead"
         if state == "cancelled":
             metrics.JOBS_COMPLETED.labels(self.queue, "cancelled").inc()
@@ -338,7 +339,7 @@ class Executor:
             return "cancelled"
         metrics.RETRIES.labels(self.queue, reason).inc()
         self._on_rescheduled()
-        log.info("retry in %.3f s (%s): %s", delay_s, reason, error, extra=fields)
+        log.info("retry in %.3f s (%s): %s", delay_s, reason, shown, extra=fields)
         return "retry"
 
 
@@ -380,6 +381,15 @@ def _resume(coro: Coroutine[Any, Any, Any], waiting: Any) -> Generator[Any, Any,
             waiting = coro.send(value)
         except StopIteration as finished:
             return finished.value
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as its error text: its type and message, or only its type when the message
+    cannot be made (a handler's exception may raise from `__str__`: still an ordinary failure)."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return f"{type(exc).__name__} (its message could not be read)"
 
 
 def _clamped(delay_s: float) -> float:

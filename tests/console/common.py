@@ -7,8 +7,8 @@ from typing import Any
 
 import aiohttp
 
-OPERATOR_TOKEN = "console-op-token"
-VIEWER_TOKEN = "console-ro-token"
+OPERATOR_TOKEN = "console-op-token-3f9c1e7a5b2d8046c1e7"
+VIEWER_TOKEN = "console-ro-token-a84d0b6f2e91c3577d02"
 TOKENS = [f"{OPERATOR_TOKEN} read,enqueue,operate # ops", f"{VIEWER_TOKEN} read # viewer"]
 TOKENS_ENV = ";".join(TOKENS)
 # What an attacker could put into a job: markup in the key, the tenant, the payload and the

@@ -1,7 +1,7 @@
-"""Migration 009 on a table that already has some of its indexes: the README tells operators of a
-large table to build them with CREATE INDEX CONCURRENTLY before upgrading. The migration must
-keep those (build nothing twice), rebuild one a failed concurrent build left invalid, and leave
-every filter index valid."""
+"""Migration 009 on a table that already has some of its indexes: docs/guides/operating.md
+tells operators of a large table to build them with CREATE INDEX CONCURRENTLY before upgrading.
+The migration must keep those (build nothing twice), rebuild one a failed concurrent build left
+invalid, and leave every filter index valid."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import asyncpg
 
 from dispatcher.db import migrations
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "operating.md"
 INDEXES = ("jobs_tenant_id", "jobs_handler_id", "jobs_run_key_id", "jobs_due_at_id")
 
 
 def documented_statements() -> list[str]:
-    """The CREATE INDEX CONCURRENTLY statements of the README's upgrade note."""
-    found = re.findall(r"^CREATE INDEX CONCURRENTLY IF NOT EXISTS .*;$", README.read_text(), re.M)
+    """The CREATE INDEX CONCURRENTLY statements of the operating guide's upgrade note."""
+    found = re.findall(r"^CREATE INDEX CONCURRENTLY IF NOT EXISTS .*;$", GUIDE.read_text(), re.M)
     assert len(found) == len(INDEXES), found
     return found
 

@@ -14,10 +14,12 @@ from dispatcher import __version__
 from dispatcher.db import migrations
 from tests.harness import Result, cli, free_port
 
-SECRETS = ("hunter2-db-pass", "tok-alpha-5b1e", "tok-beta-77c2", "MfKQ9r8GKYqrTwjUPD8ILPZIo2")
+# off loopback (check-config's test below), tokens need 32 characters or more
+TOKEN_A, TOKEN_B = "tok-alpha-5b1e-6f0a1d33c8e94b27a1c0", "tok-beta-77c2-0d4e9a7f2b3c6e1d8a55"
+SECRETS = ("hunter2-db-pass", TOKEN_A, TOKEN_B, "MfKQ9r8GKYqrTwjUPD8ILPZIo2")
 SECRET_ENV = {
     "DISPATCHER_DATABASE_URL": "postgresql://app:hunter2-db-pass@db.internal:5432/jobs",
-    "DISPATCHER_API_TOKENS": "tok-alpha-5b1e,tok-beta-77c2",
+    "DISPATCHER_API_TOKENS": f"{TOKEN_A},{TOKEN_B}",
     "DISPATCHER_HTTP__SIGNING_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
 }
 
@@ -128,6 +130,27 @@ async def test_a_non_loopback_api_without_tokens_refuses_to_start(
     assert len(result.stderr.splitlines()) == 1
     assert f"listen = '0.0.0.0:{port}' is not loopback" in result.stderr
     assert "DISPATCHER_API_TOKENS" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["check-config", "run"])
+async def test_a_short_token_off_loopback_is_refused(
+    tmp_path: Path, db_url: str, command: str
+) -> None:
+    """Issue 20: a one-character token passed check-config on 0.0.0.0 (and ran)."""
+    env = {
+        "DISPATCHER_DATABASE_URL": db_url,
+        "DISPATCHER_LISTEN": f"0.0.0.0:{free_port()}",
+        "DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS": "true",
+        "DISPATCHER_API_TOKENS": "k",
+    }
+    result = await cli(command, cwd=tmp_path, env=env)
+    assert result.code == 2, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line == (
+        "dispatcher: configuration error: api_tokens[1]: API tokens must be at least 32 "
+        "characters when the API or console listens beyond loopback; generate one with: "
+        "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
+    )
 
 
 async def migration_rows(url: str) -> list[tuple[int, str]]:

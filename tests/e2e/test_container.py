@@ -34,7 +34,7 @@ INSTALL = ROOT / ".ci" / "podman.sh"
 ENV = {**os.environ, "CONTAINERS_CONF": str(ROOT / ".ci" / "containers.conf")}
 # The host's CA bundle, for pip inside the build where TLS to the package index is intercepted.
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
-TOKEN = "container-test-token-0123456789"
+TOKEN = "container-test-token-0123456789abcdef"
 # What the examples give a supervisor: the daemon's whole stop budget and a margin.
 GRACE_S = int(Settings().stop_budget_s()) + 15
 # The dispatcher's own layers (a venv with its dependencies and the embedded PostgreSQL): the

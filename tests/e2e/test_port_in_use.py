@@ -72,7 +72,7 @@ async def test_the_metrics_listener_is_checked_the_same_way() -> None:
 async def test_an_address_not_of_this_host_is_one_line(listen: str) -> None:
     env = {
         "DISPATCHER_LISTEN": listen,
-        "DISPATCHER_API_TOKENS": "t-0123456789",
+        "DISPATCHER_API_TOKENS": "t-0123456789abcdef0123456789abcdef",
         "DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS": "true",
     }
     code, text = await run_until_exit(env)

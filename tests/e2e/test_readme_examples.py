@@ -1,8 +1,8 @@
-"""The README's first examples, followed as a new user would on a fresh quick start: the
-embedded database (no DISPATCHER_DATABASE_URL), the quick start's curl commands, then the SQL
-door's example pasted into the psql that `dispatcher db-url` names. Each prints what the README
-shows; a README edit that breaks an example, or a code change that changes its output, fails
-here."""
+"""The documentation's first examples, followed as a new user would on a fresh quick start: the
+embedded database (no DISPATCHER_DATABASE_URL), the quick start's curl commands (docs/index.md),
+then the SQL door's example (docs/guides/sql-door.md) pasted into the psql that `dispatcher
+db-url` names. Each prints what the page shows; an edit that breaks an example, or a code change
+that changes its output, fails here."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from tests.harness import daemon_on, no_server_left, run_cli, terminate
 
 pytestmark = pytest.mark.timeout(300)
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
-def section(title: str) -> str:
-    text = README.read_text()
+def section(title: str, page: str = "index.md") -> str:
+    text = (DOCS / page).read_text()
     start = text.index(f"\n## {title}")
     end = text.find("\n## ", start + 1)
     return text[start : end if end >= 0 else None]
@@ -43,7 +43,7 @@ def examples(block: str) -> list[tuple[str, list[str]]]:
 
 
 def shown(expected: str, output: list[str]) -> bool:
-    """Whether an output line matches the README's: a JSON object ending in `...` names some
+    """Whether an output line matches the page's: a JSON object ending in `...` names some
     of the fields (any order); any other line is exact."""
     if expected.startswith("{") and expected.endswith(",...}"):
         subset = json.loads(expected.removesuffix(",...}") + "}")
@@ -81,14 +81,14 @@ async def test_quick_start_then_sql_door_examples_print_what_the_readme_shows(
             lines = [x.rstrip("\r") for x in out.splitlines()]
             assert code == 0, out
             for line in expected:
-                assert shown(line, lines), f"README shows {line!r}; got:\n{out}"
+                assert shown(line, lines), f"the docs show {line!r}; got:\n{out}"
 
-        # the SQL door: the psql command db-url prints, fed the README's SQL
+        # the SQL door: the psql command db-url prints, fed the page's SQL
         urls = await run_cli(state, "db-url")
         assert urls.code == 0, urls.stderr
         [advice] = [x for x in urls.stderr.splitlines() if x.startswith("connect with: ")]
         psql = shlex.split(advice.removeprefix("connect with: "))
-        section_text = section("Enqueue from SQL")
+        section_text = (DOCS / "guides" / "sql-door.md").read_text()
         [sql] = fenced(section_text, "sql")
         [printed] = fenced(section_text, "text")
         for attempt in ("first", "again"):  # pasted twice: the same job, not a conflict
@@ -105,7 +105,7 @@ async def test_quick_start_then_sql_door_examples_print_what_the_readme_shows(
             want = [x.rstrip() for x in printed.strip().splitlines()]
             if attempt == "again":  # the table and the lease exist by now
                 want = [x if x != "INSERT 0 1" else "INSERT 0 0" for x in want]
-            assert got == want, f"{attempt}: README shows\n{printed}\ngot\n{out.decode()}"
+            assert got == want, f"{attempt}: the page shows\n{printed}\ngot\n{out.decode()}"
 
         # the job it made waits for its due time, beside the HTTP one
         listing = await run_cli(state, "jobs", "list", "--json")

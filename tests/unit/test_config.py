@@ -15,7 +15,9 @@ from dispatcher.errors import ConfigError
 
 SECRET_URL = "postgresql://app:hunter2-db-pass@db.internal:5432/jobs"
 SIGNING_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-TOKENS = ("tok-alpha-5b1e", "tok-beta-77c2")
+# off loopback, tokens need 32 characters or more
+TOKENS = ("tok-alpha-5b1e-6f0a1d33c8e94b27a1c0", "tok-beta-77c2-0d4e9a7f2b3c6e1d8a55")
+LONG = "t1-" + "7" * 40
 
 
 def write(tmp_path: Path, text: str, name: str = "dispatcher.toml") -> Path:
@@ -323,9 +325,39 @@ def test_non_loopback_listen_with_tokens_and_no_tls_is_refused() -> None:
 
 
 def test_non_loopback_listen_with_tokens_over_plain_http_when_allowed() -> None:
-    env = {"DISPATCHER_LISTEN": "0.0.0.0:8080", "DISPATCHER_API_TOKENS": "t1"}
+    env = {"DISPATCHER_LISTEN": "0.0.0.0:8080", "DISPATCHER_API_TOKENS": LONG}
     s = load_settings(None, {**env, "DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS": "true"})
-    assert s.all_api_tokens() == ["t1"]
+    assert s.all_api_tokens() == [LONG]
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        {"DISPATCHER_LISTEN": "0.0.0.0:8080"},
+        {"DISPATCHER_LISTEN": "[::]:8080"},
+        {"DISPATCHER_CONSOLE_LISTEN": "192.0.2.10:9000"},  # the console signs in with them too
+    ],
+    ids=lambda env: next(iter(env.values())),
+)
+@pytest.mark.parametrize("short", ["x", "y" * 31])
+def test_a_short_token_off_loopback_is_refused(where: dict[str, str], short: str) -> None:
+    """Issue 20: a one-character token passed check-config on 0.0.0.0."""
+    env = {
+        **where,
+        "DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS": "true",
+        "DISPATCHER_API_TOKENS": f"{TOKENS[0]};{short} read # viewer",
+    }
+    message = config_error(**env)
+    assert "\n" not in message and (len(short) == 1 or short not in message)
+    assert message.startswith("api_tokens[2]: API tokens must be at least 32 characters")
+    assert "secrets.token_urlsafe(32)" in message  # how to make one
+    env["DISPATCHER_API_TOKENS"] = f"{TOKENS[0]};{'y' * 32} read # viewer"
+    assert len(load_settings(None, env).all_api_tokens()) == 2
+
+
+def test_a_short_token_on_loopback_is_accepted() -> None:
+    s = load_settings(None, {"DISPATCHER_LISTEN": "127.0.0.1:8080", "DISPATCHER_API_TOKENS": "t"})
+    assert s.all_api_tokens() == ["t"]
 
 
 def test_tokens_file_supplies_tokens(tmp_path: Path) -> None:
@@ -336,10 +368,10 @@ def test_tokens_file_supplies_tokens(tmp_path: Path) -> None:
             "DISPATCHER_LISTEN": "0.0.0.0:8080",
             "DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS": "true",
             "DISPATCHER_API_TOKENS_FILE": str(tokens),
-            "DISPATCHER_API_TOKENS": "tok-env",
+            "DISPATCHER_API_TOKENS": LONG,
         },
     )
-    assert s.all_api_tokens() == ["tok-env", *TOKENS]
+    assert s.all_api_tokens() == [LONG, *TOKENS]
     assert_no_secret(json.dumps(s.public_view()))
     assert s.public_view()["api_tokens_file"] == str(tokens)
 

@@ -141,7 +141,7 @@ def test_healthcheck_command_probes_healthz(
         [sys.executable, *argv[1:]],
         env={
             "DISPATCHER_LISTEN": f"0.0.0.0:{port}",
-            "DISPATCHER_API_TOKENS": "t",
+            "DISPATCHER_API_TOKENS": "t" * 32,
             "DISPATCHER_ALLOW_PLAIN_HTTP_TOKENS": "true",
         },
         capture_output=True,

@@ -19,7 +19,7 @@ from tests.harness import free_port
 
 
 def settings(**raw: Any) -> Settings:
-    base: dict[str, Any] = {"api_tokens": ["t"], "allow_plain_http_tokens": True}
+    base: dict[str, Any] = {"api_tokens": ["t" * 32], "allow_plain_http_tokens": True}
     return Settings.model_validate({**base, **raw})
 
 

@@ -1,6 +1,7 @@
-"""Imports run downward only (README, "Code layout"): a module may import its own layer and the
-layers below it, never one above. Read from the source (`ast`), so it holds for imports inside
-functions too; imports only a type checker runs (`if TYPE_CHECKING:`) are left out."""
+"""Imports run downward only (docs/concepts/how-it-works.md, "Code layout"): a module may import
+its own layer and the layers below it, never one above. Read from the source (`ast`), so it holds
+for imports inside functions too; imports only a type checker runs (`if TYPE_CHECKING:`) are left
+out."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ),
     ("cron arithmetic", {"cron"}),
     ("what doors accept, schedules", {"requests", "schedules"}),
-    ("configuration", {"config"}),
+    ("configuration and the files shipped with it", {"config", "share"}),
     (
         "infrastructure",
         {"db", "metrics", "logs", "lifecycle", "sdnotify", "diskspace", "healthcheck", "tracing"},
@@ -41,7 +42,7 @@ def layer_of(module: str) -> int:
                 return index
     raise AssertionError(
         f"dispatcher.{module} is in no layer: add it to LAYERS in {Path(__file__).name} "
-        "(and to the README's Code layout)"
+        "(and to the Code layout in docs/concepts/how-it-works.md)"
     )
 
 

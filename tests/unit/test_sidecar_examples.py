@@ -22,6 +22,8 @@ yaml = pytest.importorskip("yaml", reason="PyYAML is absent: pip install pyyaml"
 
 SIDECAR = Path(__file__).resolve().parents[2] / "config" / "sidecar"
 STOP_MARGIN_S = 10
+# what `openssl rand -hex 32` (the examples' own advice) makes: off loopback, 32+ characters
+EXAMPLE_TOKEN = "5f0c" * 16
 
 
 def drain_timeout_s(env: dict[str, str]) -> float:
@@ -46,11 +48,11 @@ def duration_s(text: str) -> float:
 def accepted_by_the_daemon(env: dict[str, str], tmp_path: Path) -> None:
     """Load the settings from this environment, with the token file standing in locally."""
     tokens = tmp_path / "api-tokens"
-    tokens.write_text("example-token\n")
+    tokens.write_text(f"{EXAMPLE_TOKEN}\n")
     local = {k: v for k, v in env.items() if k.startswith("DISPATCHER_")}
     local["DISPATCHER_API_TOKENS_FILE"] = str(tokens)
     settings = load_settings(environ=local)
-    assert settings.all_api_tokens() == ["example-token"]
+    assert settings.all_api_tokens() == [EXAMPLE_TOKEN]
 
 
 # docker compose
