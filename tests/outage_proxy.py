@@ -35,6 +35,10 @@ class OutageProxy:
         at = netloc[0] + "@" + address if len(netloc) == 2 else address
         return urlunsplit(self._parts._replace(netloc=at))
 
+    @property
+    def is_cut(self) -> bool:
+        return self._server is None
+
     async def restore(self) -> None:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
 
