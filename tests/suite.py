@@ -1,4 +1,4 @@
-"""Which tests a run takes (docs/testing.md): the quick default, the full suite, the opt-ins.
+"""Which tests a run takes (docs/running-tests.md): the quick default, the full suite, the opt-ins.
 
 - `pytest` alone runs the quick layers, tests/unit, tests/db and tests/service: the logic, every
   query on real PostgreSQL, and the components driven through `run_once()`.
@@ -29,7 +29,7 @@ OPT_IN = {
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("dispatcher", "dispatcher test selection (docs/testing.md)")
+    group = parser.getgroup("dispatcher", "dispatcher test selection (docs/running-tests.md)")
     group.addoption(
         "--full",
         action="store_true",
@@ -106,5 +106,5 @@ def pytest_report_header(config: pytest.Config) -> str:
     extra = ", ".join(sorted(opted_in(config))) or "none"
     return (
         "dispatcher tests: quick run (unit, db, service; paths named on the command line); "
-        f"opted in: {extra}. The full suite: pytest --full (docs/testing.md)"
+        f"opted in: {extra}. The full suite: pytest --full (docs/running-tests.md)"
     )
