@@ -827,11 +827,11 @@ def print_jobs(views: list[dict[str, Any]], *, as_json: bool) -> None:
     if as_json:
         print(json.dumps(views, indent=2))
         return
-    # widths from the rows themselves: due times print with the precision they were given
-    # (seconds, milliseconds, microseconds), so no fixed width lines them all up
+    # at least the usual widths, wider when a row needs it: due times print with the precision
+    # they were given (seconds, milliseconds, microseconds), so no fixed width lines them all up
     width = {
-        name: max([len(title), *(len(str(v[name])) for v in views)])
-        for name, title in (("id", "ID"), ("queue", "QUEUE"), ("due_at", "DUE"))
+        name: max([least, *(len(str(v[name])) for v in views)])
+        for name, least in (("id", 8), ("queue", 12), ("due_at", 25))
     }
     id_w, queue_w, due_w = width["id"], width["queue"], width["due_at"]
     print(
