@@ -32,6 +32,9 @@ Without DISPATCHER_DATABASE_URL the daemon runs its own PostgreSQL in DISPATCHER
 
 
 JOB_ID_MAX = 2**63 - 1  # bigint
+CONFIG_HELP = "TOML configuration file (default: $DISPATCHER_CONFIG, else built-in)"
+# what a POSIX tool exits with when a reader closes its pipe (128 + SIGPIPE), as `yes | head` does
+EXIT_BROKEN_PIPE = 141
 
 
 def bounded_int(low: int, high: int) -> Callable[[str], int]:
@@ -60,11 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument(
-            "--config",
-            metavar="FILE",
-            help="TOML configuration file (default: $DISPATCHER_CONFIG, else built-in)",
-        )
+        p.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
         return p
 
     run = command("run", "run the daemon until SIGTERM/SIGINT (then drain gracefully)")
@@ -187,7 +186,24 @@ def build_parser() -> argparse.ArgumentParser:
                 help="also show the newest N attempts of its history (default 10; 0: none)",
             )
     add_operator_commands(command, jobs_sub)
+    accept_config_after_actions(parser)
     return parser
+
+
+def accept_config_after_actions(parser: argparse.ArgumentParser, depth: int = 0) -> None:
+    """Let `--config FILE` follow any action (`jobs list --config F`), not only its command.
+
+    A nested parser's defaults overwrite what its parent parsed, so the nested option's
+    default is SUPPRESS: `jobs --config F list` keeps F; `jobs list --config F` sets it."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for child in set(action.choices.values()):
+            if depth > 0 and "--config" not in child._option_string_actions:
+                child.add_argument(
+                    "--config", metavar="FILE", default=argparse.SUPPRESS, help=CONFIG_HELP
+                )
+            accept_config_after_actions(child, depth + 1)
 
 
 def add_operator_commands(command: Callable[..., argparse.ArgumentParser], jobs_sub: Any) -> None:
@@ -244,6 +260,22 @@ def dead_letter_options(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; a reader that closes stdout early (`| head`) ends it quietly."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # inside the try: a closed pipe shows at the last flush too
+    except BrokenPipeError:
+        # stdout's buffer still holds bytes for the closed pipe; pointing fd 1 at /dev/null
+        # keeps the interpreter's final flush from printing a second error at exit
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = load_settings(args.config)
@@ -453,7 +485,7 @@ def cmd_jobs_operate(settings: Settings, args: argparse.Namespace) -> int:
         for error in exc.errors():
             field = ".".join(str(p) for p in error["loc"])
             option = OPTION_NAMES.get(field, "--at" if args.action == "reschedule" else field)
-            message = error["msg"].removeprefix("Value error, ")
+            message = cli_spelling(error["msg"].removeprefix("Value error, "))
             print(
                 f"dispatcher: {option}: {message}" if field else f"dispatcher: {message}",
                 file=sys.stderr,
@@ -472,6 +504,17 @@ OPTION_NAMES = {
     "dead_before": "--before",
     "limit": "--limit",
 }
+
+
+def cli_spelling(message: str) -> str:
+    """A refusal written for the API (`dead_since`, `"all": true`) in the CLI's own words
+    (`--since`, `--all`): the fix a user reads must be one they can type here."""
+    import re
+
+    message = message.replace('send "all": true', "pass --all").replace('"all": true', "--all")
+    return re.sub(
+        r"\b(" + "|".join(OPTION_NAMES) + r")\b", lambda m: OPTION_NAMES[m.group(1)], message
+    )
 
 
 async def _operate(settings: Settings, args: argparse.Namespace, request: Any) -> int:
@@ -818,14 +861,23 @@ def print_jobs(views: list[dict[str, Any]], *, as_json: bool) -> None:
     if as_json:
         print(json.dumps(views, indent=2))
         return
-    print(f"{'ID':>8}  {'STATE':<10} {'QUEUE':<12} {'ATTEMPT':>7}  {'DUE':<25} KEY")
+    # at least the usual widths, wider when a row needs it: due times print with the precision
+    # they were given (seconds, milliseconds, microseconds), so no fixed width lines them all up
+    width = {
+        name: max([least, *(len(str(v[name])) for v in views)])
+        for name, least in (("id", 8), ("queue", 12), ("due_at", 25))
+    }
+    id_w, queue_w, due_w = width["id"], width["queue"], width["due_at"]
+    print(
+        f"{'ID':>{id_w}}  {'STATE':<10} {'QUEUE':<{queue_w}} {'ATTEMPT':>7}  {'DUE':<{due_w}} KEY"
+    )
     for v in views:
         print(
-            f"{v['id']:>8}  {v['state']:<10} {v['queue']:<12} {v['attempt']:>7}  "
-            f"{v['due_at']:<25} {v['key']}"
+            f"{v['id']:>{id_w}}  {v['state']:<10} {v['queue']:<{queue_w}} {v['attempt']:>7}  "
+            f"{v['due_at']:<{due_w}} {v['key']}"
         )
         if v["state"] == "dead" and v["last_error"]:
-            print(f"{'':>10}{v['dead_reason']}: {v['last_error'][:100]}")
+            print(f"{'':>{id_w + 2}}{v['dead_reason']}: {v['last_error'][:100]}")
 
 
 def format_job(view: dict[str, Any]) -> str:

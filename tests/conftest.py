@@ -19,6 +19,12 @@ from dispatcher.db import migrations
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import connect, create_pool
 from tests.service.intake_app import Api, serve_api
+from tests.suite import (  # noqa: F401 (hooks: the quick default, --full, --with; docs/running-tests.md)
+    pytest_addoption,
+    pytest_collection_modifyitems,
+    pytest_ignore_collect,
+    pytest_report_header,
+)
 from tests.transports import transport  # noqa: F401 (a fixture: both transports)
 
 

@@ -43,7 +43,8 @@ async def broker_prefix() -> AsyncIterator[str]:
         await channel.queue_delete(prefix + "default")
 
 
-@pytest.fixture(params=["in-process", "rabbitmq"])
+# the rabbitmq variant carries the `rabbitmq` marker: it runs when asked (tests/suite.py)
+@pytest.fixture(params=["in-process", pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)])
 async def transport(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, Any]]:
     if request.param == "in-process":
         yield {}

@@ -188,17 +188,21 @@ async def end_sessions_of_removed_tokens(app: web.Application) -> None:
 
 
 def mount(api: web.Application, series: StartSeries, session_ttl_s: float) -> None:
-    """Serve the console at /console/ on the API's own listener."""
-    api.add_subapp(f"{PREFIX}/", create_console(api, series, session_ttl_s))
+    """Serve the console at /console/ on the API's own listener; / and /console lead to it
+    (a browser pointed at the daemon's address finds the console, not a 404)."""
+    # /console before the sub-application: aiohttp strips a sub-application's trailing slash,
+    # so registered after it, /console went to the console's sign-in, not to /console/
+    api.router.add_get("/", to_console)
     api.router.add_get(PREFIX, to_console)
+    api.add_subapp(f"{PREFIX}/", create_console(api, series, session_ttl_s))
 
 
 def standalone(api: web.Application, series: StartSeries, session_ttl_s: float) -> web.Application:
     """An application serving only the console (DISPATCHER_CONSOLE_LISTEN); / leads to it."""
     root = web.Application()
-    root.add_subapp(f"{PREFIX}/", create_console(api, series, session_ttl_s))
     root.router.add_get("/", to_console)
     root.router.add_get(PREFIX, to_console)
+    root.add_subapp(f"{PREFIX}/", create_console(api, series, session_ttl_s))
     return root
 
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 from dispatcher.config import HandlerSettings, Settings
@@ -41,15 +44,45 @@ class HandlerContext:
 
 def load_handler(name: str, spec: str) -> Handler:
     module_name, _, attr = spec.partition(":")
+    setting = f"setting handlers.{name}.function = {spec!r}"
     try:
         function = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+    except ModuleNotFoundError as exc:
         raise ConfigError(
-            f"setting handlers.{name}.function = {spec!r}: cannot load ({exc})"
+            f"{setting}: cannot load ({exc}); {import_advice(module_name, exc)}"
         ) from None
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{setting}: cannot load ({exc})") from None
     if not inspect.iscoroutinefunction(function):
         raise ConfigError(f"setting handlers.{name}.function = {spec!r}: must be `async def`")
     return function  # type: ignore[no-any-return]
+
+
+def import_advice(module_name: str, exc: ModuleNotFoundError) -> str:
+    """Where Python looked for a handler's module and how to make it find it.
+
+    The `dispatcher` command is a console script: Python puts the script's own directory first
+    on sys.path, not the current directory, so `myapp.py` beside the configuration is not found
+    until its directory is on PYTHONPATH (or the package is installed in the daemon's venv)."""
+    top = module_name.split(".")[0]
+    missing = exc.name or module_name
+    if module_name != missing and not module_name.startswith(missing + "."):
+        # the handler's module was found; something it imports was not
+        return f"{module_name} imports {exc.name!r}: install it in the daemon's environment"
+    searched = [p or os.getcwd() for p in sys.path]
+    here = Path.cwd()
+    if (here / f"{top}.py").exists() or (here / top / "__init__.py").exists():
+        hint = (
+            f"{top!r} is in the current directory {here}, which is not on the import path: "
+            f"start the daemon with PYTHONPATH={here}"
+        )
+    else:
+        hint = (
+            "put the directory that holds it on PYTHONPATH (e.g. PYTHONPATH=/srv/app dispatcher "
+            "run; systemd: Environment=PYTHONPATH=/srv/app) or pip install its package into the "
+            "daemon's environment"
+        )
+    return f"{hint}. Searched: {os.pathsep.join(searched)}"
 
 
 def verify_handlers(settings: Settings) -> None:

@@ -41,7 +41,8 @@ GRACE_S = int(Settings().stop_budget_s()) + 15
 # bound catches a build context, a pip cache or a compiler landing in the image.
 OWN_LAYERS_MAX_BYTES = 200 * 1024 * 1024
 
-pytestmark = pytest.mark.timeout(1200)  # a first run installs podman and makes the base image
+# a first run installs podman and makes the base image; runs when asked (--with container)
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.container]
 
 
 def podman_sync(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:

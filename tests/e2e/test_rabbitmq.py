@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import asyncpg
 import pytest
+from aiohttp import web
 
 from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, free_port, serve_target, wait_until
 from tests.transports import BROKER, broker_prefix, broker_up
@@ -75,10 +76,12 @@ async def succeeded(db_url: str) -> int:
 
 
 async def rabbitmqctl(*args: str) -> str:
+    """rabbitmqctl's output; its failure (a node timeout under load) fails the test by name."""
     proc = await asyncio.create_subprocess_exec(
-        "rabbitmqctl", "-q", *args, stdout=asyncio.subprocess.PIPE
+        "rabbitmqctl", "-q", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
-    out, _ = await proc.communicate()
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, f"rabbitmqctl {' '.join(args)}: {err.decode()}"
     return out.decode()
 
 
@@ -153,16 +156,37 @@ async def test_an_outbox_row_published_twice_has_one_effect(
 async def test_the_broker_closing_the_connection_mid_drain_loses_nothing(
     db_url: str, prefix: str, target: Target
 ) -> None:
-    target.delay_s = 0.01
+    """The close must land mid-drain and be seen by the daemon before the drain may end.
+
+    Each rabbitmqctl call boots an Erlang VM: seconds on a loaded machine, time in which the
+    daemon could finish all 1000 jobs, so the close came after the drain (testing nothing),
+    and the metric was read once, racing the daemon's handling of the close frame. So the
+    target holds every request after the 100th until the daemon has counted the broker
+    failure (a wait with a deadline), and the drain is then still unfinished by construction."""
+    gate = asyncio.Event()
+
+    async def held_after_100(request: web.Request, count: int) -> web.StreamResponse:
+        if len(target.requests) > 100:
+            await gate.wait()
+        return web.json_response({"ok": True})
+
+    target.respond = held_after_100
     daemon = await DaemonProcess(env(db_url, prefix)).start()
     try:
         await enqueue(db_url, 1000, target.url)
         await wait_until(lambda: bool(len(target.requests) > 100), timeout_s=30, what="work")
         closed = await close_connections_named(prefix)
         assert closed >= 1
+
+        async def failure_seen() -> bool:
+            return await metric(daemon, "dispatcher_broker_failures_total") >= 1
+
+        await wait_until(failure_seen, timeout_s=30, what="the daemon to see the close")
+        assert not await done(db_url, 1000)  # mid-drain indeed: held requests are unfinished
+        gate.set()
         await wait_until(lambda: done(db_url, 1000), timeout_s=90, what="1000 jobs")
-        assert await metric(daemon, "dispatcher_broker_failures_total") >= 1
     finally:
+        gate.set()
         await daemon.stop()
     counts = Counter(target.request_keys())
     assert len(counts) == 1000
