@@ -46,6 +46,12 @@ UNAVAILABLE_ERRORS = (
 
 def is_unavailable(exc: BaseException) -> bool:
     """Whether `exc` says the database is unreachable, rather than that the request is wrong."""
+    if isinstance(exc, asyncpg.InternalClientError):
+        # The driver's protocol state broke, e.g. a server restart cut a connection while the
+        # pool handed it back ("cannot switch to state 12; another operation (2) is in
+        # progress", asyncpg issue 784): the statement may have run, the connection is gone.
+        # Like an outage, the same request may succeed later (intake is idempotent by key).
+        return True
     if isinstance(exc, asyncpg.InterfaceError):
         # "connection is closed", "pool is closing": the rest (bad arguments) are bugs. An
         # argument the driver could not encode (a ValueError) quotes the argument, whose text
@@ -64,7 +70,7 @@ def translate_unavailable(method: Callable[P, Awaitable[R]]) -> Callable[P, Awai
     async def translated(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return await method(*args, **kwargs)
-        except (*UNAVAILABLE_ERRORS, asyncpg.InterfaceError) as exc:
+        except (*UNAVAILABLE_ERRORS, asyncpg.InterfaceError, asyncpg.InternalClientError) as exc:
             if not is_unavailable(exc):
                 raise
             if isinstance(exc, asyncpg.DiskFullError):
