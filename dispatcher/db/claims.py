@@ -32,19 +32,17 @@ from collections.abc import AsyncIterator, Sequence
 
 import asyncpg
 
-from dispatcher.db.jobs import Claim, claimed_rows
+from dispatcher.db.jobs import Claim, claim_on
 from dispatcher.db.pool import is_unavailable, translate_unavailable
 from dispatcher.db.queries import query
-from dispatcher.db.relay import Claimed, claimed_deliveries
+from dispatcher.db.relay import Claimed, claim_delivered_on
 from dispatcher.errors import ClaimsStarved
 from dispatcher.lifecycle import Service
 from dispatcher.model import UNBOUNDED, AttemptKey, ByteGrant
 
 log = logging.getLogger(__name__)
 
-_CLAIM = query("claim_ready")
 _READY_LEFT = query("ready_left")
-_CLAIM_DELIVERED = query("claim_delivered")
 
 # A claim takes 1-30 ms; a loop that waited this long for one of the claim connections is
 # starved (statements stuck behind locks, or far more loops than connections), not unlucky.
@@ -86,10 +84,7 @@ class ClaimConnections(Service):
     ) -> Claim:
         """As `JobRepository.claim_limited`."""
         async with self._borrow() as conn:
-            rows = await conn.fetch(
-                _CLAIM, queue, limit, capabilities, owner, lease_s, grant.bytes, grant.alone
-            )
-        return claimed_rows(rows)
+            return await claim_on(conn, queue, limit, capabilities, owner, lease_s, grant)
 
     @translate_unavailable
     async def ready_left(self, queue: str, capabilities: list[str]) -> bool:
@@ -115,21 +110,10 @@ class ClaimConnections(Service):
         grant: ByteGrant = UNBOUNDED,
     ) -> Claimed:
         """As `RelayRepository.claim_delivered` (the RabbitMQ transport's claim)."""
-        ids = [job_id for job_id, _ in deliveries]
-        attempts = [attempt for _, attempt in deliveries]
         async with self._borrow() as conn:
-            rows = await conn.fetch(
-                _CLAIM_DELIVERED,
-                queue,
-                ids,
-                attempts,
-                owner,
-                lease_s,
-                capabilities,
-                grant.bytes,
-                grant.alone,
+            return await claim_delivered_on(
+                conn, queue, deliveries, capabilities, owner, lease_s, grant
             )
-        return claimed_deliveries(rows)
 
     @contextlib.asynccontextmanager
     async def _borrow(self) -> AsyncIterator[asyncpg.Connection]:

@@ -145,11 +145,7 @@ class JobRepository:
     ) -> Claim:
         """Claim up to `limit` jobs within the queue's global limits and the bytes of `grant`
         (the last row of the claim is always its marker)."""
-        return claimed_rows(
-            await self.pool.fetch(
-                _CLAIM, queue, limit, capabilities, owner, lease_s, grant.bytes, grant.alone
-            )
-        )
+        return await claim_on(self.pool, queue, limit, capabilities, owner, lease_s, grant)
 
     async def complete(
         self,
@@ -479,6 +475,22 @@ class JobRepository:
         """A pooled connection inside a transaction (commits unless the block raises)."""
         async with self.pool.acquire() as conn, conn.transaction():
             yield conn
+
+
+async def claim_on(
+    db: asyncpg.Pool | asyncpg.Connection,
+    queue: str,
+    limit: int,
+    capabilities: list[str],
+    owner: str,
+    lease_s: float,
+    grant: ByteGrant,
+) -> Claim:
+    """`claim_ready` on a pool or on a connection a claim loop borrowed (db/claims.py)."""
+    rows = await db.fetch(
+        _CLAIM, queue, limit, capabilities, owner, lease_s, grant.bytes, grant.alone
+    )
+    return claimed_rows(rows)
 
 
 class Claim(NamedTuple):

@@ -72,20 +72,35 @@ class RelayRepository:
         """Lease delivered jobs this process can run, each fenced by the attempt its message
         was published after, within the queue's global limits and the bytes of `grant`; delete
         the relay's rows of the jobs started (their messages are consumed)."""
-        ids = [job_id for job_id, _ in deliveries]
-        attempts = [attempt for _, attempt in deliveries]
-        rows = await self.pool.fetch(
-            _CLAIM_DELIVERED,
-            queue,
-            ids,
-            attempts,
-            owner,
-            lease_s,
-            capabilities,
-            grant.bytes,
-            grant.alone,
+        return await claim_delivered_on(
+            self.pool, queue, deliveries, capabilities, owner, lease_s, grant
         )
-        return claimed_deliveries(rows)
+
+
+async def claim_delivered_on(
+    db: asyncpg.Pool | asyncpg.Connection,
+    queue: str,
+    deliveries: Sequence[AttemptKey],
+    capabilities: list[str],
+    owner: str,
+    lease_s: float,
+    grant: ByteGrant,
+) -> Claimed:
+    """`claim_delivered` on a pool or on a connection a claim loop borrowed (db/claims.py)."""
+    ids = [job_id for job_id, _ in deliveries]
+    attempts = [attempt for _, attempt in deliveries]
+    rows = await db.fetch(
+        _CLAIM_DELIVERED,
+        queue,
+        ids,
+        attempts,
+        owner,
+        lease_s,
+        capabilities,
+        grant.bytes,
+        grant.alone,
+    )
+    return claimed_deliveries(rows)
 
 
 def claimed_deliveries(rows: list[asyncpg.Record]) -> Claimed:
