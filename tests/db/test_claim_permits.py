@@ -31,7 +31,7 @@ async def test_claims_on_parked_permits_do_not_wait_for_the_queue_row(
     repo: JobRepository,
 ) -> None:
     await setup(repo, 100, rate=1_000_000, burst=100_000, inflight=10_000)
-    jobs, _, _ = await repo.claim_limited("default", 10, CAPABILITIES, "d0", 60)
+    jobs, *_ = await repo.claim_limited("default", 10, CAPABILITIES, "d0", 60)
     assert len(jobs) == 10
     assert await parked(repo) == 80  # one claim's worth in each of the 8 slots
     async with repo.pool.acquire() as holder, holder.transaction():
@@ -43,13 +43,13 @@ async def test_claims_on_parked_permits_do_not_wait_for_the_queue_row(
             ),
             10,
         )
-    assert [len(jobs) for jobs, _, _ in results] == [10, 10, 10]
+    assert [len(jobs) for jobs, *_ in results] == [10, 10, 10]
     assert await parked(repo) == 50
 
 
 async def test_parked_permits_count_against_the_inflight_cap(repo: JobRepository) -> None:
     await setup(repo, 300, rate=None, burst=1, inflight=30)
-    jobs, _, _ = await repo.claim_limited("default", 5, CAPABILITIES, "d0", 60)
+    jobs, *_ = await repo.claim_limited("default", 5, CAPABILITIES, "d0", 60)
     assert len(jobs) == 5 and await parked(repo) == 25
     for _ in range(3):
         await asyncio.gather(
@@ -71,14 +71,14 @@ async def test_parked_permits_count_against_the_inflight_cap(repo: JobRepository
 async def test_parked_permits_count_against_the_burst(repo: JobRepository) -> None:
     # no token refills during the test: the burst of 25 is all there is, parked or not
     await setup(repo, 200, rate=0.001, burst=25, inflight=None)
-    jobs, _, _ = await repo.claim_limited("default", 2, CAPABILITIES, "d0", 60)
+    jobs, *_ = await repo.claim_limited("default", 2, CAPABILITIES, "d0", 60)
     assert len(jobs) == 2 and await parked(repo) == 16
     results = await asyncio.gather(
         *(repo.claim_limited("default", 100, CAPABILITIES, f"d{i}", 60) for i in range(6))
     )
-    assert sum(len(jobs) for jobs, _, _ in results) == 23
+    assert sum(len(jobs) for jobs, *_ in results) == 23
     assert await running(repo) == 25
-    jobs, _, wait_s = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
+    jobs, _, wait_s, _ = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
     assert jobs == [] and wait_s is not None and wait_s > 100
 
 
@@ -86,7 +86,7 @@ async def test_a_full_bucket_and_parked_permits_together_stay_within_the_burst(
     repo: JobRepository,
 ) -> None:
     await setup(repo, 200, rate=50, burst=20, inflight=None)
-    jobs, _, _ = await repo.claim_limited("default", 2, CAPABILITIES, "d0", 60)
+    jobs, *_ = await repo.claim_limited("default", 2, CAPABILITIES, "d0", 60)
     assert len(jobs) == 2 and await parked(repo) == 16
     await asyncio.sleep(1.0)  # the bucket refills (50/s) up to the burst, less what is parked
     # the refill reads the clock when each claim gets the queue row, not when its transaction
@@ -96,16 +96,16 @@ async def test_a_full_bucket_and_parked_permits_together_stay_within_the_burst(
         *(repo.claim_limited("default", 100, CAPABILITIES, f"d{i}", 60) for i in range(6))
     )
     span = (await repo.pool.fetchval("SELECT clock_timestamp()") - before).total_seconds()
-    ids = [j.id for jobs, _, _ in results for j in jobs]
+    ids = [j.id for jobs, *_ in results for j in jobs]
     assert 20 <= len(ids) <= 20 + 50 * span + 1, span  # a burst, not a burst plus the parked
 
 
 async def test_permits_a_claim_did_not_use_are_given_back(repo: JobRepository) -> None:
     await setup(repo, 2, rate=0.001, burst=40, inflight=None)
-    jobs, _, _ = await repo.claim_limited("default", 4, CAPABILITIES, "d0", 60)
+    jobs, *_ = await repo.claim_limited("default", 4, CAPABILITIES, "d0", 60)
     assert len(jobs) == 2  # granted 4 from the bucket, 32 parked; 2 go back to the bucket
     assert await parked(repo) == 32
-    jobs, _, _ = await repo.claim_limited("default", 4, CAPABILITIES, "d0", 60)
+    jobs, *_ = await repo.claim_limited("default", 4, CAPABILITIES, "d0", 60)
     assert jobs == []  # granted 4 from a slot, nothing ready: the 4 go back to that slot
     assert await parked(repo) == 32
     await more_jobs(repo, "more", 100)
@@ -117,7 +117,7 @@ async def test_permits_a_claim_did_not_use_are_given_back(repo: JobRepository) -
 
 async def test_changing_the_limits_drops_parked_permits(repo: JobRepository) -> None:
     await setup(repo, 100, rate=None, burst=1, inflight=1000)
-    jobs, _, _ = await repo.claim_limited("default", 10, CAPABILITIES, "d0", 60)
+    jobs, *_ = await repo.claim_limited("default", 10, CAPABILITIES, "d0", 60)
     assert len(jobs) == 10 and await parked(repo) == 80
     await repo.sync_registry(
         {"default": (3, 3600)}, {"work": ("python", 1)}, limits={"default": (None, 1, 15)}
@@ -145,7 +145,7 @@ async def churn(
         nonlocal started
         held: list[tuple[int, int]] = []
         while loop.time() < stop_at:
-            jobs, _, wait_s = await repo.claim_limited(
+            jobs, _, wait_s, _ = await repo.claim_limited(
                 "default", rng.randint(1, 40), CAPABILITIES, f"d{i}", 60
             )
             started += len(jobs)

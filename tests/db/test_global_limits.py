@@ -36,10 +36,10 @@ async def test_concurrent_claims_never_start_more_than_the_burst(repo: JobReposi
     results = await asyncio.gather(
         *(repo.claim_limited("default", 100, CAPABILITIES, f"d{i}", 60) for i in range(6))
     )
-    assert sum(len(jobs) for jobs, _, _ in results) == 25
+    assert sum(len(jobs) for jobs, *_ in results) == 25
     assert await running(repo) == 25
     # spent: the next claim gets nothing and is told how long until a token is back
-    jobs, _, wait_s = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
+    jobs, _, wait_s, _ = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
     assert jobs == []
     assert wait_s is not None and wait_s > 100
 
@@ -64,16 +64,16 @@ async def test_concurrent_claims_never_exceed_the_inflight_cap(repo: JobReposito
         await repo.complete(
             list(row["ids"]), list(row["atts"]), [None] * len(row["ids"]), row["lease_owner"]
         )
-    jobs, _, _ = await repo.claim_limited("default", 50, CAPABILITIES, "d9", 60)
+    jobs, *_ = await repo.claim_limited("default", 50, CAPABILITIES, "d9", 60)
     assert len(jobs) == 3
 
 
 async def test_tokens_a_claim_did_not_use_are_given_back(repo: JobRepository) -> None:
     await setup(repo, 2, rate=0.001, burst=5, inflight=None)
-    jobs, _, wait_s = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
+    jobs, _, wait_s, _ = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
     assert len(jobs) == 2 and wait_s is None
     await repo.enqueue_many([NewJob(key=f"more{i}", handler="work", payload={}) for i in range(9)])
-    jobs, _, _ = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
+    jobs, *_ = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
     assert len(jobs) == 3  # 5 - 2, not 5 - 100
 
 
@@ -85,7 +85,7 @@ async def test_a_queue_without_limits_takes_no_lock(repo: JobRepository, paused:
     async with repo.pool.acquire() as holder, holder.transaction():
         # another transaction holds the registry row: an unlimited queue's claim does not wait
         await holder.execute("SELECT 1 FROM dispatcher.queues WHERE name = 'default' FOR UPDATE")
-        jobs, _, _ = await asyncio.wait_for(
+        jobs, *_ = await asyncio.wait_for(
             repo.claim_limited("default", 100, CAPABILITIES, "d0", 60), 10
         )
     assert len(jobs) == (0 if paused else 50)
@@ -96,5 +96,5 @@ async def test_lowering_the_burst_caps_the_tokens_held(repo: JobRepository) -> N
     await repo.sync_registry(
         {"default": (3, 3600)}, {"work": ("python", 1)}, limits={"default": (0.001, 10, None)}
     )
-    jobs, _, _ = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
+    jobs, *_ = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
     assert len(jobs) == 10
