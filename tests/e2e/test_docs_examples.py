@@ -240,3 +240,59 @@ async def test_the_sql_door_python_example_enqueues_in_its_transaction(
         await conn.close()
     assert job is not None and printed == [f"job {job['id']}\n"] * 2
     assert ends_on == "2030-05-31"
+
+
+async def test_the_sql_door_node_example_enqueues_in_its_transaction(
+    db_url: str, tmp_path: Path
+) -> None:
+    """docs/guides/sql-door.md's Node.js block, with node-postgres installed from the npm
+    registry into a scratch folder, run twice: one job, the same id both times."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("Node.js and npm are not installed (Debian: apt-get install nodejs npm)")
+    [block] = [b for b in blocks(ROOT / "docs/guides/sql-door.md") if b.language == "js"]
+    install = await asyncio.create_subprocess_exec(
+        "npm",
+        "install",
+        "--silent",
+        "--no-audit",
+        "--no-fund",
+        "pg@8",
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(install.communicate(), 180)
+    if install.returncode != 0:
+        pytest.skip(f"npm could not install pg (no npm registry here?): {err.decode()[-300:]}")
+    (tmp_path / "enqueue_lease.js").write_text(block.text)
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.execute(
+            "CREATE TABLE leases (id bigint PRIMARY KEY, ends_on date NOT NULL);"
+            "INSERT INTO leases VALUES (4831, '2030-06-30')"
+        )
+    finally:
+        await conn.close()
+    printed = []
+    for _ in range(2):
+        run = await asyncio.create_subprocess_exec(
+            "node",
+            "enqueue_lease.js",
+            cwd=tmp_path,
+            env=user_env(tmp_path) | {"DATABASE_URL": db_url},
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await asyncio.wait_for(run.communicate(), 60)
+        assert run.returncode == 0
+        printed.append(out.decode())
+    conn = await asyncpg.connect(db_url)
+    try:
+        job_id = await conn.fetchval(
+            "SELECT id FROM dispatcher.jobs WHERE key = $1",
+            "lease-4831:send-move-out-notice:2030-05-31",
+        )
+        ends_on = await conn.fetchval("SELECT ends_on::text FROM leases WHERE id = 4831")
+    finally:
+        await conn.close()
+    assert job_id is not None and printed == [f"job {job_id}\n"] * 2
+    assert ends_on == "2030-05-31"
