@@ -29,6 +29,11 @@ from dispatcher.errors import DispatcherError
 from dispatcher.lifecycle import Service
 
 log = logging.getLogger(__name__)
+# What a lost lock connection raises: the socket gone, a timeout, the driver's closed connection,
+# or its protocol state broken by a server restart mid-statement (InternalClientError "cannot
+# switch to state 12": seen in the 60-minute chaos soak, where it killed the service and with it
+# the daemon, exit 1). Each means: reconnect and take the lock again.
+_LOST = (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.InternalClientError)
 
 LOOK_EVERY_S = 0.5
 LOOK_TIMEOUT_S = 2.0
@@ -96,7 +101,7 @@ class LivenessLock(Service):
         self._stopping = False
         try:
             held = await self._take()
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except (*_LOST, asyncpg.PostgresError) as exc:
             raise LivenessLockError(
                 f"could not take the liveness lock: {type(exc).__name__}: {exc}"
             ) from None
@@ -151,7 +156,7 @@ class LivenessLock(Service):
             await asyncio.sleep(LOOK_EVERY_S)
             try:
                 await self._look()
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except (*_LOST, asyncpg.PostgresError) as exc:
                 await self._retake(f"{type(exc).__name__}: {exc}")
             except _SessionMoved:
                 await self._retake(POOLER_HINT)
@@ -184,7 +189,7 @@ class LivenessLock(Service):
                 if await self._take():
                     break
                 reason = "held by an earlier session of this daemon the server has not ended"
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except (*_LOST, asyncpg.PostgresError) as exc:
                 reason = f"{type(exc).__name__}: {exc}"
             except LivenessLockError as exc:
                 reason = str(exc)
