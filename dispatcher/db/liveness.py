@@ -24,16 +24,12 @@ from typing import Protocol
 import asyncpg
 
 from dispatcher import metrics
+from dispatcher.db.pool import RECONNECT_ERRORS
 from dispatcher.db.queries import query
 from dispatcher.errors import DispatcherError
 from dispatcher.lifecycle import Service
 
 log = logging.getLogger(__name__)
-# What a lost lock connection raises: the socket gone, a timeout, the driver's closed connection,
-# or its protocol state broken by a server restart mid-statement (InternalClientError "cannot
-# switch to state 12": seen in the 60-minute chaos soak, where it killed the service and with it
-# the daemon, exit 1). Each means: reconnect and take the lock again.
-_LOST = (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.InternalClientError)
 
 LOOK_EVERY_S = 0.5
 LOOK_TIMEOUT_S = 2.0
@@ -101,7 +97,7 @@ class LivenessLock(Service):
         self._stopping = False
         try:
             held = await self._take()
-        except (*_LOST, asyncpg.PostgresError) as exc:
+        except RECONNECT_ERRORS as exc:
             raise LivenessLockError(
                 f"could not take the liveness lock: {type(exc).__name__}: {exc}"
             ) from None
@@ -156,7 +152,7 @@ class LivenessLock(Service):
             await asyncio.sleep(LOOK_EVERY_S)
             try:
                 await self._look()
-            except (*_LOST, asyncpg.PostgresError) as exc:
+            except RECONNECT_ERRORS as exc:
                 await self._retake(f"{type(exc).__name__}: {exc}")
             except _SessionMoved:
                 await self._retake(POOLER_HINT)
@@ -189,7 +185,7 @@ class LivenessLock(Service):
                 if await self._take():
                     break
                 reason = "held by an earlier session of this daemon the server has not ended"
-            except (*_LOST, asyncpg.PostgresError) as exc:
+            except RECONNECT_ERRORS as exc:
                 reason = f"{type(exc).__name__}: {exc}"
             except LivenessLockError as exc:
                 reason = str(exc)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import asyncpg
 
+from dispatcher.db.pool import RECONNECT_ERRORS
 from dispatcher.lifecycle import LoopService
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ class WakeListener(LoopService):
                 self._on_wake("")  # notices sent while we were not listening are lost: look now
                 await lost.wait()
                 log.warning("wake-up listener connection lost; reconnecting")
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except RECONNECT_ERRORS as exc:
                 if not failing:
                     log.warning(
                         "wake-up listener cannot connect (retrying every %.0f s): %s",

@@ -44,6 +44,20 @@ UNAVAILABLE_ERRORS = (
 )
 
 
+# What a service that keeps a connection of its own (the wake-up listener, the liveness lock)
+# reconnects on: the server's refusals and errors, the socket gone or timed out, the driver's
+# closed connection, and its protocol state broken by a server restart mid-statement
+# (InternalClientError "cannot switch to state 12": it killed the liveness lock, and with it the
+# daemon, three times in the 60-minute chaos soak).
+RECONNECT_ERRORS = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
+
+
 def is_unavailable(exc: BaseException) -> bool:
     """Whether `exc` says the database is unreachable, rather than that the request is wrong."""
     if isinstance(exc, asyncpg.InternalClientError):

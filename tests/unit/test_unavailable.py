@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from dispatcher.db.pool import is_unavailable, translate_unavailable
+from dispatcher.db.pool import RECONNECT_ERRORS, is_unavailable, translate_unavailable
 from dispatcher.errors import DatabaseUnavailable
 
 # The error the chaos soak met after a PostgreSQL restart: the statement had returned, and the
@@ -49,3 +49,14 @@ async def test_a_broken_protocol_leaves_a_repository_as_unavailable() -> None:
 
     with pytest.raises(DatabaseUnavailable, match="another operation"):
         await read()
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [BROKEN_PROTOCOL, ConnectionResetError("reset"), asyncpg.InterfaceError("closed")],
+    ids=["broken-protocol", "reset", "closed"],
+)
+def test_services_with_a_connection_of_their_own_reconnect_on_it(exc: BaseException) -> None:
+    """The wake-up listener and the liveness lock catch RECONNECT_ERRORS and reconnect; one
+    they let through kills the service, and a dead service stops the daemon (exit 1)."""
+    assert isinstance(exc, RECONNECT_ERRORS)
