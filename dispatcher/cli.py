@@ -12,11 +12,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from dispatcher import __version__, logs, rfc3339
-from dispatcher.config import Settings, load_settings
+from dispatcher import __version__
+from dispatcher.config.settings import Settings, load_settings
 from dispatcher.console import admin as console_admin
+from dispatcher.core import rfc3339
 from dispatcher.errors import DispatcherError
 from dispatcher.model import STATES
+from dispatcher.observability import logs
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -305,8 +307,8 @@ def _main(argv: list[str] | None) -> int:
 
 
 def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
-    from dispatcher import tracing
     from dispatcher.daemon import Daemon
+    from dispatcher.observability import tracing
 
     try:  # the standard OTEL_* variables; off unless they ask for an exporter
         traced = tracing.from_environment()
@@ -356,7 +358,7 @@ async def database(
 
 def database_place(settings: Settings) -> str:
     """Where a command looked for the database, as the error about it says it."""
-    from dispatcher.config import mask_url
+    from dispatcher.config.settings import mask_url
 
     if settings.database_url is not None:
         return f"the database at {mask_url(settings.database_url.get_secret_value())}"
@@ -387,7 +389,7 @@ def cmd_db_url(settings: Settings, args: argparse.Namespace) -> int:
     """The URL alone on stdout (`psql "$(dispatcher db-url)"`); the advice on stderr."""
     import shlex
 
-    from dispatcher.config import mask_url
+    from dispatcher.config.settings import mask_url
     from dispatcher.db.embedded import connection_url
 
     if settings.database_url is not None:
@@ -461,11 +463,11 @@ def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_jobs_operate(settings: Settings, args: argparse.Namespace) -> int:
     """`jobs discard [ID]`, `jobs redrive` and `jobs reschedule ID --at`: the checks and the
-    operations of the HTTP API (dispatcher.operations), straight on the database."""
+    operations of the HTTP API (dispatcher.operator.operations), straight on the database."""
     from pydantic import BaseModel, ValidationError
 
     from dispatcher.api.schemas import RescheduleRequest
-    from dispatcher.requests import DeadLetterRequest
+    from dispatcher.intake.requests import DeadLetterRequest
 
     request: BaseModel | None = None  # None: `discard ID`, one job, no filters
     try:
@@ -522,7 +524,7 @@ async def _operate(settings: Settings, args: argparse.Namespace, request: Any) -
 
     from dispatcher.api.app import job_view
     from dispatcher.db.jobs import JobRepository
-    from dispatcher.operations import long_past, move_dead_letters, unknown_queue
+    from dispatcher.operator.operations import long_past, move_dead_letters, unknown_queue
 
     async with database(settings) as (_dsn, pool):
         repo = JobRepository(pool)
@@ -566,10 +568,10 @@ async def _operate(settings: Settings, args: argparse.Namespace, request: Any) -
 def cmd_queues(settings: Settings, args: argparse.Namespace) -> int:
     import re
 
-    from dispatcher.config import NAME_PATTERN
+    from dispatcher.config.settings import NAME_PATTERN
     from dispatcher.db.jobs import JobRepository
-    from dispatcher.operations import queue_overview
-    from dispatcher.scheduling.sampler import MetricsSampler
+    from dispatcher.engine.sampler import MetricsSampler
+    from dispatcher.operator.operations import queue_overview
 
     async def run() -> int:
         async with database(settings) as (_dsn, pool):
@@ -809,8 +811,8 @@ def cmd_console(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def with_cron(settings: Settings, body: Callable[[Any], Awaitable[int]]) -> int:
+    from dispatcher.cron.service import CronService
     from dispatcher.db.jobs import JobRepository
-    from dispatcher.scheduling.cron_service import CronService
 
     async def run() -> int:
         async with database(settings) as (_dsn, pool):

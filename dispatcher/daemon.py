@@ -22,13 +22,13 @@ from contextlib import AsyncExitStack
 
 from aiohttp import web
 
-from dispatcher import logs, sdnotify
 from dispatcher.api.app import create_app, create_metrics_app
 from dispatcher.api.listener import HttpListener, check_can_listen
 from dispatcher.api.tls import ServerTls
-from dispatcher.config import Settings, mask_url
+from dispatcher.config.settings import Settings, mask_url
 from dispatcher.console import web as console
 from dispatcher.console.series import StartSeries
+from dispatcher.cron.service import CronService
 from dispatcher.db import migrations
 from dispatcher.db.capacity import check_capacity
 from dispatcher.db.claims import ClaimConnections
@@ -40,25 +40,26 @@ from dispatcher.db.ownership import Role
 from dispatcher.db.pool import PoolSet, connect, wait_for_database
 from dispatcher.db.relay import RelayRepository
 from dispatcher.db.vacuum import vacuum_problems
-from dispatcher.diskspace import CHECK_INTERVAL_S, DiskSpace
 from dispatcher.effects.base import Effect
 from dispatcher.effects.http import HttpEffect, dead_letter_target
 from dispatcher.effects.python import PythonEffect
 from dispatcher.effects.sql import SqlEffect
-from dispatcher.intake import Intake
-from dispatcher.lifecycle import CallbackService, Service, ServiceGroup, Startable
+from dispatcher.engine.budget import PayloadBudget
+from dispatcher.engine.completer import Completer
+from dispatcher.engine.due_scan import DueScanner
+from dispatcher.engine.executor import Executor
+from dispatcher.engine.gone_owners import GoneOwners
+from dispatcher.engine.pool import LeaseHeartbeat, QueueWorker, WorkerPool
+from dispatcher.engine.pruning import Pruner
+from dispatcher.engine.sampler import MetricsSampler
+from dispatcher.intake.accept import Intake
+from dispatcher.observability import logs
+from dispatcher.observability.tracing import Tracing, current_trace_id
 from dispatcher.relay.transport import InProcessTransport, Transport
-from dispatcher.scheduling.cron_service import CronService
-from dispatcher.scheduling.due_scan import DueScanner
-from dispatcher.scheduling.gone_owners import GoneOwners
-from dispatcher.scheduling.pruning import Pruner
-from dispatcher.scheduling.sampler import MetricsSampler
-from dispatcher.timing import TimingEngine
-from dispatcher.tracing import Tracing, current_trace_id
-from dispatcher.work.budget import PayloadBudget
-from dispatcher.work.completer import Completer
-from dispatcher.work.executor import Executor
-from dispatcher.work.pool import LeaseHeartbeat, QueueWorker, WorkerPool
+from dispatcher.runtime import sdnotify
+from dispatcher.runtime.diskspace import CHECK_INTERVAL_S, DiskSpace
+from dispatcher.runtime.lifecycle import CallbackService, Service, ServiceGroup, Startable
+from dispatcher.runtime.timing import TimingEngine
 
 log = logging.getLogger("dispatcher")
 
@@ -229,7 +230,9 @@ class Wakeups:
 class Daemon:
     def __init__(self, settings: Settings, tracing: Tracing | None = None):
         self.settings = settings
-        self.tracing = tracing  # None: tracing off (dispatcher.tracing.from_environment)
+        self.tracing = (
+            tracing  # None: tracing off (dispatcher.observability.tracing.from_environment)
+        )
         self.owner = instance_owner(settings)
         self.stop_requested = asyncio.Event()
         self.force_requested = asyncio.Event()

@@ -14,7 +14,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from dispatcher.config import Settings, host_port, load_settings
+from dispatcher.config.settings import Settings, host_port, load_settings
 from dispatcher.errors import ConfigError
 
 TIMEOUT_S = 2.0

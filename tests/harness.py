@@ -25,9 +25,9 @@ import aiohttp
 import asyncpg
 from aiohttp import web
 
-from dispatcher.config import Settings
+from dispatcher.config.settings import Settings
 from dispatcher.daemon import Daemon
-from dispatcher.tracing import Tracing
+from dispatcher.observability.tracing import Tracing
 
 
 def free_port() -> int:

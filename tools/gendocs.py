@@ -1,7 +1,8 @@
 """The generated reference pages of the documentation site, from the code they describe: every
-setting from the pydantic model (dispatcher/config.py), every command from the argparse parser
+setting from the pydantic model (dispatcher/config/settings.py), every command from the argparse
+parser
 (dispatcher/cli.py), the HTTP API from the document /openapi.json serves, every metric from
-dispatcher/metrics.py and every alert from config/prometheus/dispatcher-rules.yml.
+dispatcher/observability/metrics.py and every alert from config/prometheus/dispatcher-rules.yml.
 
 The site's build runs this (tools/mkdocs_hooks.py replaces each `<!-- gendocs: NAME -->` marker
 of a page with `render(NAME)`), so a reference page cannot drift from the code. To read the
@@ -145,7 +146,7 @@ def settings_tables(
 
 
 def render_settings() -> str:
-    from dispatcher.config import Settings
+    from dispatcher.config.settings import Settings
 
     out = []
     for table, _env, rows in settings_tables(Settings, "", "DISPATCHER_"):
@@ -252,7 +253,7 @@ def resolve(document: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
 def render_metrics() -> str:
     from prometheus_client.metrics import MetricWrapperBase
 
-    from dispatcher import metrics
+    from dispatcher.observability import metrics
 
     out = ["| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
     for value in vars(metrics).values():

@@ -18,7 +18,6 @@ from multidict import MultiMapping
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
-from dispatcher import jsoncodec, metrics, rfc3339
 from dispatcher.api.filters import (
     FILTERS,
     FilterError,
@@ -41,18 +40,25 @@ from dispatcher.api.schemas import (
     summary,
 )
 from dispatcher.api.scopes import required_scope
-from dispatcher.config import NAME_PATTERN, Settings
-from dispatcher.cron import PeriodError
+from dispatcher.config.settings import NAME_PATTERN, Settings
+from dispatcher.config.tokens import SCOPES, ApiToken, digest
+from dispatcher.core import jsoncodec, rfc3339
+from dispatcher.cron.expression import PeriodError
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.runs import TriggerFailed
+from dispatcher.engine.sampler import MetricsSampler
 from dispatcher.errors import DatabaseUnavailable
-from dispatcher.intake import Intake
+from dispatcher.intake.accept import Intake
+from dispatcher.intake.requests import DeadLetterRequest, JobRequest
 from dispatcher.model import EnqueueResult, Rejected
-from dispatcher.operations import long_past, move_dead_letters, queue_overview, unknown_queue
-from dispatcher.requests import DeadLetterRequest, JobRequest
-from dispatcher.scheduling.sampler import MetricsSampler
-from dispatcher.tokens import SCOPES, ApiToken, digest
-from dispatcher.tracing import TRACEPARENT
+from dispatcher.observability import metrics
+from dispatcher.observability.tracing import TRACEPARENT
+from dispatcher.operator.operations import (
+    long_past,
+    move_dead_letters,
+    queue_overview,
+    unknown_queue,
+)
 
 log = logging.getLogger(__name__)
 

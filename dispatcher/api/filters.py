@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from dispatcher import rfc3339
 from dispatcher.api.schemas import idempotency_key, valid_key
-from dispatcher.config import NAME_PATTERN
+from dispatcher.config.settings import NAME_PATTERN
+from dispatcher.core import rfc3339
 from dispatcher.model import STATES, JobFilter, ListCursor
 
 # The filters, in the order the API and the CLI document them.

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from dispatcher import metrics
+from dispatcher.observability import metrics
 
 log = logging.getLogger(__name__)
 

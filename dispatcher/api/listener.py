@@ -9,9 +9,9 @@ import ssl
 from aiohttp import web
 
 from dispatcher.api.app import ProblemAppRunner
-from dispatcher.config import host_port
+from dispatcher.config.settings import host_port
 from dispatcher.errors import ConfigError
-from dispatcher.lifecycle import Service
+from dispatcher.runtime.lifecycle import Service
 
 SHUTDOWN_TIMEOUT_S = 5.0
 

@@ -12,9 +12,9 @@ from dispatcher.api.schemas import (
     RescheduleRequest,
 )
 from dispatcher.api.scopes import required_scope
-from dispatcher.config import NAME_PATTERN
+from dispatcher.config.settings import NAME_PATTERN
+from dispatcher.intake.requests import DeadLetterRequest, JobRequest
 from dispatcher.model import STATES
-from dispatcher.requests import DeadLetterRequest, JobRequest
 
 PROBLEM = {"$ref": "#/components/schemas/Problem"}
 

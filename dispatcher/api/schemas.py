@@ -1,7 +1,7 @@
 """Request schemas of the HTTP API. Unknown fields are rejected; every error names its field.
 
 The request types the domain shares with other doors (a job, the dead-letter filter) live in
-`dispatcher.requests`; these are the API's own (batches, reschedule) and its helpers."""
+`dispatcher.intake.requests`; these are the API's own (batches, reschedule) and its helpers."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pydantic import (
     field_validator,
 )
 
-from dispatcher.requests import (
+from dispatcher.intake.requests import (
     DUE_AT_RANGE,
     JobRequest,
     due_in_range,

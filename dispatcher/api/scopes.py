@@ -7,7 +7,7 @@ is closed to read-only and enqueue-only tokens until someone decides what it is
 
 from __future__ import annotations
 
-from dispatcher.tokens import SCOPES
+from dispatcher.config.tokens import SCOPES
 
 FAIL_CLOSED = "operate"
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from dispatcher import rfc3339
+from dispatcher.core import rfc3339
 
 JobView = dict[str, Any]  # the API's JSON for a job (README: HTTP API), as parsed
 RETRIED_STATUSES = frozenset({429, 503})

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from dispatcher import rfc3339
+from dispatcher.core import rfc3339
 
 # Values travel as text and are cast by the server (CAST, not `::`, which SQLAlchemy's text()
 # would read as a bind marker), so the call works whatever codecs the connection registered.

@@ -30,7 +30,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from dispatcher.signing_secret import decode_secret
+from dispatcher.config.signing_secret import decode_secret
 
 DEFAULT_TOLERANCE_S = 300.0  # the Standard Webhooks reference libraries' window, both ways
 

@@ -17,7 +17,6 @@ import jinja2
 from aiohttp import web
 from pydantic import ValidationError
 
-from dispatcher import rfc3339
 from dispatcher.api.app import (
     INTAKE,
     LIST_PARAMETERS,
@@ -46,10 +45,11 @@ from dispatcher.console.toolkit import (
     render,
     session_of,
 )
+from dispatcher.core import rfc3339
 from dispatcher.db.runs import TriggerFailed
+from dispatcher.intake.requests import DeadLetterRequest
 from dispatcher.model import STATES
-from dispatcher.operations import queue_overview
-from dispatcher.requests import DeadLetterRequest
+from dispatcher.operator.operations import queue_overview
 
 PAGE_SIZES = (25, 50, 100)
 ATTEMPTS_SHOWN = 50

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dispatcher import metrics
+from dispatcher.observability import metrics
 
 WINDOW_S = 900.0
 INTERVAL_S = 1.0

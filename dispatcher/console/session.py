@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from dispatcher.tokens import SCOPES, ApiToken
+from dispatcher.config.tokens import SCOPES, ApiToken
 
 ANONYMOUS_ID = "anonymous"
 _SESSION = re.compile(r"([0-9]{1,12})\.([0-9a-f]{32})\.([0-9a-f]{32}|anonymous)\.([0-9a-f]{64})\Z")

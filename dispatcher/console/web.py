@@ -22,6 +22,7 @@ from dispatcher.api.app import (
     authenticate,
     client_of,
 )
+from dispatcher.config.tokens import ApiToken
 from dispatcher.console import pages
 from dispatcher.console.series import StartSeries
 from dispatcher.console.session import SessionSigner
@@ -46,7 +47,6 @@ from dispatcher.console.toolkit import (
 )
 from dispatcher.db.sessions import SessionRepository
 from dispatcher.errors import DatabaseUnavailable
-from dispatcher.tokens import ApiToken
 
 log = logging.getLogger(__name__)
 

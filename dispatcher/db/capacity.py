@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import asyncpg
 
-from dispatcher.connection_budget import ConnectionBudget
+from dispatcher.config.connection_budget import ConnectionBudget
 from dispatcher.db.queries import query
 from dispatcher.errors import ServerCapacityError
 

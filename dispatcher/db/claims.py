@@ -37,8 +37,8 @@ from dispatcher.db.pool import is_unavailable, translate_unavailable
 from dispatcher.db.queries import query
 from dispatcher.db.relay import Claimed, claim_delivered_on
 from dispatcher.errors import ClaimsStarved
-from dispatcher.lifecycle import Service
 from dispatcher.model import UNBOUNDED, AttemptKey, ByteGrant
+from dispatcher.runtime.lifecycle import Service
 
 log = logging.getLogger(__name__)
 

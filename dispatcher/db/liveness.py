@@ -23,11 +23,11 @@ from typing import Protocol
 
 import asyncpg
 
-from dispatcher import metrics
 from dispatcher.db.pool import RECONNECT_ERRORS
 from dispatcher.db.queries import query
 from dispatcher.errors import DispatcherError
-from dispatcher.lifecycle import Service
+from dispatcher.observability import metrics
+from dispatcher.runtime.lifecycle import Service
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import asyncpg
 
 from dispatcher.db.pool import RECONNECT_ERRORS
-from dispatcher.lifecycle import LoopService
+from dispatcher.runtime.lifecycle import LoopService
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from typing import Any
 import asyncpg
 import orjson
 
-from dispatcher import jsoncodec
+from dispatcher.core import jsoncodec
 
 MAX_TEXT_CHARS = 64 * 1024  # one string inside a result
 MAX_RESULT_CHARS = 256 * 1024  # a whole result's JSON, roughly (the intake body limit's default)

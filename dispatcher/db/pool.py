@@ -11,11 +11,12 @@ from typing import ParamSpec, TypeVar
 
 import asyncpg
 
-from dispatcher import jsoncodec, metrics
-from dispatcher.config import mask_url
-from dispatcher.connection_budget import ConnectionBudget
+from dispatcher.config.connection_budget import ConnectionBudget
+from dispatcher.config.settings import mask_url
+from dispatcher.core import jsoncodec
 from dispatcher.errors import DatabaseUnavailable
-from dispatcher.lifecycle import Service
+from dispatcher.observability import metrics
+from dispatcher.runtime.lifecycle import Service
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -171,7 +172,7 @@ async def wait_for_database(dsn: str, *, timeout_s: float, log_every_s: float = 
 
 class PoolSet(Service):
     """The daemon's connection pools, one per kind of work, so none can starve another, sized
-    by its connection budget (dispatcher/connection_budget.py; docs/connections.md):
+    by its connection budget (dispatcher/config/connection_budget.py; docs/connections.md):
 
     - `api`: intake and operator reads;
     - `engine`: completions, failures, the due-scan, cron, sampling, pruning, the RabbitMQ relay:

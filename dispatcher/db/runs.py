@@ -24,12 +24,12 @@ from typing import Any
 
 import asyncpg
 
-from dispatcher import rfc3339
+from dispatcher.core import rfc3339
+from dispatcher.core.faults import fault_point
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import translate_unavailable
 from dispatcher.db.queries import query
 from dispatcher.errors import DatabaseUnavailable, DispatcherError
-from dispatcher.faults import fault_point
 from dispatcher.model import NewJob
 
 log = logging.getLogger(__name__)

@@ -28,15 +28,15 @@ from typing import Any, NamedTuple, NoReturn
 from multidict import CIMultiDict
 from yarl import URL
 
-from dispatcher.config import Settings
+from dispatcher.config.settings import Settings
 from dispatcher.effects.base import Delivered
 from dispatcher.effects.httpclient import HttpClient, HttpClientError, Origin
 from dispatcher.effects.signing import Signer
 from dispatcher.effects.ssrf import GuardedResolver, TargetPolicy, TargetRefused
 from dispatcher.errors import ConfigError, Reject, RetryLater
-from dispatcher.metrics import HTTP_RESPONSES
 from dispatcher.model import Job
-from dispatcher.tracing import TRACEPARENT, current_traceparent
+from dispatcher.observability.metrics import HTTP_RESPONSES
+from dispatcher.observability.tracing import TRACEPARENT, current_traceparent
 
 METHODS = ("POST", "PUT", "PATCH")
 TARGET_KEYS = ("url", "method", "headers", "timeout_s")

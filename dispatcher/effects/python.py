@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from dispatcher.config import HandlerSettings, Settings
+from dispatcher.config.settings import HandlerSettings, Settings
 from dispatcher.db.jobs import JobRepository
 from dispatcher.effects.base import CompleteInTransaction, complete_or_abort, leased_transaction
 from dispatcher.errors import ConfigError, Reject, RetryLater

@@ -10,7 +10,7 @@ import binascii
 import hashlib
 import hmac
 
-from dispatcher.signing_secret import decode_secret
+from dispatcher.config.signing_secret import decode_secret
 
 
 def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:

@@ -29,11 +29,11 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from dispatcher.config import HandlerSettings
+from dispatcher.config.settings import HandlerSettings
+from dispatcher.core.faults import fault_point
 from dispatcher.db.jobs import JobRepository
 from dispatcher.effects.base import CompleteInTransaction, complete_or_abort, leased_transaction
 from dispatcher.errors import Reject
-from dispatcher.faults import fault_point
 from dispatcher.model import Job
 
 

@@ -29,7 +29,7 @@ from aiohttp.resolver import DefaultResolver
 from yarl import URL
 
 if TYPE_CHECKING:
-    from dispatcher.config import Settings
+    from dispatcher.config.settings import Settings
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

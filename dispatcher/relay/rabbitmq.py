@@ -59,12 +59,12 @@ from pamqp.body import ContentBody
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from dispatcher import metrics
 from dispatcher.db.claims import ClaimConnections
 from dispatcher.db.relay import OutboxLease, RelayRepository
-from dispatcher.lifecycle import LoopService
 from dispatcher.model import AttemptKey, ByteGrant
+from dispatcher.observability import metrics
 from dispatcher.relay.transport import Delivery
+from dispatcher.runtime.lifecycle import LoopService
 
 log = logging.getLogger(__name__)
 

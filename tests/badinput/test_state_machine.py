@@ -28,9 +28,9 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 from dispatcher.db.jobs import JobRepository
+from dispatcher.intake.requests import DeadLetterRequest
 from dispatcher.model import Job, NewJob
-from dispatcher.operations import move_dead_letters
-from dispatcher.requests import DeadLetterRequest
+from dispatcher.operator.operations import move_dead_letters
 
 N_JOBS = 3
 OWNERS = ("owner-a", "owner-b")

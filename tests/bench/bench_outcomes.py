@@ -11,7 +11,7 @@ import timeit
 from collections.abc import Callable
 from typing import Any
 
-from dispatcher import jsoncodec
+from dispatcher.core import jsoncodec
 from dispatcher.db.outcomes import result_json, storable_text
 
 RESULTS: dict[str, Any] = {

@@ -1,4 +1,5 @@
-"""The timing engine (dispatcher.timing): what a wake-up through it costs beside the due-scan's
+"""The timing engine (dispatcher.runtime.timing): what a wake-up through it costs beside the
+due-scan's
 own event, what it costs idle with 1,000 armed schedules, and what 1,000 fires at one instant
 cost (each one arming its next period, as the cron service does).
 
@@ -21,7 +22,7 @@ import statistics
 import time
 from datetime import UTC, datetime, timedelta
 
-from dispatcher.timing import TimingEngine
+from dispatcher.runtime.timing import TimingEngine
 
 WAKES = 2000
 SCHEDULES = 1000

@@ -100,7 +100,7 @@ def patch_next_due() -> None:
 def patch_quiet_wake() -> None:
     from datetime import UTC, datetime, timedelta
 
-    from dispatcher.intake import Intake
+    from dispatcher.intake.accept import Intake
 
     original_init, original_accept = Intake.__init__, Intake.accept
 
@@ -127,7 +127,7 @@ def patch_quiet_wake() -> None:
 def patch_batch_intake() -> None:
     import asyncio
 
-    from dispatcher.intake import Intake
+    from dispatcher.intake.accept import Intake
 
     original_accept = Intake.accept
     max_batch = 1000

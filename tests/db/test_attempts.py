@@ -10,10 +10,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from dispatcher.config import RetentionSettings
+from dispatcher.config.settings import RetentionSettings
 from dispatcher.db.jobs import JobRepository
+from dispatcher.engine.pruning import Pruner
 from dispatcher.model import Job, NewJob
-from dispatcher.scheduling.pruning import Pruner
 
 OWNER = "host:1:abc"
 CAPABILITIES = ["work:1"]

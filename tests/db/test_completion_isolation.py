@@ -12,8 +12,8 @@ import pytest
 
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import create_pool
+from dispatcher.engine.completer import Completer
 from dispatcher.model import Job, NewJob
-from dispatcher.work.completer import Completer
 
 OWNER = "host:1:isolation"
 JOBS = 40

@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta, timezone
 import asyncpg
 import pytest
 
-from dispatcher.cron import PeriodError
+from dispatcher.cron.expression import PeriodError
+from dispatcher.cron.schedules import ScheduleSettings
+from dispatcher.cron.service import CronService
 from dispatcher.db.jobs import JobRepository
-from dispatcher.schedules import ScheduleSettings
-from dispatcher.scheduling.cron_service import CronService
 
 PLUS_14 = timezone(timedelta(hours=14))
 

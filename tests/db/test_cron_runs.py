@@ -13,14 +13,14 @@ from typing import Any
 import asyncpg
 import pytest
 
-from dispatcher import metrics
-from dispatcher.cron import PeriodError, run_key
+from dispatcher.cron.expression import PeriodError, run_key
+from dispatcher.cron.schedules import ScheduleSettings
+from dispatcher.cron.service import CronService, UnknownSchedule
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.runs import TriggerFailed
 from dispatcher.model import NewJob
-from dispatcher.schedules import ScheduleSettings
-from dispatcher.scheduling.cron_service import CronService, UnknownSchedule
-from dispatcher.timing import TimingEngine
+from dispatcher.observability import metrics
+from dispatcher.runtime.timing import TimingEngine
 from tests.harness import wait_until
 
 OWNER = "test-worker"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncpg
 
 from dispatcher.db.jobs import JobRepository
-from dispatcher.scheduling.due_scan import DueScanner
-from dispatcher.timing import TimingEngine
+from dispatcher.engine.due_scan import DueScanner
+from dispatcher.runtime.timing import TimingEngine
 from tests.harness import enqueue_noop_jobs
 
 BURST = 700

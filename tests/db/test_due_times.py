@@ -13,11 +13,11 @@ from typing import Any
 import asyncpg
 import pytest
 
-from dispatcher.cron import EARLIEST_INSTANT, LATEST_INSTANT
+from dispatcher.cron.expression import EARLIEST_INSTANT, LATEST_INSTANT
 from dispatcher.db import migrations
 from dispatcher.db.jobs import JobRepository
-from dispatcher.scheduling.due_scan import DueScanner
-from dispatcher.timing import TimingEngine
+from dispatcher.engine.due_scan import DueScanner
+from dispatcher.runtime.timing import TimingEngine
 from tests.conftest import scratch_database
 from tests.harness import wait_until
 
@@ -225,7 +225,7 @@ async def test_the_due_scan_and_metrics_queries_never_fail_on_bad_rows(
         return await next_due()
 
     repo.seconds_to_next_due = counted  # type: ignore[method-assign]
-    with caplog.at_level(logging.ERROR, logger="dispatcher.scheduling.due_scan"):
+    with caplog.at_level(logging.ERROR, logger="dispatcher.engine.due_scan"):
         await timing.start()
         await scanner.start()
         try:

@@ -8,7 +8,7 @@ import asyncpg
 import pytest
 
 from dispatcher.db.jobs import JobRepository
-from dispatcher.intake import GroupWriter
+from dispatcher.intake.accept import GroupWriter
 from dispatcher.model import EnqueueResult, NewJob
 
 TARGET = {"url": "https://hooks.example.com/x"}

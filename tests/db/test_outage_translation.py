@@ -14,7 +14,7 @@ from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import create_pool
 from dispatcher.db.runs import RunRepository
 from dispatcher.errors import DatabaseUnavailable
-from dispatcher.intake import GroupWriter
+from dispatcher.intake.accept import GroupWriter
 from dispatcher.model import EnqueueResult, JobFilter, NewJob
 from tests.outage_proxy import OutageProxy, outage_proxy
 

@@ -14,12 +14,12 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from dispatcher.config import Settings
+from dispatcher.config.settings import Settings
+from dispatcher.cron.schedules import ScheduleSettings
+from dispatcher.cron.service import CronService
 from dispatcher.db import migrations
 from dispatcher.db.jobs import JobRepository
 from dispatcher.model import Job, NewJob
-from dispatcher.schedules import ScheduleSettings
-from dispatcher.scheduling.cron_service import CronService
 from tests.conftest import scratch_database
 from tests.harness import make_settings, running_daemon
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncpg
 
-from dispatcher.config import RetentionSettings
+from dispatcher.config.settings import RetentionSettings
 from dispatcher.db.jobs import JobRepository
-from dispatcher.scheduling.pruning import Pruner
+from dispatcher.engine.pruning import Pruner
 
 
 async def seed(

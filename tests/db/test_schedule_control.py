@@ -13,12 +13,12 @@ from typing import Any
 import asyncpg
 import pytest
 
-from dispatcher import metrics
-from dispatcher.cron import PeriodError
+from dispatcher.cron.expression import PeriodError
+from dispatcher.cron.schedules import ScheduleSettings
+from dispatcher.cron.service import CronService
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.runs import SchedulePaused
-from dispatcher.schedules import ScheduleSettings
-from dispatcher.scheduling.cron_service import CronService
+from dispatcher.observability import metrics
 
 OWNER = "control-test"
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import asyncpg
 
-from dispatcher.config import load_settings
+from dispatcher.config.settings import load_settings
+from dispatcher.cron.service import CronService
 from dispatcher.db.jobs import JobRepository
 from dispatcher.effects.sql import SqlEffect
 from dispatcher.model import Job
-from dispatcher.scheduling.cron_service import CronService
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "examples" / "session-cleanup.toml"
 OWNER = "cleanup-test"

@@ -14,12 +14,12 @@ import asyncpg
 import pytest
 from pydantic import ValidationError
 
-from dispatcher.config import HandlerSettings, load_settings
+from dispatcher.config.settings import HandlerSettings, load_settings
+from dispatcher.cron.service import CronService
 from dispatcher.db.jobs import JobRepository
 from dispatcher.effects.sql import SqlEffect
 from dispatcher.errors import Reject
 from dispatcher.model import Job, NewJob
-from dispatcher.scheduling.cron_service import CronService
 
 EXAMPLE = (
     Path(__file__).resolve().parents[2] / "config" / "examples" / "session-cleanup-cursor.toml"

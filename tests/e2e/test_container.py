@@ -26,7 +26,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from dispatcher.config import Settings
+from dispatcher.config.settings import Settings
 from tests.harness import Target, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

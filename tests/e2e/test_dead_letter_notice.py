@@ -15,7 +15,7 @@ import asyncpg
 from aiohttp import web
 from standardwebhooks.webhooks import Webhook
 
-from dispatcher.config import Settings
+from dispatcher.config.settings import Settings
 from tests.harness import Target, cli, make_settings, running_daemon, serve_target, wait_until
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
-from dispatcher.config import Settings
+from dispatcher.config.settings import Settings
 from tests.harness import (
     RunningDaemon,
     Target,

@@ -20,8 +20,8 @@ import asyncpg
 import pytest
 import yaml
 
-from dispatcher.config import load_settings
-from dispatcher.schedules import ScheduleSettings
+from dispatcher.config.settings import load_settings
+from dispatcher.cron.schedules import ScheduleSettings
 from tests.docs_blocks import (
     ROOT,
     Block,
@@ -186,7 +186,7 @@ def test_site_builds_strictly_with_every_generated_reference(tmp_path: Path) -> 
     build(config)  # strict: any warning (a missing page, link or anchor) raises
     from dispatcher.api.openapi import openapi_document
     from dispatcher.cli import build_parser
-    from dispatcher.config import Settings
+    from dispatcher.config.settings import Settings
     from tools import gendocs
 
     settings = (site / "reference/settings/index.html").read_text()

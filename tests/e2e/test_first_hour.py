@@ -13,7 +13,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from dispatcher.config import mask_url
+from dispatcher.config.settings import mask_url
 from tests.harness import Result, cli, daemon_on, no_server_left, run_cli, terminate
 
 pytestmark = pytest.mark.timeout(300)

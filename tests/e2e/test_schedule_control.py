@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from dispatcher.rfc3339 import format as rfc3339
+from dispatcher.core.rfc3339 import format as rfc3339
 from tests.faults.common import fetchval
 from tests.harness import DaemonProcess, cli
 

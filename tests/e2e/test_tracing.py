@@ -23,8 +23,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from dispatcher.logs import JsonFormatter
-from dispatcher.tracing import Tracing
+from dispatcher.observability.logs import JsonFormatter
+from dispatcher.observability.tracing import Tracing
 from tests.harness import RunningDaemon, Target, make_settings, running_daemon, serve_target
 from tests.harness import wait_until as wait_for
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import aiohttp
 import asyncpg
 
-from dispatcher.cron import parse_cron
-from dispatcher.rfc3339 import format as rfc3339
+from dispatcher.core.rfc3339 import format as rfc3339
+from dispatcher.cron.expression import parse_cron
 from tests.faults.common import (
     all_in,
     create_effects_table,

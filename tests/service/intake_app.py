@@ -13,10 +13,10 @@ from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
 
 from dispatcher.api.app import create_app
-from dispatcher.config import Settings
+from dispatcher.config.settings import Settings
 from dispatcher.db.jobs import JobRepository
 from dispatcher.effects.http import HttpEffect
-from dispatcher.intake import Intake
+from dispatcher.intake.accept import Intake
 
 PROBLEM_JSON = "application/problem+json"
 TARGET = {"url": "https://hooks.example.com/grants"}

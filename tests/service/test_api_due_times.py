@@ -13,11 +13,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from dispatcher.api.app import create_app
-from dispatcher.config import Settings
+from dispatcher.config.settings import Settings
+from dispatcher.cron.schedules import ScheduleSettings
+from dispatcher.cron.service import CronService
 from dispatcher.db.jobs import JobRepository
-from dispatcher.intake import Intake
-from dispatcher.schedules import ScheduleSettings
-from dispatcher.scheduling.cron_service import CronService
+from dispatcher.intake.accept import Intake
 from tests.service.intake_app import Api, http_job, problem
 
 RANGE = "from 2000-01-01T00:00:00Z through 9999-12-31T23:59:59Z"

@@ -12,7 +12,7 @@ import asyncpg
 import trustme
 from aiohttp import web
 
-from dispatcher import metrics
+from dispatcher.observability import metrics
 from tests.harness import Target, make_settings, running_daemon, serve_target, wait_until
 
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import asyncpg
 
-from dispatcher import metrics
 from dispatcher.client import enqueue
 from dispatcher.errors import RetryLater
+from dispatcher.observability import metrics
 from tests.harness import make_settings, running_daemon, wait_until
 
 CALLS: dict[str, list[int]] = {}

@@ -22,13 +22,13 @@ import trustme
 from aiohttp import web
 from standardwebhooks.webhooks import Webhook
 
-from dispatcher.config import Settings
+from dispatcher.config.settings import Settings
 from dispatcher.effects.base import Delivered
 from dispatcher.effects.http import HttpEffect
 from dispatcher.effects.ssrf import GuardedResolver, TargetPolicy
 from dispatcher.errors import Reject, RetryLater
-from dispatcher.metrics import REGISTRY
 from dispatcher.model import Job
+from dispatcher.observability.metrics import REGISTRY
 from tests.harness import free_port
 
 SECRET = "whsec_" + base64.b64encode(b"service test signing key 32 byte").decode()

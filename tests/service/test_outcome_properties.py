@@ -23,17 +23,17 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from dispatcher import jsoncodec
-from dispatcher.config import HandlerSettings, QueueSettings, Settings
+from dispatcher.config.settings import HandlerSettings, QueueSettings, Settings
+from dispatcher.core import jsoncodec
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.outcomes import ERROR_CHARS, storable_result, storable_text
 from dispatcher.effects.base import Effect
 from dispatcher.effects.http import HttpEffect
 from dispatcher.effects.python import PythonEffect
+from dispatcher.engine.completer import Completer
+from dispatcher.engine.executor import Executor, describe
 from dispatcher.errors import Reject, RetryLater
 from dispatcher.model import Job, NewJob
-from dispatcher.work.completer import Completer
-from dispatcher.work.executor import Executor, describe
 from tests.harness import free_port
 
 OWNER = "host:1:outcomes"

@@ -16,9 +16,9 @@ from typing import Any
 import asyncpg
 import pytest
 
+from dispatcher.engine.pool import QueueWorker
 from dispatcher.model import ByteGrant
 from dispatcher.relay.transport import Delivery, InProcessTransport
-from dispatcher.work.pool import QueueWorker
 from tests.harness import make_settings, running_daemon, wait_until
 
 STARTED: list[str] = []

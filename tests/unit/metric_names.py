@@ -1,4 +1,5 @@
-"""The series names the daemon exposes, read from the registry in `dispatcher.metrics`.
+"""The series names the daemon exposes, read from the registry in
+`dispatcher.observability.metrics`.
 
 A metric family exposes several series: a counter `x` as `x_total`, a histogram as `x_bucket`,
 `x_count` and `x_sum`. Dashboards and alert rules name those series, so they are checked against
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from dispatcher.metrics import REGISTRY
+from dispatcher.observability.metrics import REGISTRY
 
 SERIES_SUFFIXES = {
     "counter": ("_total", "_created"),

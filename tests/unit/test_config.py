@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.config import Settings, load_settings
+from dispatcher.config.settings import Settings, load_settings
 from dispatcher.errors import ConfigError
 
 SECRET_URL = "postgresql://app:hunter2-db-pass@db.internal:5432/jobs"
@@ -432,7 +432,7 @@ def test_handlers_from_the_file(tmp_path: Path) -> None:
 
 
 def test_a_queue_configured_only_from_the_environment_keeps_the_default_queue() -> None:
-    from dispatcher.config import load_settings
+    from dispatcher.config.settings import load_settings
 
     settings = load_settings(environ={"DISPATCHER_QUEUES__BULK__RATE_PER_S": "5"})
     assert settings.queues["bulk"].rate_per_s == 5

@@ -1,4 +1,5 @@
-"""The connection budget's split (dispatcher/connection_budget.py): the parts add up to exactly
+"""The connection budget's split (dispatcher/config/connection_budget.py): the parts add up to
+exactly
 `database_max_connections`, every pool keeps its minimum, explicit pool sizes are kept as given,
 and a total below the minimum is refused naming it."""
 
@@ -6,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.connection_budget import DEDICATED, ConnectionBudget, minimum
+from dispatcher.config.connection_budget import DEDICATED, ConnectionBudget, minimum
 
 
 @pytest.mark.parametrize("api", [None, 2, 10, 60])

@@ -10,8 +10,9 @@ from zoneinfo import ZoneInfo
 import pytest
 from pydantic import ValidationError
 
-from dispatcher.config import load_settings
-from dispatcher.cron import (
+from dispatcher.config.settings import load_settings
+from dispatcher.core.rfc3339 import format as rfc3339
+from dispatcher.cron.expression import (
     CronExpressionError,
     PeriodError,
     parse_cron,
@@ -20,9 +21,8 @@ from dispatcher.cron import (
     run_key,
     tenant_units,
 )
+from dispatcher.cron.schedules import ScheduleSettings
 from dispatcher.errors import ConfigError
-from dispatcher.rfc3339 import format as rfc3339
-from dispatcher.schedules import ScheduleSettings
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")

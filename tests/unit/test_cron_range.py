@@ -9,13 +9,13 @@ from itertools import islice
 
 import pytest
 
-from dispatcher.cron import (
+from dispatcher.core.rfc3339 import format as rfc3339
+from dispatcher.cron.expression import (
     EARLIEST_INSTANT,
     LATEST_INSTANT,
     PeriodError,
     parse_cron,
 )
-from dispatcher.rfc3339 import format as rfc3339
 
 ZONES = ["UTC", "Pacific/Kiritimati", "Pacific/Pago_Pago", "Europe/Berlin"]
 LAST_HOUR = datetime(9999, 12, 31, 23, 30, tzinfo=UTC)

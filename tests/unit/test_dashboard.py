@@ -80,7 +80,9 @@ def test_queries_name_only_exported_series(dashboard: dict[str, Any]) -> None:
     for expr in expressions(dashboard):
         named = referenced_series(expr)
         assert named, f"no dispatcher metric in {expr}"
-        assert named <= exported, f"{sorted(named - exported)} not in dispatcher/metrics.py"
+        assert named <= exported, (
+            f"{sorted(named - exported)} not in dispatcher/observability/metrics.py"
+        )
 
 
 def test_dashboard_shows_what_operators_need(dashboard: dict[str, Any]) -> None:

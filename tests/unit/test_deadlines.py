@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from dispatcher.work.deadlines import Member, SharedDeadline
+from dispatcher.engine.deadlines import Member, SharedDeadline
 
 
 @dataclass(eq=False)

@@ -3,7 +3,7 @@ for the confirmation period, and never while a restart or this daemon's own lost
 
 from __future__ import annotations
 
-from dispatcher.scheduling.gone_owners import GoneOwners
+from dispatcher.engine.gone_owners import GoneOwners
 
 OLD_SERVER_S = 3600.0  # uptime of a server that did not just restart
 

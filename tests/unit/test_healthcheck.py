@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trustme
 
-from dispatcher.config import Settings
+from dispatcher.config.settings import Settings
 from dispatcher.healthcheck import healthz_url, probe
 from tests.harness import free_port
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from dispatcher.config import Settings
-from dispatcher.intake import TARGET_CACHE_CHARS, TARGET_CACHE_ENTRY_MAX_CHARS, Intake
+from dispatcher.config.settings import Settings
+from dispatcher.intake.accept import TARGET_CACHE_CHARS, TARGET_CACHE_ENTRY_MAX_CHARS, Intake
+from dispatcher.intake.requests import JobRequest
 from dispatcher.model import NewJob
-from dispatcher.requests import JobRequest
 
 
 class CountingValidator:

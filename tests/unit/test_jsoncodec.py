@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatcher.jsoncodec import dumps, loads
+from dispatcher.core.jsoncodec import dumps, loads
 
 json_values = st.recursive(
     st.none()

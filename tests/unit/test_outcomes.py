@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher import jsoncodec
+from dispatcher.core import jsoncodec
 from dispatcher.db.outcomes import (
     MAX_DEPTH,
     MAX_RESULT_CHARS,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from dispatcher.engine.budget import PayloadBudget
 from dispatcher.model import ByteGrant
-from dispatcher.work.budget import PayloadBudget
 
 LIMIT = 64 * 1024 * 1024
 

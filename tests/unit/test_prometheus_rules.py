@@ -43,7 +43,7 @@ def test_promtool_unit_tests_pass() -> None:
 
 def test_rules_name_only_exported_metrics() -> None:
     unknown = referenced_series(RULES.read_text()) - exposed_series() - PLANNED_SERIES
-    assert unknown == set(), "not in dispatcher/metrics.py"
+    assert unknown == set(), "not in dispatcher/observability/metrics.py"
 
 
 def test_every_alert_is_tested_firing_and_quiet() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.config import load_settings
+from dispatcher.config.settings import load_settings
 from dispatcher.errors import ConfigError
 
 BROKER = {"DISPATCHER_TRANSPORT": "rabbitmq", "DISPATCHER_RABBITMQ__URL": "amqp://g:p@h/"}

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher import sdnotify
-from dispatcher.sdnotify import Watchdog, notify, watchdog_interval_s
+from dispatcher.runtime import sdnotify
+from dispatcher.runtime.sdnotify import Watchdog, notify, watchdog_interval_s
 
 DEADLINE_S = 5.0
 

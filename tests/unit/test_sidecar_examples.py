@@ -16,7 +16,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from dispatcher.config import Settings, load_settings
+from dispatcher.config.settings import Settings, load_settings
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is absent: pip install pyyaml")
 

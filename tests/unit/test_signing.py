@@ -8,8 +8,8 @@ import time
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from dispatcher.config.signing_secret import decode_secret
 from dispatcher.effects.signing import Signer, sign, webhook_headers
-from dispatcher.signing_secret import decode_secret
 
 SECRET = "whsec_" + base64.b64encode(b"a 32 byte key for the test suite").decode()
 

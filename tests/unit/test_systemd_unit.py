@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.config import Settings
+from dispatcher.config.settings import Settings
 
 UNIT = Path(__file__).resolve().parents[2] / "systemd" / "dispatcher.service"
 INSTALLED_BINARY = "/usr/local/bin/dispatcher"

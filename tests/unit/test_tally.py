@@ -7,7 +7,7 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from dispatcher.work.tally import observe_many
+from dispatcher.engine.tally import observe_many
 
 BUCKETS = (0.001, 0.01, 0.1, 1.0, 10.0)
 

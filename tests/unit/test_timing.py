@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from dispatcher.timing import TimingEngine
+from dispatcher.runtime.timing import TimingEngine
 from tests.harness import wait_until
 
 

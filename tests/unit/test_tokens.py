@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.config import load_settings
+from dispatcher.config.settings import load_settings
+from dispatcher.config.tokens import SCOPES, TokenError, parse_file, split_environment
 from dispatcher.errors import ConfigError
-from dispatcher.tokens import SCOPES, TokenError, parse_file, split_environment
 
 SECRET = "tok-9f3e1c77a0b2"
 FILE = f"""

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from dispatcher import logs, tracing
 from dispatcher.errors import ConfigError
+from dispatcher.observability import logs, tracing
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPAN = "00f067aa0ba902b7"

@@ -4,7 +4,7 @@
 [[schedules]]
 name = "session-cleanup"
 cron = "15 3 * * *"              # standard 5 fields; L, W, #, ?, @reboot are refused
-timezone = "Europe/Berlin"       # IANA name; DST handled (see dispatcher.cron)
+timezone = "Europe/Berlin"       # IANA name; DST handled (see dispatcher.cron.expression)
 handler = "expire_sessions"      # "http" (then `target` is required) or a [handlers] name
 params = { page_hint = 1 }       # base payload of every unit
 fanout = { ranges = 16, key_space = [0, 65536] }   # or { tenants = [...] } or { sql = "..." }
@@ -41,8 +41,8 @@ from pydantic import (
     model_validator,
 )
 
-from dispatcher import rfc3339
-from dispatcher.cron import (
+from dispatcher.core import rfc3339
+from dispatcher.cron.expression import (
     UNIT_NAME,
     CronSchedule,
     PeriodError,

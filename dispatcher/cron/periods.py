@@ -2,7 +2,7 @@
 
 Pure functions (no database, no clock of their own): the checks of a period start and of a
 catch-up range, the reason a period was missed, the command that catches missed periods up,
-and the operator view of one schedule. `CronService` (dispatcher.scheduling.cron_service)
+and the operator view of one schedule. `CronService` (dispatcher.cron.service)
 calls them with the state it read.
 """
 
@@ -13,10 +13,10 @@ from datetime import datetime, timedelta
 from itertools import islice
 from typing import Any
 
-from dispatcher import rfc3339
-from dispatcher.cron import EARLIEST_INSTANT, PeriodError
+from dispatcher.core import rfc3339
+from dispatcher.cron.expression import EARLIEST_INSTANT, PeriodError
+from dispatcher.cron.schedules import ScheduleSettings
 from dispatcher.db.runs import MissedPeriod, RunReceipt, ScheduleState
-from dispatcher.schedules import ScheduleSettings
 
 # Periods further back than this are neither enumerated nor reported (a schedule that was off
 # for years does not make the daemon walk every minute of them).

@@ -28,11 +28,17 @@ from pydantic import (
     model_validator,
 )
 
-from dispatcher.connection_budget import ConnectionBudget
+from dispatcher.config.connection_budget import ConnectionBudget
+from dispatcher.config.signing_secret import decode_secret
+from dispatcher.config.tokens import (
+    ApiToken,
+    check_distinct,
+    parse_file,
+    parse_list,
+    split_environment,
+)
+from dispatcher.cron.schedules import ScheduleSettings
 from dispatcher.errors import ConfigError
-from dispatcher.schedules import ScheduleSettings
-from dispatcher.signing_secret import decode_secret
-from dispatcher.tokens import ApiToken, check_distinct, parse_file, parse_list, split_environment
 
 ENV_PREFIX = "DISPATCHER_"
 # No duration setting may exceed ten years: every one must stay a finite time when the
@@ -283,7 +289,7 @@ class Settings(_Strict):
     scan_interval_s: float = Field(1.0, gt=0, le=MAX_DURATION_S)
     scan_batch: int = Field(2000, ge=1, le=100_000)
     # Every connection this daemon opens, whatever the number of queues; the pools below are
-    # derived from it (dispatcher/connection_budget.py, docs/connections.md).
+    # derived from it (dispatcher/config/connection_budget.py, docs/connections.md).
     database_max_connections: int = Field(20, ge=1, le=10_000)
     # Connections for intake and operator reads (unset: a quarter of the budget's shared part).
     # Claims, completions and the scan have pools of their own, the heartbeat one connection.
@@ -439,7 +445,7 @@ class Settings(_Strict):
         return [t.secret for t in self.api_token_entries()]
 
     def api_token_entries(self) -> list[ApiToken]:
-        """Every API token with its name and scopes (dispatcher.tokens has the format); reads
+        """Every API token with its name and scopes (dispatcher.config.tokens has the format); reads
         api_tokens_file now. Errors name the entry or line, never the token."""
         entries = parse_list((t.get_secret_value() for t in self.api_tokens), "api_tokens")
         if self.api_tokens_file is not None:

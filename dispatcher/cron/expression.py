@@ -32,7 +32,7 @@ from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from dispatcher import rfc3339
+from dispatcher.core import rfc3339
 from dispatcher.errors import DispatcherError
 
 _MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")

@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dispatcher import metrics
 from dispatcher.db.jobs import JobRepository
 from dispatcher.model import STATES
+from dispatcher.observability import metrics
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import logging
 import os
 from pathlib import Path
 
-from dispatcher import metrics
+from dispatcher.observability import metrics
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-from dispatcher import metrics
-from dispatcher.config import RetentionSettings
+from dispatcher.config.settings import RetentionSettings
 from dispatcher.db.jobs import JobRepository
+from dispatcher.observability import metrics
 
 log = logging.getLogger(__name__)
 

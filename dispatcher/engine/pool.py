@@ -19,19 +19,19 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from dispatcher import metrics
-from dispatcher.config import QueueSettings
+from dispatcher.config.settings import QueueSettings
+from dispatcher.core.faults import fault_point
 from dispatcher.db.jobs import JobRepository
+from dispatcher.engine.budget import PayloadBudget
+from dispatcher.engine.deadlines import Member, SharedDeadline
+from dispatcher.engine.executor import Executor, InlineBatch
+from dispatcher.engine.limiter import InflightLimit, TokenBucket
+from dispatcher.engine.tally import observe_many
 from dispatcher.errors import ClaimsStarved
-from dispatcher.faults import fault_point
-from dispatcher.lifecycle import LoopService, Service
 from dispatcher.model import AttemptKey, Job
+from dispatcher.observability import metrics
 from dispatcher.relay.transport import Transport
-from dispatcher.work.budget import PayloadBudget
-from dispatcher.work.deadlines import Member, SharedDeadline
-from dispatcher.work.executor import Executor, InlineBatch
-from dispatcher.work.limiter import InflightLimit, TokenBucket
-from dispatcher.work.tally import observe_many
+from dispatcher.runtime.lifecycle import LoopService, Service
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,7 @@
 """Intake: semantic validation of job requests and their durable, idempotent acceptance.
 
-Shape validation happens in `dispatcher.requests`; here we check what needs the configuration (known
+Shape validation happens in `dispatcher.intake.requests`; here we check what needs the
+configuration (known
 handler and queue, a safe target, a due time not in the past) and then hand valid items to the
 same SQL function applications call, so both doors share one set of idempotency rules.
 """
@@ -12,13 +13,14 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from dispatcher import jsoncodec, metrics, rfc3339
-from dispatcher.config import Settings
+from dispatcher.config.settings import Settings
+from dispatcher.core import jsoncodec, rfc3339
 from dispatcher.db.jobs import JobRepository
 from dispatcher.errors import DatabaseUnavailable
+from dispatcher.intake.requests import JobRequest
 from dispatcher.model import EnqueueResult, NewJob, Rejected
-from dispatcher.requests import JobRequest
-from dispatcher.tracing import Tracing
+from dispatcher.observability import metrics
+from dispatcher.observability.tracing import Tracing
 
 # Valid targets are remembered by their JSON text, within a budget of characters: a target may
 # be as large as the body limit (256 kB by default), and the 4,096 entries once allowed could

@@ -17,14 +17,14 @@ import asyncio
 import logging
 from typing import Any
 
-from dispatcher import metrics
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.outcomes import is_data_error
 from dispatcher.db.pool import is_unavailable
 from dispatcher.effects.base import Delivered
-from dispatcher.lifecycle import Service
+from dispatcher.engine.tally import observe_many
 from dispatcher.model import AttemptKey, Job
-from dispatcher.work.tally import observe_many
+from dispatcher.observability import metrics
+from dispatcher.runtime.lifecycle import Service
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The service contract and the supervisor that composes services (periodic work runs on the
-one timing engine, dispatcher.timing).
+one timing engine, dispatcher.runtime.timing).
 
 Every long-running part of the daemon is a `Service`: `start()` returns once it runs, `stop()` is
 idempotent and returns once it has stopped. `ServiceGroup` starts services in the order given,

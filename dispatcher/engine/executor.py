@@ -11,18 +11,18 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-from dispatcher import metrics
-from dispatcher.config import MAX_DURATION_S, QueueSettings
+from dispatcher.config.settings import MAX_DURATION_S, QueueSettings
+from dispatcher.core.faults import fault_point
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.outcomes import storable_text
 from dispatcher.effects.base import Effect, LeaseLost
 from dispatcher.effects.python import PythonEffect
+from dispatcher.engine.completer import Completer
+from dispatcher.engine.retry import backoff_s
 from dispatcher.errors import Reject, RetryLater
-from dispatcher.faults import fault_point
 from dispatcher.model import Job
-from dispatcher.tracing import Tracing
-from dispatcher.work.completer import Completer
-from dispatcher.work.retry import backoff_s
+from dispatcher.observability import metrics
+from dispatcher.observability.tracing import Tracing
 
 log = logging.getLogger("dispatcher.job")
 

@@ -1,6 +1,7 @@
 """Operator actions that the HTTP API and the CLI share: bulk redrive and discard of dead
 letters, the reschedule time rule, and the queue overview. Both doors validate their input with
-the same request models (`dispatcher.requests`) and then call these, so they cannot drift apart."""
+the same request models (`dispatcher.intake.requests`) and then call these, so they cannot
+drift apart."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from dispatcher import rfc3339
-from dispatcher.config import Settings
+from dispatcher.config.settings import Settings
+from dispatcher.core import rfc3339
 from dispatcher.db.jobs import JobRepository
+from dispatcher.engine.sampler import Sample
+from dispatcher.intake.requests import DeadLetterRequest
 from dispatcher.model import STATES, DeadLetterFilter
-from dispatcher.requests import DeadLetterRequest
-from dispatcher.scheduling.sampler import Sample
 
 # Dead jobs moved per statement (and per commit): a bulk call over a million dead letters
 # never holds a long transaction, and what it moved stays moved if it is cut off.

@@ -24,7 +24,7 @@ the transaction that marks the run finished (see dispatcher.db.runs); a sweep ev
 `finish_interval_s` finds the runs whose last unit became terminal.
 
 Timing: the fires, the housekeeping tick and the run-finished sweep are jobs on the daemon's
-one timing engine (dispatcher.timing); each fire arms the next period's. Timing follows the
+one timing engine (dispatcher.runtime.timing); each fire arms the next period's. Timing follows the
 process clock; identity never depends on it.
 """
 
@@ -37,8 +37,22 @@ from datetime import UTC, datetime, timedelta
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from dispatcher import metrics, rfc3339
-from dispatcher.cron import PeriodError, query_units, run_key
+from dispatcher.core import rfc3339
+from dispatcher.cron.expression import PeriodError, query_units, run_key
+from dispatcher.cron.periods import (
+    MAX_LOOKBACK,
+    MAX_RECORDED_MISSED,
+    STATUS_MISSED_SHOWN,
+    Missed,
+    PlannedRun,
+    as_utc,
+    catch_up_hint,
+    catch_up_periods,
+    check_period,
+    missed_reason,
+    status_entry,
+)
+from dispatcher.cron.schedules import QueryFanout, ScheduleSettings
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.runs import (
     AfterUnitBatch,
@@ -52,23 +66,10 @@ from dispatcher.db.runs import (
     TriggerFailed,
 )
 from dispatcher.errors import DispatcherError
-from dispatcher.lifecycle import Service
 from dispatcher.model import NewJob
-from dispatcher.schedules import QueryFanout, ScheduleSettings
-from dispatcher.scheduling.cron_periods import (
-    MAX_LOOKBACK,
-    MAX_RECORDED_MISSED,
-    STATUS_MISSED_SHOWN,
-    Missed,
-    PlannedRun,
-    as_utc,
-    catch_up_hint,
-    catch_up_periods,
-    check_period,
-    missed_reason,
-    status_entry,
-)
-from dispatcher.timing import TimingEngine
+from dispatcher.observability import metrics
+from dispatcher.runtime.lifecycle import Service
+from dispatcher.runtime.timing import TimingEngine
 
 if TYPE_CHECKING:
     import asyncpg

@@ -1,7 +1,8 @@
 """The due-scan: moves due jobs to ready (with their outbox rows) and rescues expired leases,
 and the running jobs of daemons judged gone (docs/recovery.md).
 
-It is a job on the daemon's timing engine (dispatcher.timing), which decides when it runs: when
+It is a job on the daemon's timing engine (dispatcher.runtime.timing), which decides when it
+runs: when
 woken (intake of a future job, a retry, a NOTIFY from another instance: `wake`), at the next due
 time it computed after its last round, and at least every `interval_s`; so a job due now starts
 within milliseconds and a missed wake-up costs at most one interval. A wake-up during a round
@@ -14,10 +15,10 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from dispatcher import metrics
 from dispatcher.db.jobs import JobRepository
-from dispatcher.lifecycle import Service
-from dispatcher.timing import TimingEngine
+from dispatcher.observability import metrics
+from dispatcher.runtime.lifecycle import Service
+from dispatcher.runtime.timing import TimingEngine
 
 log = logging.getLogger(__name__)
 

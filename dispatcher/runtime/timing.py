@@ -38,7 +38,7 @@ from typing import Any
 from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from dispatcher.lifecycle import Service
+from dispatcher.runtime.lifecycle import Service
 
 log = logging.getLogger("dispatcher")
 

@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from dispatcher import rfc3339
-from dispatcher.cron import EARLIEST_INSTANT, LATEST_INSTANT
+from dispatcher.core import rfc3339
+from dispatcher.cron.expression import EARLIEST_INSTANT, LATEST_INSTANT
 
 # the due times every door accepts (migration 006 holds the same range in SQL)
 DUE_AT_RANGE = f"from {rfc3339.format(EARLIEST_INSTANT)} through {rfc3339.format(LATEST_INSTANT)}"

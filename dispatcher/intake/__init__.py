@@ -1,0 +1,1 @@
+"""Intake: what the doors accept (`requests`) and the durable, idempotent acceptance (`accept`)."""

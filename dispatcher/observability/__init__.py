@@ -1,0 +1,1 @@
+"""What operators see: Prometheus metrics, JSON logs, OpenTelemetry traces."""

@@ -1,0 +1,1 @@
+"""Operator actions shared by the HTTP API, the console and the CLI."""

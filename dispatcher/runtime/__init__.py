@@ -1,0 +1,2 @@
+"""The process: the service contract and supervisor, the one timing engine, systemd
+notifications, disk-space checks."""

@@ -1,1 +1,0 @@
-"""Time-driven work: the due-scan, lease rescue, cron schedules, metric sampling."""

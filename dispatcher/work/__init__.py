@@ -1,1 +1,0 @@
-"""Running jobs: limits (token bucket, in-flight cap), retry policy, the worker pool."""
