@@ -37,10 +37,10 @@ WITH due AS (
 ), moved AS (
     UPDATE dispatcher.job_state s SET state = 'ready'
      WHERE s.id = ANY (ARRAY(SELECT id FROM due))
-    RETURNING s.id, s.queue, s.tenant, s.capability
+    RETURNING s.id, s.queue, s.tenant, s.capability, s.priority
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, capability FROM moved WHERE dispatcher.ready_outbox()
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT id, queue, tenant, capability, priority FROM moved WHERE dispatcher.ready_outbox()
 )
 SELECT count(*)::int FROM moved;
 
@@ -100,10 +100,10 @@ WITH expired AS (
       FROM limits l
      WHERE s.id = l.id AND s.id = ANY (ARRAY(SELECT id FROM limits))
     RETURNING s.id, s.state, s.queue, s.tenant, s.capability, s.attempt, s.started_at,
-              s.dead_reason, s.last_error, l.lease_owner, l.why
+              s.dead_reason, s.last_error, l.lease_owner, l.why, s.priority
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, capability FROM rescued
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT id, queue, tenant, capability, priority FROM rescued
      WHERE state = 'ready' AND dispatcher.ready_outbox()
 ), history AS (
     INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome,
@@ -290,10 +290,11 @@ WITH released AS (
        AND CASE WHEN s.state = 'running' THEN true ELSE false END
        AND (s.id, s.attempt) IN (SELECT * FROM unnest($1::bigint[], $2::integer[]))
     -- RETURNING sees the decremented number; a running job's attempt is always >= 1
-    RETURNING s.id, s.queue, s.tenant, s.capability, s.attempt + 1 AS ran_as, s.started_at
+    RETURNING s.id, s.queue, s.tenant, s.capability, s.attempt + 1 AS ran_as, s.started_at,
+              s.priority
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, capability FROM released WHERE dispatcher.ready_outbox()
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT id, queue, tenant, capability, priority FROM released WHERE dispatcher.ready_outbox()
 ), history AS (
     INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome)
     SELECT id, ran_as, $3, started_at, now(), 'released' FROM released
@@ -401,8 +402,8 @@ WITH retried AS (
      WHERE j.id = $1 AND j.state IN ('dead', 'cancelled', 'discarded')
     RETURNING j.*
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, handler || ':' || handler_version FROM retried
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT id, queue, tenant, handler || ':' || handler_version, priority FROM retried
      WHERE dispatcher.ready_outbox()
 )
 SELECT id, key, request_hash, queue, tenant, handler, handler_version,
@@ -467,10 +468,10 @@ WITH picked AS (
            dead_reason = CASE WHEN $8 = 'ready' THEN NULL ELSE j.dead_reason END,
            cancel_requested = false
      WHERE j.id = ANY (ARRAY(SELECT id FROM picked)) AND j.state = 'dead'
-    RETURNING j.id, j.state, j.queue, j.tenant, j.handler, j.handler_version
+    RETURNING j.id, j.state, j.queue, j.tenant, j.handler, j.handler_version, j.priority
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, handler || ':' || handler_version FROM moved
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT id, queue, tenant, handler || ':' || handler_version, priority FROM moved
      WHERE state = 'ready' AND dispatcher.ready_outbox()
 )
 SELECT count(*)::int FROM moved;
@@ -513,8 +514,8 @@ WITH moved AS (
      WHERE j.id = $1 AND j.state = $3
     RETURNING j.*
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, handler || ':' || handler_version FROM moved
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT id, queue, tenant, handler || ':' || handler_version, priority FROM moved
      WHERE state = 'ready' AND $3 = 'scheduled' AND dispatcher.ready_outbox()
 )
 SELECT * FROM moved;
@@ -564,8 +565,8 @@ WITH settings AS (
      WHERE (s.due_at_past_tolerance_s, s.ready_outbox)
            IS DISTINCT FROM (excluded.due_at_past_tolerance_s, excluded.ready_outbox)
 ), backfilled AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT s.id, s.queue, s.tenant, s.capability FROM dispatcher.job_state s
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT s.id, s.queue, s.tenant, s.capability, s.priority FROM dispatcher.job_state s
      WHERE $2 AND s.state = 'ready'
        AND NOT EXISTS (SELECT 1 FROM dispatcher.outbox o WHERE o.job_id = s.id)
 ), dropped AS (
