@@ -47,6 +47,9 @@ CREATE INDEX jobs_ready_claim ON dispatcher.job_state (queue, priority, tenant, 
 -- The relay leases unpublished rows by priority, then tenant, then age (lease_outbox).
 DROP INDEX dispatcher.outbox_claim;
 CREATE INDEX outbox_claim ON dispatcher.outbox (queue, priority, tenant, id);
+-- The operator's priority filter (GET /v1/jobs?priority=): the jobs off the default, newest
+-- first (a filter for the default 0 fills a page from the primary key: most jobs match).
+CREATE INDEX jobs_priority_id ON dispatcher.job_state (priority, id) WHERE priority <> 0;
 
 -- The idempotency fingerprint with the two new fields: version 2 (migration 005) with two more
 -- parts, each left out while it holds its default (priority 0; the key equal to the tenant, or
