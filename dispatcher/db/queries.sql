@@ -416,7 +416,7 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent
+       traceparent, priority, concurrency_key
   FROM retried;
 
 -- name: cancel_job
