@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from dispatcher.db import migrations
+from dispatcher.db import schema
 from tests.harness import Target, make_settings, running_daemon, serve_target, wait_until
 
 UNFINISHED = ("due-later", "ready-now", "running-lease-lost", "cron-unit", "tenant-ready")
@@ -78,7 +78,7 @@ async def test_a_populated_database_upgrades_in_place_and_every_job_runs_once(
     async with serve_target(target):
         conn = await asyncpg.connect(empty_db_url)
         try:
-            await migrations.migrate(conn, upto=14)
+            await schema.migrate(conn, upto=14)
             await populate(conn, target.url)
             before = await jobs_by_key(conn)
             assert {j["state"] for j in before.values()} == {
@@ -91,12 +91,12 @@ async def test_a_populated_database_upgrades_in_place_and_every_job_runs_once(
                 "discarded",
             }
 
-            assert await migrations.migrate(conn, upto=15) == ["015_job_state.sql"]
+            assert await schema.migrate(conn, upto=15) == ["015_job_state.sql"]
 
             assert await jobs_by_key(conn) == before  # every column of every job, unchanged
             assert await conn.fetchval("SELECT count(*) FROM dispatcher.intents") == len(before)
             assert await conn.fetchval("SELECT count(*) FROM dispatcher.job_state") == len(before)
-            await migrations.migrate(conn)  # and whatever came after it
+            await schema.migrate(conn)  # and whatever came after it
         finally:
             await conn.close()
 

@@ -17,7 +17,7 @@ import pytest
 from dispatcher.config.settings import Settings
 from dispatcher.cron.schedules import ScheduleSettings
 from dispatcher.cron.service import CronService
-from dispatcher.db import migrations
+from dispatcher.db import schema
 from dispatcher.db.jobs import JobRepository
 from dispatcher.model import Job, NewJob
 from tests.conftest import scratch_database
@@ -231,7 +231,7 @@ async def test_the_migration_moves_waiting_budgets_to_their_acceptance(server_ur
                     due,
                     budget,
                 )
-            await migrations.migrate(conn)
+            await schema.migrate(conn)
             found = await conn.fetch(
                 "SELECT key, budget_started_at = created_at AS moved FROM dispatcher.jobs"
                 " ORDER BY id"
@@ -253,7 +253,7 @@ async def migrate_up_to(conn: asyncpg.Connection, last: int) -> None:
                version integer PRIMARY KEY, name text NOT NULL,
                applied_at timestamptz NOT NULL DEFAULT now())"""
     )
-    for version, name, sql in migrations.available():
+    for version, name, sql in schema.available():
         if version <= last:
             await conn.execute(sql)
             await conn.execute(

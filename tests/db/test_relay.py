@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 import pytest
 
-from dispatcher.db import migrations
+from dispatcher.db import schema
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import connect
 from dispatcher.db.queries import query
@@ -174,7 +174,7 @@ async def test_migration_017_gives_what_a_relay_published_before_a_published_row
 ) -> None:
     conn = await connect(empty_db_url)
     try:
-        await migrations.migrate(conn, upto=16)
+        await schema.migrate(conn, upto=16)
         # as a daemon of that transport left it (migration 015: outbox rows only for a relay)
         await conn.execute("UPDATE dispatcher.intake_settings SET ready_outbox = $1", relay)
         await conn.execute("""
@@ -187,7 +187,7 @@ async def test_migration_017_gives_what_a_relay_published_before_a_published_row
         await conn.execute("""
             DELETE FROM dispatcher.outbox
              WHERE job_id = (SELECT id FROM dispatcher.jobs WHERE key = 'published')""")
-        await migrations.migrate(conn)
+        await schema.migrate(conn)
         rows = await conn.fetch("""
             SELECT j.key, o.published_at IS NOT NULL AS published,
                    o.leased_until IS NOT NULL AS relayed

@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from dispatcher import __version__
-from dispatcher.db import migrations
+from dispatcher.db import schema
 from tests.harness import Result, cli, free_port
 
 # off loopback (check-config's test below), tokens need 32 characters or more
@@ -166,13 +166,14 @@ async def test_migrate_applies_everything_once_then_is_a_noop(
     tmp_path: Path, empty_db_url: str
 ) -> None:
     env = {"DISPATCHER_DATABASE_URL": empty_db_url}
-    names = [name for _, name, _ in migrations.available()]
+    names = [name for _, name, _ in schema.available()]
+    names += [f"functions/{name}" for name, _, _ in schema.function_files()]
 
     first = await cli("migrate", cwd=tmp_path, env=env)
     assert first.code == 0, first.stderr
     assert first.stdout.strip() == "applied: " + ", ".join(names)
     applied = await migration_rows(empty_db_url)
-    assert applied == [(version, name) for version, name, _ in migrations.available()]
+    assert applied == [(version, name) for version, name, _ in schema.available()]
 
     second = await cli("migrate", cwd=tmp_path, env=env)
     assert second.code == 0, second.stderr
