@@ -54,6 +54,7 @@ SELECT c.relname AS owner, k.conname, pg_get_constraintdef(k.oid, true) AS def, 
   JOIN pg_class c ON c.oid = k.conrelid
   JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE n.nspname = 'dispatcher'
+   AND k.contype <> 'n'  -- PostgreSQL 18 lists NOT NULL here too; the columns say it already
  ORDER BY c.relname, k.conname"""
 INDEXES = """
 SELECT i.relname, pg_get_indexdef(i.oid) AS def
