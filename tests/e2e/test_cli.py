@@ -191,6 +191,36 @@ async def test_migrate_on_the_current_test_database_twice(tmp_path: Path, db_url
     assert not (tmp_path / "var").exists()  # the external database was used
 
 
+async def test_a_release_older_than_the_database_refuses_to_migrate_or_start(
+    tmp_path: Path, db_url: str
+) -> None:
+    """A newer release migrated this database: `migrate` and the daemon's start (auto_migrate)
+    each refuse in one line naming both versions and the fix, and change nothing."""
+    newer = schema.latest_version() + 1
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.execute(
+            "INSERT INTO dispatcher.migrations (version, name) VALUES ($1, 'newer.sql')", newer
+        )
+        await conn.execute("UPDATE dispatcher.function_files SET sha256 = 'newer'")
+        env = {"DISPATCHER_DATABASE_URL": db_url}
+        for args in (("migrate",), ("run",)):
+            result = await cli(*args, cwd=tmp_path, env=env)
+            assert result.code == 1, (args, result.stdout, result.stderr)
+            line = result.stderr.strip().splitlines()[-1]
+            assert (
+                f"database schema is at version {newer}, newer than this release knows "
+                f"({schema.latest_version()}, dispatcher {__version__}): run a dispatcher "
+                "release at least as new as the one that migrated it; nothing was changed"
+            ) in line, (args, result.stderr)
+        # its own function files were not put back over the newer release's
+        assert set(
+            await conn.fetchval("SELECT array_agg(sha256) FROM dispatcher.function_files")
+        ) == {"newer"}
+    finally:
+        await conn.close()
+
+
 async def seed_jobs(db_url: str) -> dict[str, int]:
     """Three jobs through the SQL door: one waiting, one ready, one dead."""
     conn = await asyncpg.connect(db_url)

@@ -31,8 +31,8 @@
 --              in any window stay within rate x window + burst.
 --   unused     a claim gives back what it did not start where it took it (its first slot, or
 --              the bucket), in the same statement (claim_settle, as in 013)
--- Changing a queue's limits empties its slots (trigger below), so a lowered limit applies at
--- once. Running jobs are counted in the state table, as in 015's grant (jobs_running_queue).
+-- Changing a queue's limits empties its slots (trigger queues_limits_changed), so a lowered
+-- limit applies at once. Running jobs are counted in the state table, as in 015's grant (jobs_running_queue).
 CREATE TABLE dispatcher.claim_permits (
     queue text NOT NULL,
     slot  integer NOT NULL,
