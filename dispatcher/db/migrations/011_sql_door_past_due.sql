@@ -35,9 +35,7 @@ UPDATE dispatcher.jobs
    SET budget_started_at = created_at
  WHERE budget_started_at < created_at AND state IN ('scheduled', 'ready', 'running');
 
--- The daemon's door: enqueue_many as in 006, the budget starting at greatest(due, now()).
--- Applications call dispatcher.enqueue_many, which checks the tolerance first. Created here;
--- the bodies of the three doors: db/functions/.
-
--- The SQL door for one job: as in 006, plus the tolerance; the budget starts at
--- greatest(due, now()).
+-- Created or changed here (bodies: db/functions/): dispatcher.enqueue_many_internal, the
+-- daemon's door (enqueue_many as in 006, the budget starting at greatest(due, now())); and the
+-- SQL doors dispatcher.enqueue_many and dispatcher.enqueue, which refuse a due time long past
+-- first, then do the same.
