@@ -126,8 +126,10 @@ async def _apply(conn: asyncpg.Connection, upto: int | None) -> list[str]:
         applied_now.append(name)
     # The files are written against the last migration's tables: a schema stopped short of
     # it (a test of one migration) gets none, and its first full migrate applies them all.
+    # After a migration every file is applied again, whatever its hash: a migration may have
+    # dropped what a file creates (a view whose columns change, with its triggers).
     if upto is None or upto >= latest_version():
-        applied_now += await _apply_function_files(conn)
+        applied_now += await _apply_function_files(conn, every=bool(applied_now))
     return applied_now
 
 
@@ -135,17 +137,19 @@ def _has_statements(sql: str) -> bool:
     return any(line.strip() and not line.lstrip().startswith("--") for line in sql.splitlines())
 
 
-async def _apply_function_files(conn: asyncpg.Connection) -> list[str]:
-    """Apply the function files whose text the database does not hold, forget those no longer
-    shipped, and return their names (as `functions/NAME`)."""
+async def _apply_function_files(conn: asyncpg.Connection, *, every: bool) -> list[str]:
+    """Apply the function files whose text the database does not hold (`every`: all of them),
+    forget those no longer shipped, and return the names applied (as `functions/NAME`)."""
     held = await _held_files(conn)
     differ = _files_that_differ(held)
-    if not differ:
+    if not differ and not every:
         return []
     newer = _newer_release(held)
     if newer is not None:
         raise SchemaMismatch(_newer_functions(newer, differ) + "; nothing was changed")
     shipped = [name for name, _, _ in function_files()]
+    if every:
+        differ |= set(shipped)
     for name, sql, digest in function_files():
         if name in differ:
             await conn.execute(sql)

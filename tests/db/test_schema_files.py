@@ -108,6 +108,23 @@ async def test_an_edited_function_file_is_applied_and_recorded(
     assert tuple(row) == ("edited-digest", __version__)
 
 
+async def test_what_a_migration_dropped_the_function_files_create_again(
+    conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch, fresh_schema: str
+) -> None:
+    """A migration changing a view's columns drops it, and its trigger with it; no file's text
+    changed, so the hashes alone would not bring them back: after a migration, all files are
+    applied."""
+    shipped = schema.available()
+    later = (schema.latest_version() + 1, "later_view_change.sql", "DROP VIEW dispatcher.jobs;")
+    monkeypatch.setattr(schema, "available", lambda: [*shipped, later])
+    applied = await schema.migrate(conn)
+    assert applied == ["later_view_change.sql"] + [
+        f"functions/{name}" for name, _, _ in schema.function_files()
+    ]
+    assert await render(conn) == fresh_schema
+    assert await schema.migrate(conn) == []
+
+
 async def test_a_release_older_than_the_schema_refuses_and_changes_nothing(
     conn: asyncpg.Connection,
 ) -> None:
