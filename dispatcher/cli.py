@@ -420,7 +420,7 @@ def cmd_db_url(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
     if args.action in ("discard", "redrive", "reschedule"):
         return cmd_jobs_operate(settings, args)
-    from dispatcher.api.app import attempt_view, job_view, summary_view
+    from dispatcher.api.views import attempt_view, job_view, summary_view
     from dispatcher.api.filters import FILTERS, FilterError, parse_job_filter
     from dispatcher.db.jobs import JobRepository
 
@@ -522,7 +522,7 @@ def cli_spelling(message: str) -> str:
 async def _operate(settings: Settings, args: argparse.Namespace, request: Any) -> int:
     from datetime import UTC
 
-    from dispatcher.api.app import job_view
+    from dispatcher.api.views import job_view
     from dispatcher.db.jobs import JobRepository
     from dispatcher.operator.operations import long_past, move_dead_letters, unknown_queue
 

@@ -3,7 +3,9 @@ tests/db/test_console_plans.py) and which shared action each button runs.
 
 Reading pages need the `read` scope. Every action is two requests: a GET that shows what will
 happen (with the dry-run count where there is one) and a form, and the POST of that form, which
-runs the same `*_action` function as the API route and shows the outcome.
+runs the same method of the operator service (dispatcher.operator.service) as the API route,
+as the session's token, and shows the outcome. The service's refusals are rendered as error
+pages by the toolkit's middleware.
 """
 
 from __future__ import annotations
@@ -17,21 +19,9 @@ import jinja2
 from aiohttp import web
 from pydantic import ValidationError
 
-from dispatcher.api.app import (
-    INTAKE,
-    LIST_PARAMETERS,
-    REPO,
-    SAMPLER,
-    SCHEDULES,
-    SETTINGS,
-    cancel_action,
-    catch_up_action,
-    dead_letters_action,
-    discard_action,
-    queue_pause_action,
-    retry_action,
-)
 from dispatcher.api.filters import FILTERS, FilterError, next_cursor, parse_cursor, parse_job_filter
+from dispatcher.api.jobs import LIST_PARAMETERS
+from dispatcher.api.keys import OPERATOR, REPO
 from dispatcher.api.problems import Problem
 from dispatcher.api.schemas import describe, is_ascii_number, summary
 from dispatcher.console.redact import masked_target
@@ -45,11 +35,10 @@ from dispatcher.console.toolkit import (
     render,
     session_of,
 )
-from dispatcher.core import rfc3339
-from dispatcher.db.runs import TriggerFailed
 from dispatcher.intake.requests import DeadLetterRequest
 from dispatcher.model import STATES
-from dispatcher.operator.operations import queue_overview
+from dispatcher.operator.audit import Actor
+from dispatcher.operator.service import Operator
 
 PAGE_SIZES = (25, 50, 100)
 ATTEMPTS_SHOWN = 50
@@ -127,15 +116,16 @@ def add_filters(env: jinja2.Environment) -> None:
 
 
 # overview ------------------------------------------------------------------------------------
+def acting(request: web.Request) -> tuple[Operator, Actor]:
+    """The operator service and who asks: the session's token (or the anonymous session)."""
+    return api_of(request)[OPERATOR], Actor(session_of(request).name, "console")
+
+
 async def queue_rows(request: web.Request) -> list[dict[str, Any]]:
     """The API's queue overview (GET /v1/queues), with this daemon's starts per second and the
     in-flight cap beside the running count."""
-    api = api_of(request)
-    registry = await api[REPO].list_queues()
-    sampler = api[SAMPLER]
-    sample = sampler.latest(COUNTERS_MAX_AGE_S) or await sampler.sample(COUNTERS_MAX_AGE_S)
+    rows = await api_of(request)[OPERATOR].queues(COUNTERS_MAX_AGE_S)
     series = request.app[SERIES]
-    rows = queue_overview(registry, sample, api[SETTINGS])
     for row in rows:
         row["starts_per_s"] = round(series.starts_per_s(row["name"]), 2)
         row["cap"] = row["limits"].get("max_inflight")
@@ -144,8 +134,7 @@ async def queue_rows(request: web.Request) -> list[dict[str, Any]]:
 
 async def overview(request: web.Request) -> web.StreamResponse:
     context = base_context(request, "Overview", "overview")
-    service = api_of(request)[SCHEDULES]
-    schedules = await service.status() if service is not None else []
+    schedules = await api_of(request)[OPERATOR].schedule_status()
     context.update(queues=await queue_rows(request), schedules=schedules, states=STATES)
     return render(request, "overview.html", context)
 
@@ -321,8 +310,9 @@ async def job_confirm(request: web.Request) -> web.StreamResponse:
 @operate
 async def job_act(request: web.Request) -> web.StreamResponse:
     jid, action = job_action_named(request)
-    run = {"retry": retry_action, "cancel": cancel_action, "discard": discard_action}[action]
-    row = await run(api_of(request), jid)
+    operator, actor = acting(request)
+    run = {"retry": operator.retry, "cancel": operator.cancel, "discard": operator.discard}
+    row = await run[action](actor, jid)
     return done(
         request, f"Job {jid} is now {row['state']}.", [(f"{PREFIX}/jobs/{jid}", f"Job {jid}")]
     )
@@ -369,7 +359,8 @@ def confirm_pause_or_resume(
 @operate
 async def queue_act(request: web.Request) -> web.StreamResponse:
     name, action = queue_action_named(request)
-    row = await queue_pause_action(api_of(request), name, paused=action == "pause")
+    operator, actor = acting(request)
+    row = await operator.set_queue_paused(actor, name, paused=action == "pause")
     state = "paused" if row["paused"] else "active"
     return done(request, f"Queue {name} is {state}.", [(f"{PREFIX}/", "Overview")])
 
@@ -416,7 +407,8 @@ def bulk_request(
 async def dead_confirm(request: web.Request) -> web.StreamResponse:
     """The dry run of a bulk action, then its form: the count is what the POST would move."""
     action, body = bulk_request(request, request.query, dry_run=True)
-    result = await dead_letters_action(api_of(request), action, body)
+    operator, actor = acting(request)
+    result = await operator.move_dead_letters(actor, action, body)
     verb, effect = BULK_ACTIONS[action]
     what = f"queue {body.queue}" + (f", reason {body.dead_reason}" if body.dead_reason else "")
     count = result["count"]
@@ -438,7 +430,8 @@ async def dead_confirm(request: web.Request) -> web.StreamResponse:
 @operate
 async def dead_act(request: web.Request) -> web.StreamResponse:
     action, body = bulk_request(request, await request.post(), dry_run=False)
-    result = await dead_letters_action(api_of(request), action, body)
+    operator, actor = acting(request)
+    result = await operator.move_dead_letters(actor, action, body)
     verb = {"redrive": "Redriven", "discard": "Discarded"}[action]
     return done(
         request, f"{verb}: {result['count']} dead jobs.", [(f"{PREFIX}/dead", "Dead letters")]
@@ -446,17 +439,11 @@ async def dead_act(request: web.Request) -> web.StreamResponse:
 
 
 # schedules --------------------------------------------------------------------------------------
-def schedule_service(request: web.Request, name: str | None = None) -> Any:
-    service = api_of(request)[SCHEDULES]
-    if name is not None and (service is None or name not in service.names()):
-        raise Problem(404, f"No schedule {name[:100]!r}.")
-    return service
-
-
 async def schedules(request: web.Request) -> web.StreamResponse:
-    service = schedule_service(request)
+    operator = api_of(request)[OPERATOR]
     shown = []
-    for status in await service.status() if service is not None else []:
+    for status in await operator.schedule_status():
+        service = operator.schedule(status["name"])
         receipts = [r.to_json() for r in await service.receipts(status["name"], RECEIPTS_SHOWN)]
         missed = status["missed"]["periods"]
         catch_from = min((m["period_start"] for m in missed), default="")
@@ -469,29 +456,23 @@ async def schedules(request: web.Request) -> web.StreamResponse:
     return render(request, "schedules.html", context)
 
 
-def catch_up_range(values: Any) -> tuple[datetime, datetime]:
-    def instant(field: str) -> datetime:
-        try:
-            return rfc3339.parse(str(values.get(field)).strip())
-        except rfc3339.TimeError as exc:
-            raise Problem(422, f"{field}: {exc}") from None
-
-    return instant("from"), instant("to")
+def catch_up_range(values: Any) -> tuple[str, str]:
+    return str(values.get("from")), str(values.get("to"))
 
 
 @operate
 async def catch_up_confirm(request: web.Request) -> web.StreamResponse:
     name = request.match_info["name"]
-    service = schedule_service(request, name)
+    operator, actor = acting(request)
     start, end = catch_up_range(request.query)
-    plan = await catch_up_action(service, name, start, end, dry_run=True)
+    plan = await operator.catch_up(actor, name, start, end, dry_run=True)
     would = plan["would_create"]
     context = base_context(request, f"Catch up {name}?", "schedules")
     context.update(
         name=name,
         plan=plan,
         would=would,
-        fields={"from": start.isoformat(), "to": end.isoformat()},
+        fields={"from": start.strip(), "to": end.strip()},
         action=f"{PREFIX}/schedules/{name}/catch-up",
         back=f"{PREFIX}/schedules",
     )
@@ -501,14 +482,9 @@ async def catch_up_confirm(request: web.Request) -> web.StreamResponse:
 @operate
 async def catch_up_act(request: web.Request) -> web.StreamResponse:
     name = request.match_info["name"]
-    service = schedule_service(request, name)
+    operator, actor = acting(request)
     start, end = catch_up_range(await request.post())
-    try:
-        result = await catch_up_action(service, name, start, end, dry_run=False)
-    except TriggerFailed as exc:
-        raise Problem(503, f"{exc}; try again (a catch-up is idempotent)") from None
-    if result["created"]:
-        api_of(request)[INTAKE].notify_accepted()
+    result = await operator.catch_up(actor, name, start, end, dry_run=False)
     return done(
         request,
         f"Catch-up of {name}: {result['created']} runs created, {result['existing']} existed.",
@@ -516,12 +492,17 @@ async def catch_up_act(request: web.Request) -> web.StreamResponse:
     )
 
 
-@operate
-async def schedule_confirm(request: web.Request) -> web.StreamResponse:
+def schedule_action_named(request: web.Request) -> tuple[str, str]:
     name, action = request.match_info["name"], request.match_info["action"]
-    schedule_service(request, name)
+    api_of(request)[OPERATOR].schedule(name)
     if action not in ("pause", "resume"):
         raise Problem(404, "Schedule actions are pause, resume and catch-up.")
+    return name, action
+
+
+@operate
+async def schedule_confirm(request: web.Request) -> web.StreamResponse:
+    name, action = schedule_action_named(request)
     effect = (
         "no instance fires it; its periods are recorded as missed (catch them up later)"
         if action == "pause"
@@ -534,11 +515,9 @@ async def schedule_confirm(request: web.Request) -> web.StreamResponse:
 
 @operate
 async def schedule_act(request: web.Request) -> web.StreamResponse:
-    name, action = request.match_info["name"], request.match_info["action"]
-    service = schedule_service(request, name)
-    if action not in ("pause", "resume"):
-        raise Problem(404, "Schedule actions are pause, resume and catch-up.")
-    await (service.pause(name) if action == "pause" else service.resume(name))
+    name, action = schedule_action_named(request)
+    operator, actor = acting(request)
+    await operator.set_schedule_paused(actor, name, paused=action == "pause")
     return done(request, f"Schedule {name}: {action}d.", [(f"{PREFIX}/schedules", "Schedules")])
 
 
