@@ -212,11 +212,64 @@ def _operator_schemas() -> dict[str, Any]:
     }
 
 
+def _job_schemas() -> dict[str, Any]:
+    """A job as the API shows it, and one attempt of its history."""
+    nullable_str = {"type": ["string", "null"]}
+    return {
+        "Attempt": {
+            "type": "object",
+            "required": ["attempt", "outcome", "owner", "finished_at"],
+            "properties": {
+                "attempt": {"type": "integer"},
+                "outcome": {"enum": list(ATTEMPT_OUTCOMES)},
+                "reason": {
+                    **nullable_str,
+                    "description": "why it failed: timeout, transient, rate_limited, "
+                    "error or a permanent failure's code; for dead, the dead reason",
+                },
+                "owner": {"type": "string", "description": "the lease owner"},
+                "started_at": nullable_str,
+                "finished_at": {"type": "string", "format": "date-time"},
+                "http_status": {"type": ["integer", "null"]},
+                "latency_s": {"type": ["number", "null"]},
+                "excerpt": {
+                    **nullable_str,
+                    "maxLength": 500,
+                    "description": "the error, or an http success's response start",
+                },
+            },
+        },
+        "Job": {
+            "type": "object",
+            "required": ["id", "key", "state", "attempt", "due_at"],
+            "properties": {
+                "id": {"type": "integer"},
+                "key": {"type": "string"},
+                "state": {"enum": list(STATES)},
+                "queue": {"type": "string"},
+                "attempt": {"type": "integer"},
+                "due_at": {"type": "string"},
+                "created_at": {"type": "string"},
+                "started_at": nullable_str,
+                "finished_at": nullable_str,
+                "last_error": nullable_str,
+                "dead_reason": nullable_str,
+                "tenant": nullable_str,
+                "handler": {"type": "string"},
+                "run_key": nullable_str,
+                "dead_letter_of": {
+                    "type": ["integer", "null"],
+                    "description": "a dead-letter notification: the job it reports on",
+                },
+            },
+        },
+    }
+
+
 def components() -> dict[str, Any]:
     """The document's `components`: the bearer scheme and every named schema."""
     job_request = JobRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     batch_item = BatchItem.model_json_schema(ref_template="#/components/schemas/{model}")
-    nullable_str = {"type": ["string", "null"]}
     return {
         "securitySchemes": {
             "bearer": {
@@ -254,53 +307,7 @@ def components() -> dict[str, Any]:
                     "created_at": {"type": "string", "format": "date-time"},
                 },
             },
-            "Attempt": {
-                "type": "object",
-                "required": ["attempt", "outcome", "owner", "finished_at"],
-                "properties": {
-                    "attempt": {"type": "integer"},
-                    "outcome": {"enum": list(ATTEMPT_OUTCOMES)},
-                    "reason": {
-                        **nullable_str,
-                        "description": "why it failed: timeout, transient, rate_limited, "
-                        "error or a permanent failure's code; for dead, the dead reason",
-                    },
-                    "owner": {"type": "string", "description": "the lease owner"},
-                    "started_at": nullable_str,
-                    "finished_at": {"type": "string", "format": "date-time"},
-                    "http_status": {"type": ["integer", "null"]},
-                    "latency_s": {"type": ["number", "null"]},
-                    "excerpt": {
-                        **nullable_str,
-                        "maxLength": 500,
-                        "description": "the error, or an http success's response start",
-                    },
-                },
-            },
-            "Job": {
-                "type": "object",
-                "required": ["id", "key", "state", "attempt", "due_at"],
-                "properties": {
-                    "id": {"type": "integer"},
-                    "key": {"type": "string"},
-                    "state": {"enum": list(STATES)},
-                    "queue": {"type": "string"},
-                    "attempt": {"type": "integer"},
-                    "due_at": {"type": "string"},
-                    "created_at": {"type": "string"},
-                    "started_at": nullable_str,
-                    "finished_at": nullable_str,
-                    "last_error": nullable_str,
-                    "dead_reason": nullable_str,
-                    "tenant": nullable_str,
-                    "handler": {"type": "string"},
-                    "run_key": nullable_str,
-                    "dead_letter_of": {
-                        "type": ["integer", "null"],
-                        "description": "a dead-letter notification: the job it reports on",
-                    },
-                },
-            },
+            **_job_schemas(),
             **_operator_schemas(),
         },
     }

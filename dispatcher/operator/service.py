@@ -169,12 +169,21 @@ class Operator:
             known_name = re.match(NAME_PATTERN, name) is not None
             row = await self.repo.set_queue_paused(name, paused) if known_name else None
             if row is None:
-                known = [q["name"] for q in await self.repo.list_queues()]
-                raise NotFound(f"no queue {name[:100]!r}; queues: {', '.join(known)}", queues=known)
+                raise await self._no_queue(name)
             metrics.QUEUE_PAUSED.labels(name).set(1 if paused else 0)
             log.warning("queue %s %s by an operator", name, "paused" if paused else "resumed")
             sample = await self.sampler.sample(max_age_s=OVERVIEW_MAX_AGE_S)
             return queue_overview([row], sample, self.settings)[0]
+
+    async def queue(self, name: str) -> None:
+        """Nothing if queue `name` is in the registry; else NotFound listing the queues (a
+        door's confirmation page asks before it offers the action)."""
+        if name not in [q["name"] for q in await self.repo.list_queues()]:
+            raise await self._no_queue(name)
+
+    async def _no_queue(self, name: str) -> NotFound:
+        known = [q["name"] for q in await self.repo.list_queues()]
+        return NotFound(f"no queue {name[:100]!r}; queues: {', '.join(known)}", queues=known)
 
     # schedules ----------------------------------------------------------------------------
     def schedule(self, name: str) -> CronService:

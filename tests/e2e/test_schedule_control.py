@@ -226,7 +226,7 @@ async def test_the_cli_pauses_what_the_running_daemon_honours_and_dry_runs_creat
         assert (await schedule_view(daemon.base_url))["paused"] is False
 
         unknown = await cli("schedules", "pause", "other", cwd=tmp_path, env=env)
-        assert unknown.code == 2
+        assert unknown.code == 1  # not found, as for a job or a queue (not a usage error)
         assert unknown.stderr.splitlines()[-1] == (
             "dispatcher: no schedule 'other' (known: nightly)"
         )
