@@ -98,7 +98,13 @@ OPTION_NAMES = {
     "limit": "--limit",
 }
 # the options that name the fields the operator service refuses (Invalid.field)
-FIELD_OPTIONS = {**OPTION_NAMES, "due_at": "--at", "from": "--from", "to": "--to"}
+FIELD_OPTIONS = {
+    **OPTION_NAMES,
+    "due_at": "--at",
+    "from": "--from",
+    "to": "--to",
+    "period_start": "--period",
+}
 
 
 def cli_spelling(message: str) -> str:

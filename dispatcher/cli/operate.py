@@ -153,6 +153,13 @@ def cmd_queues(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_schedules(settings: Settings, args: argparse.Namespace) -> int:
     async def run(operator: Operator) -> int:
         action = getattr(args, "schedule_action", None)
+        if action == "trigger":
+            receipt = await operator.trigger(
+                Actor.cli(), args.name, args.period, dry_run=args.dry_run
+            )
+            line = f"{receipt['run_key']}  {receipt['outcome']}"
+            print(json.dumps(receipt, indent=2, default=plain) if args.json else line)
+            return 0
         if action is not None:
             paused = action == "pause"
             entry = await operator.set_schedule_paused(Actor.cli(), args.name, paused=paused)

@@ -92,12 +92,13 @@ def _daemon_commands(command: Command) -> None:
 
 
 def _schedule_commands(command: Command) -> None:
-    """`status`, `schedules` (pause, resume) and `catch-up`."""
+    """`status`, `schedules` (pause, resume, trigger) and `catch-up`."""
     status = command("status", "jobs per queue and state, oldest ready age, dead letters")
     status.add_argument("--json", action="store_true", help="one JSON document for scripts")
 
     schedules = command(
-        "schedules", "schedules: next fire, last run receipt, missed periods; pause, resume"
+        "schedules",
+        "schedules: next fire, last run receipt, missed periods; pause, resume, trigger",
     )
     schedules.add_argument("--json", action="store_true", help="one JSON document for scripts")
     schedule_actions = schedules.add_subparsers(dest="schedule_action", metavar="ACTION")
@@ -112,6 +113,19 @@ def _schedule_commands(command: Command) -> None:
         p = schedule_actions.add_parser(action, help=help_text, description=help_text)
         p.add_argument("name", help="schedule name from [[schedules]]")
         p.add_argument("--json", action="store_true", help="one JSON document for scripts")
+    trigger_help = (
+        "create the run of one period of a schedule (idempotent; works while paused, as an "
+        "explicit request)"
+    )
+    trigger = schedule_actions.add_parser("trigger", help=trigger_help, description=trigger_help)
+    trigger.add_argument("name", help="schedule name from [[schedules]]")
+    trigger.add_argument(
+        "--period", required=True, metavar="T", help="the period's start, RFC 3339"
+    )
+    trigger.add_argument(
+        "--dry-run", action="store_true", help="say whether it would create the run; create nothing"
+    )
+    trigger.add_argument("--json", action="store_true", help="one JSON document for scripts")
     catch_up = command("catch-up", "create the runs of missed periods of a schedule (idempotent)")
     catch_up.add_argument("schedule", help="schedule name from [[schedules]]")
     catch_up.add_argument(

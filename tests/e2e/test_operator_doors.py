@@ -9,12 +9,14 @@ from __future__ import annotations
 import getpass
 import html
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import asyncpg
+import pytest
 
 from tests.console.common import form_token, session
 from tests.harness import RunningDaemon, cli, make_settings, running_daemon
@@ -43,7 +45,10 @@ def detail_of(page: str) -> str:
     return html.unescape(match.group(1)).strip()
 
 
-async def test_the_three_doors_refuse_the_same_action_alike(db_url: str, tmp_path: Path) -> None:
+async def test_the_three_doors_refuse_the_same_action_alike(
+    db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="dispatcher.operator")
     settings = make_settings(db_url, queues={"default": {}})
     env = {"DISPATCHER_DATABASE_URL": db_url}
     conn = await asyncpg.connect(db_url)
@@ -76,6 +81,14 @@ async def test_the_three_doors_refuse_the_same_action_alike(db_url: str, tmp_pat
             assert await conn.fetchval("SELECT state FROM dispatcher.jobs WHERE id = $1", job) == (
                 "running"
             )
+        # the daemon's two doors audited the refused retry once each (the CLI: its own stderr)
+        retries = [
+            (r.door, r.getMessage().endswith(f"(api): refused: {refusal}")
+             or r.getMessage().endswith(f"(console): refused: {refusal}"))
+            for r in caplog.records
+            if r.getMessage().startswith(f"operator action retry job {job} ")
+        ]  # fmt: skip
+        assert sorted(retries) == [("api", True), ("console", True)]
     finally:
         await conn.close()
 
