@@ -4,6 +4,7 @@ service's refusals become problem documents in one place (`operator_problem`).""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -27,6 +28,7 @@ from dispatcher.operator.service import Operator
 # What a client is told to wait when the database cannot be reached (503 + Retry-After).
 RETRY_AFTER_S = 5
 STATUS: dict[type[OperatorError], int] = {NotFound: 404, Conflict: 409, Invalid: 422}
+JobAction = Callable[[Actor, int], Awaitable[dict[str, Any]]]
 
 
 def http_status(exc: OperatorError) -> int:
@@ -48,19 +50,22 @@ def acting(request: web.Request) -> tuple[Operator, Actor]:
 
 
 # jobs -------------------------------------------------------------------------------------
-async def retry_job(request: web.Request) -> web.Response:
-    operator, actor = acting(request)
-    return json_response(job_view(await operator.retry(actor, job_id(request))))
+def job_action(method: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """The handler of `POST /v1/jobs/{id}/...` that runs the operator service's `method` (a
+    one-job action without a body: retry, cancel, discard) and answers the job."""
+
+    async def handler(request: web.Request) -> web.Response:
+        operator, actor = acting(request)
+        action: JobAction = getattr(operator, method)
+        return json_response(job_view(await action(actor, job_id(request))))
+
+    handler.__name__ = f"{method}_job"
+    return handler
 
 
-async def cancel_job(request: web.Request) -> web.Response:
-    operator, actor = acting(request)
-    return json_response(job_view(await operator.cancel(actor, job_id(request))))
-
-
-async def discard_job(request: web.Request) -> web.Response:
-    operator, actor = acting(request)
-    return json_response(job_view(await operator.discard(actor, job_id(request))))
+retry_job = job_action("retry")
+cancel_job = job_action("cancel")
+discard_job = job_action("discard")
 
 
 async def reschedule_job(request: web.Request) -> web.Response:

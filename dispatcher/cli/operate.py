@@ -28,9 +28,9 @@ def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
         return cmd_jobs_read(settings, args)
     from dispatcher.api.views import job_view
 
-    async def act(operator: Operator) -> int:
-        run = {"retry": operator.retry, "cancel": operator.cancel}[args.action]
-        view = job_view(await run(Actor.cli(), args.id))
+    async def act(operator: Operator) -> int:  # `jobs VERB ID`: the service's method VERB
+        action = getattr(operator, args.action.replace("-", "_"))
+        view = job_view(await action(Actor.cli(), args.id))
         print(json.dumps(view, indent=2) if args.json else format_job(view))
         return 0
 

@@ -26,7 +26,7 @@ from dispatcher.operator.audit import Actor
 from dispatcher.operator.service import Operator
 
 JOB_ACTIONS = {
-    # action: (verb shown, states it applies to, what it does)
+    # the operator service's method: (verb shown, states it applies to, what it does)
     "retry": (
         "Retry",
         ("dead", "cancelled", "discarded"),
@@ -91,8 +91,7 @@ async def job_confirm(request: web.Request) -> web.StreamResponse:
 async def job_act(request: web.Request) -> web.StreamResponse:
     jid, action = job_action_named(request)
     operator, actor = acting(request)
-    run = {"retry": operator.retry, "cancel": operator.cancel, "discard": operator.discard}
-    row = await run[action](actor, jid)
+    row = await getattr(operator, action)(actor, jid)  # JOB_ACTIONS: the service's methods
     return done(
         request, f"Job {jid} is now {row['state']}.", [(f"{PREFIX}/jobs/{jid}", f"Job {jid}")]
     )
