@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dispatcher.api.schemas import BatchItem, RescheduleRequest
+from dispatcher.api.schemas import MAX_BATCH, BatchItem, RescheduleRequest
 from dispatcher.config.settings import NAME_PATTERN
 from dispatcher.intake.requests import DeadLetterRequest, JobRequest
 from dispatcher.model import STATES
@@ -162,6 +162,81 @@ QUEUE_NAME = {
 }
 BULK_RESULT = {"$ref": "#/components/schemas/BulkResult"}
 QUEUE = {"$ref": "#/components/schemas/Queue"}
+
+
+# request and response schemas of single operations (dispatcher.api.routes)
+NULLABLE_STR = {"type": ["string", "null"]}
+LIMIT = {
+    "name": "limit",
+    "in": "query",
+    "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+}
+IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": True,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+}
+JOB_LIST = {
+    "type": "object",
+    "properties": {"items": {"type": "array", "items": JOB}, "next_cursor": NULLABLE_STR},
+}
+BATCH_REQUEST = {
+    "type": "object",
+    "required": ["jobs"],
+    "additionalProperties": False,
+    "properties": {
+        "jobs": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": MAX_BATCH,
+            "items": {"$ref": "#/components/schemas/BatchItem"},
+        }
+    },
+}
+BATCH_RESULTS = {
+    "type": "object",
+    "properties": {
+        "results": {
+            "type": "array",
+            "items": {"type": "object", "required": ["index", "status"]},
+        }
+    },
+}
+ATTEMPT_PAGE = {
+    "type": "object",
+    "required": ["job_id", "items", "next_cursor"],
+    "properties": {
+        "job_id": {"type": "integer"},
+        "items": {"type": "array", "items": ATTEMPT},
+        "next_cursor": NULLABLE_STR,
+    },
+}
+BULK_TEXT = (
+    "Dead jobs matching every filter given (at least one, or `all`), in batches of 1,000, "
+    "each committed on its own; only jobs dead when the call began. Idempotent: repeating "
+    "a finished call moves nothing. `dry_run` counts and changes nothing."
+)
+TRIGGER_REQUEST = {
+    "type": "object",
+    "required": ["period_start"],
+    "additionalProperties": False,
+    "properties": {
+        "period_start": {"type": "string", "format": "date-time"},
+        "dry_run": {"type": "boolean", "default": False},
+    },
+}
+CATCH_UP_REQUEST = {
+    "type": "object",
+    "required": ["from", "to"],
+    "additionalProperties": False,
+    "properties": {
+        "from": {"type": "string", "format": "date-time"},
+        "to": {"type": "string", "format": "date-time"},
+        "dry_run": {"type": "boolean", "default": False},
+    },
+}
+ANY_OBJECT = {"type": "object"}
 
 
 def _operator_schemas() -> dict[str, Any]:

@@ -20,11 +20,20 @@ from pydantic import BaseModel
 from dispatcher.api import health, jobs, operate
 from dispatcher.api.contract import (
     ACCEPTED,
-    ATTEMPT,
+    ANY_OBJECT,
+    ATTEMPT_PAGE,
+    BATCH_REQUEST,
+    BATCH_RESULTS,
+    BULK_RESULT,
+    BULK_TEXT,
     CATCH_UP,
+    CATCH_UP_REQUEST,
     CURSOR_PATTERN,
+    IDEMPOTENCY_KEY,
     JOB,
     JOB_ID,
+    JOB_LIST,
+    LIMIT,
     LIST_FILTERS,
     QUEUE,
     QUEUE_NAME,
@@ -32,6 +41,7 @@ from dispatcher.api.contract import (
     SCHEDULE,
     SCHEDULE_NAME,
     TRACEPARENT_HEADER,
+    TRIGGER_REQUEST,
     json_body,
     json_ok,
     problem_responses,
@@ -82,80 +92,6 @@ class Route:
             operation["security"] = []
         return operation
 
-
-NULLABLE_STR = {"type": ["string", "null"]}
-LIMIT = {
-    "name": "limit",
-    "in": "query",
-    "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
-}
-IDEMPOTENCY_KEY = {
-    "name": "Idempotency-Key",
-    "in": "header",
-    "required": True,
-    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
-}
-JOB_LIST = {
-    "type": "object",
-    "properties": {"items": {"type": "array", "items": JOB}, "next_cursor": NULLABLE_STR},
-}
-BATCH_REQUEST = {
-    "type": "object",
-    "required": ["jobs"],
-    "additionalProperties": False,
-    "properties": {
-        "jobs": {
-            "type": "array",
-            "minItems": 1,
-            "maxItems": MAX_BATCH,
-            "items": {"$ref": "#/components/schemas/BatchItem"},
-        }
-    },
-}
-BATCH_RESULTS = {
-    "type": "object",
-    "properties": {
-        "results": {
-            "type": "array",
-            "items": {"type": "object", "required": ["index", "status"]},
-        }
-    },
-}
-ATTEMPT_PAGE = {
-    "type": "object",
-    "required": ["job_id", "items", "next_cursor"],
-    "properties": {
-        "job_id": {"type": "integer"},
-        "items": {"type": "array", "items": ATTEMPT},
-        "next_cursor": NULLABLE_STR,
-    },
-}
-BULK_TEXT = (
-    "Dead jobs matching every filter given (at least one, or `all`), in batches of 1,000, "
-    "each committed on its own; only jobs dead when the call began. Idempotent: repeating "
-    "a finished call moves nothing. `dry_run` counts and changes nothing."
-)
-BULK_RESULT = {"$ref": "#/components/schemas/BulkResult"}
-TRIGGER_REQUEST = {
-    "type": "object",
-    "required": ["period_start"],
-    "additionalProperties": False,
-    "properties": {
-        "period_start": {"type": "string", "format": "date-time"},
-        "dry_run": {"type": "boolean", "default": False},
-    },
-}
-CATCH_UP_REQUEST = {
-    "type": "object",
-    "required": ["from", "to"],
-    "additionalProperties": False,
-    "properties": {
-        "from": {"type": "string", "format": "date-time"},
-        "to": {"type": "string", "format": "date-time"},
-        "dry_run": {"type": "boolean", "default": False},
-    },
-}
-ANY_OBJECT = {"type": "object"}
 
 JOB_ROUTES = [
     Route(
