@@ -31,7 +31,10 @@ DESCRIPTION: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("description"
 OWN_AUTH = web.AppKey("own_auth", bool)
 # Failed authentications per client address (the console's sign-in counts here too).
 GUESSES = web.AppKey("guesses", GuessLimiter)
-# Who a request is from (the token's name, or ANONYMOUS), as the auth middleware found it.
-CALLER = "dispatcher_caller"
+# Who a request is from (the token's name, or ANONYMOUS), as the auth middleware found it
+# (typed keys for requests exist from aiohttp 3.12 on).
+CALLER: Any = (
+    web.RequestKey("dispatcher_caller", str) if hasattr(web, "RequestKey") else "dispatcher_caller"
+)
 # Who operator actions are logged as when the API has no tokens (loopback only).
 ANONYMOUS = "anonymous (no API tokens configured)"
