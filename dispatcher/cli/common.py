@@ -32,7 +32,7 @@ async def database(
     from contextlib import AsyncExitStack
 
     from dispatcher.daemon import resolve_database
-    from dispatcher.db import migrations
+    from dispatcher.db import schema
     from dispatcher.db.pool import create_pool, wait_for_database
     from dispatcher.errors import SchemaMismatch
 
@@ -44,7 +44,7 @@ async def database(
         if check_schema:
             async with pool.acquire() as conn:
                 try:
-                    await migrations.check_current(conn)
+                    await schema.check_current(conn)
                 except SchemaMismatch as exc:
                     raise SchemaMismatch(f"{database_place(settings)}: {exc}") from None
         yield dsn, pool
