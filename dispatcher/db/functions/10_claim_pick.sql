@@ -15,7 +15,9 @@
 -- Strict: a priority's jobs are all taken before the next priority's. Tenants that held fewer
 -- than their share leave the rest of the claim to those that filled theirs (another round,
 -- a new share each); only when a priority has nothing left that this claim can take does the
--- claim go on to the next priority value.
+-- claim go on to the next priority value. Each round either fills the claim or finds a tenant
+-- out of jobs; after 8 rounds on one priority (8 tenants emptied one after another by uneven
+-- shares) the claim goes on to the next value with what is left, rather than loop on.
 CREATE OR REPLACE FUNCTION dispatcher.claim_pick(q text, wanted integer, caps text[],
                                       after_priority integer, after_tenant text)
 RETURNS TABLE (id bigint, pos integer, priority smallint, tenant text, turn integer)
