@@ -5,5 +5,5 @@
 -- index's order, so stale statistics (every job ready) never make it a sequential scan.
 SELECT true FROM dispatcher.job_state s
  WHERE s.queue = $1 AND s.state = 'ready' AND s.capability = ANY ($2::text[])
- ORDER BY s.queue, s.tenant, s.id
+ ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id  -- jobs_ready_claim (migration 023)
  LIMIT 1;

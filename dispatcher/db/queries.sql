@@ -497,14 +497,15 @@ SELECT count(*)::int FROM (
 
 -- name: job_placement
 -- Reschedule, first step: the state of job $1 and where its outbox row would be (no lock).
-SELECT state, queue, tenant FROM dispatcher.jobs WHERE id = $1;
+SELECT state, queue, tenant, priority FROM dispatcher.jobs WHERE id = $1;
 
 -- name: withdraw_outbox_row
 -- Reschedule of ready job $1 to a time $4 later than now: withdraw its outbox row first ($2
--- queue and $3 tenant reach it by the claim index), so the outbox lock is taken before the job
--- row's, in the order a claim takes them (never a deadlock with a claim in flight).
+-- queue, $5 priority and $3 tenant reach it by the claim index), so the outbox lock is taken
+-- before the job row's, in the order a claim takes them (never a deadlock with a claim in
+-- flight).
 DELETE FROM dispatcher.outbox
- WHERE queue = $2 AND tenant = $3 AND job_id = $1 AND $4::timestamptz > now();
+ WHERE queue = $2 AND priority = $5 AND tenant = $3 AND job_id = $1 AND $4::timestamptz > now();
 
 -- name: reschedule_job
 -- Move job $1, seen in state $3, to due time $2 (NULL = now): `scheduled` when later than now,
