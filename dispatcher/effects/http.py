@@ -49,6 +49,9 @@ MAX_TARGET_HEADERS = 32
 MAX_HEADER_VALUE_CHARS = 8192
 MAX_URL_CHARS = 4096
 MAX_LOCATION_CHARS = 512
+# The response header a target stops retrying with (`Dispatcher-Retry: abort`), as Svix's
+# `webhook-delivery: abort-message`: the job is dead at once, whatever the status.
+RETRY_CONTROL = "Dispatcher-Retry"
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _SIGNED_INTEGER = re.compile(r"^-?[0-9]+\Z")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -388,14 +391,22 @@ def _excerpt(data: bytes, limit: int) -> str:
 def classify(status: int, headers: Mapping[str, str], excerpt: str, now: float) -> Delivered:
     """Success summary for 2xx; otherwise raise RetryLater or Reject with the status and body.
 
-    `Retry-After` is read on every 429 and 503 (rate limited: the queue's backoff when it is
-    absent or unreadable) and on any other 3xx or 5xx that sends it. It is honoured without a
-    cap of its own: the job's retry age bounds it (record_failure decides)."""
+    A target stops the retries of its job with `Dispatcher-Retry: abort` on any other status:
+    the job is dead at once as `receiver_abort`. `Retry-After` is read on every status that is
+    retried (408, 429, 5xx, an unexpected one) and on a 3xx: on 429 and 503 it is a rate limit
+    (the queue's backoff when it is absent or unreadable). It is honoured without a cap of its
+    own: the job's retry age bounds it (record_failure decides)."""
     if 200 <= status < 300:
         return Delivered({"status": status}, http_status=status, excerpt=excerpt)
     reason = f"HTTP {status}" + (f": {excerpt}" if excerpt else "")
+    if headers.get(RETRY_CONTROL, "").strip().lower() == "abort":
+        raise Reject(
+            f"the target answered {RETRY_CONTROL}: abort with {reason}",
+            code="receiver_abort",
+            http_status=status,
+        )
     retry_after_s = None
-    if status == 429 or 300 <= status < 400 or 500 <= status < 600:
+    if not (400 <= status < 500) or status in (408, 429):
         retry_after_s = parse_retry_after(headers.get("Retry-After"), now)
     asked = retry_after_s is not None
     if 300 <= status < 400:
@@ -422,7 +433,7 @@ def classify(status: int, headers: Mapping[str, str], excerpt: str, now: float) 
         raise RetryLater(reason, retry_after_s, retry_after=asked, http_status=status)
     if 400 <= status < 500:
         raise Reject(reason, code="http_4xx", http_status=status)
-    raise RetryLater(f"unexpected {reason}", http_status=status)
+    raise RetryLater(f"unexpected {reason}", retry_after_s, retry_after=asked, http_status=status)
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
