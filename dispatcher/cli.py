@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dispatcher import __version__
+from dispatcher.config import secret_rotation
 from dispatcher.config.settings import Settings, load_settings
 from dispatcher.console import admin as console_admin
 from dispatcher.core import rfc3339
@@ -148,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     restore.add_argument("file", metavar="FILE", help="archive written by dispatcher backup")
     console_admin.add_commands(command("console", "the web console: list and revoke sessions"))
+    secret_rotation.add_command(
+        command("signing-secret", "webhook signing secrets: show them, rotate the primary")
+    )
     restore.add_argument(
         "--force", action="store_true", help="drop the existing dispatcher schema and replace it"
     )
@@ -943,6 +947,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "backup": cmd_backup,
     "restore": cmd_restore,
     "console": cmd_console,
+    "signing-secret": secret_rotation.cmd_signing_secret,
 }
 
 if __name__ == "__main__":

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import re
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
@@ -29,14 +30,17 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from dispatcher.config.settings import Settings
+from dispatcher.config.signing_secret import SigningSecret
 from dispatcher.effects.base import Delivered
 from dispatcher.effects.httpclient import HttpClient, HttpClientError, Origin
-from dispatcher.effects.signing import Signer
+from dispatcher.effects.signing import SignerSet
 from dispatcher.effects.ssrf import GuardedResolver, TargetPolicy, TargetRefused
 from dispatcher.errors import ConfigError, Reject, RetryLater
 from dispatcher.model import Job
 from dispatcher.observability.metrics import HTTP_RESPONSES
 from dispatcher.observability.tracing import TRACEPARENT, current_traceparent
+
+log = logging.getLogger("dispatcher.http")
 
 METHODS = ("POST", "PUT", "PATCH")
 TARGET_KEYS = ("url", "method", "headers", "timeout_s")
@@ -125,9 +129,9 @@ class HttpEffect:
         self._settings = settings
         self._trace_context = trace_context  # send the current span as traceparent
         self._policy = TargetPolicy.from_settings(settings)
-        self._secret = settings.signing_secret()
-        # fails at start, not on the first job
-        self._signer = Signer(self._secret) if self._secret is not None else None
+        # read and checked now, not on the first job; SIGHUP replaces them (use_secrets)
+        self._signers: SignerSet | None = None
+        self.use_secrets(settings.signing_secrets())
         self._ssl_context = ssl_context
         self._clock = clock
         self._client: HttpClient | None = None
@@ -137,6 +141,23 @@ class HttpEffect:
         # normalized and prepared targets, by the stored target's content (see _target_key)
         self._prepared: OrderedDict[Hashable, _Prepared | Reject] = OrderedDict()
         self._counters: dict[tuple[str, str], Any] = {}
+
+    def use_secrets(self, secrets: Sequence[SigningSecret]) -> None:
+        """Sign from now on with `secrets` (the primary first; none: unsigned), as the
+        configuration read them at start or a SIGHUP read them again."""
+        self._signers = SignerSet(secrets) if secrets else None
+
+    def reload_secrets(self) -> None:
+        """SIGHUP: read `http.signing_secret_file` again. A file that cannot be used changes
+        nothing (the secrets in use keep signing) and is logged, naming its line."""
+        try:
+            secrets = self._settings.signing_secrets()
+        except ValueError as exc:  # names the file and line, never a secret
+            log.error("SIGHUP: %s; the signing secrets in use stay", exc)
+            return
+        self.use_secrets(secrets)
+        described = ", ".join(s.describe() for s in secrets)
+        log.info("SIGHUP: signing secrets reloaded: %s", described)
 
     async def start(self) -> None:
         if self._client is not None:
@@ -231,15 +252,16 @@ class HttpEffect:
         key = job.key
         if "\r" in key or "\n" in key:  # what aiohttp refused too: a header injection
             raise ValueError("the job key holds a line break; it cannot be a header value")
-        timestamp = int(self._clock())
+        now = self._clock()
+        timestamp = int(now)
         encoded_key = key.encode()
         parts = [
             target.head,
             b"Idempotency-Key: %s\r\nwebhook-id: %s\r\nwebhook-timestamp: %d\r\n"
             % (encoded_key, encoded_key, timestamp),
         ]
-        if self._signer is not None:
-            signature = self._signer.signature_bytes(encoded_key, timestamp, body)
+        if self._signers is not None:
+            signature = self._signers.signature_bytes(encoded_key, timestamp, body, now)
             parts.append(b"webhook-signature: %s\r\n" % signature)
         traceparent = target.traceparent
         if self._trace_context and (current := current_traceparent()) is not None:
