@@ -13,6 +13,7 @@ from typing import Any
 
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from dispatcher.client.webhooks import WebhookVerifier
 from dispatcher.config.signing_secret import parse_secrets
 from tests.harness import (
     LOOPBACK_ENV,
@@ -79,6 +80,8 @@ async def test_rotate_then_sighup_signs_with_both_and_a_bad_file_changes_nothing
         await wait_until(lambda: "signing secrets reloaded" in daemon.log_text(), what="the reload")
         both = await pushed(daemon, target, "after-sighup")
         assert (verifies(new, both), verifies(OLD, both), signatures(both)) == (True, True, 2)
+        for secret in (new, OLD):  # our own receiver helper too, knowing either one
+            WebhookVerifier([secret]).verify(both["headers"], both["body"])
 
         good_text = secrets.read_text()
         secrets.write_text(good_text + "whsec_not*base64!\n")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from dispatcher.config import secret_rotation
 from dispatcher.config.settings import Settings
 from dispatcher.config.signing_secret import (
     SigningSecret,
@@ -147,3 +148,45 @@ def test_settings_refuse_a_bad_file_or_both_sources(tmp_path: Path) -> None:
         Settings.model_validate({"http": {"signing_secret_file": str(file), "signing_secret": B}})
     with pytest.raises(ValueError, match=r"http\.signing_secret entry 2: the same secret"):
         Settings.model_validate({"http": {"signing_secret": f"{A};{A}"}})
+
+
+def rotate(settings: Settings, *extra: str) -> int:
+    from dispatcher.cli import build_parser
+
+    args = build_parser().parse_args(["signing-secret", "rotate", *extra])
+    return secret_rotation.cmd_signing_secret(settings, args)
+
+
+def test_rotate_keeps_the_files_mode_and_refuses_a_bad_file_unchanged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = tmp_path / "secrets"
+    file.write_text(f"{A}\n")
+    file.chmod(0o640)
+    settings = Settings.model_validate({"http": {"signing_secret_file": str(file)}})
+    assert rotate(settings, "--overlap-s", "60") == 0
+    after = parse_secrets(file.read_text(), "f")
+    assert [s.secret for s in after][1:] == [A] and after[1].not_after is not None
+    assert file.stat().st_mode & 0o777 == 0o640
+    printed = capsys.readouterr().out
+    assert after[1].fingerprint in printed
+    assert A not in printed and after[0].secret not in printed  # fingerprints only
+    broken = file.read_text() + "whsec_not*base64!\n"
+    file.write_text(broken)
+    with pytest.raises(SystemExit, match=r"line 5: .*; the file was not changed"):
+        rotate(settings, "--file", str(file))
+    assert file.read_text() == broken
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_rotate_creates_a_missing_file_private_and_says_what_an_inline_secret_needs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    new = tmp_path / "new-secrets"
+    assert rotate(Settings.model_validate({}), "--file", str(new)) == 0
+    assert new.stat().st_mode & 0o777 == 0o600
+    assert len(parse_secrets(new.read_text(), "f")) == 1
+    inline = Settings.model_validate({"http": {"signing_secret": A}})
+    assert rotate(inline) == 1
+    assert "move it to a file named by http.signing_secret_file" in capsys.readouterr().err
+    assert rotate(inline, "--file", str(new), "--overlap-s", "-1") == 1
