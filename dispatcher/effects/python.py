@@ -121,7 +121,7 @@ class PythonEffect:
             return await self._handler(job, self._shared_context)
         async with leased_transaction(conn, self._repo, job, self._owner):
             result = await self._handler(job, HandlerContext(conn, self.name))
-            if type(result) is Snooze:  # nothing completed: the handler's writes roll back
+            if isinstance(result, Snooze):  # nothing completed: the handler's writes roll back
                 raise result
             await complete_or_abort(complete, conn, job, result)
             return result

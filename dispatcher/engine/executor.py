@@ -129,7 +129,7 @@ class Executor:
         try:
             waiting = context.run(coro.send, None)
         except StopIteration as finished:
-            if type(finished.value) is Snooze:  # returned, not raised: the same request
+            if isinstance(finished.value, Snooze):  # returned, not raised: the same request
                 return _raise(finished.value), started, context
             fault_point("after_effect")
             done.jobs.append(job)
@@ -228,7 +228,7 @@ class Executor:
                     result = await self._run_in_transaction(effect, job, started)
                 else:  # no frame of its own: this is every no-op and http job
                     result = await effect.run(job, self._complete_in_bound)
-                if type(result) is Snooze:  # a handler may return its snooze, not raise it
+                if isinstance(result, Snooze):  # a handler may return its snooze, not raise it
                     raise result
             except asyncio.CancelledError:
                 # a timeout, unless a drain cancelled the attempt as well
