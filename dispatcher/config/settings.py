@@ -336,6 +336,8 @@ class Settings(Strict):
             view["rabbitmq"]["url"] = mask_url(self.rabbitmq.url.get_secret_value())
         # names, scopes and where each token is configured; the tokens stay masked
         view["api_token_scopes"] = [t.public_view() for t in self.api_token_entries()]
+        # the signing secrets in use, as fingerprints with their ends (never the secrets)
+        view["signing_secrets"] = [s.describe() for s in self.signing_secrets()]
         return view
 
 

@@ -131,6 +131,12 @@ def test_settings_read_every_secret_from_the_file_or_inline(tmp_path: Path) -> N
     from_file = Settings.model_validate({"http": {"signing_secret_file": str(file)}})
     assert [s.secret for s in from_file.signing_secrets()] == [A, B]
     assert from_file.signing_secret() == A
+    shown = from_file.public_view()["signing_secrets"]  # check-config: fingerprints only
+    assert shown == [
+        SigningSecret(A).fingerprint,
+        f"{SigningSecret(B).fingerprint} until 2030-01-01T00:00:00Z",
+    ]
+    assert A not in str(from_file.public_view()) and B not in str(from_file.public_view())
     inline = Settings.model_validate(
         {"http": {"signing_secret": f"{A}; {B} not-after=2030-01-01T00:00:00Z"}}
     )
