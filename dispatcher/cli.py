@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument("file", metavar="FILE", help="archive written by dispatcher backup")
     console_admin.add_commands(command("console", "the web console: list and revoke sessions"))
     secret_rotation.add_command(
-        command("signing-secret", "webhook signing secrets: show them, rotate the primary")
+        command("signing-secret", "webhook signing secrets: list them, rotate the primary")
     )
     restore.add_argument(
         "--force", action="store_true", help="drop the existing dispatcher schema and replace it"

@@ -1,4 +1,4 @@
-"""`dispatcher signing-secret`: show the webhook signing secrets in use, rotate the primary.
+"""`dispatcher signing-secret`: list the webhook signing secrets in use, rotate the primary.
 
 `rotate` writes a new random primary at the top of `http.signing_secret_file` and keeps the old
 primary for `http.signing_secret_overlap_s` (a `not-after` time on its line, so the overlap
@@ -36,8 +36,8 @@ NEW_FILE_MODE = 0o600
 def add_command(command: argparse.ArgumentParser) -> None:
     """The actions of `dispatcher signing-secret`."""
     actions = command.add_subparsers(dest="secret_action", metavar="ACTION", required=True)
-    show = actions.add_parser(
-        "show", help="list the secrets in use (fingerprints and ends, never the secrets)"
+    listing = actions.add_parser(
+        "list", help="list the secrets in use (fingerprints and ends, never the secrets)"
     )
     rotate = actions.add_parser(
         "rotate",
@@ -47,7 +47,7 @@ def add_command(command: argparse.ArgumentParser) -> None:
         "the daemon SIGHUP (systemctl reload dispatcher) and give receivers the new secret "
         "(the file's first) before the overlap ends.",
     )
-    for action in (show, rotate):
+    for action in (listing, rotate):
         action.add_argument(
             "--file",
             type=Path,
@@ -79,7 +79,7 @@ def cmd_signing_secret(settings: Settings, args: argparse.Namespace) -> int:
         )
         return EXIT_FAILURE
     now = datetime.now(UTC).replace(microsecond=0)
-    if args.secret_action == "show":
+    if args.secret_action == "list":
         for entry in read(path):
             state = "" if entry.in_use(now) else " (ended: the next rotate drops it)"
             print(f"line {entry.line}: {entry.describe()}{state}")

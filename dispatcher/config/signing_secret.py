@@ -110,7 +110,10 @@ def _not_after(extra: list[str], place: str) -> datetime | None:
         return None
     if len(extra) > 1 or not extra[0].startswith(NOT_AFTER):
         # never quoted: a second field may be a secret pasted on the wrong line
-        raise ValueError(f"{place}: unexpected text after the secret; expected {FORMAT}")
+        raise ValueError(
+            f"{place}: unexpected text after the secret (a secret is 'whsec_' followed by "
+            f"base64, without spaces); expected {FORMAT}"
+        )
     try:
         return rfc3339.utc(rfc3339.parse(extra[0].removeprefix(NOT_AFTER)))
     except rfc3339.TimeError as exc:
