@@ -139,3 +139,24 @@ async def test_ten_thousand_tenants_beside_one_with_a_hundred_thousand_jobs(
     # the big tenant's jobs start earliest due first
     rest = [int(k.rsplit("-", 1)[1]) for k in started if k.startswith("big-")]
     assert rest == sorted(rest)
+
+
+async def test_an_operator_raises_a_waiting_jobs_priority_through_the_view(
+    noop: asyncpg.Pool, repo: JobRepository
+) -> None:
+    await enqueue_spread(noop, "w", "SELECT 'a'", 3)
+    await noop.execute("UPDATE dispatcher.intake_settings SET ready_outbox = true")
+    await noop.execute(
+        "INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)"
+        " SELECT id, queue, tenant, 'noop:1' FROM dispatcher.job_state"
+    )
+    updated = await noop.execute("UPDATE dispatcher.jobs SET priority = -20 WHERE key = 'w-a-3'")
+    assert updated == "UPDATE 1"
+    # the state row (which the claim reads), the intent and the relay's row all follow
+    row = await noop.fetchrow(
+        "SELECT s.priority, i.priority AS ip, o.priority AS op FROM dispatcher.intents i"
+        " JOIN dispatcher.job_state s USING (id) JOIN dispatcher.outbox o ON o.job_id = i.id"
+        " WHERE i.key = 'w-a-3'"
+    )
+    assert tuple(row) == (-20, -20, -20)
+    assert await drain_order(repo, batch=1) == ["w-a-3", "w-a-1", "w-a-2"]
