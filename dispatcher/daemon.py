@@ -34,8 +34,8 @@ from dispatcher.db.capacity import check_capacity
 from dispatcher.db.claims import ClaimConnections
 from dispatcher.db.embedded import EmbeddedPostgres
 from dispatcher.db.jobs import JobRepository
-from dispatcher.db.liveness import LivenessLock
-from dispatcher.db.notifications import WakeListener
+from dispatcher.db.liveness import LivenessLock, liveness_lock
+from dispatcher.db.notifications import WakeListener, check_sessions_stay
 from dispatcher.db.ownership import Role
 from dispatcher.db.pool import PoolSet, connect, wait_for_database
 from dispatcher.db.relay import RelayRepository
@@ -52,6 +52,12 @@ from dispatcher.engine.gone_owners import GoneOwners
 from dispatcher.engine.pool import LeaseHeartbeat, QueueWorker, WorkerPool
 from dispatcher.engine.pruning import Pruner
 from dispatcher.engine.sampler import MetricsSampler
+from dispatcher.engine.work_poll import (
+    CLAIM_LOOP_IDLE_S,
+    DUE_SCAN_IDLE_S,
+    WorkPoller,
+    poll_interval_s,
+)
 from dispatcher.intake.accept import Intake
 from dispatcher.observability import logs
 from dispatcher.observability.tracing import Tracing, current_trace_id
@@ -96,7 +102,9 @@ async def resolve_database(
 
 
 async def prepare_schema(dsn: str, settings: Settings) -> None:
-    conn = await connect(dsn)
+    if settings.database.wakeups == "listen" and settings.database_url is not None:
+        await check_sessions_stay(dsn)  # LISTEN behind a transaction pooler hears nothing
+    conn = await connect(dsn, pooled=settings.database.wakeups == "poll")
     try:
         if settings.auto_migrate:  # waits, saying so, while a restore loads the database
             await migrations.migrate(conn, wait_s=settings.database_wait_s)
@@ -333,7 +341,7 @@ class Daemon:
     def _pools(self, dsn: str) -> PoolSet:
         budget = self.settings.connection_budget()  # whatever the number of queues
         log.info("database connections at most %s", budget.describe())
-        return PoolSet(dsn, budget)
+        return PoolSet(dsn, budget, pooled=self.settings.database.wakeups == "poll")
 
     async def services(self, dsn: str, pools: PoolSet) -> list[Startable]:
         """Every service after the database, in start order (they stop in reverse)."""
@@ -364,11 +372,20 @@ class Daemon:
             engine,
             timing,
             batch=s.scan_batch,
-            interval_s=s.scan_interval_s,
+            interval_s=max(s.scan_interval_s, DUE_SCAN_IDLE_S),  # the work poll looks before
             on_ready=workers.wake,
             gone_owners=judge.confirmed,
         )
-        self._liveness = LivenessLock(dsn, self.owner, judge, on_gone=scanner.wake)
+        poller = WorkPoller(
+            engine,
+            timing,
+            queues=list(s.queues),
+            capabilities=capabilities(s),
+            interval_s=poll_interval_s(s),
+            wake_queue=lambda queue: workers.workers[queue].wake(),
+            scanner=scanner,
+        )
+        self._liveness = liveness_lock(s, dsn, self.owner, judge, on_gone=scanner.wake)
         wake.bind(workers, scanner)
         cron = CronService(pools["engine"], engine, s.schedules, timing=timing, on_enqueued=wake)
         disk = await self._disk_space()
@@ -392,7 +409,8 @@ class Daemon:
         )
         services: list[Startable] = [
             tracing_service(self.tracing),  # stops after every other service: spans flushed
-            self._liveness,  # before the first claim, released after the last lease
+            # before the first claim, released after the last lease
+            *([self._liveness] if self._liveness else []),
             effect_service(effects),
             completer,
             HttpListener(
@@ -406,7 +424,8 @@ class Daemon:
             claims,  # handed back once every claim loop has stopped
             workers,
             scanner,
-            WakeListener(dsn, wake),
+            poller,
+            *([WakeListener(dsn, wake)] if s.database.wakeups == "listen" else []),
             cron,
             sdnotify.Watchdog(),
         ]
@@ -509,7 +528,7 @@ class Daemon:
 
         budget = PayloadBudget(s.max_inflight_payload_bytes)  # one for all queues
         workers = [
-            QueueWorker(q, qs, transport, executor(q), idle_poll_s=s.scan_interval_s, budget=budget)
+            QueueWorker(q, qs, transport, executor(q), idle_poll_s=CLAIM_LOOP_IDLE_S, budget=budget)
             for q, qs in s.queues.items()
         ]
         return WorkerPool(

@@ -98,6 +98,11 @@ class JobRepository(JobReads, JobControl):
         seconds: float | None = await self.pool.fetchval(query("seconds_to_next_due"))
         return seconds
 
+    async def poll_work(self, queues: Sequence[str], capabilities: list[str]) -> WorkSeen:
+        """One look for work (db/claims.sql `poll_work`): ready queues, next due, expiry."""
+        row = await self.pool.fetchrow(query("poll_work"), list(queues), capabilities)
+        return WorkSeen(list(row["ready"]), row["next_due_s"], row["lease_expired"])
+
     async def rescue_expired_leases(self, batch: int) -> dict[str, int]:
         """Rescue expired leases only; jobs per new state."""
         by_state: dict[str, int] = {}
@@ -311,6 +316,14 @@ async def claim_on(
         _CLAIM, queue, limit, capabilities, owner, lease_s, grant.bytes, grant.alone
     )
     return claimed_rows(rows)
+
+
+class WorkSeen(NamedTuple):
+    """What one poll for work saw."""
+
+    ready: list[str]  # the queues with a ready job this daemon can run (not paused)
+    next_due_s: float | None  # until the earliest scheduled job is due; None: none waiting
+    lease_expired: bool  # a running job's lease has expired: the due-scan rescues it
 
 
 class Claim(NamedTuple):

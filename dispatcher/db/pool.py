@@ -7,7 +7,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import asyncpg
 
@@ -107,31 +107,57 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         )
 
 
+# What each connection of a daemon asks of its server session. Behind a transaction pooler
+# (database.wakeups = "poll") it may ask nothing: PgBouncer refuses any startup parameter it does
+# not track ("unsupported startup parameter: plan_cache_mode"), and a named prepared statement
+# lives on one server session while the next transaction may run on another (PgBouncer before
+# 1.21 keeps no prepared statements at all). Without the statement cache, asyncpg sends every
+# statement, and `prepare()`, as the unnamed statement, planned with its parameters each time.
+SESSION_SETTINGS = {
+    # Batch statements take arrays of 1 to 2,000 items; a cached generic plan assumes
+    # ~10 and turns them quadratic, so always plan with the actual parameters.
+    "plan_cache_mode": "force_custom_plan",
+    # Claims on a large table cross the JIT cost threshold; compiling took 17 ms of a
+    # 30 ms claim of 1,000 jobs. Short statements never win that back.
+    "jit": "off",
+}
+
+
+def session_options(application_name: str, *, pooled: bool) -> dict[str, Any]:
+    """asyncpg's connection options: the session settings, or (`pooled`) none of them and no
+    statement cache; application_name is one a pooler passes on."""
+    if pooled:
+        return {
+            "server_settings": {"application_name": application_name},
+            "statement_cache_size": 0,
+        }
+    return {"server_settings": {"application_name": application_name, **SESSION_SETTINGS}}
+
+
 async def create_pool(
-    dsn: str, *, size: int, application_name: str = "dispatcher", min_size: int = 2
+    dsn: str,
+    *,
+    size: int,
+    application_name: str = "dispatcher",
+    min_size: int = 2,
+    pooled: bool = False,
 ) -> asyncpg.Pool:
     pool = await asyncpg.create_pool(
         dsn,
         min_size=min(min_size, size),
         max_size=size,
         init=_init_connection,
-        server_settings={
-            "application_name": application_name,
-            # Batch statements take arrays of 1 to 2,000 items; a cached generic plan assumes
-            # ~10 and turns them quadratic, so always plan with the actual parameters.
-            "plan_cache_mode": "force_custom_plan",
-            # Claims on a large table cross the JIT cost threshold; compiling took 17 ms of a
-            # 30 ms claim of 1,000 jobs. Short statements never win that back.
-            "jit": "off",
-        },
         command_timeout=60,
+        **session_options(application_name, pooled=pooled),
     )
     assert pool is not None
     return pool
 
 
-async def connect(dsn: str) -> asyncpg.Connection:
-    conn = await asyncpg.connect(dsn, server_settings={"application_name": "dispatcher"})
+async def connect(dsn: str, *, pooled: bool = False) -> asyncpg.Connection:
+    """One connection for start-up and commands: no session settings; `pooled`: no cache."""
+    cache = {"statement_cache_size": 0} if pooled else {}
+    conn = await asyncpg.connect(dsn, server_settings={"application_name": "dispatcher"}, **cache)
     await _init_connection(conn)
     return conn
 
@@ -184,9 +210,10 @@ class PoolSet(Service):
 
     name = "database-pools"
 
-    def __init__(self, dsn: str, budget: ConnectionBudget):
+    def __init__(self, dsn: str, budget: ConnectionBudget, *, pooled: bool = False):
         self._dsn = dsn
         self.budget = budget
+        self._pooled = pooled  # behind a transaction pooler: no session state (docs/pooling.md)
         self._sizes = {
             "api": budget.api,
             "engine": budget.engine,
@@ -208,6 +235,7 @@ class PoolSet(Service):
                 size=size,
                 application_name=f"dispatcher:{kind}",
                 min_size=0 if kind in ("claims", "handlers") else 2,
+                pooled=self._pooled,
             )
 
     async def stop(self) -> None:
