@@ -24,7 +24,12 @@ def binary() -> str | None:
 
 @contextlib.asynccontextmanager
 async def pgbouncer(
-    server_url: str, database: str, *, mode: str = "transaction", pool_size: int = 20
+    server_url: str,
+    database: str,
+    *,
+    mode: str = "transaction",
+    pool_size: int = 20,
+    ignore: str = "extra_float_digits",
 ) -> AsyncIterator[str]:
     """PgBouncer in `mode` (pool_mode) for `database` on the server of `server_url`; yields
     the URL of `database` through it. Skips the test when PgBouncer is not installed."""
@@ -44,7 +49,7 @@ async def pgbouncer(
         f"auth_type = trust\nauth_file = {folder / 'users.txt'}\n"
         f"pool_mode = {mode}\ndefault_pool_size = {pool_size}\nmax_client_conn = 500\n"
         # what asyncpg sends at start that PgBouncer does not track itself
-        "ignore_startup_parameters = extra_float_digits\n"
+        f"ignore_startup_parameters = {ignore}\n"
         f"logfile = {folder / 'pgbouncer.log'}\n"
     )
     os.chmod(folder, 0o755)
