@@ -134,6 +134,10 @@ def session_options(application_name: str, *, pooled: bool) -> dict[str, Any]:
     return {"server_settings": {"application_name": application_name, **SESSION_SETTINGS}}
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Release without the reset query: see `create_pool`."""
+
+
 async def create_pool(
     dsn: str,
     *,
@@ -141,13 +145,21 @@ async def create_pool(
     application_name: str = "dispatcher",
     min_size: int = 2,
     pooled: bool = False,
+    reset_sessions: bool = True,
 ) -> asyncpg.Pool:
+    """`reset_sessions=False` for pools that run only the daemon's own statements, which leave
+    no session state (no LISTEN, SET, cursor or session lock): a release then sends no
+    `SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL` (asyncpg still rolls
+    back an open transaction). That query was half the statements of an idle daemon
+    (tests/bench/bench_idle.py) and a round trip after every pooled statement. Pools that lend
+    connections to handlers' code keep it."""
     pool = await asyncpg.create_pool(
         dsn,
         min_size=min(min_size, size),
         max_size=size,
         init=_init_connection,
         command_timeout=60,
+        reset=None if reset_sessions else _keep_session,
         **session_options(application_name, pooled=pooled),
     )
     assert pool is not None
@@ -236,6 +248,7 @@ class PoolSet(Service):
                 application_name=f"dispatcher:{kind}",
                 min_size=0 if kind in ("claims", "handlers") else 2,
                 pooled=self._pooled,
+                reset_sessions=kind == "handlers",  # handlers' code may leave session state
             )
 
     async def stop(self) -> None:
