@@ -55,6 +55,7 @@ from dispatcher.engine.sampler import MetricsSampler
 from dispatcher.engine.work_poll import (
     CLAIM_LOOP_IDLE_S,
     DUE_SCAN_IDLE_S,
+    WAKE_EVERY_QUEUE_UP_TO,
     WorkPoller,
     poll_interval_s,
 )
@@ -225,8 +226,12 @@ class Wakeups:
         self._workers: Callable[[], None] = _nothing
         self._scanner: Callable[[], None] = _nothing
 
-    def bind(self, workers: WorkerPool, scanner: DueScanner) -> None:
-        self._workers, self._scanner = workers.wake, scanner.wake
+    def bind(self, workers: WorkerPool, scanner: DueScanner, poller: WorkPoller) -> None:
+        self._scanner = scanner.wake
+        # a notice names no queue: past a few queues, one poll finds those with ready work
+        # rather than a claim per queue (engine/work_poll.py)
+        few = len(workers.workers) <= WAKE_EVERY_QUEUE_UP_TO
+        self._workers = workers.wake if few else poller.wake
 
     def __call__(self, reason: str = "") -> None:
         if reason != "scheduled":
@@ -386,7 +391,7 @@ class Daemon:
             scanner=scanner,
         )
         self._liveness = liveness_lock(s, dsn, self.owner, judge, on_gone=scanner.wake)
-        wake.bind(workers, scanner)
+        wake.bind(workers, scanner, poller)
         cron = CronService(pools["engine"], engine, s.schedules, timing=timing, on_enqueued=wake)
         disk = await self._disk_space()
         refusal = disk.problem if disk is not None else lambda: None

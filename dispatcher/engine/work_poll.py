@@ -7,8 +7,9 @@ from every other process through NOTIFY; the poll is what is left when one is lo
 only way work from others arrives with `wakeups = "poll"` (a transaction pooler). Before it,
 every queue's claim loop claimed once per `scan_interval_s` when idle and the due-scan ran three
 statements: 50 idle queues sent PostgreSQL 62 statements/s (tests/bench/bench_idle.py). Now an
-idle claim loop waits for a wake-up (`CLAIM_LOOP_IDLE_S` bounds it should one never come) and
-the due-scan's own round is a safety net every `DUE_SCAN_IDLE_S`.
+idle claim loop waits for a wake-up (`CLAIM_LOOP_IDLE_S` bounds it should one never come), the
+due-scan's own round is a safety net every `DUE_SCAN_IDLE_S`, and a wake-up that names no queue
+polls first when there are many queues (`WAKE_EVERY_QUEUE_UP_TO`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,15 @@ from dispatcher.runtime.timing import TimingEngine
 
 log = logging.getLogger(__name__)
 
-CLAIM_LOOP_IDLE_S = 30.0
+# Safety bounds only: the poll covers a lost wake-up. A claim loop's own bound at 30 s still
+# cost 50 idle queues 1.7 claims/s.
+CLAIM_LOOP_IDLE_S = 600.0
 DUE_SCAN_IDLE_S = 30.0
+# A wake-up without a queue (a NOTIFY, intake) wakes every claim loop directly up to this many
+# queues (a claim that finds nothing costs about what the poll costs); beyond it the poll runs
+# at once and wakes the loops of the queues it finds ready. With 50 queues every notice had
+# been 50 claims, and a due job waited behind them (p50 90-155 ms, tests/bench/bench_idle.py).
+WAKE_EVERY_QUEUE_UP_TO = 2
 
 
 class WorkPoller(Service):
@@ -60,6 +68,10 @@ class WorkPoller(Service):
 
     async def stop(self) -> None:
         await self._timing.cancel(self.name)
+
+    def wake(self) -> None:
+        """Poll now (or once more after the round in flight)."""
+        self._timing.run_now(self.name)
 
     async def run_once(self) -> WorkSeen | None:
         try:

@@ -15,7 +15,7 @@ from dispatcher.relay.transport import InProcessTransport
 from tests.harness import make_settings, running_daemon, stored_job, wait_until
 
 STARTED: list[str] = []
-QUEUES = {f"q{i:02d}": {"max_inflight": 5} for i in range(20)}
+QUEUES = {f"q{i:02d}": {"max_inflight": 5} for i in range(20)}  # and "default"
 HANDLERS = {"record": {"kind": "python", "function": f"{__name__}:record"}}
 
 
@@ -51,7 +51,7 @@ async def test_idle_claim_loops_claim_nothing_while_the_poll_looks(
     counts = Counts(monkeypatch)
     settings = make_settings(db_url, scan_interval_s=0.1, queues=QUEUES, handlers=HANDLERS)
     async with running_daemon(settings):
-        await wait_until(lambda: counts.claims >= len(QUEUES), what="every loop's first claim")
+        await wait_until(lambda: counts.claims >= len(QUEUES) + 1, what="every loop's first claim")
         claims, polls = counts.claims, counts.polls
         await wait_until(lambda: counts.polls >= polls + 10, what="10 polls")
         assert counts.claims == claims
@@ -94,3 +94,25 @@ async def test_poll_mode_keeps_no_session_and_still_starts_work_from_elsewhere(
     finally:
         await conn.close()
     assert sorted(STARTED) == ["elsewhere", "soon"]
+
+
+async def test_a_notice_among_many_queues_claims_only_where_work_is(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A NOTIFY names no queue: with 20 queues it runs the poll, which wakes q07 alone (it was
+    20 claims per notice, and the due job waited behind them)."""
+    STARTED.clear()
+    counts = Counts(monkeypatch)
+    settings = make_settings(db_url, scan_interval_s=3600, queues=QUEUES, handlers=HANDLERS)
+    conn = await asyncpg.connect(db_url)
+    try:
+        async with running_daemon(settings):
+            await wait_until(
+                lambda: counts.claims >= len(QUEUES) + 1, what="every loop's first claim"
+            )
+            claims = counts.claims
+            await conn.execute("SELECT dispatcher.enqueue('noticed', 'record', queue => 'q07')")
+            await wait_until(lambda: STARTED == ["noticed"], what="the job to start")
+            assert counts.claims - claims <= 2  # q07's claim, and one more it may look again
+    finally:
+        await conn.close()
