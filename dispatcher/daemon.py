@@ -378,7 +378,7 @@ class Daemon:
             timing,
             batch=s.scan_batch,
             interval_s=max(s.scan_interval_s, DUE_SCAN_IDLE_S),  # the work poll looks before
-            on_ready=workers.wake,
+            on_ready=lambda: wake("ready"),  # as a notice: the work poll first with many queues
             gone_owners=judge.confirmed,
         )
         poller = WorkPoller(
