@@ -17,7 +17,6 @@ import signal
 import socket
 import ssl
 import uuid
-from collections.abc import Callable
 from contextlib import AsyncExitStack
 
 from aiohttp import web
@@ -55,7 +54,7 @@ from dispatcher.engine.sampler import MetricsSampler
 from dispatcher.engine.work_poll import (
     CLAIM_LOOP_IDLE_S,
     DUE_SCAN_IDLE_S,
-    WAKE_EVERY_QUEUE_UP_TO,
+    Wakeups,
     WorkPoller,
     poll_interval_s,
 )
@@ -212,32 +211,6 @@ def log_handler_concurrency(settings: Settings, effects: dict[str, Effect]) -> N
             size,
             size,
         )
-
-
-def _nothing() -> None:
-    return None
-
-
-class Wakeups:
-    """Wakes whom a change concerns: workers for ready work, the scan for new due times.
-    Bound once both exist; a wake-up before that is harmless (both look on start)."""
-
-    def __init__(self) -> None:
-        self._workers: Callable[[], None] = _nothing
-        self._scanner: Callable[[], None] = _nothing
-
-    def bind(self, workers: WorkerPool, scanner: DueScanner, poller: WorkPoller) -> None:
-        self._scanner = scanner.wake
-        # a notice names no queue: past a few queues, one poll finds those with ready work
-        # rather than a claim per queue (engine/work_poll.py)
-        few = len(workers.workers) <= WAKE_EVERY_QUEUE_UP_TO
-        self._workers = workers.wake if few else poller.wake
-
-    def __call__(self, reason: str = "") -> None:
-        if reason != "scheduled":
-            self._workers()
-        if reason != "ready":
-            self._scanner()
 
 
 class Daemon:

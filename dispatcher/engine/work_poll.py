@@ -1,6 +1,7 @@
-"""The work poll: one statement every interval that finds what the claim loops and the due-scan
-would otherwise each look for (db/claims.sql `poll_work`): the queues with a ready job this
-daemon can run, the next due time, an expired lease.
+"""The work poll and the wake-ups (`Wakeups`: whom a change concerns). The poll is one
+statement every interval that finds what the claim loops and the due-scan would otherwise each
+look for (db/claims.sql `poll_work`): the queues with a ready job this daemon can run, the next
+due time, an expired lease.
 
 Wake-ups reach a daemon at once from its own intake and, with `database.wakeups = "listen"`,
 from every other process through NOTIFY; the poll is what is left when one is lost, and the
@@ -20,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dispatcher.config.settings import Settings
 from dispatcher.db.jobs import JobRepository, WorkSeen
 from dispatcher.engine.due_scan import DueScanner
+from dispatcher.engine.pool import WorkerPool
 from dispatcher.runtime.lifecycle import Service
 from dispatcher.runtime.timing import TimingEngine
 
@@ -99,3 +101,29 @@ def poll_interval_s(settings: Settings) -> float:
     if settings.database.wakeups == "poll":
         return settings.database.poll_interval_s
     return settings.scan_interval_s
+
+
+def _nothing() -> None:
+    return None
+
+
+class Wakeups:
+    """Wakes whom a change concerns: workers for ready work, the scan for new due times.
+    Bound once both exist; a wake-up before that is harmless (both look on start)."""
+
+    def __init__(self) -> None:
+        self._workers: Callable[[], None] = _nothing
+        self._scanner: Callable[[], None] = _nothing
+
+    def bind(self, workers: WorkerPool, scanner: DueScanner, poller: WorkPoller) -> None:
+        self._scanner = scanner.wake
+        # a notice names no queue: past a few queues, one poll finds those with ready work
+        # rather than a claim per queue (engine/work_poll.py)
+        few = len(workers.workers) <= WAKE_EVERY_QUEUE_UP_TO
+        self._workers = workers.wake if few else poller.wake
+
+    def __call__(self, reason: str = "") -> None:
+        if reason != "scheduled":
+            self._workers()
+        if reason != "ready":
+            self._scanner()
