@@ -108,7 +108,7 @@ async def resolve_database(
 async def prepare_schema(dsn: str, settings: Settings) -> None:
     if settings.database.wakeups == "listen" and settings.database_url is not None:
         await check_sessions_stay(dsn)  # LISTEN behind a transaction pooler hears nothing
-    conn = await connect(dsn, pooled=settings.database.wakeups == "poll")
+    conn = await connect(dsn, pooled=settings.database.pooled)
     try:
         if settings.auto_migrate:  # waits, saying so, while a restore loads the database
             await schema.migrate(conn, wait_s=settings.database_wait_s)
@@ -269,7 +269,7 @@ class Daemon:
     def _pools(self, dsn: str) -> PoolSet:
         budget = self.settings.connection_budget()  # whatever the number of queues
         log.info("database connections at most %s", budget.describe())
-        return PoolSet(dsn, budget, pooled=self.settings.database.wakeups == "poll")
+        return PoolSet(dsn, budget, pooled=self.settings.database.pooled)
 
     async def services(self, dsn: str, pools: PoolSet) -> list[Startable]:
         """Every service after the database, in start order (they stop in reverse)."""

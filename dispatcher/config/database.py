@@ -21,3 +21,8 @@ class DatabaseSettings(Strict):
     # poll: how often one statement looks for ready queues, the next due time and expired
     # leases; a job another process enqueues starts within about this long
     poll_interval_s: float = Field(0.25, ge=0.01, le=60)
+
+    @property
+    def pooled(self) -> bool:
+        """Whether connections go through a transaction pooler: no session state at all."""
+        return self.wakeups == "poll"

@@ -11,29 +11,17 @@ from collections.abc import Callable
 
 import asyncpg
 
-from dispatcher.db.pool import RECONNECT_ERRORS
-from dispatcher.errors import DispatcherError
+from dispatcher.db.pool import POOLER_FIX, RECONNECT_ERRORS, PoolerError
 from dispatcher.runtime.lifecycle import LoopService
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "dispatcher_wake"
 CHECK_TIMEOUT_S = 2.0
-POOLER_FIX = (
-    "database_url goes through a pooler that moves statements between server sessions "
-    "(PgBouncer pool_mode=transaction or statement, Supavisor's transaction port): LISTEN "
-    'there never hears a wake-up. Set database.wakeups = "poll" '
-    "(DISPATCHER_DATABASE__WAKEUPS=poll), or point DISPATCHER_DATABASE_URL at PostgreSQL or "
-    "a session-mode pool (docs/pooling.md)"
-)
-
-
-class SessionsMove(DispatcherError):
-    """The database URL does not keep one server session per connection."""
 
 
 async def check_sessions_stay(dsn: str) -> None:
-    """Raise SessionsMove when consecutive statements of one connection may run in different
+    """Raise PoolerError when consecutive statements of one connection may run in different
     server sessions. One connection reads its backend pid; a second one opens a transaction,
     which a transaction pooler serves with the server session just freed (PgBouncer hands out
     the most recently used); the first reads its pid again. A direct connection or a
@@ -53,7 +41,7 @@ async def check_sessions_stay(dsn: str) -> None:
             except TimeoutError:
                 again = None
         if again != pid:
-            raise SessionsMove(POOLER_FIX)
+            raise PoolerError(POOLER_FIX)
     finally:
         for conn in (first, second):
             conn.terminate()

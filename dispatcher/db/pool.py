@@ -14,7 +14,7 @@ import asyncpg
 from dispatcher.config.connection_budget import ConnectionBudget
 from dispatcher.config.settings import mask_url
 from dispatcher.core import jsoncodec
-from dispatcher.errors import DatabaseUnavailable
+from dispatcher.errors import DatabaseUnavailable, DispatcherError
 from dispatcher.observability import metrics
 from dispatcher.runtime.lifecycle import Service
 
@@ -107,6 +107,27 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         )
 
 
+POOLER_FIX = (
+    "database_url goes through a pooler that moves statements between server sessions "
+    "(PgBouncer pool_mode=transaction or statement, Supavisor's transaction port): LISTEN "
+    'there never hears a wake-up. Set database.wakeups = "poll" '
+    "(DISPATCHER_DATABASE__WAKEUPS=poll), or point DISPATCHER_DATABASE_URL at PostgreSQL or "
+    "a session-mode pool (docs/pooling.md)"
+)
+
+
+STARTUP_FIX = (
+    "the server refused the session settings sent at connection start, as PgBouncer does: "
+    'behind a transaction pooler set database.wakeups = "poll" '
+    "(DISPATCHER_DATABASE__WAKEUPS=poll); behind a session-mode PgBouncer add them to its "
+    "ignore_startup_parameters (docs/pooling.md)"
+)
+
+
+class PoolerError(DispatcherError):
+    """The database URL goes through a pooler the configured mode cannot use."""
+
+
 # What each connection of a daemon asks of its server session. Behind a transaction pooler
 # (database.wakeups = "poll") it may ask nothing: PgBouncer refuses any startup parameter it does
 # not track ("unsupported startup parameter: plan_cache_mode"), and a named prepared statement
@@ -153,15 +174,20 @@ async def create_pool(
     back an open transaction). That query was half the statements of an idle daemon
     (tests/bench/bench_idle.py) and a round trip after every pooled statement. Pools that lend
     connections to handlers' code keep it."""
-    pool = await asyncpg.create_pool(
-        dsn,
-        min_size=min(min_size, size),
-        max_size=size,
-        init=_init_connection,
-        command_timeout=60,
-        reset=None if reset_sessions else _keep_session,
-        **session_options(application_name, pooled=pooled),
-    )
+    try:
+        pool = await asyncpg.create_pool(
+            dsn,
+            min_size=min(min_size, size),
+            max_size=size,
+            init=_init_connection,
+            command_timeout=60,
+            reset=None if reset_sessions else _keep_session,
+            **session_options(application_name, pooled=pooled),
+        )
+    except asyncpg.ProtocolViolationError as exc:  # PgBouncer: the session settings
+        if "unsupported startup parameter" not in str(exc):
+            raise
+        raise PoolerError(f"{exc}: {STARTUP_FIX}") from None
     assert pool is not None
     return pool
 

@@ -7,6 +7,7 @@ names the fix, instead of waiting on a LISTEN that hears nothing."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -16,6 +17,7 @@ from tests.harness import (
     LOOPBACK_ENV,
     DaemonProcess,
     Target,
+    cli,
     daemon_process,
     post,
     serve_target,
@@ -40,7 +42,7 @@ SQL_HANDLER_ENV = {
 
 
 async def test_poll_mode_runs_every_kind_of_job_through_a_transaction_pooler(
-    server_url: str, db_url: str
+    server_url: str, db_url: str, tmp_path: Path
 ) -> None:
     async with (
         pgbouncer(server_url, database_name(db_url)) as pooled_url,
@@ -77,6 +79,9 @@ async def test_poll_mode_runs_every_kind_of_job_through_a_transaction_pooler(
             finally:
                 await conn.close()
             assert sorted(target.request_keys()) == ["over-http", "sql-door"]
+            # the commands too: no session settings, no named statements through the pooler
+            listed = await cli("jobs", "list", "--key", "prepared", cwd=tmp_path, env=env)
+            assert listed.code == 0 and "prepared" in listed.stdout, listed.stderr
             log = daemon.log_text()
             assert "no liveness lock" in log
             await terminate(daemon)
@@ -84,7 +89,7 @@ async def test_poll_mode_runs_every_kind_of_job_through_a_transaction_pooler(
 
 
 async def test_listen_mode_behind_a_transaction_pooler_refuses_to_start_and_says_why(
-    server_url: str, db_url: str
+    server_url: str, db_url: str, tmp_path: Path
 ) -> None:
     async with pgbouncer(server_url, database_name(db_url)) as pooled_url:
         daemon = DaemonProcess({**LOOPBACK_ENV, "DISPATCHER_DATABASE_URL": pooled_url})
@@ -94,6 +99,12 @@ async def test_listen_mode_behind_a_transaction_pooler_refuses_to_start_and_says
         assert 'database.wakeups = "poll"' in log
         assert "DISPATCHER_DATABASE__WAKEUPS=poll" in log
         assert "Traceback" not in log
+        # a command through the same URL: one line naming the fix, not a traceback
+        env = {"DISPATCHER_DATABASE_URL": pooled_url}
+        listed = await cli("jobs", "list", cwd=tmp_path, env=env)
+        assert listed.code == 1
+        assert "DISPATCHER_DATABASE__WAKEUPS=poll" in listed.stderr
+        assert "Traceback" not in listed.stderr
 
 
 async def test_session_mode_keeps_listen(server_url: str, db_url: str) -> None:
