@@ -58,7 +58,9 @@ async def nested_plans(conn: asyncpg.Connection) -> AsyncIterator[list[dict[str,
         yield plans
     finally:
         conn.remove_log_listener(collect)
-        await conn.execute("SET auto_explain.log_min_duration = -1")
+        # no session state left behind on a pooled connection (the settings; the library
+        # stays loaded, inert with logging off)
+        await conn.execute("SET auto_explain.log_min_duration = -1; RESET ALL")
 
 
 async def test_a_claim_late_in_a_drain_steps_over_no_claimed_job(
