@@ -18,6 +18,17 @@ import pytest
 from dispatcher.db import migrations
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import connect, create_pool
+from tests.harness.fixtures import (  # noqa: F401 (fixtures: the one definition of each)
+    daemon,
+    daemon_env,
+    daemon_in_process,
+    module_daemon,
+    module_daemon_env,
+    module_db_url,
+    registry,
+    relay_transport,
+    spawn,
+)
 from tests.service.intake_app import Api, serve_api
 from tests.suite import (  # noqa: F401 (hooks: the quick default, --full, --with; docs/running-tests.md)
     pytest_addoption,

@@ -25,7 +25,7 @@ from dispatcher.client import (
 )
 from dispatcher.client.http import parse_retry_after
 from tests.harness import (
-    RunningDaemon,
+    InProcessDaemon,
     Target,
     free_port,
     make_settings,
@@ -41,13 +41,13 @@ LATER = datetime.now(UTC) + timedelta(days=1)
 
 
 @pytest.fixture
-async def daemon(db_url: str) -> AsyncIterator[RunningDaemon]:
+async def daemon(db_url: str) -> AsyncIterator[InProcessDaemon]:
     async with running_daemon(make_settings(db_url, api_tokens=[TOKEN])) as running:
         yield running
 
 
 async def test_the_async_client_enqueues_reads_lists_cancels_and_retries(
-    daemon: RunningDaemon,
+    daemon: InProcessDaemon,
 ) -> None:
     async with AsyncClient(daemon.base_url, token=TOKEN) as client:
         target = {"url": "https://hooks.example.com/a"}
@@ -91,7 +91,7 @@ async def test_the_async_client_enqueues_reads_lists_cancels_and_retries(
 
 
 async def test_the_sync_client_does_the_same_over_the_standard_library(
-    daemon: RunningDaemon,
+    daemon: InProcessDaemon,
 ) -> None:
     def use() -> None:
         client = Client(daemon.base_url, token=TOKEN)

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from dispatcher.config.settings import Settings
 from tests.harness import (
-    RunningDaemon,
+    InProcessDaemon,
     Target,
     cli,
     make_settings,
@@ -36,12 +36,12 @@ def cli_env(settings: Settings) -> dict[str, str]:
     return {"DISPATCHER_DATABASE_URL": settings.database_url.get_secret_value()}
 
 
-async def post(d: RunningDaemon, path: str, body: Any = None) -> tuple[int, Any]:
+async def post(d: InProcessDaemon, path: str, body: Any = None) -> tuple[int, Any]:
     async with d.session.post(f"{d.base_url}{path}", json=body) as r:
         return r.status, await r.json(content_type=None)
 
 
-async def get(d: RunningDaemon, path: str) -> Any:
+async def get(d: InProcessDaemon, path: str) -> Any:
     async with d.session.get(f"{d.base_url}{path}") as r:
         assert r.status == 200, await r.text()
         return await r.json()

@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 
 from tests.harness import (
-    RunningDaemon,
+    InProcessDaemon,
     Target,
     cli,
     make_settings,
@@ -24,7 +24,7 @@ from tests.harness import (
 FAR = "2031-05-31T00:00:00Z"
 
 
-async def reschedule(d: RunningDaemon, job_id: int, due_at: Any) -> tuple[int, Any]:
+async def reschedule(d: InProcessDaemon, job_id: int, due_at: Any) -> tuple[int, Any]:
     path = f"{d.base_url}/v1/jobs/{job_id}/reschedule"
     async with d.session.post(path, json={"due_at": due_at}) as r:
         return r.status, await r.json(content_type=None)

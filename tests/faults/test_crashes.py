@@ -19,8 +19,8 @@ from tests.faults.common import (
     post_batch,
     states,
 )
-from tests.faults.conftest import Spawn
 from tests.harness import Target, serve_target, wait_until
+from tests.harness.fixtures import Spawn
 
 
 async def test_sigkill_after_claim_rescues_and_runs_each_effect_once(

@@ -27,8 +27,8 @@ from tests.faults.common import (
     post_batch,
     states,
 )
-from tests.faults.conftest import Spawn
 from tests.harness import DaemonProcess, free_port, wait_until
+from tests.harness.fixtures import Spawn
 
 
 async def test_postgres_restart_mid_batch_reconnects_and_loses_nothing(spawn: Spawn) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 from tests.faults.common import create_effects_table, daemon_env, fetch, post_job
-from tests.faults.conftest import Spawn
 from tests.harness import wait_until
+from tests.harness.fixtures import Spawn
 
 
 async def test_far_future_jobs_wait_and_do_not_break_the_scan_timer(

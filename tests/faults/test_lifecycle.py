@@ -20,8 +20,8 @@ from tests.faults.common import (
     fetchval,
     post_batch,
 )
-from tests.faults.conftest import Spawn
 from tests.harness import wait_until
+from tests.harness.fixtures import Spawn
 
 
 def record_jobs(prefix: str, n: int, sleep_s: float) -> list[dict[str, object]]:

@@ -12,8 +12,8 @@ from tests.faults.common import (
     fetch,
     post_batch,
 )
-from tests.faults.conftest import Spawn
 from tests.harness import wait_until
+from tests.harness.fixtures import Spawn
 
 N_JOBS = 2000
 MAX_INFLIGHT = 4

@@ -28,8 +28,8 @@ from tests.faults.common import (
     post_batch,
     states,
 )
-from tests.faults.conftest import Spawn
 from tests.harness import wait_until
+from tests.harness.fixtures import Spawn
 
 EXAMPLE = (
     Path(__file__).resolve().parents[2] / "config" / "examples" / "session-cleanup-cursor.toml"

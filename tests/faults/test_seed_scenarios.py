@@ -24,10 +24,10 @@ import pytest
 from aiohttp import web
 
 from tests.faults.common import all_in, daemon_env, post_batch, states
-from tests.faults.conftest import Spawn
 from tests.faults.proxy import StallableProxy
 from tests.faults.seed_handlers import EFFECTS_TABLE, LONG_RUNNING_MARK
 from tests.harness import Target, serve_target, wait_until
+from tests.harness.fixtures import Spawn
 
 REVOKE_HANDLER = {
     "DISPATCHER_HANDLERS__REVOKE__KIND": "python",

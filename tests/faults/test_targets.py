@@ -9,8 +9,8 @@ import itertools
 from aiohttp import web
 
 from tests.faults.common import daemon_env, fetch, post_job
-from tests.faults.conftest import Spawn
 from tests.harness import Target, serve_target, wait_until
+from tests.harness.fixtures import Spawn
 
 FAST_BACKOFF = {
     "DISPATCHER_QUEUES__DEFAULT__BACKOFF_BASE_S": "0.2",
