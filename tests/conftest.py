@@ -136,7 +136,9 @@ async def empty_db_url(server_url: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def api(pool: asyncpg.Pool) -> AsyncIterator[Api]:
-    """The HTTP API as the daemon builds it, on a real loopback socket (service/intake_app.py)."""
-    async with serve_api(pool) as served:
+async def api(pool: asyncpg.Pool, request: pytest.FixtureRequest) -> AsyncIterator[Api]:
+    """The HTTP API as the daemon builds it, on a real loopback socket (service/intake_app.py);
+    with the `relay_transport` fixture, as a daemon with a relay transport builds it."""
+    relayed = "relay_transport" in request.fixturenames
+    async with serve_api(pool, ready_outbox=relayed) as served:
         yield served

@@ -109,7 +109,8 @@ async def module_daemon(
 async def relay_transport(pool: asyncpg.Pool) -> None:
     """The test database as a daemon with a relay transport (RabbitMQ) leaves it: a ready job
     gets an outbox row (in process the door writes none: tests/db/test_sql_door.py). Use it
-    with `pytestmark = pytest.mark.usefixtures("relay_transport")`."""
+    with `pytestmark = pytest.mark.usefixtures("relay_transport")`; the `api` fixture, which
+    writes the registry as a daemon's start does, keeps it so."""
     await pool.execute("UPDATE dispatcher.intake_settings SET ready_outbox = true")
 
 
