@@ -21,7 +21,7 @@ from tests.console.common import (
     session,
     sign_in,
 )
-from tests.harness import Result, InProcessDaemon, cli, make_settings, running_daemon
+from tests.harness import InProcessDaemon, Result, cli, make_settings, running_daemon
 
 FAR_FUTURE = "2099-01-01T00:00:00Z"
 

@@ -94,6 +94,13 @@ class InProcessDaemon(DaemonHandle):
         self.session = session
         self.log = log
 
+    async def request(
+        self, method: str, path: str, *, headers: dict[str, str] | None = None, **kw: Any
+    ) -> tuple[int, Any]:
+        """As `DaemonHandle.request`, on `session` (headers a test set on it go along)."""
+        async with self.session.request(method, self.base_url + path, headers=headers, **kw) as r:
+            return r.status, await r.json(content_type=None)
+
 
 @contextlib.asynccontextmanager
 async def running_daemon(
