@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,30 +18,19 @@ import pytest
 from aiohttp import web
 
 from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, cli, serve_target, wait_until
+from tests.harness.fixtures import Spawn
 
 ENV = {
     **LOOPBACK_ENV,
     "DISPATCHER_QUEUES__DEFAULT__BACKOFF_BASE_S": "0.05",
     "DISPATCHER_QUEUES__DEFAULT__BACKOFF_CAP_S": "0.1",
 }
-Spawn = Callable[..., Awaitable[DaemonProcess]]
 
 
 @pytest.fixture
-async def spawn(db_url: str) -> AsyncIterator[Spawn]:
-    """Start daemons on the test database; none outlives the test."""
-    started: list[DaemonProcess] = []
-
-    async def start(**extra: str) -> DaemonProcess:
-        daemon = DaemonProcess({"DISPATCHER_DATABASE_URL": db_url, **ENV, **extra})
-        started.append(daemon)
-        return await daemon.start()
-
-    yield start
-    for daemon in started:
-        if daemon.proc is not None and daemon.proc.returncode is None:
-            daemon.proc.kill()
-            await daemon.proc.wait()
+def spawn(spawn: Spawn, db_url: str) -> Callable[..., Awaitable[DaemonProcess]]:
+    """The shared `spawn`, on the test database: `await spawn(**extra_env)`."""
+    return lambda **extra: spawn({"DISPATCHER_DATABASE_URL": db_url, **ENV, **extra})
 
 
 def scripted(*replies: tuple[int, str]) -> Target:

@@ -13,7 +13,7 @@ import asyncio
 import signal
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -22,33 +22,23 @@ import pytest
 from aiohttp import web
 
 from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, serve_target, wait_until
+from tests.harness.fixtures import Spawn
 from tests.transports import transport, transport_env  # noqa: F401 (fixtures: both transports)
 
 JOBS = 300
-Spawn = Callable[..., Awaitable[DaemonProcess]]
 
 
 @pytest.fixture
-async def spawn(
+def spawn(
+    spawn: Spawn,
     db_url: str,
     transport_env: dict[str, str],  # noqa: F811
-) -> AsyncIterator[Spawn]:
-    """Start daemons on the test database with the transport under test; none outlives the
-    test (a stopped one is thawed first, so it can be killed)."""
-    started: list[DaemonProcess] = []
-
-    async def start(**extra: str) -> DaemonProcess:
-        env = {"DISPATCHER_DATABASE_URL": db_url, **LOOPBACK_ENV, **transport_env, **extra}
-        daemon = DaemonProcess(env)
-        started.append(daemon)
-        return await daemon.start()
-
-    yield start
-    for daemon in started:
-        if daemon.proc is not None and daemon.proc.returncode is None:
-            daemon.signal(signal.SIGCONT)
-            daemon.proc.kill()
-            await daemon.proc.wait()
+) -> Callable[..., Awaitable[DaemonProcess]]:
+    """The shared `spawn`, on the test database with the transport under test:
+    `await spawn(**extra_env)`."""
+    return lambda **extra: spawn(
+        {"DISPATCHER_DATABASE_URL": db_url, **LOOPBACK_ENV, **transport_env, **extra}
+    )
 
 
 def held_first_attempts() -> tuple[Target, asyncio.Event]:

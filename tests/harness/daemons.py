@@ -195,6 +195,7 @@ class DaemonProcess(DaemonHandle):
     async def kill(self) -> None:
         """SIGKILL if it still runs: what every fixture does last, whatever the test did."""
         if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGCONT)  # a frozen one (SIGSTOP) too
             self.proc.kill()
             await self.proc.wait()
 
