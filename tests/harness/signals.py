@@ -2,7 +2,8 @@
 
 The daemon sends no NOTIFY when a job finishes (its `dispatcher_wake` channel tells daemons about
 new work), so `job_changes` adds a test-only statement trigger to the test's own database that
-notifies `CHANNEL` after each INSERT, UPDATE or DELETE on `dispatcher.jobs`, and LISTENs on it.
+notifies `CHANNEL` after each INSERT, UPDATE or DELETE on the jobs' states (`dispatcher.job_state`,
+the table under the `dispatcher.jobs` view), and LISTENs on it.
 A wait checks its condition once at the start and again after each notification: it wakes when
 a row changes, not on a timer, and a change made between the check and the wait is not lost
 (LISTEN is on before the first check; the event is cleared before each check).
@@ -26,7 +27,7 @@ _INSTALL = f"""
 CREATE OR REPLACE FUNCTION public.test_jobs_changed() RETURNS trigger
 LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_notify('{CHANNEL}', ''); RETURN NULL; END $$;
 CREATE OR REPLACE TRIGGER test_jobs_changed
-    AFTER INSERT OR UPDATE OR DELETE ON dispatcher.jobs
+    AFTER INSERT OR UPDATE OR DELETE ON dispatcher.job_state
     FOR EACH STATEMENT EXECUTE FUNCTION public.test_jobs_changed();
 """
 
