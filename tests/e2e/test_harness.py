@@ -71,7 +71,7 @@ async def test_an_in_process_daemon_from_the_same_environment(db_url: str) -> No
 
 async def test_a_log_wait_that_times_out_says_what_it_waited_for(daemon: DaemonHandle) -> None:
     started = time.monotonic()
-    with pytest.raises(AssertionError, match="'never logged'.*the log ends") as failure:
+    with pytest.raises(AssertionError, match=r"'never logged'.*the log ends") as failure:
         await daemon.log.wait_for("never logged", timeout_s=0.3)
     assert time.monotonic() - started < 5
     assert "dispatcher ready" in str(failure.value)
