@@ -31,6 +31,8 @@ CREATE OR REPLACE TRIGGER test_jobs_changed
     FOR EACH STATEMENT EXECUTE FUNCTION public.test_jobs_changed();
 """
 
+_INSTALLED = "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgname = 'test_jobs_changed')"
+
 
 class JobChanges:
     """A LISTENing connection to the test database, woken by every change of the jobs table."""
@@ -67,14 +69,18 @@ class JobChanges:
         except AssertionError as exc:
             raise AssertionError(f"{exc}; last seen {seen[0]}") from None
 
-    async def until_count(self, state: str, count: int, timeout_s: float = 30.0) -> None:
-        """Until exactly `count` jobs are in `state` (other states may hold the rest)."""
+    async def until_count(
+        self, state: str, count: int, timeout_s: float = 30.0, *, at_least: bool = False
+    ) -> None:
+        """Until exactly `count` jobs are in `state` (other states may hold the rest), or at
+        least `count` with `at_least`."""
 
         async def reached(conn: asyncpg.Connection) -> bool:
             n = await conn.fetchval("SELECT count(*) FROM dispatcher.jobs WHERE state = $1", state)
-            return bool(n == count)
+            return bool(n >= count if at_least else n == count)
 
-        await self.until(reached, timeout_s, f"{count} jobs {state}")
+        what = f"{'at least ' if at_least else ''}{count} jobs {state}"
+        await self.until(reached, timeout_s, what)
 
 
 @contextlib.asynccontextmanager
@@ -82,9 +88,25 @@ async def job_changes(db_url: str) -> AsyncIterator[JobChanges]:
     """LISTEN for changes of `dispatcher.jobs` on the test database `db_url` (a migrated one)."""
     conn = await asyncpg.connect(db_url)
     try:
-        await conn.execute(_INSTALL)
+        if not await conn.fetchval(_INSTALLED):  # (two installs at once would collide)
+            await conn.execute(_INSTALL)
         watch = JobChanges(conn)
         await conn.add_listener(CHANNEL, lambda *_: watch.changed.set())
         yield watch
     finally:
         await conn.close()
+
+
+async def until_job_states(db_url: str, expected: dict[str, int], timeout_s: float = 20.0) -> None:
+    """Until the jobs' state counts are exactly `expected`: `JobChanges.until_states` at once."""
+    async with job_changes(db_url) as jobs:
+        await jobs.until_states(expected, timeout_s)
+
+
+async def until_job_count(
+    db_url: str, state: str, count: int, timeout_s: float = 20.0, *, at_least: bool = False
+) -> None:
+    """Until exactly (or `at_least`) `count` jobs are in `state`: `JobChanges.until_count` at
+    once."""
+    async with job_changes(db_url) as jobs:
+        await jobs.until_count(state, count, timeout_s, at_least=at_least)
