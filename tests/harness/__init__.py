@@ -40,7 +40,13 @@ from tests.harness.daemons import (
 )
 from tests.harness.jobs import enqueue_noop_jobs, stored_job
 from tests.harness.logs import LogEvents
-from tests.harness.signals import JobChanges, job_changes, until_job_count, until_job_states
+from tests.harness.signals import (
+    JobChanges,
+    job_changes,
+    until_job_count,
+    until_job_keys,
+    until_job_states,
+)
 from tests.harness.targets import Target, serve_target
 from tests.harness.waits import free_port, wait_signalled, wait_until
 
@@ -74,6 +80,7 @@ __all__ = [
     "stored_job",
     "terminate",
     "until_job_count",
+    "until_job_keys",
     "until_job_states",
     "wait_signalled",
     "wait_until",

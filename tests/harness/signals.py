@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import asyncpg
 
@@ -69,6 +69,26 @@ class JobChanges:
         except AssertionError as exc:
             raise AssertionError(f"{exc}; last seen {seen[0]}") from None
 
+    async def until_keys(
+        self, expected: Mapping[str, str | tuple[str, ...]], timeout_s: float = 20.0
+    ) -> None:
+        """Until each job, by key, is in its state (or one of a tuple of states)."""
+        seen: dict[str, str] = {}
+
+        async def reached(conn: asyncpg.Connection) -> bool:
+            rows = await conn.fetch(
+                "SELECT key, state FROM dispatcher.jobs WHERE key = ANY($1)", list(expected)
+            )
+            seen.clear()
+            seen.update({r["key"]: r["state"] for r in rows})
+            wanted = {k: (v,) if isinstance(v, str) else v for k, v in expected.items()}
+            return all(seen.get(key) in states for key, states in wanted.items())
+
+        try:
+            await self.until(reached, timeout_s, f"jobs in states {dict(expected)}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last seen {seen}") from None
+
     async def until_count(
         self, state: str, count: int, timeout_s: float = 30.0, *, at_least: bool = False
     ) -> None:
@@ -101,6 +121,14 @@ async def until_job_states(db_url: str, expected: dict[str, int], timeout_s: flo
     """Until the jobs' state counts are exactly `expected`: `JobChanges.until_states` at once."""
     async with job_changes(db_url) as jobs:
         await jobs.until_states(expected, timeout_s)
+
+
+async def until_job_keys(
+    db_url: str, expected: Mapping[str, str | tuple[str, ...]], timeout_s: float = 20.0
+) -> None:
+    """Until each job, by key, is in its state: `JobChanges.until_keys` at once."""
+    async with job_changes(db_url) as jobs:
+        await jobs.until_keys(expected, timeout_s)
 
 
 async def until_job_count(
