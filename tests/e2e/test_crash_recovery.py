@@ -13,7 +13,6 @@ import asyncio
 import signal
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -29,16 +28,10 @@ JOBS = 300
 
 
 @pytest.fixture
-def spawn(
-    spawn: Spawn,
-    db_url: str,
-    transport_env: dict[str, str],  # noqa: F811
-) -> Callable[..., Awaitable[DaemonProcess]]:
-    """The shared `spawn`, on the test database with the transport under test:
-    `await spawn(**extra_env)`."""
-    return lambda **extra: spawn(
-        {"DISPATCHER_DATABASE_URL": db_url, **LOOPBACK_ENV, **transport_env, **extra}
-    )
+def run_env(db_url: str, transport_env: dict[str, str]) -> dict[str, str]:  # noqa: F811
+    """The daemons' environment: the test database, loopback delivery, the transport under
+    test (`await spawn({**run_env, ...})`)."""
+    return {"DISPATCHER_DATABASE_URL": db_url, **LOOPBACK_ENV, **transport_env}
 
 
 def held_first_attempts() -> tuple[Target, asyncio.Event]:
@@ -132,18 +125,18 @@ LONG_LEASE = {
 
 
 async def test_a_killed_daemons_running_jobs_are_rescued_by_another_within_seconds(
-    db_url: str, spawn: Spawn
+    db_url: str, spawn: Spawn, run_env: dict[str, str]
 ) -> None:
     target, release = held_first_attempts()
     conn = await asyncpg.connect(db_url)
     try:
         async with serve_target(target):
-            victim = await spawn(**LONG_LEASE)
+            victim = await spawn({**run_env, **LONG_LEASE})
             owner = await owner_of(conn, victim)
             await post_batch(victim, target, "held", JOBS)
             await wait_until(lambda: target.inflight == JOBS, what=f"{JOBS} attempts in flight")
             assert await running_owners(conn) == {owner: JOBS}
-            survivor = await spawn(**LONG_LEASE)
+            survivor = await spawn({**run_env, **LONG_LEASE})
             took_s = await kill_and_time_rescue(conn, victim, owner)
             print(f"\n{JOBS} running jobs of a SIGKILLed daemon rescued in {took_s:.2f} s")
             assert took_s < 15, f"rescued after {took_s:.1f} s: the 60 s lease, not the lock"
@@ -156,20 +149,20 @@ async def test_a_killed_daemons_running_jobs_are_rescued_by_another_within_secon
 
 
 async def test_a_successor_started_after_the_kill_rescues_within_seconds(
-    db_url: str, spawn: Spawn
+    db_url: str, spawn: Spawn, run_env: dict[str, str]
 ) -> None:
     target, release = held_first_attempts()
     conn = await asyncpg.connect(db_url)
     try:
         async with serve_target(target):
-            victim = await spawn(**LONG_LEASE)
+            victim = await spawn({**run_env, **LONG_LEASE})
             owner = await owner_of(conn, victim)
             await post_batch(victim, target, "held", JOBS)
             await wait_until(lambda: target.inflight == JOBS, what=f"{JOBS} attempts in flight")
             victim.signal(signal.SIGKILL)
             await victim.wait()
             started = time.monotonic()
-            successor = await spawn(**LONG_LEASE)
+            successor = await spawn({**run_env, **LONG_LEASE})
             ready_s = time.monotonic() - started
 
             async def rescued() -> bool:
@@ -190,7 +183,7 @@ async def test_a_successor_started_after_the_kill_rescues_within_seconds(
 
 
 async def test_a_frozen_daemon_is_not_rescued_before_its_lease_expires(
-    db_url: str, spawn: Spawn
+    db_url: str, spawn: Spawn, run_env: dict[str, str]
 ) -> None:
     n, lease_s = 40, 4.0
     target, release = held_first_attempts()
@@ -198,11 +191,11 @@ async def test_a_frozen_daemon_is_not_rescued_before_its_lease_expires(
     conn = await asyncpg.connect(db_url)
     try:
         async with serve_target(target):
-            frozen = await spawn(**env)
+            frozen = await spawn({**run_env, **env})
             owner = await owner_of(conn, frozen)
             await post_batch(frozen, target, "frozen", n)
             await wait_until(lambda: target.inflight == n, what=f"{n} attempts in flight")
-            other = await spawn(**env)
+            other = await spawn({**run_env, **env})
             frozen.signal(signal.SIGSTOP)
             # its last heartbeat before the stop set the earliest expiry we may see
             first_expiry = await conn.fetchval(
@@ -253,7 +246,9 @@ async def _states_are(conn: asyncpg.Connection, expected: dict[str, int]) -> boo
     return await states(conn) == expected
 
 
-async def test_a_postgres_restart_takes_no_living_daemons_jobs(tmp_path: Path) -> None:
+async def test_a_postgres_restart_takes_no_living_daemons_jobs(
+    tmp_path: Path, spawn: Spawn
+) -> None:
     """Every session lock vanishes with the server: the daemons take theirs back and none is
     judged gone (the restart grace), so nobody's running jobs move."""
     from tests.faults.common import PrivatePostgres
@@ -268,7 +263,7 @@ async def test_a_postgres_restart_takes_no_living_daemons_jobs(tmp_path: Path) -
             env = {"DISPATCHER_DATABASE_URL": url, **LOOPBACK_ENV, **LONG_LEASE}
             for name in ("left", "right"):  # a queue each, so each holds its own jobs
                 own_queue = {f"DISPATCHER_QUEUES__{name.upper()}__MAX_INFLIGHT": str(n)}
-                daemon = await DaemonProcess({**env, **own_queue}).start()
+                daemon = await spawn({**env, **own_queue})
                 daemons.append(daemon)
                 await post_batch(daemon, target, name, n, queue=name)
                 await wait_until(lambda: target.inflight == len(daemons) * n)
@@ -309,7 +304,7 @@ async def test_a_postgres_restart_takes_no_living_daemons_jobs(tmp_path: Path) -
 
 
 async def test_a_daemon_whose_lock_connection_is_cut_takes_it_back_and_keeps_its_jobs(
-    db_url: str,
+    db_url: str, spawn: Spawn
 ) -> None:
     """The server ends a living daemon's liveness session (pg_terminate_backend): it takes the
     lock again on a new connection at once, and the other daemon judges nobody gone."""
@@ -320,12 +315,12 @@ async def test_a_daemon_whose_lock_connection_is_cut_takes_it_back_and_keeps_its
     conn = await asyncpg.connect(db_url)
     try:
         async with serve_target(target):
-            cut = await DaemonProcess(env).start()
+            cut = await spawn(env)
             daemons.append(cut)
             owner = await owner_of(conn, cut)
             await post_batch(cut, target, "cut", n)
             await wait_until(lambda: target.inflight == n, what=f"{n} attempts in flight")
-            daemons.append(await DaemonProcess(env).start())
+            daemons.append(await spawn(env))
             ended = await conn.fetchval(
                 """SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l
                     WHERE l.locktype = 'advisory' AND l.objsubid = 2

@@ -11,7 +11,8 @@ import asyncpg
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, serve_target, wait_until
+from tests.harness import LOOPBACK_ENV, Target, serve_target, wait_until
+from tests.harness.fixtures import Spawn
 
 SECRET = "whsec_" + "c2VjcmV0LXNpZ25pbmcta2V5LWZvci10ZXN0cw=="
 TOKEN = "token-that-must-never-be-logged"
@@ -34,9 +35,9 @@ async def respond(request: web.Request, count: int) -> web.StreamResponse:
     return web.json_response({"ok": True})
 
 
-async def test_scrape_after_mixed_workload_and_json_logs(db_url: str) -> None:
+async def test_scrape_after_mixed_workload_and_json_logs(db_url: str, spawn: Spawn) -> None:
     async with serve_target(Target(respond=respond)) as target:
-        daemon = await DaemonProcess(
+        daemon = await spawn(
             {
                 "DISPATCHER_DATABASE_URL": db_url,
                 **LOOPBACK_ENV,
@@ -46,7 +47,7 @@ async def test_scrape_after_mixed_workload_and_json_logs(db_url: str) -> None:
                 "DISPATCHER_LOG_FORMAT": "json",
                 "DISPATCHER_LOG_LEVEL": "DEBUG",
             }
-        ).start()
+        )
         headers = {"Authorization": f"Bearer {TOKEN}"}
         async with aiohttp.ClientSession(headers=headers) as s:
             for key in ("ok-1", "ok-2", "retry-1", "dead-1"):
@@ -95,16 +96,18 @@ async def test_scrape_after_mixed_workload_and_json_logs(db_url: str) -> None:
         assert secret not in text
 
 
-async def test_separate_metrics_listener_serves_only_health_and_metrics(db_url: str) -> None:
+async def test_separate_metrics_listener_serves_only_health_and_metrics(
+    db_url: str, spawn: Spawn
+) -> None:
     from tests.harness import free_port
 
     port = free_port()
-    daemon = await DaemonProcess(
+    daemon = await spawn(
         {
             "DISPATCHER_DATABASE_URL": db_url,
             "DISPATCHER_METRICS_LISTEN": f"127.0.0.1:{port}",
         }
-    ).start()
+    )
     async with aiohttp.ClientSession() as s:
         async with s.get(f"http://127.0.0.1:{port}/metrics") as r:
             assert r.status == 200 and "dispatcher_build_info" in await r.text()
