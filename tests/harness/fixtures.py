@@ -24,13 +24,20 @@ _counter = itertools.count()
 @pytest.fixture
 async def spawn() -> AsyncIterator[Spawn]:
     """`await spawn(env)`: start `dispatcher run` children (ready unless `wait_ready=False`;
-    `port=` to choose its port); whatever the test does, none outlives it."""
+    `port=` to choose its port, `unset=` names to drop from the inherited environment);
+    whatever the test does, none outlives it."""
     started: list[DaemonProcess] = []
 
     async def start(
-        env: dict[str, str], *, wait_ready: bool = True, port: int | None = None
+        env: dict[str, str],
+        *,
+        wait_ready: bool = True,
+        port: int | None = None,
+        unset: tuple[str, ...] = (),
     ) -> DaemonProcess:
         daemon = DaemonProcess(env, port=port)
+        for name in unset:  # variables of the test's own environment the child must not see
+            daemon.env.pop(name, None)
         started.append(daemon)
         return await daemon.start(wait_ready=wait_ready)
 
