@@ -338,7 +338,7 @@ async def database(
     from contextlib import AsyncExitStack
 
     from dispatcher.daemon import resolve_database
-    from dispatcher.db import migrations
+    from dispatcher.db import schema
     from dispatcher.db.pool import create_pool, wait_for_database
     from dispatcher.errors import SchemaMismatch
 
@@ -350,7 +350,7 @@ async def database(
         if check_schema:
             async with pool.acquire() as conn:
                 try:
-                    await migrations.check_current(conn)
+                    await schema.check_current(conn)
                 except SchemaMismatch as exc:
                     raise SchemaMismatch(f"{database_place(settings)}: {exc}") from None
         yield dsn, pool
@@ -366,14 +366,14 @@ def database_place(settings: Settings) -> str:
 
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
-    from dispatcher.db import migrations
+    from dispatcher.db import schema
 
     async def run() -> int:
         async with (
             database(settings, check_schema=False, create=True) as (_dsn, pool),
             pool.acquire() as conn,
         ):
-            applied = await migrations.migrate(conn, wait_s=settings.database_wait_s)
+            applied = await schema.migrate(conn, wait_s=settings.database_wait_s)
         print("applied: " + ", ".join(applied) if applied else "schema is current")
         return 0
 
@@ -755,11 +755,11 @@ def cmd_backup(settings: Settings, args: argparse.Namespace) -> int:
 
 async def refuse_while_restoring(pool: Any) -> None:
     """A backup or a second restore while a restore loads: say so (SchemaBusy), in one line."""
-    from dispatcher.db import migrations
+    from dispatcher.db import schema
     from dispatcher.errors import SchemaBusy
 
     async with pool.acquire() as conn:
-        holder = await migrations.lock_holder(conn)
+        holder = await schema.lock_holder(conn)
     if holder is not None:
         raise SchemaBusy(f"{holder}; try again once it has finished")
 

@@ -29,7 +29,7 @@ from dispatcher.config.settings import Settings, mask_url
 from dispatcher.console import web as console
 from dispatcher.console.series import StartSeries
 from dispatcher.cron.service import CronService
-from dispatcher.db import migrations
+from dispatcher.db import schema
 from dispatcher.db.capacity import check_capacity
 from dispatcher.db.claims import ClaimConnections
 from dispatcher.db.embedded import EmbeddedPostgres
@@ -99,9 +99,9 @@ async def prepare_schema(dsn: str, settings: Settings) -> None:
     conn = await connect(dsn)
     try:
         if settings.auto_migrate:  # waits, saying so, while a restore loads the database
-            await migrations.migrate(conn, wait_s=settings.database_wait_s)
+            await schema.migrate(conn, wait_s=settings.database_wait_s)
         else:
-            await migrations.check_current(conn)
+            await schema.check_current(conn)
         for problem in await vacuum_problems(conn):
             log.warning(problem)
         await check_capacity(conn, settings.connection_budget())
@@ -285,7 +285,7 @@ class Daemon:
         try:
             async with asyncio.timeout(2):
                 async with self._repo.pool.acquire() as conn:
-                    await migrations.check_current(conn)
+                    await schema.check_current(conn)
         except Exception as exc:
             return False, f"database: {type(exc).__name__}: {exc}"
         return True, f"ok; degraded: {degraded}" if degraded else "ok"
