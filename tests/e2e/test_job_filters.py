@@ -13,10 +13,11 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+import asyncpg
 import pytest
 from yarl import URL
 
-from tests.harness import LOOPBACK_ENV, DaemonProcess, cli, wait_until
+from tests.harness import LOOPBACK_ENV, DaemonProcess, cli, job_changes
 
 BASE = datetime(2031, 1, 1, tzinfo=UTC)
 PROBLEM = "application/problem+json"
@@ -105,12 +106,14 @@ async def seed(d: Listing) -> None:
             assert r.status == 202, await r.text()
             d.run_keys.append((await r.json())["run_key"])
 
-    async def units_done() -> bool:
-        items = await d.items(handler="report")
-        units = [j for j in items if j["run_key"]]
+    async def units_done(conn: asyncpg.Connection) -> bool:
+        units = await conn.fetch(
+            "SELECT state FROM dispatcher.jobs WHERE handler = 'report' AND run_key IS NOT NULL"
+        )
         return len(units) == 2 and all(j["state"] == "succeeded" for j in units)
 
-    await wait_until(units_done, what="the cron units to succeed")
+    async with job_changes(d.db_url) as jobs:
+        await jobs.until(units_done, timeout_s=20, what="the cron units to succeed")
 
 
 def newest_first(jobs: list[dict[str, Any]]) -> list[str]:

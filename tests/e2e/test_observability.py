@@ -7,11 +7,10 @@ import shutil
 import subprocess
 
 import aiohttp
-import asyncpg
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import LOOPBACK_ENV, Target, serve_target, wait_until
+from tests.harness import LOOPBACK_ENV, Target, job_changes, serve_target
 from tests.harness.fixtures import Spawn
 
 SECRET = "whsec_" + "c2VjcmV0LXNpZ25pbmcta2V5LWZvci10ZXN0cw=="
@@ -60,13 +59,14 @@ async def test_scrape_after_mixed_workload_and_json_logs(db_url: str, spawn: Spa
                     f"{daemon.base_url}/v1/jobs", json=body, headers={"Idempotency-Key": key}
                 ) as r:
                     assert r.status == 202
-            conn = await asyncpg.connect(db_url)
-            await wait_until(
-                lambda: conn.fetchval(
-                    "SELECT count(*) = 4 FROM dispatcher.jobs WHERE state IN ('succeeded', 'dead')"
+            async with job_changes(db_url) as jobs:
+                await jobs.until(
+                    lambda c: c.fetchval(
+                        "SELECT count(*) = 4 FROM dispatcher.jobs"
+                        " WHERE state IN ('succeeded', 'dead')"
+                    ),
+                    what="the four jobs ended",
                 )
-            )
-            await conn.close()
             async with s.get(f"{daemon.base_url}/metrics") as r:
                 scrape = await r.text()
         assert await daemon.stop() == 0
