@@ -122,7 +122,15 @@ async def test_a_pause_holds_on_every_daemon_at_once_and_across_restarts(
             assert status == 200, overview
             work = next(q for q in overview["queues"] if q["name"] == QUEUE)
             assert work["paused"] is True
-            assert work["jobs"]["ready"] == counts["ready"]
+
+            async def sample_caught_up(url: str = f"{daemon.base_url}/v1/queues") -> bool:
+                # the counts are a sample up to 1 s old (OVERVIEW_MAX_AGE_S); nothing signals
+                # its refresh, and a wait woken by the jobs' NOTIFY can come before it
+                _, now = await call("GET", url)
+                ready = next(q for q in now["queues"] if q["name"] == QUEUE)["jobs"]["ready"]
+                return bool(ready == counts["ready"])
+
+            await wait_until(sample_caught_up, timeout_s=5, what="the overview's ready count")
             assert work["limits"]["max_inflight"] == 3
             default = next(q for q in overview["queues"] if q["name"] == "default")
             assert default["paused"] is False
