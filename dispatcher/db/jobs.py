@@ -418,6 +418,11 @@ class JobRepository:
         """Delete a batch of old terminal jobs with their attempt history; returns the jobs."""
         return int(await self.pool.fetchval(query("prune_terminal"), state, older_than_s, batch))
 
+    async def prune_keys(self, older_than_s: float, batch: int) -> int:
+        """Forget a batch of key ledger rows older than the key retention; returns how many."""
+        status = await self.pool.execute(query("prune_keys"), older_than_s, batch)
+        return int(status.rsplit(" ", 1)[-1])
+
     async def prune_runs(self, older_than_s: float, batch: int) -> int:
         """Run receipts go only after their units: a receipt never outlives its evidence."""
         status = await self.pool.execute(query("prune_runs"), older_than_s, batch)
@@ -432,16 +437,21 @@ class JobRepository:
         *,
         due_at_past_tolerance_s: float | None = None,
         ready_outbox: bool = False,
+        max_payload_bytes: int = 256 * 1024,
     ) -> None:
         """Write the configured queues and handlers to the registry; `on_dead` gives each
         queue's dead-letter notification (normalized target, notification queue), `limits` its
         global limits (rate_per_s, burst, max_inflight; a queue left out has none);
         `due_at_past_tolerance_s`, how far past a due time the SQL door still accepts;
-        `ready_outbox`, whether ready jobs get outbox rows (a relay transport: migration 015)."""
+        `ready_outbox`, whether ready jobs get outbox rows (a relay transport: migration 015);
+        `max_payload_bytes`, the largest job the SQL door accepts (migration 029)."""
         async with self.pool.acquire() as conn, conn.transaction():
             if due_at_past_tolerance_s is not None:
                 await conn.execute(
-                    query("sync_intake_settings"), due_at_past_tolerance_s, ready_outbox
+                    query("sync_intake_settings"),
+                    due_at_past_tolerance_s,
+                    ready_outbox,
+                    max_payload_bytes,
                 )
             for name, (max_attempts, max_retry_age_s) in queues.items():
                 rate, burst, inflight = (limits or {}).get(name, (None, None, None))

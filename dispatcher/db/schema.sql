@@ -65,7 +65,8 @@ CREATE TABLE dispatcher.intake_settings (
     singleton boolean DEFAULT true NOT NULL,
     due_at_past_tolerance_s double precision DEFAULT 300 NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    ready_outbox boolean DEFAULT false NOT NULL
+    ready_outbox boolean DEFAULT false NOT NULL,
+    max_payload_bytes bigint DEFAULT 262144 NOT NULL
 );
 
 CREATE TABLE dispatcher.intents (
@@ -137,6 +138,14 @@ CREATE TABLE dispatcher.jobs (
     finished_at timestamp with time zone,
     dead_letter_of bigint,
     traceparent text
+);
+
+CREATE TABLE dispatcher.key_ledger (
+    key text NOT NULL,
+    request_hash text NOT NULL,
+    job_id bigint NOT NULL,
+    state text NOT NULL,
+    finished_at timestamp with time zone NOT NULL
 );
 
 CREATE TABLE dispatcher.migrations (
@@ -250,6 +259,8 @@ ALTER TABLE dispatcher.instances ADD CONSTRAINT instances_pkey PRIMARY KEY (owne
 
 ALTER TABLE dispatcher.intake_settings ADD CONSTRAINT intake_settings_due_at_past_tolerance_s_check CHECK (due_at_past_tolerance_s >= 0::double precision AND due_at_past_tolerance_s <= 315360000::double precision);
 
+ALTER TABLE dispatcher.intake_settings ADD CONSTRAINT intake_settings_max_payload_bytes_check CHECK (max_payload_bytes >= 1024 AND max_payload_bytes <= 67108864);
+
 ALTER TABLE dispatcher.intake_settings ADD CONSTRAINT intake_settings_pkey PRIMARY KEY (singleton);
 
 ALTER TABLE dispatcher.intake_settings ADD CONSTRAINT intake_settings_singleton_check CHECK (singleton);
@@ -275,6 +286,8 @@ ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_lease_check CHECK ((st
 ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_pkey PRIMARY KEY (id);
 
 ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_state_check CHECK (state = ANY (ARRAY['scheduled'::text, 'ready'::text, 'running'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text, 'discarded'::text])) NOT VALID NOT VALID;
+
+ALTER TABLE dispatcher.key_ledger ADD CONSTRAINT key_ledger_pkey PRIMARY KEY (key);
 
 ALTER TABLE dispatcher.migrations ADD CONSTRAINT migrations_pkey PRIMARY KEY (version);
 
@@ -341,6 +354,8 @@ CREATE INDEX jobs_scheduled_due ON dispatcher.job_state USING btree (due_at) WHE
 CREATE INDEX jobs_tenant_id ON dispatcher.intents USING btree (tenant, id) WHERE (tenant <> ''::text);
 
 CREATE INDEX jobs_terminal ON dispatcher.job_state USING btree (state, queue, finished_at) WHERE (state = ANY (ARRAY['succeeded'::text, 'dead'::text, 'cancelled'::text]));
+
+CREATE INDEX key_ledger_finished_at ON dispatcher.key_ledger USING btree (finished_at);
 
 CREATE INDEX outbox_claim ON dispatcher.outbox USING btree (queue, tenant, id);
 

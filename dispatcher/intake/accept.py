@@ -15,6 +15,7 @@ from typing import Any
 
 from dispatcher.config.settings import Settings
 from dispatcher.core import jsoncodec, rfc3339
+from dispatcher.core.payload_size import oversize
 from dispatcher.db.jobs import JobRepository
 from dispatcher.errors import DatabaseUnavailable
 from dispatcher.intake.requests import JobRequest
@@ -99,6 +100,14 @@ class Intake:
         elif target is not None:
             return Rejected(
                 422, f'target: only handler "http" takes a target, not {request.handler!r}'
+            )
+        limit = self._settings.limits.max_payload_bytes
+        if (size := oversize(request.payload, target, limit)) is not None:
+            return Rejected(
+                413,
+                f"payload: the payload and target are {size} bytes of JSON, over "
+                f"limits.max_payload_bytes ({limit}); store large data elsewhere and pass a "
+                "reference",
             )
         due_at = request.due_at
         if due_at is not None:  # with an offset: JobRequest refuses a time without one
