@@ -44,13 +44,15 @@ class NewJob:
 
 @dataclass(slots=True, frozen=True)
 class EnqueueResult:
-    """What intake made of one item: `created`, `existing` (same request) or `conflict`."""
+    """What intake made of one item: `created`, `existing` (same request), `pruned` (same
+    request; the job finished and was pruned, its key kept in the key ledger: `id` and `state`
+    are the original job's, the times None) or `conflict` (another request)."""
 
     id: int
     key: str
     state: str
-    due_at: datetime
-    created_at: datetime
+    due_at: datetime | None
+    created_at: datetime | None
     outcome: str
 
 

@@ -420,6 +420,15 @@ def traceparent(request: web.Request) -> str | None:
 
 
 def accepted_view(result: EnqueueResult) -> dict[str, Any]:
+    if result.due_at is None or result.created_at is None:  # pruned: only the ledger remains
+        return {
+            "id": result.id,
+            "key": result.key,
+            "state": result.state,
+            "pruned": True,
+            "detail": f"job {result.id} ended {result.state} and was pruned; its key is kept "
+            "for retention.keys_s, so the same request is not run again",
+        }
     return {
         "id": result.id,
         "key": result.key,
@@ -453,6 +462,9 @@ async def post_job(request: web.Request) -> web.Response:
             job_id=result.id,
         )
     headers = {"Location": f"/v1/jobs/{result.id}"}
+    if result.outcome == "pruned":  # the job is gone: nothing is accepted, nothing runs
+        headers = {"Idempotent-Replayed": "true"}
+        return json_response(accepted_view(result), status=200, headers=headers)
     if result.outcome == "existing":
         headers["Idempotent-Replayed"] = "true"
     return json_response(accepted_view(result), status=202, headers=headers)
@@ -507,6 +519,7 @@ def batch_result(index: int, outcome: EnqueueResult | Rejected) -> dict[str, Any
             "id": outcome.id,
             "error": "key already names a job with a different request",
         }
+    # "pruned" answers as "existing", with `pruned: true` and no times (accepted_view)
     status = "accepted" if outcome.outcome == "created" else "existing"
     return {"index": index, "status": status, **accepted_view(outcome)}
 

@@ -194,6 +194,17 @@ def _describe_api() -> dict[str, Any]:
                         "created_at": {"type": "string", "format": "date-time"},
                     },
                 },
+                "Pruned": {
+                    "type": "object",
+                    "required": ["id", "key", "state", "pruned", "detail"],
+                    "properties": {
+                        "id": {"type": "integer"},
+                        "key": {"type": "string"},
+                        "state": {"enum": list(STATES)},
+                        "pruned": {"const": True},
+                        "detail": {"type": "string"},
+                    },
+                },
                 "Attempt": {
                     "type": "object",
                     "required": ["attempt", "outcome", "owner", "finished_at"],
@@ -268,6 +279,11 @@ def _describe_api() -> dict[str, Any]:
                     },
                     "responses": {
                         "202": _json(ACCEPTED, "accepted (or the same request replayed)"),
+                        "200": _json(
+                            {"$ref": "#/components/schemas/Pruned"},
+                            "the same request replayed after its job was pruned: the original "
+                            "id and final state (Idempotent-Replayed: true); nothing runs",
+                        ),
                         **_problem_responses(400, 401, 409, 413, 422, 503),
                     },
                 },

@@ -622,6 +622,9 @@ DECLARE
     found_id    bigint;
     found_hash  text;
     tolerance_s float8 := dispatcher.due_at_past_tolerance_s();
+    max_bytes   bigint := dispatcher.max_payload_bytes();
+    size        bigint;
+    pruned      record;
 BEGIN
     IF key IS NULL OR length(key) NOT BETWEEN 1 AND 255 OR key ~ '[^ -~]' THEN
         RAISE EXCEPTION 'dispatcher.enqueue: invalid key %', quote_nullable(key)
@@ -642,6 +645,10 @@ BEGIN
     IF payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
         RAISE EXCEPTION 'dispatcher.enqueue: payload must be a JSON object'
             USING ERRCODE = '22023', HINT = 'e.g. jsonb_build_object(''value'', 42)';
+    END IF;
+    size := dispatcher.payload_oversize(payload, target, max_bytes);
+    IF size IS NOT NULL THEN
+        PERFORM dispatcher.refuse_payload(key, size, max_bytes);
     END IF;
     IF (CASE WHEN handler = 'http' THEN jsonb_typeof(target -> 'url') IS DISTINCT FROM 'string'
              ELSE target IS NOT NULL END) THEN
@@ -671,6 +678,16 @@ BEGIN
             ON CONFLICT ON CONSTRAINT jobs_key_key DO NOTHING
         RETURNING j.id INTO new_id;
         IF new_id IS NOT NULL THEN
+            SELECT * INTO pruned FROM dispatcher.take_back_pruned(ARRAY[new_id], ARRAY[key]);
+            IF pruned.job_id IS NOT NULL THEN
+                IF NOT pruned.same THEN
+                    RAISE EXCEPTION 'dispatcher.enqueue: key % named job % (%, since pruned) with a different request',
+                        key, pruned.job_id, pruned.state
+                        USING ERRCODE = '23505',
+                              HINT = 'choose a new key for new work (a key is kept for the daemon''s retention.keys_s after its job is pruned)';
+                END IF;
+                RETURN pruned.job_id;  -- the same request: the job ran, and is not run again
+            END IF;
             new_state := CASE WHEN effective <= now() THEN 'ready' ELSE 'scheduled' END;
             INSERT INTO dispatcher.job_state (id, queue, tenant, capability, state, due_at,
                                               budget_started_at)
@@ -752,6 +769,9 @@ DECLARE
     tolerance_s float8 := dispatcher.due_at_past_tolerance_s();
     bad_item    bigint;
     bad_due     timestamptz;
+    max_bytes   bigint := dispatcher.max_payload_bytes();
+    bad_key     text;
+    bad_size    bigint;
 BEGIN
     -- times out of range are left to the internal door's own refusal (22008)
     SELECT u.o, u.d INTO bad_item, bad_due
@@ -762,6 +782,15 @@ BEGIN
      LIMIT 1;
     IF bad_item IS NOT NULL THEN
         PERFORM dispatcher.refuse_past_due(bad_due, tolerance_s, bad_item);
+    END IF;
+    SELECT u.o, u.k, u.size INTO bad_item, bad_key, bad_size
+      FROM (SELECT u.o, u.k, dispatcher.payload_oversize(u.p, u.tg, max_bytes) AS size
+              FROM unnest(keys, payloads, targets) WITH ORDINALITY AS u(k, p, tg, o)) u
+     WHERE u.size IS NOT NULL
+     ORDER BY u.o
+     LIMIT 1;
+    IF bad_item IS NOT NULL THEN
+        PERFORM dispatcher.refuse_payload(bad_key, bad_size, max_bytes, bad_item);
     END IF;
     RETURN QUERY SELECT * FROM dispatcher.enqueue_many_internal(
         keys, handlers, payloads, due_ats, queues, tenants, targets, max_attempts,
@@ -788,6 +817,7 @@ DECLARE
     any_later  boolean := false;
     bad_item   bigint;
     bad_due    timestamptz;
+    taken      integer;            -- jobs of this round taken back for the key ledger
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -863,7 +893,10 @@ BEGIN
              WHERE outbox AND s.state = 'ready'
         )
         SELECT count(*) INTO created FROM ins_state;
-        IF created = coalesce(cardinality(pending), n) THEN
+        -- after the insert, not before: an insert that waited on a row being pruned proceeds
+        -- only once the pruner committed, its ledger row with it (one probe per job)
+        SELECT count(*) INTO taken FROM dispatcher.take_back_pruned(ids, keys);
+        IF created = coalesce(cardinality(pending), n) AND taken = 0 THEN
             -- every item created: its answer is what was written (created_at = now())
             RETURN QUERY
             SELECT u.o::integer, u.id, u.k,
@@ -880,16 +913,23 @@ BEGIN
                  WHERE (pending IS NULL OR u.o IN (SELECT unnest(pending))) AND u.d > now());
             EXIT;
         END IF;
-        -- Some item was not created: invalid, or its key taken (before this call, by an earlier
-        -- item of it, or by a concurrent transaction). Each item is looked up.
+        -- Some item was not created: invalid, its key taken (before this call, by an earlier
+        -- item of it, or by a concurrent transaction) or kept by the key ledger. Each item is
+        -- looked up: a key without a job, in the ledger.
         IF NOT checked THEN
             PERFORM dispatcher.enqueue_check(keys, handlers, payloads, queues, targets,
                                              max_attempts, max_retry_age_s);
             checked := true;
         END IF;
         results := ARRAY(
-            SELECT ROW(m.o, e.id, m.k, e.state, e.due_at, e.created_at,
+            SELECT ROW(m.o, coalesce(e.id, g.job_id), m.k, coalesce(e.state, g.state), e.due_at,
+                       e.created_at,
                        CASE
+                           WHEN e.id IS NULL AND g.job_id IS NOT NULL THEN
+                               CASE WHEN g.request_hash NOT LIKE 'v2:%' OR g.request_hash
+                                         = dispatcher.request_fingerprint(m.h, m.tg, m.p, m.q,
+                                                                          m.t, m.d, m.ma, m.mra)
+                                    THEN 'pruned' ELSE 'conflict' END
                            WHEN e.id IS NULL THEN 'retry'   -- a concurrent insert not yet visible
                            WHEN e.id = m.id THEN 'created'
                            WHEN e.request_hash = dispatcher.request_fingerprint(
@@ -910,7 +950,10 @@ BEGIN
               -- hash-join a sequential scan of the whole table instead
               LEFT JOIN LATERAL (
                    SELECT x.id, x.state, x.due_at, x.created_at, x.request_hash
-                     FROM dispatcher.jobs x WHERE x.key = m.k OFFSET 0) e ON true);
+                     FROM dispatcher.jobs x WHERE x.key = m.k OFFSET 0) e ON true
+              LEFT JOIN LATERAL (
+                   SELECT l.job_id, l.state, l.request_hash FROM dispatcher.key_ledger l
+                    WHERE e.id IS NULL AND l.key = m.k OFFSET 0) g ON true);
         RETURN QUERY SELECT * FROM unnest(results) r WHERE r.outcome <> 'retry';
         any_ready := any_ready OR EXISTS (
             SELECT 1 FROM unnest(results) r WHERE r.outcome = 'created' AND r.state = 'ready');
@@ -1064,6 +1107,27 @@ CREATE OR REPLACE FUNCTION dispatcher.liveness_namespace()
  IMMUTABLE PARALLEL SAFE
 AS $function$ SELECT 1684632436 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.max_payload_bytes()
+ RETURNS bigint
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    SELECT coalesce((SELECT s.max_payload_bytes FROM dispatcher.intake_settings s), 262144)
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.payload_oversize(payload jsonb, target jsonb, max_bytes bigint)
+ RETURNS bigint
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT CASE WHEN 6 * (coalesce(pg_column_size(payload), 0)
+                          + coalesce(pg_column_size(target), 0)) + 64 <= max_bytes THEN NULL
+                ELSE nullif(greatest(coalesce(octet_length(payload::text), 0)
+                                     + coalesce(octet_length(target::text), 0), max_bytes),
+                            max_bytes)
+           END
+$function$;
+
 CREATE OR REPLACE FUNCTION dispatcher.ready_outbox()
  RETURNS boolean
  LANGUAGE sql
@@ -1105,6 +1169,22 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.refuse_payload(key text, size bigint, max_bytes bigint, item bigint DEFAULT NULL::bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RAISE EXCEPTION USING
+        MESSAGE = format('dispatcher.enqueue: the payload and target of key %s%s are %s bytes '
+                         'of JSON, over limits.max_payload_bytes (%s)', quote_literal(key),
+                         CASE WHEN item IS NULL THEN '' ELSE format(' (item %s)', item) END,
+                         size, max_bytes),
+        ERRCODE = '54000',
+        HINT = 'store large data elsewhere and pass a reference (the daemon''s '
+               '[limits] max_payload_bytes sets the limit; see dispatcher.intake_settings)';
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION dispatcher.request_fingerprint(handler text, target jsonb, payload jsonb, queue text, tenant text, requested_due_at timestamp with time zone, max_attempts integer, max_retry_age_s integer)
  RETURNS text
  LANGUAGE sql
@@ -1141,6 +1221,31 @@ AS $function$
          + (CASE WHEN pg_column_compression(target) IS NULL
                  THEN coalesce(pg_column_size(target), 0)
                  ELSE octet_length(target::text) END)::bigint
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.take_back_pruned(ids bigint[], keys text[])
+ RETURNS TABLE(ord integer, id bigint, job_id bigint, state text, same boolean)
+ LANGUAGE sql
+AS $function$
+    WITH hit AS (
+        SELECT u.o::integer AS ord, u.id, l.job_id, l.state,
+               l.request_hash = i.request_hash OR l.request_hash NOT LIKE 'v2:%' AS same
+          FROM unnest(ids, keys) WITH ORDINALITY AS u(id, k, o)
+          -- one index probe of the ledger per job, and of the intent only for a key found
+          -- there (OFFSET 0: joined, the planner may hash a scan of either table instead)
+          CROSS JOIN LATERAL (
+                SELECT x.job_id, x.state, x.request_hash FROM dispatcher.key_ledger x
+                 WHERE x.key = u.k OFFSET 0) l
+          CROSS JOIN LATERAL (
+                SELECT y.request_hash FROM dispatcher.intents y WHERE y.id = u.id OFFSET 0) i
+    ), outbox AS (
+        DELETE FROM dispatcher.outbox o WHERE o.job_id IN (SELECT h.id FROM hit h)
+    ), states AS (
+        DELETE FROM dispatcher.job_state s WHERE s.id IN (SELECT h.id FROM hit h)
+    ), intents AS (
+        DELETE FROM dispatcher.intents i WHERE i.id IN (SELECT h.id FROM hit h)
+    )
+    SELECT h.ord, h.id, h.job_id, h.state, h.same FROM hit h
 $function$;
 
 CREATE TRIGGER intents_size_bytes BEFORE INSERT OR UPDATE OF payload, target ON dispatcher.intents FOR EACH ROW EXECUTE FUNCTION dispatcher.intent_bytes();
