@@ -79,6 +79,30 @@ class JobRepository:
         executor = conn if conn is not None else self.pool
         return _enqueued(await executor.fetch(query("enqueue_many"), *args), len(items))
 
+    async def replace_scheduled(self, items: Sequence[NewJob]) -> list[EnqueueResult | None]:
+        """Key modes: replace the scheduled jobs these items' keys name (in one statement);
+        one result per item, in order: None when its job is gone (pruned meanwhile)."""
+        rows = await self.pool.fetch(
+            query("replace_scheduled"),
+            [i.key for i in items],
+            [i.handler for i in items],
+            [i.payload for i in items],
+            [i.due_at for i in items],
+            [i.queue for i in items],
+            [i.tenant for i in items],
+            [i.target for i in items],
+            [i.max_attempts for i in items],
+            [i.max_retry_age_s for i in items],
+            [i.on_key == "keep_due" for i in items],
+            [i.debounce_max_s for i in items],
+        )
+        results: list[EnqueueResult | None] = [None] * len(items)
+        for r in rows:
+            results[r["ord"] - 1] = EnqueueResult(
+                r["id"], r["key"], r["state"], r["due_at"], r["created_at"], r["outcome"]
+            )
+        return results
+
     async def _enqueue_traced(
         self, conn: asyncpg.Connection, items: Sequence[NewJob], args: tuple[list[Any], ...]
     ) -> list[EnqueueResult]:

@@ -18,6 +18,15 @@ SELECT ord, id, key, state, due_at, created_at, outcome
                                         $5::text[], $6::text[], $7::jsonb[], $8::integer[],
                                         $9::integer[], $10::text[]);
 
+-- name: replace_scheduled
+-- Key modes: replace the jobs these items name by key while they are still scheduled
+-- ($10 keep the due time, $11 debounce_max_s); answers "replaced", "not_replaced" or "conflict"
+-- per item it found (dispatcher.replace_scheduled).
+SELECT ord, id, key, state, due_at, created_at, outcome
+  FROM dispatcher.replace_scheduled($1::text[], $2::text[], $3::jsonb[], $4::timestamptz[],
+                                    $5::text[], $6::text[], $7::jsonb[], $8::integer[],
+                                    $9::integer[], $10::boolean[], $11::integer[]);
+
 -- name: set_traceparents
 -- Store the W3C trace context jobs were accepted in ($1 ids, $2 traceparents, in parallel), in
 -- the transaction that created them (tracing only; one index probe per id).
