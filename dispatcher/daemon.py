@@ -15,10 +15,9 @@ import logging
 import os
 import signal
 import socket
-import ssl
 import uuid
-from collections.abc import Callable
 from contextlib import AsyncExitStack
+from typing import cast
 
 from aiohttp import web
 
@@ -34,16 +33,20 @@ from dispatcher.db.capacity import check_capacity
 from dispatcher.db.claims import ClaimConnections
 from dispatcher.db.embedded import EmbeddedPostgres
 from dispatcher.db.jobs import JobRepository
-from dispatcher.db.liveness import LivenessLock
-from dispatcher.db.notifications import WakeListener
+from dispatcher.db.liveness import LivenessLock, liveness_lock
+from dispatcher.db.notifications import WakeListener, check_sessions_stay
 from dispatcher.db.ownership import Role
 from dispatcher.db.pool import PoolSet, connect, wait_for_database
 from dispatcher.db.relay import RelayRepository
 from dispatcher.db.vacuum import vacuum_problems
 from dispatcher.effects.base import Effect
 from dispatcher.effects.http import HttpEffect, dead_letter_target
-from dispatcher.effects.python import PythonEffect
-from dispatcher.effects.sql import SqlEffect
+from dispatcher.effects.registry import (
+    build_effects,
+    capabilities,
+    effect_service,
+    log_handler_concurrency,
+)
 from dispatcher.engine.budget import PayloadBudget
 from dispatcher.engine.completer import Completer
 from dispatcher.engine.due_scan import DueScanner
@@ -52,9 +55,17 @@ from dispatcher.engine.gone_owners import GoneOwners
 from dispatcher.engine.pool import LeaseHeartbeat, QueueWorker, WorkerPool
 from dispatcher.engine.pruning import Pruner
 from dispatcher.engine.sampler import MetricsSampler
+from dispatcher.engine.work_poll import (
+    CLAIM_LOOP_IDLE_S,
+    DUE_SCAN_IDLE_S,
+    Wakeups,
+    WorkPoller,
+    poll_interval_s,
+)
 from dispatcher.intake.accept import Intake
 from dispatcher.observability import logs
 from dispatcher.observability.tracing import Tracing, current_trace_id
+from dispatcher.operator.service import Operator
 from dispatcher.relay.transport import InProcessTransport, Transport
 from dispatcher.runtime import sdnotify
 from dispatcher.runtime.diskspace import CHECK_INTERVAL_S, DiskSpace
@@ -96,7 +107,9 @@ async def resolve_database(
 
 
 async def prepare_schema(dsn: str, settings: Settings) -> None:
-    conn = await connect(dsn)
+    if settings.database.wakeups == "listen" and settings.database_url is not None:
+        await check_sessions_stay(dsn)  # LISTEN behind a transaction pooler hears nothing
+    conn = await connect(dsn, pooled=settings.database.pooled)
     try:
         if settings.auto_migrate:  # waits, saying so, while a restore loads the database
             await schema.migrate(conn, wait_s=settings.database_wait_s)
@@ -134,34 +147,6 @@ class Database(Service):
         await self._stack.aclose()
 
 
-def build_effects(
-    settings: Settings, repo: JobRepository, owner: str, *, trace_context: bool = False
-) -> dict[str, Effect]:
-    ssl_context = None
-    if settings.http.ca_file is not None:
-        ssl_context = ssl.create_default_context()
-        ssl_context.load_verify_locations(cafile=str(settings.http.ca_file))
-    effects: dict[str, Effect] = {
-        "http": HttpEffect(settings, ssl_context=ssl_context, trace_context=trace_context)
-    }
-    for name, handler in settings.handlers.items():
-        kind = PythonEffect if handler.kind == "python" else SqlEffect
-        effects[name] = kind(name, handler, repo, owner)
-    return effects
-
-
-def effect_service(effects: dict[str, Effect]) -> Service:
-    async def start() -> None:
-        for effect in effects.values():
-            await effect.start()
-
-    async def stop() -> None:
-        for effect in effects.values():
-            await effect.stop()
-
-    return CallbackService("effects", start, stop)
-
-
 def tracing_service(tracing: Tracing | None) -> Service:
     """Says where spans go and puts trace ids on log lines; at stop, exports what is buffered
     (off: does nothing)."""
@@ -177,54 +162,6 @@ def tracing_service(tracing: Tracing | None) -> Service:
             await asyncio.to_thread(tracing.close)
 
     return CallbackService("tracing", start, stop)
-
-
-def capabilities(settings: Settings) -> list[str]:
-    """`handler:version` pairs this process can run (rolling releases share one database)."""
-    caps = ["http:1"]
-    for name, handler in settings.handlers.items():
-        caps += [f"{name}:{v}" for v in handler.runnable_versions()]
-    return caps
-
-
-def log_handler_concurrency(settings: Settings, effects: dict[str, Effect]) -> None:
-    """Say so when transactional handlers could want more connections than they have."""
-    if not any(e.completes_in_transaction for e in effects.values()):
-        return
-    wanted = sum(q.max_inflight for q in settings.queues.values())
-    size = settings.connection_budget().handlers
-    if wanted > size:
-        log.info(
-            "transactional handlers: up to %d attempts may be in flight, but the handlers pool "
-            "has %d connections; at most %d run at once and the rest wait for a connection "
-            "(their timeout starts once they have one). Raise DISPATCHER_HANDLER_POOL_SIZE (and "
-            "DISPATCHER_DATABASE_MAX_CONNECTIONS) to run more at once.",
-            wanted,
-            size,
-            size,
-        )
-
-
-def _nothing() -> None:
-    return None
-
-
-class Wakeups:
-    """Wakes whom a change concerns: workers for ready work, the scan for new due times.
-    Bound once both exist; a wake-up before that is harmless (both look on start)."""
-
-    def __init__(self) -> None:
-        self._workers: Callable[[], None] = _nothing
-        self._scanner: Callable[[], None] = _nothing
-
-    def bind(self, workers: WorkerPool, scanner: DueScanner) -> None:
-        self._workers, self._scanner = workers.wake, scanner.wake
-
-    def __call__(self, reason: str = "") -> None:
-        if reason != "scheduled":
-            self._workers()
-        if reason != "ready":
-            self._scanner()
 
 
 class Daemon:
@@ -245,15 +182,20 @@ class Daemon:
         self._liveness: LivenessLock | None = None  # crash recovery in seconds (recovery.md)
         self._broker: list[Service] = []  # RabbitMQ link and relay (transport = "rabbitmq")
         self._tls: ServerTls | None = None
+        self._http: HttpEffect | None = None  # its signing secrets are reloaded on SIGHUP
         if settings.tls.cert_file is not None and settings.tls.key_file is not None:
             self._tls = ServerTls(settings.tls.cert_file, settings.tls.key_file)
 
     def reload(self) -> None:
-        """SIGHUP: load the TLS certificate again (after a renewal); the listener stays up."""
-        if self._tls is None:
-            log.info("SIGHUP: nothing to reload (no TLS configured)")
-        else:
+        """SIGHUP: load the TLS certificate again (after a renewal) and the signing secrets
+        (after a rotation); the listeners stay up, the pushes in flight go on."""
+        secrets_file = self.settings.http.signing_secret_file
+        if self._tls is None and secrets_file is None:
+            log.info("SIGHUP: nothing to reload (no TLS, no http.signing_secret_file)")
+        if self._tls is not None:
             self._tls.reload()
+        if secrets_file is not None and self._http is not None:
+            self._http.reload_secrets()
 
     def request_stop(self) -> None:
         if self.stop_requested.is_set():
@@ -333,7 +275,7 @@ class Daemon:
     def _pools(self, dsn: str) -> PoolSet:
         budget = self.settings.connection_budget()  # whatever the number of queues
         log.info("database connections at most %s", budget.describe())
-        return PoolSet(dsn, budget)
+        return PoolSet(dsn, budget, pooled=self.settings.database.pooled)
 
     async def services(self, dsn: str, pools: PoolSet) -> list[Startable]:
         """Every service after the database, in start order (they stop in reverse)."""
@@ -353,6 +295,7 @@ class Daemon:
             max_payload_bytes=s.limits.max_payload_bytes,  # for the SQL door (029)
         )
         effects = build_effects(s, engine, self.owner, trace_context=self.tracing is not None)
+        self._http = cast(HttpEffect, effects["http"])
         log_handler_concurrency(s, effects)
         completer = Completer(engine, self.owner)
         wake = Wakeups()
@@ -365,35 +308,31 @@ class Daemon:
             engine,
             timing,
             batch=s.scan_batch,
-            interval_s=s.scan_interval_s,
-            on_ready=workers.wake,
+            interval_s=max(s.scan_interval_s, DUE_SCAN_IDLE_S),  # the work poll looks before
+            on_ready=lambda: wake("ready"),  # as a notice: the work poll first with many queues
             gone_owners=judge.confirmed,
         )
-        self._liveness = LivenessLock(dsn, self.owner, judge, on_gone=scanner.wake)
-        wake.bind(workers, scanner)
+        poller = WorkPoller(
+            engine,
+            timing,
+            queues=list(s.queues),
+            capabilities=capabilities(s),
+            interval_s=poll_interval_s(s),
+            wake_queue=lambda queue: workers.workers[queue].wake(),
+            scanner=scanner,
+        )
+        self._liveness = liveness_lock(s, dsn, self.owner, judge, on_gone=scanner.wake)
+        wake.bind(workers, scanner, poller)
         cron = CronService(pools["engine"], engine, s.schedules, timing=timing, on_enqueued=wake)
         disk = await self._disk_space()
-        refusal = disk.problem if disk is not None else lambda: None
-        intake = Intake(
-            s, repo, lambda t: HttpEffect.validate_target(t, s), wake, refusal, self.tracing
-        )
         # one sampler for the gauges and the queue overview (GET /v1/queues), which share its
         # samples; on the API's pool, as an operator read
         sampler = MetricsSampler(repo, s.overdue_after_s)
-        api = create_app(
-            repo=repo,
-            intake=intake,
-            readiness=self.readiness,
-            tokens=s.api_token_entries(),
-            body_limit_bytes=s.body_limit_bytes,
-            body_read_timeout_s=s.body_read_timeout_s,
-            schedules=cron,
-            settings=s,
-            sampler=sampler,
-        )
+        api = self._api(repo, wake, disk, sampler, cron)
         services: list[Startable] = [
             tracing_service(self.tracing),  # stops after every other service: spans flushed
-            self._liveness,  # before the first claim, released after the last lease
+            # before the first claim, released after the last lease
+            *([self._liveness] if self._liveness else []),
             effect_service(effects),
             completer,
             HttpListener(
@@ -407,7 +346,8 @@ class Daemon:
             claims,  # handed back once every claim loop has stopped
             workers,
             scanner,
-            WakeListener(dsn, wake),
+            poller,
+            *([WakeListener(dsn, wake)] if s.database.wakeups == "listen" else []),
             cron,
             sdnotify.Watchdog(),
         ]
@@ -423,6 +363,35 @@ class Daemon:
             )
             services.insert(4, listener)  # before the API listener
         return services
+
+    def _api(
+        self,
+        repo: JobRepository,
+        wake: Wakeups,
+        disk: DiskSpace | None,
+        sampler: MetricsSampler,
+        cron: CronService,
+    ) -> web.Application:
+        """The API application: intake, and the operator service the API, the console and the
+        CLI share (dispatcher.operator.service)."""
+        s = self.settings
+        refusal = disk.problem if disk is not None else lambda: None
+        intake = Intake(
+            s, repo, lambda t: HttpEffect.validate_target(t, s), wake, refusal, self.tracing
+        )
+        operator = Operator(
+            repo, s, sampler=sampler, schedules=cron, on_ready=intake.notify_accepted
+        )
+        return create_app(
+            repo=repo,
+            intake=intake,
+            readiness=self.readiness,
+            tokens=s.api_token_entries(),
+            body_limit_bytes=s.body_limit_bytes,
+            body_read_timeout_s=s.body_read_timeout_s,
+            settings=s,
+            operator=operator,
+        )
 
     def _console(self, api: web.Application, timing: TimingEngine) -> list[Startable]:
         """The web console: under /console/ on the API listener, or on its own listener; its
@@ -510,7 +479,7 @@ class Daemon:
 
         budget = PayloadBudget(s.max_inflight_payload_bytes)  # one for all queues
         workers = [
-            QueueWorker(q, qs, transport, executor(q), idle_poll_s=s.scan_interval_s, budget=budget)
+            QueueWorker(q, qs, transport, executor(q), idle_poll_s=CLAIM_LOOP_IDLE_S, budget=budget)
             for q, qs in s.queues.items()
         ]
         return WorkerPool(

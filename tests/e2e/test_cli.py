@@ -300,7 +300,7 @@ async def test_jobs_commands_list_show_retry_and_cancel(tmp_path: Path, db_url: 
     again = await cli("jobs", "cancel", str(ids["wait"]), cwd=tmp_path, env=env)
     assert again.code == 1
     assert again.stderr.splitlines()[-1] == (
-        f"dispatcher: job {ids['wait']} is cancelled; cannot cancel"
+        f"dispatcher: job {ids['wait']} is already cancelled; nothing to cancel"
     )
     missing = await cli("jobs", "show", "999999", cwd=tmp_path, env=env)
     assert (missing.code, missing.stderr.splitlines()[-1]) == (1, "dispatcher: no job 999999")
