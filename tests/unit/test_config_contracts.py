@@ -52,3 +52,17 @@ def test_the_size_is_the_text_jsonb_renders(value: dict[str, object]) -> None:
     assert oversize(value, None, rendered) is None
     assert oversize(value, None, rendered - 1) == rendered
     assert oversize(value, {"url": "u"}, rendered) == rendered + len('{"url": "u"}')
+
+
+def test_the_http_client_sends_the_key_mode() -> None:
+    from dispatcher.client.http import Job, batch_call, enqueue_call
+
+    job = Job("k", "report", {"n": 1}, on_key="replace", debounce_max_s=30)
+    assert enqueue_call(job).body == {
+        "handler": "report",
+        "payload": {"n": 1},
+        "on_key": "replace",
+        "debounce_max_s": 30,
+    }
+    (item,) = batch_call([Job("k", "report", on_key="keep_due")]).body["jobs"]
+    assert item["on_key"] == "keep_due" and "debounce_max_s" not in item
