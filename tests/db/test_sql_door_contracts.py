@@ -14,7 +14,7 @@ import pytest
 from dispatcher.config.settings import RetentionSettings
 from dispatcher.db.jobs import JobRepository
 from dispatcher.engine.pruning import Pruner
-from dispatcher.model import NewJob
+from dispatcher.model import ByteGrant, NewJob
 
 MANY = """SELECT r.ord, r.id, r.state, r.outcome, r.due_at FROM dispatcher.enqueue_many(
               $1::text[], $2::text[], $3::text[]::jsonb[]) r ORDER BY r.ord"""
@@ -118,3 +118,25 @@ async def test_a_payload_over_the_limit_is_refused_at_the_sql_door(
     assert await conn.fetchval("SELECT count(*) FROM dispatcher.jobs") == 0
     fits = json.dumps({"pad": "x" * (4096 - 11)})
     assert await conn.fetchval("SELECT dispatcher.enqueue('fits', 'report', $1::jsonb)", fits)
+
+
+async def test_rows_over_the_limit_stored_directly_are_claimed_within_the_grant(
+    conn: asyncpg.Connection, repo: JobRepository
+) -> None:
+    """The limit refuses new jobs; rows stored before it (here: inserted into dispatcher.jobs
+    directly, 1 MB each against a 4 kB limit) are bounded by the claim's byte grant instead."""
+    await conn.execute(
+        """INSERT INTO dispatcher.jobs (key, request_hash, queue, handler, handler_version,
+                                        payload, state, due_at, max_attempts, max_retry_age_s,
+                                        budget_started_at)
+           SELECT 'old-' || g, 'h', 'default', 'report', 1,
+                  jsonb_build_object('p', repeat('x', 1000000)), 'ready', now(), 3, 60, now()
+             FROM generate_series(1, 5) g"""
+    )
+    caps = ["report:1"]
+    jobs, taken = await repo.claim("default", 10, caps, "o", 60, ByteGrant(2_500_000))
+    assert taken == len(jobs) == 2  # a third would pass 2.5 MB
+    jobs, taken = await repo.claim("default", 10, caps, "o", 60, ByteGrant(500_000))
+    assert (jobs, taken) == ([], 0)  # none fits, and the daemon holds others
+    jobs, _ = await repo.claim("default", 10, caps, "o", 60, ByteGrant(500_000, True))
+    assert len(jobs) == 1  # one larger than the grant runs only alone
