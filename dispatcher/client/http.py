@@ -108,6 +108,10 @@ class Job:
     max_retry_age_s: int | None = None
     priority: int | None = None  # -100..100, lower runs first (None: the daemon's 0)
     concurrency_key: str | None = None  # None: the tenant; "": no key (sent as null)
+    # the key's mode when it names a job with another request: "reject" (the daemon's
+    # default), "replace" (debounce, bounded by debounce_max_s) or "keep_due" (throttle)
+    on_key: str | None = None
+    debounce_max_s: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # fields newer than this client
 
 
@@ -140,6 +144,8 @@ def job_body(job: Job) -> dict[str, Any]:
         "max_retry_age_s": job.max_retry_age_s,
         "priority": job.priority,
         "concurrency_key": job.concurrency_key,
+        "on_key": job.on_key,
+        "debounce_max_s": job.debounce_max_s,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     if job.concurrency_key == "":
@@ -288,7 +294,8 @@ class Client(_Base):
 
     def enqueue_many(self, jobs: Sequence[Job]) -> list[dict[str, Any]]:
         """POST /v1/jobs/batch (up to 1,000): one result per job, in order, each with `status`
-        "accepted", "existing", "conflict" or "rejected" (and `error`): not a transaction."""
+        "accepted", "existing" (with `pruned: true` when its job was pruned), "replaced",
+        "not_replaced", "conflict" or "rejected" (and `error`): not a transaction."""
         return list(self.send(batch_call(jobs))["results"])
 
     def get(self, job_id: int) -> JobView:
