@@ -350,6 +350,8 @@ class Daemon:
             {q: (c.rate_per_s, c.burst, c.max_inflight) for q, c in s.queues.items()},
             due_at_past_tolerance_s=s.due_at_past_tolerance_s,  # for the SQL door (011)
             ready_outbox=s.transport == "rabbitmq",  # the relay publishes outbox rows (015)
+            groups={g: c.limits() for g, c in s.limit_groups.items()},  # shared budgets (024)
+            membership={q: (c.limit_group, c.group_priority) for q, c in s.queues.items()},
         )
         effects = build_effects(s, engine, self.owner, trace_context=self.tracing is not None)
         log_handler_concurrency(s, effects)

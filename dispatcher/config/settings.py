@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from dispatcher.config.connection_budget import ConnectionBudget
+from dispatcher.config.limits import LimitGroupSettings, check_limit_groups
 from dispatcher.config.signing_secret import decode_secret
 from dispatcher.config.tokens import (
     ApiToken,
@@ -72,6 +73,9 @@ class QueueSettings(_Strict):
     backoff_cap_s: float = Field(3600.0, gt=0, le=MAX_DURATION_S)
     claim_batch: int = Field(500, ge=1, le=10_000)
     on_dead: DeadLetterNoticeSettings | None = None
+    # a budget shared with other queues ([limit_groups.NAME], config/limits.py); both bind
+    limit_group: str | None = None
+    group_priority: int = Field(0, ge=-100, le=100)  # within the group: lower goes first
 
 
 class HandlerSettings(_Strict):
@@ -302,6 +306,7 @@ class Settings(_Strict):
     log_format: Literal["auto", "json", "text"] = "auto"
     instance_name: str | None = None
     queues: dict[str, QueueSettings] = {"default": QueueSettings()}
+    limit_groups: dict[str, LimitGroupSettings] = {}
     handlers: dict[str, HandlerSettings] = {}
     http: HttpSettings = HttpSettings()
     tls: TlsSettings = TlsSettings()
@@ -351,7 +356,12 @@ class Settings(_Strict):
         # Jobs without a queue go to "default"; it exists even when only others are configured.
         return value if "default" in value else {"default": QueueSettings(), **value}
 
-    @field_validator("queues", "handlers")
+    @model_validator(mode="after")
+    def _limit_groups_known(self) -> Settings:
+        check_limit_groups(self.limit_groups, self.queues)
+        return self
+
+    @field_validator("queues", "handlers", "limit_groups")
     @classmethod
     def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
         for name in value:

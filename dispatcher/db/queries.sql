@@ -577,6 +577,33 @@ VALUES ($1, $2, $3, $4, $5, $6, coalesce($5, 0))
        tokens = CASE WHEN dispatcher.queues.rate_per_s IS NULL THEN excluded.tokens
                      ELSE least(dispatcher.queues.tokens, excluded.tokens) END;
 
+-- name: ensure_limit_group
+-- A configured limit group exists before a queue names it; its limits are written after the
+-- queues (upsert_limit_group), so the sync takes group rows after queue rows, as claims do.
+INSERT INTO dispatcher.limit_groups (name) VALUES ($1) ON CONFLICT (name) DO NOTHING;
+
+-- name: set_queue_group
+-- Queue $1 shares limit group $2 (NULL: none) with priority $3 within it (lower goes first).
+UPDATE dispatcher.queues SET limit_group = $2, group_priority = $3 WHERE name = $1;
+
+-- name: upsert_limit_group
+-- Keep limit group $1's limits ($2 rate_per_s, $3 burst, $4 max_inflight; NULL: none) as
+-- configured; a new bucket starts full, a lowered burst caps it (the group's trigger).
+INSERT INTO dispatcher.limit_groups AS g (name, rate_per_s, burst, max_inflight, tokens)
+VALUES ($1, $2, $3, $4, coalesce($3, 0))
+    ON CONFLICT (name) DO UPDATE
+   SET rate_per_s = excluded.rate_per_s, burst = excluded.burst,
+       max_inflight = excluded.max_inflight,
+       tokens = CASE WHEN g.rate_per_s IS NULL THEN excluded.tokens ELSE g.tokens END
+ WHERE (g.rate_per_s, g.burst, g.max_inflight)
+       IS DISTINCT FROM (excluded.rate_per_s, excluded.burst, excluded.max_inflight);
+
+-- name: drop_unconfigured_limit_groups
+-- Groups no longer configured ($1: the configured names); their queues were moved out already.
+DELETE FROM dispatcher.limit_groups g
+ WHERE g.name <> ALL ($1::text[])
+   AND NOT EXISTS (SELECT 1 FROM dispatcher.queues q WHERE q.limit_group = g.name);
+
 -- name: sync_intake_settings
 -- Keep the SQL door's past-due tolerance ($1 s) as configured (the database cannot read the
 -- daemon's configuration), and whether ready jobs get outbox rows ($2: a relay transport). A
