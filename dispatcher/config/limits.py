@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from dispatcher.config.base import Strict
 
 
-class LimitGroupSettings(BaseModel):
+class LimitGroupSettings(Strict):
     """One group's budget; a limit left unset does not bind (set at least one)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     rate_per_s: float | None = Field(None, gt=0)
     burst: int | None = Field(None, ge=1)
