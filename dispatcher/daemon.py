@@ -352,6 +352,7 @@ class Daemon:
             ready_outbox=s.transport == "rabbitmq",  # the relay publishes outbox rows (015)
             groups={g: c.limits() for g, c in s.limit_groups.items()},  # shared budgets (024)
             membership={q: (c.limit_group, c.group_priority) for q, c in s.queues.items()},
+            key_limits={q: c.key_limits() for q, c in s.queues.items()},  # per key (024)
         )
         effects = build_effects(s, engine, self.owner, trace_context=self.tracing is not None)
         log_handler_concurrency(s, effects)

@@ -440,6 +440,7 @@ class JobRepository:
         ready_outbox: bool = False,
         groups: dict[str, Limits] | None = None,
         membership: dict[str, tuple[str | None, int]] | None = None,
+        key_limits: dict[str, Limits] | None = None,
     ) -> None:
         """Write the configured queues and handlers to the registry; `on_dead` gives each
         queue's dead-letter notification (normalized target, notification queue), `limits` its
@@ -447,7 +448,8 @@ class JobRepository:
         `due_at_past_tolerance_s`, how far past a due time the SQL door still accepts;
         `ready_outbox`, whether ready jobs get outbox rows (a relay transport: migration 015);
         `groups`, the limit groups (rate_per_s, burst, max_inflight) and `membership`, each
-        queue's group and priority in it (a queue left out is in none; migration 024)."""
+        queue's group and priority in it (a queue left out is in none), `key_limits` the limits
+        every concurrency key of a queue gets (a queue left out: none; migration 024)."""
         async with self.pool.acquire() as conn, conn.transaction():
             for name in groups or {}:
                 await conn.execute(query("ensure_limit_group"), name)
@@ -468,6 +470,10 @@ class JobRepository:
                 )
                 group, priority = (membership or {}).get(name, (None, 0))
                 await conn.execute(query("set_queue_group"), name, group, priority)
+                key_rate, key_burst, key_inflight = (key_limits or {}).get(name, (None, None, None))
+                await conn.execute(
+                    query("set_queue_key_limits"), name, key_rate, key_burst, key_inflight
+                )
             for name, (rate, burst, inflight) in (groups or {}).items():
                 await conn.execute(
                     query("upsert_limit_group"),

@@ -157,11 +157,14 @@ WITH grant_ AS MATERIALIZED (
                       AS size_bytes
                  FROM dispatcher.intents i WHERE i.id = c.id OFFSET 0) z) b
      WHERE b.upto <= $6::bigint OR (b.pos = 1 AND $7::boolean)
+), keyed AS MATERIALIZED (
+    -- what each job's concurrency key may start now (migration 024); the rest stay ready
+    SELECT dispatcher.key_take($1, ARRAY(SELECT id FROM budgeted ORDER BY pos)) AS ids
 ), claimed AS (
     UPDATE dispatcher.job_state s
        SET state = 'running', attempt = s.attempt + 1, lease_owner = $4,
            lease_expires_at = now() + make_interval(secs => $5), started_at = now()
-     WHERE s.id = ANY (ARRAY(SELECT id FROM budgeted))  -- locked above: still ready
+     WHERE s.id = ANY ((SELECT ids FROM keyed)::bigint[])  -- locked above: still ready
     RETURNING s.id, s.queue, s.attempt, s.due_at, s.progress, s.run_key
 ), started AS (
     SELECT c.id, i.key, c.queue, i.tenant, i.handler, i.handler_version, i.target, i.payload,
@@ -180,16 +183,19 @@ WITH grant_ AS MATERIALIZED (
       FROM claimed c
       JOIN budgeted i ON i.id = c.id
 )
-SELECT c.*, (SELECT count(*) FROM budgeted)::int AS taken_count, NULL::float8 AS wait_s,
+SELECT c.*, (SELECT cardinality(ids) FROM keyed)::int AS taken_count, NULL::float8 AS wait_s,
        NULL::boolean AS held_back, NULL::smallint AS cursor_priority, NULL::text AS cursor_tenant
   FROM started c
 UNION ALL
 -- the marker row: how many ready jobs the claim took (those picked beyond the memory budget
 -- are left ready, unlocked at commit), the limiter's wait, and whether the memory budget held
--- picked jobs back (then, and only then, the claim loop waits for bytes to be freed)
+-- picked jobs back (then, and only then, the claim loop waits for bytes to be freed); keys at
+-- their limit (migration 024) make the loop look again soon, as their slots free
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, (SELECT count(*) FROM budgeted)::int,
-       dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM claimed)::int, g.wait_s),
+       NULL, (SELECT cardinality(ids) FROM keyed)::int,
+       coalesce(dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM claimed)::int,
+                                        g.wait_s),
+                dispatcher.key_wait_s($1)),
        (SELECT count(*) FROM candidates) > (SELECT count(*) FROM budgeted),
        -- the cursor: the last tenant served at the last priority reached
        c.priority, c.tenant
@@ -559,6 +565,12 @@ INSERT INTO dispatcher.limit_groups (name) VALUES ($1) ON CONFLICT (name) DO NOT
 -- name: set_queue_group
 -- Queue $1 shares limit group $2 (NULL: none) with priority $3 within it (lower goes first).
 UPDATE dispatcher.queues SET limit_group = $2, group_priority = $3 WHERE name = $1;
+
+-- name: set_queue_key_limits
+-- Every concurrency key of queue $1 gets these limits ($2 key_rate_per_s, $3 key_burst, $4
+-- key_max_inflight; NULL: none), unless an override (dispatcher.key_limits) says otherwise.
+UPDATE dispatcher.queues SET key_rate_per_s = $2, key_burst = $3, key_max_inflight = $4
+ WHERE name = $1;
 
 -- name: upsert_limit_group
 -- Keep limit group $1's limits ($2 rate_per_s, $3 burst, $4 max_inflight; NULL: none) as

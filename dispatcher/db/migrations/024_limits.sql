@@ -346,3 +346,284 @@ BEGIN
     RETURN wait_s;
 END
 $$;
+
+-- Part 3: per-key limits (issue 22 point 4; seed 003: a partner API that answers 429 per
+-- customer account). Every concurrency key of a queue (migration 023: the job's tenant unless
+-- the job names another) gets the queue's key_max_inflight, key_rate_per_s and key_burst, all
+-- daemons together, on both transports; dispatcher.key_limits overrides them for single keys
+-- (set at run time, persisted).
+--
+-- How a claim honours them without head-of-line blocking, in the same statement:
+--   1. claim_pick skips the ready jobs of keys at their limit (keys_at_limit: running jobs
+--      counted per key, buckets below one token), so a blocked key never takes a place in the
+--      claim that another key's job could have;
+--   2. of the jobs picked, key_take keeps for each key at most what it may start now, deciding
+--      under the key's row lock (dispatcher.key_state, taken in key order) with the running
+--      jobs counted after the lock, so two daemons never both take a key's last slot; it takes
+--      the kept jobs' tokens from the keys' buckets. Jobs not kept stay ready (in process) or
+--      are refused back to the relay, published again shortly (RabbitMQ: a held delivery would
+--      hold a prefetch place other keys need).
+-- A queue without key limits and without overrides pays one primary-key probe of its row.
+ALTER TABLE dispatcher.queues
+    ADD COLUMN key_max_inflight integer
+        CONSTRAINT queues_key_max_inflight_min CHECK (key_max_inflight >= 1),
+    ADD COLUMN key_rate_per_s float8 CONSTRAINT queues_key_rate_positive CHECK (key_rate_per_s > 0),
+    ADD COLUMN key_burst integer CONSTRAINT queues_key_burst_min CHECK (key_burst >= 1),
+    ADD CONSTRAINT queues_key_rate_needs_a_burst
+        CHECK (key_rate_per_s IS NULL OR key_burst IS NOT NULL);
+
+-- One key's limits instead of its queue's (NULL: the queue's value for that one).
+CREATE TABLE dispatcher.key_limits (
+    queue        text NOT NULL REFERENCES dispatcher.queues (name) ON DELETE CASCADE,
+    key          text NOT NULL CONSTRAINT key_limits_key_length CHECK (length(key) BETWEEN 1 AND 200),
+    max_inflight integer CONSTRAINT key_limits_max_inflight_min CHECK (max_inflight >= 1),
+    rate_per_s   float8 CONSTRAINT key_limits_rate_positive CHECK (rate_per_s > 0),
+    burst        integer CONSTRAINT key_limits_burst_min CHECK (burst >= 1),
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue, key),
+    CONSTRAINT key_limits_limit_something
+        CHECK (max_inflight IS NOT NULL OR rate_per_s IS NOT NULL OR burst IS NOT NULL)
+);
+
+-- A limited key's lock row and bucket, made by the first claim that starts one of its jobs.
+CREATE TABLE dispatcher.key_state (
+    queue     text NOT NULL,
+    key       text NOT NULL,
+    tokens    float8 NOT NULL,
+    tokens_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue, key)
+) WITH (fillfactor = 50);  -- every claim of a limited key rewrites its row: keep it HOT
+
+-- The running jobs of a queue by key: keys_at_limit and key_take count them.
+CREATE INDEX jobs_running_key ON dispatcher.job_state (queue, concurrency_key)
+    WHERE state = 'running' AND concurrency_key IS NOT NULL;
+
+-- The limits of key `k` of queue row `qq`: the override's, else the queue's; a rate without a
+-- burst (an override of the rate alone) gets one second's worth.
+CREATE FUNCTION dispatcher.key_limits_of(qq dispatcher.queues, k text, OUT max_inflight integer,
+                                         OUT rate_per_s float8, OUT burst integer)
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(o.max_inflight, qq.key_max_inflight),
+           coalesce(o.rate_per_s, qq.key_rate_per_s),
+           coalesce(o.burst, CASE WHEN o.rate_per_s IS NOT NULL
+                                  THEN greatest(1, ceil(o.rate_per_s))::integer END,
+                    qq.key_burst)
+      FROM (SELECT 1) one
+      LEFT JOIN dispatcher.key_limits o ON o.queue = qq.name AND o.key = k
+$$;
+
+-- Whether queue row `qq` limits any key (its settings, or an override).
+CREATE FUNCTION dispatcher.keys_limited(qq dispatcher.queues) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT qq.key_max_inflight IS NOT NULL OR qq.key_rate_per_s IS NOT NULL
+        OR EXISTS (SELECT 1 FROM dispatcher.key_limits o WHERE o.queue = qq.name)
+$$;
+
+-- The keys of queue `q` that may start nothing now: as many running as their cap, or less
+-- than one token in their bucket. Read without locks: the pick skips them; key_take decides.
+CREATE FUNCTION dispatcher.keys_at_limit(q text) RETURNS text[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    qq dispatcher.queues;
+BEGIN
+    SELECT * INTO qq FROM dispatcher.queues WHERE name = q;
+    IF NOT FOUND OR NOT dispatcher.keys_limited(qq) THEN
+        RETURN '{}';
+    END IF;
+    RETURN ARRAY(
+        SELECT r.key FROM (
+            SELECT s.concurrency_key AS key, count(*) AS n FROM dispatcher.job_state s
+             WHERE s.queue = q AND s.state = 'running' AND s.concurrency_key IS NOT NULL
+             GROUP BY s.concurrency_key) r
+         CROSS JOIN LATERAL dispatcher.key_limits_of(qq, r.key) l
+         WHERE r.n >= l.max_inflight
+        UNION
+        SELECT k.key FROM dispatcher.key_state k
+         CROSS JOIN LATERAL dispatcher.key_limits_of(qq, k.key) l
+         WHERE k.queue = q AND l.rate_per_s IS NOT NULL
+           AND least(l.burst, k.tokens + extract(epoch FROM clock_timestamp() - k.tokens_at)
+                              * l.rate_per_s) < 1);
+END
+$$;
+
+-- Of the jobs `ids` of queue `q` (in claim order), those their keys may start now, in the
+-- same order; takes their tokens. Locks the key rows involved until the claim commits.
+CREATE FUNCTION dispatcher.key_take(q text, ids bigint[]) RETURNS bigint[]
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    qq   dispatcher.queues;
+    keys text[];
+    kept bigint[];
+BEGIN
+    SELECT * INTO qq FROM dispatcher.queues WHERE name = q;
+    IF NOT FOUND OR cardinality(ids) = 0 OR NOT dispatcher.keys_limited(qq) THEN
+        RETURN ids;
+    END IF;
+    -- the limited keys among the jobs, their rows made and locked in key order
+    SELECT array_agg(DISTINCT s.concurrency_key ORDER BY s.concurrency_key) INTO keys
+      FROM dispatcher.job_state s
+     CROSS JOIN LATERAL dispatcher.key_limits_of(qq, s.concurrency_key) l
+     WHERE s.id = ANY (ids) AND s.concurrency_key IS NOT NULL
+       AND (l.max_inflight IS NOT NULL OR l.rate_per_s IS NOT NULL);
+    IF keys IS NULL THEN
+        RETURN ids;
+    END IF;
+    INSERT INTO dispatcher.key_state (queue, key, tokens)
+    SELECT q, k, coalesce(l.burst, 0) FROM unnest(keys) k
+     CROSS JOIN LATERAL dispatcher.key_limits_of(qq, k) l
+        ON CONFLICT DO NOTHING;
+    PERFORM 1 FROM dispatcher.key_state
+     WHERE queue = q AND key = ANY (keys) ORDER BY key FOR UPDATE;
+    -- each key's room, from its running jobs counted after the lock (a fresh snapshot)
+    WITH room AS (
+        SELECT k.key, l.rate_per_s,
+               least(l.burst, k.tokens + extract(epoch FROM clock_timestamp() - k.tokens_at)
+                              * l.rate_per_s) AS level,
+               least(coalesce(floor(least(l.burst, k.tokens + extract(epoch FROM
+                                  clock_timestamp() - k.tokens_at) * l.rate_per_s)), 2147483647),
+                     coalesce(l.max_inflight - (
+                         SELECT count(*) FROM dispatcher.job_state s
+                          WHERE s.queue = q AND s.state = 'running'
+                            AND s.concurrency_key = k.key), 2147483647)) AS n
+          FROM dispatcher.key_state k
+         CROSS JOIN LATERAL dispatcher.key_limits_of(qq, k.key) l
+         WHERE k.queue = q AND k.key = ANY (keys)
+    ), ranked AS (
+        SELECT u.id, u.pos, r.key, r.n,
+               row_number() OVER (PARTITION BY s.concurrency_key ORDER BY u.pos) AS rank
+          FROM unnest(ids) WITH ORDINALITY AS u(id, pos)
+          JOIN dispatcher.job_state s ON s.id = u.id
+          LEFT JOIN room r ON r.key = s.concurrency_key
+    ), taken AS (
+        UPDATE dispatcher.key_state k
+           SET tokens = r.level - t.n, tokens_at = clock_timestamp()
+          FROM (SELECT key, count(*) AS n FROM ranked
+                 WHERE key IS NOT NULL AND rank <= n GROUP BY key) t,
+               room r
+         WHERE k.queue = q AND k.key = t.key AND r.key = t.key AND r.rate_per_s IS NOT NULL
+    )
+    SELECT coalesce(array_agg(id ORDER BY pos), '{}') INTO kept
+      FROM ranked WHERE key IS NULL OR rank <= n;
+    RETURN kept;
+END
+$$;
+
+-- claim_pick as in migration 023, skipping the jobs of keys at their limit (`blocked`): the
+-- tenant walk passes over tenants whose ready jobs all belong to blocked keys (its probe reads
+-- past their entries), and the pick within a tenant takes none of them.
+CREATE OR REPLACE FUNCTION dispatcher.claim_pick(q text, wanted integer, caps text[],
+                                      after_priority integer, after_tenant text)
+RETURNS TABLE (id bigint, pos integer, priority smallint, tenant text, turn integer)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    lvl     smallint;
+    need      integer := wanted;
+    taken     bigint[] := '{}';
+    walked    text[];      -- the tenants of this round, in turn order
+    turns     integer[];   -- their turns (positions in the walk from the cursor)
+    share     integer;
+    got_ids   bigint[];
+    got_names text[];
+    got_turns integer[];
+    filled    text[];
+    rounds    integer;
+    blocked   text[];      -- keys at their limit (migration 024): their jobs are skipped
+BEGIN
+    IF wanted < 1 OR EXISTS (SELECT 1 FROM dispatcher.queues x WHERE x.name = q AND x.paused) THEN
+        RETURN;  -- a paused queue offers nothing
+    END IF;
+    blocked := dispatcher.keys_at_limit(q);
+    LOOP
+        SELECT min(s.priority) INTO lvl FROM dispatcher.job_state s
+         WHERE s.queue = q AND s.state = 'ready' AND (lvl IS NULL OR s.priority > lvl);
+        EXIT WHEN lvl IS NULL;
+        -- the walk: the tenants after the cursor, then from the first name round to it
+        WITH RECURSIVE onward AS (
+            (SELECT s.tenant FROM dispatcher.job_state s
+              WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
+                AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (blocked))
+                AND (lvl IS DISTINCT FROM after_priority OR s.tenant > after_tenant)
+              ORDER BY s.tenant LIMIT 1)
+            UNION ALL
+            SELECT n.tenant FROM onward o
+             CROSS JOIN LATERAL (
+                   SELECT s.tenant FROM dispatcher.job_state s
+                    WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
+                AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (blocked))
+                      AND s.tenant > o.tenant
+                    ORDER BY s.tenant LIMIT 1) n
+        ), round_ AS (
+            (SELECT s.tenant FROM dispatcher.job_state s
+              WHERE lvl = after_priority AND s.queue = q AND s.state = 'ready'
+                AND s.priority = lvl
+                AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (blocked)) AND s.tenant <= after_tenant
+              ORDER BY s.tenant LIMIT 1)
+            UNION ALL
+            SELECT n.tenant FROM round_ o
+             CROSS JOIN LATERAL (
+                   SELECT s.tenant FROM dispatcher.job_state s
+                    WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
+                AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (blocked))
+                      AND s.tenant > o.tenant AND s.tenant <= after_tenant
+                    ORDER BY s.tenant LIMIT 1) n
+        )
+        -- read lazily: the walk stops after `need` tenants (the append reads `onward` first)
+        SELECT array_agg(w.tenant), array_agg(w.n)
+          INTO walked, turns
+          FROM (SELECT t.tenant, row_number() OVER ()::integer AS n
+                  FROM (SELECT o.tenant FROM onward o
+                        UNION ALL SELECT r.tenant FROM round_ r LIMIT need) t) w;
+        rounds := 0;
+        LOOP
+            share := ceil(need::float8 / cardinality(walked))::integer;
+            WITH picked AS (
+                SELECT c.id, w.tenant, w.turn, c.rank
+                  FROM unnest(walked, turns) AS w(tenant, turn)
+                 CROSS JOIN LATERAL (
+                       SELECT l.id, row_number() OVER (ORDER BY l.due_at, l.id) AS rank
+                         FROM (SELECT s.id, s.due_at FROM dispatcher.job_state s
+                                WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
+                                  AND s.tenant = w.tenant AND s.capability = ANY (caps)
+                                  AND (s.concurrency_key IS NULL
+                                       OR s.concurrency_key <> ALL (blocked))
+                                  AND s.id <> ALL (taken)
+                                ORDER BY s.due_at, s.id
+                                LIMIT share
+                                  FOR UPDATE SKIP LOCKED) l) c
+            ), ordered AS (
+                SELECT p.* FROM picked p ORDER BY p.rank, p.turn LIMIT need
+            )
+            SELECT coalesce(array_agg(o.id ORDER BY o.rank, o.turn), '{}'),
+                   array_agg(o.tenant ORDER BY o.rank, o.turn),
+                   array_agg(o.turn ORDER BY o.rank, o.turn),
+                   (SELECT array_agg(f.tenant ORDER BY f.turn) FROM (
+                        SELECT p.tenant, p.turn FROM picked p GROUP BY p.tenant, p.turn
+                        HAVING count(*) = share) f)
+              INTO got_ids, got_names, got_turns, filled
+              FROM ordered o;
+            RETURN QUERY
+            SELECT g.id, (wanted - need + g.n)::integer, lvl, g.tenant, g.turn
+              FROM unnest(got_ids, got_names, got_turns) WITH ORDINALITY AS g(id, tenant, turn, n);
+            need := need - cardinality(got_ids);
+            taken := taken || got_ids;
+            IF need <= 0 THEN
+                RETURN;
+            END IF;
+            rounds := rounds + 1;
+            -- this priority is done for this claim when no tenant filled its share
+            EXIT WHEN filled IS NULL OR rounds >= 8;
+            walked := filled;
+            turns := ARRAY(SELECT u.turn FROM unnest(got_names, got_turns) AS u(tenant, turn)
+                            WHERE u.tenant = ANY (filled) GROUP BY u.tenant, u.turn
+                            ORDER BY u.turn);
+        END LOOP;
+    END LOOP;
+END
+$$;
+
+-- How soon a claim of queue `q` should look again for jobs its keys held back: NULL when no key
+-- is at its limit (nothing held), else a short poll (a freed key slot wakes nobody).
+CREATE FUNCTION dispatcher.key_wait_s(q text) RETURNS float8
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN cardinality(dispatcher.keys_at_limit(q)) > 0 THEN 0.05 END
+$$;
