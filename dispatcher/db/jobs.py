@@ -549,13 +549,20 @@ class Claim(NamedTuple):
     consumed: int  # outbox rows taken (ready jobs, in process)
     wait_s: float | None  # the global limits held the claim back: a token is free after this
     held_back: bool  # the memory budget left picked jobs ready: claim again once bytes free
+    key_throttled: bool = False  # a concurrency key at its limit held jobs back (migration 024)
 
 
 def claimed_rows(rows: list[asyncpg.Record]) -> Claim:
     """A claim's rows: the jobs, then its marker row (always last)."""
     marker = rows[-1]
     jobs = [Job(*r[:CLAIM_JOB_COLUMNS]) for r in rows if r[0] is not None]
-    return Claim(jobs, marker["taken_count"], marker["wait_s"], marker["held_back"])
+    return Claim(
+        jobs,
+        marker["taken_count"],
+        marker["wait_s"],
+        marker["held_back"],
+        bool(marker["key_throttled"]),
+    )
 
 
 def _enqueued(rows: list[asyncpg.Record], n: int) -> list[EnqueueResult]:

@@ -191,11 +191,13 @@ WITH paused AS MATERIALIZED (
                                  WHERE x.job_id = done.id AND x.leased_until IS NOT NULL
                                 OFFSET 0) r))
 )
-SELECT c.*, NULL::bigint[] AS eligible, NULL::bigint[] AS refused, NULL::float8 AS wait_s
+SELECT c.*, NULL::bigint[] AS eligible, NULL::bigint[] AS refused, NULL::float8 AS wait_s,
+       NULL::integer AS key_held
   FROM claimed c
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        NULL, ARRAY(SELECT id FROM eligible WHERE id NOT IN (SELECT id FROM key_held)),
        ARRAY(SELECT job_id FROM refused),
-       dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM started)::int, g.wait_s)
+       dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM started)::int, g.wait_s),
+       (SELECT count(*) FROM key_held)::int
   FROM grant_ g;

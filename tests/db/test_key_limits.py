@@ -96,8 +96,9 @@ async def test_the_key_rate_holds_and_its_held_jobs_start_when_a_token_is_back(
 ) -> None:
     await setup(repo, (5.0, 2, None), {"a": 20, "b": 20})
     assert sorted(await claim(repo, 20)) == ["a", "a", "b", "b"]  # each key's burst
-    jobs, _, wait_s, _ = await repo.claim_limited("default", 20, CAPABILITIES, "d0", 60)
-    assert jobs == [] and wait_s is not None and wait_s <= 0.05  # held: look again soon
+    held = await repo.claim_limited("default", 20, CAPABILITIES, "d0", 60)
+    assert held.jobs == [] and held.wait_s is not None and held.wait_s <= 0.05  # look again soon
+    assert held.key_throttled  # counted per queue (dispatcher_key_throttled_claims)
     await asyncio.sleep(0.25)  # one token per key is back after 0.2 s at 5/s
     assert sorted(await claim(repo, 20)) == ["a", "b"]
 
@@ -142,6 +143,7 @@ async def test_the_rabbitmq_claim_holds_key_limits_and_refuses_held_deliveries(
     a_held = {r["id"] for r in rows if r["concurrency_key"] == "a"} - {j.id for j in claimed.jobs}
     # a's other four go back to the relay (acked here, published again shortly), not held
     assert claimed.refused == a_held and not (claimed.eligible & a_held)
+    assert claimed.key_held == 4
     assert (
         await repo.pool.fetchval(
             "SELECT count(*) FROM dispatcher.outbox WHERE job_id = ANY ($1::bigint[])", list(a_held)
