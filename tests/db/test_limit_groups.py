@@ -11,7 +11,8 @@ import asyncio
 import asyncpg
 import pytest
 
-from dispatcher.db.jobs import JobRepository, Limits
+from dispatcher.db.jobs import JobRepository
+from dispatcher.db.registry import Limits
 from dispatcher.model import NewJob
 from tests.db.test_global_limits import CAPABILITIES
 
