@@ -154,16 +154,17 @@ WITH grant_ AS MATERIALIZED (
                SELECT i.id, i.key, i.tenant, i.handler, i.handler_version, i.target, i.payload,
                       i.max_attempts, i.traceparent,
                       coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
-                      AS size_bytes
+                      AS size_bytes, i.concurrency_key
                  FROM dispatcher.intents i WHERE i.id = c.id OFFSET 0) z) b
      WHERE b.upto <= $6::bigint OR (b.pos = 1 AND $7::boolean)
 ), keyed AS MATERIALIZED (
     -- what each job's concurrency key may start now (migration 024); the rest stay ready
-    SELECT dispatcher.key_take($1, ARRAY(SELECT id FROM budgeted ORDER BY pos)) AS ids
+    SELECT dispatcher.key_take($1, ARRAY(SELECT id FROM budgeted ORDER BY pos),
+                               ARRAY(SELECT concurrency_key FROM budgeted ORDER BY pos)) AS ids
 ), keys_full AS MATERIALIZED (
     -- keys at their limit as the claim began (the pick skipped their jobs): the claim loop
     -- looks again soon, and the claim counts as throttled (dispatcher_key_throttled_claims)
-    SELECT dispatcher.key_wait_s($1) AS wait_s
+    SELECT dispatcher.key_wait_s() AS wait_s
 ), claimed AS (
     UPDATE dispatcher.job_state s
        SET state = 'running', attempt = s.attempt + 1, lease_owner = $4,

@@ -133,12 +133,13 @@ WITH paused AS MATERIALIZED (
                SELECT i.id, i.key, i.tenant, i.handler, i.handler_version, i.target, i.payload,
                       i.max_attempts, i.traceparent,
                       coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
-                      AS size_bytes
+                      AS size_bytes, i.concurrency_key
                  FROM dispatcher.intents i WHERE i.id = g.id OFFSET 0) z) b
      WHERE b.upto <= $7::bigint OR (b.n = 1 AND $8::boolean)
 ), keyed AS MATERIALIZED (
     -- what each job's concurrency key may start now (migration 024)
-    SELECT dispatcher.key_take($1, ARRAY(SELECT id FROM budgeted ORDER BY n)) AS ids
+    SELECT dispatcher.key_take($1, ARRAY(SELECT id FROM budgeted ORDER BY n),
+                               ARRAY(SELECT concurrency_key FROM budgeted ORDER BY n)) AS ids
 ), key_held AS MATERIALIZED (
     -- held back by their keys: refused like a version this process cannot run, so their
     -- deliveries do not hold prefetch places the other keys need; out again in a quarter second

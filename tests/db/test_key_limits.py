@@ -73,11 +73,12 @@ async def test_a_key_at_its_limit_does_not_block_the_others_in_the_same_claim(
     # claim of 10 must reach "b" and "c" at once, not return a's 2 and stop; and the next
     # claims must not pick a's held jobs again and again ahead of the others
     await setup(repo, (None, None, 2), {"t": 510})
-    await repo.pool.execute(
-        "UPDATE dispatcher.job_state SET concurrency_key = CASE"
-        " WHEN id > (SELECT min(id) + 504 FROM dispatcher.job_state) THEN 'c'"
-        " WHEN id > (SELECT min(id) + 499 FROM dispatcher.job_state) THEN 'b' ELSE 'a' END"
-    )
+    for table in ("job_state", "intents"):  # where the doors write a job's key (023)
+        await repo.pool.execute(
+            f"UPDATE dispatcher.{table} SET concurrency_key = CASE"
+            f" WHEN id > (SELECT min(id) + 504 FROM dispatcher.{table}) THEN 'c'"
+            f" WHEN id > (SELECT min(id) + 499 FROM dispatcher.{table}) THEN 'b' ELSE 'a' END"
+        )
     assert len(await claim(repo, 10)) == 2  # a's two: the pick takes the 10 oldest
     assert len(await claim(repo, 10)) == 4  # "a" is at its cap: skipped, b's and c's start
     assert await running_by_key(repo.pool) == {"a": 2, "b": 2, "c": 2}
