@@ -542,9 +542,10 @@ BEGIN
 END
 $$;
 
--- claim_pick as in migration 023, skipping the jobs of keys at their limit (`blocked`): the
--- tenant walk passes over tenants whose ready jobs all belong to blocked keys (its probe reads
--- past their entries), and the pick within a tenant takes none of them.
+-- claim_pick as in migration 023, skipping keys at their limit (`blocked`) at two places: the
+-- tenant walk passes over a tenant whose own name is a blocked key (the default key is the
+-- tenant: one index probe per blocked tenant, however many jobs it holds; its jobs under other
+-- keys wait for its next turn), and the pick within a tenant takes no job of a blocked key.
 CREATE OR REPLACE FUNCTION dispatcher.claim_pick(q text, wanted integer, caps text[],
                                       after_priority integer, after_tenant text)
 RETURNS TABLE (id bigint, pos integer, priority smallint, tenant text, turn integer)
@@ -575,7 +576,6 @@ BEGIN
         WITH RECURSIVE onward AS (
             (SELECT s.tenant FROM dispatcher.job_state s
               WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
-                AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (blocked))
                 AND (lvl IS DISTINCT FROM after_priority OR s.tenant > after_tenant)
               ORDER BY s.tenant LIMIT 1)
             UNION ALL
@@ -583,21 +583,18 @@ BEGIN
              CROSS JOIN LATERAL (
                    SELECT s.tenant FROM dispatcher.job_state s
                     WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
-                AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (blocked))
                       AND s.tenant > o.tenant
                     ORDER BY s.tenant LIMIT 1) n
         ), round_ AS (
             (SELECT s.tenant FROM dispatcher.job_state s
               WHERE lvl = after_priority AND s.queue = q AND s.state = 'ready'
-                AND s.priority = lvl
-                AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (blocked)) AND s.tenant <= after_tenant
+                AND s.priority = lvl AND s.tenant <= after_tenant
               ORDER BY s.tenant LIMIT 1)
             UNION ALL
             SELECT n.tenant FROM round_ o
              CROSS JOIN LATERAL (
                    SELECT s.tenant FROM dispatcher.job_state s
                     WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
-                AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (blocked))
                       AND s.tenant > o.tenant AND s.tenant <= after_tenant
                     ORDER BY s.tenant LIMIT 1) n
         )
@@ -605,8 +602,9 @@ BEGIN
         SELECT array_agg(w.tenant), array_agg(w.n)
           INTO walked, turns
           FROM (SELECT t.tenant, row_number() OVER ()::integer AS n
-                  FROM (SELECT o.tenant FROM onward o
-                        UNION ALL SELECT r.tenant FROM round_ r LIMIT need) t) w;
+                  FROM (SELECT o.tenant FROM onward o WHERE o.tenant <> ALL (blocked)
+                        UNION ALL SELECT r.tenant FROM round_ r WHERE r.tenant <> ALL (blocked)
+                        LIMIT need) t) w;
         rounds := 0;
         LOOP
             share := ceil(need::float8 / cardinality(walked))::integer;
