@@ -16,7 +16,7 @@ import asyncio
 import asyncpg
 import pytest
 
-from dispatcher.db import migrations
+from dispatcher.db import schema
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import connect
 from tests.db.test_claim_permits import more_jobs, parked
@@ -148,13 +148,13 @@ async def test_a_rate_without_a_burst_is_refused_at_the_sql_door(pool: asyncpg.P
 async def test_the_migration_makes_a_bucket_in_debt_whole(empty_db_url: str) -> None:
     conn = await connect(empty_db_url)
     try:
-        await migrations.migrate(conn, upto=22)
+        await schema.migrate(conn, upto=22)
         # the state the defect left behind: tokens far below zero, old permits counted
         await conn.execute(
             "UPDATE dispatcher.queues SET rate_per_s = 2, burst = 5, tokens = -795,"
             " permits_parked = 800 WHERE name = 'default'"
         )
-        await migrations.migrate(conn)
+        await schema.migrate(conn)
         row = await conn.fetchrow(
             "SELECT granted, wait_s FROM dispatcher.claim_grant('default', 1)"
         )
