@@ -13,18 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dispatcher.db.key_limits import KeyLimitsRepository, KeyOverride
-from dispatcher.errors import DispatcherError
+from dispatcher.operator.errors import Invalid, NotFound
 
 MAX_KEY_CHARS = 200  # as a job's concurrency_key (migration 023)
 MAX_INFLIGHT = 100_000  # as a queue's max_inflight
-
-
-class BadKeyLimits(DispatcherError):
-    """The override asked for is not valid; the message names the fix."""
-
-
-class UnknownQueue(DispatcherError):
-    """The queue named is not in the registry."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,22 +28,22 @@ class KeyLimits:
     burst: int | None = None
 
     def check(self, key: str) -> None:
-        """Raise BadKeyLimits naming the fix."""
+        """Raise Invalid (an operator refusal) naming the field and the fix."""
         if not 1 <= len(key) <= MAX_KEY_CHARS:
-            raise BadKeyLimits(f"a concurrency key has 1 to {MAX_KEY_CHARS} characters")
+            raise Invalid(f"a concurrency key has 1 to {MAX_KEY_CHARS} characters", "key")
         if self.max_inflight is None and self.rate_per_s is None and self.burst is None:
-            raise BadKeyLimits(
+            raise Invalid(
                 "give at least one of max_inflight, rate_per_s, burst (to go back to the "
                 "queue's limits, delete the override instead)"
             )
         if self.max_inflight is not None and not 1 <= self.max_inflight <= MAX_INFLIGHT:
-            raise BadKeyLimits(f"max_inflight must be between 1 and {MAX_INFLIGHT:,}")
+            raise Invalid(f"must be between 1 and {MAX_INFLIGHT:,}", "max_inflight")
         if self.rate_per_s is not None and not 0 < self.rate_per_s < float("inf"):
-            raise BadKeyLimits("rate_per_s must be a positive number of starts per second")
+            raise Invalid("must be a positive number of starts per second", "rate_per_s")
         if self.burst is not None and self.burst < 1:
-            raise BadKeyLimits("burst must be at least 1")
+            raise Invalid("must be at least 1", "burst")
         if self.burst is not None and self.rate_per_s is None:
-            raise BadKeyLimits("burst is the burst of rate_per_s: give rate_per_s too")
+            raise Invalid("is the burst of rate_per_s: give rate_per_s too", "burst")
 
 
 def override_view(o: KeyOverride) -> dict[str, Any]:
@@ -69,13 +61,13 @@ def override_view(o: KeyOverride) -> dict[str, Any]:
 async def set_key_limits(
     repo: KeyLimitsRepository, queue: str, key: str, limits: KeyLimits
 ) -> dict[str, Any]:
-    """Store `limits` for `key` of `queue`; raise BadKeyLimits or UnknownQueue."""
+    """Store `limits` for `key` of `queue`; raise Invalid or NotFound."""
     limits.check(key)
     saved = await repo.set_override(
         queue, key, limits.max_inflight, limits.rate_per_s, limits.burst
     )
     if saved is None:
-        raise UnknownQueue(f"no queue {queue!r}: dispatcher queues lists the configured ones")
+        raise NotFound(f"no queue {queue[:100]!r}: dispatcher queues lists the configured ones")
     return override_view(saved)
 
 

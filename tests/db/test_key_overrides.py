@@ -8,13 +8,8 @@ import pytest
 
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.key_limits import KeyLimitsRepository
-from dispatcher.operator.key_limits import (
-    BadKeyLimits,
-    KeyLimits,
-    UnknownQueue,
-    clear_key_limits,
-    set_key_limits,
-)
+from dispatcher.operator.errors import Invalid, NotFound
+from dispatcher.operator.key_limits import KeyLimits, clear_key_limits, set_key_limits
 from tests.db.test_key_limits import claim, running_by_key, setup
 
 
@@ -49,9 +44,9 @@ async def test_a_rate_override_limits_one_key_per_second(repo: JobRepository) ->
         ("", KeyLimits(max_inflight=1), "1 to 200 characters"),
         ("k" * 201, KeyLimits(max_inflight=1), "1 to 200 characters"),
         ("acct-7", KeyLimits(), "give at least one of"),
-        ("acct-7", KeyLimits(max_inflight=0), "max_inflight must be between 1"),
-        ("acct-7", KeyLimits(rate_per_s=-1), "rate_per_s must be a positive"),
-        ("acct-7", KeyLimits(rate_per_s=float("nan")), "rate_per_s must be a positive"),
+        ("acct-7", KeyLimits(max_inflight=0), "max_inflight: must be between 1"),
+        ("acct-7", KeyLimits(rate_per_s=-1), "rate_per_s: must be a positive"),
+        ("acct-7", KeyLimits(rate_per_s=float("nan")), "rate_per_s: must be a positive"),
         ("acct-7", KeyLimits(burst=5), "give rate_per_s too"),
     ],
 )
@@ -59,13 +54,13 @@ async def test_bad_overrides_change_nothing(
     repo: JobRepository, key: str, limits: KeyLimits, says: str
 ) -> None:
     keys = KeyLimitsRepository(repo.pool)
-    with pytest.raises(BadKeyLimits, match=says):
+    with pytest.raises(Invalid, match=says):
         await set_key_limits(keys, "default", key, limits)
     assert await keys.overrides("default") == []
 
 
 async def test_an_unknown_queue_is_named(repo: JobRepository) -> None:
-    with pytest.raises(UnknownQueue, match="no queue 'nope'"):
+    with pytest.raises(NotFound, match="no queue 'nope'"):
         await set_key_limits(
             KeyLimitsRepository(repo.pool), "nope", "k", KeyLimits(burst=None, max_inflight=1)
         )
