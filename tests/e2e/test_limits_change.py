@@ -133,7 +133,9 @@ async def test_three_daemons_with_lower_limits_after_a_drain_and_a_kill_do_not_s
     assert first - enqueued <= 1 / RATE_PER_S + 1, f"first start after {first - enqueued:.2f} s"
     # about 128 (4 in flight / 0.3 s for 10 s); before the fix 0-68
     expected = MAX_INFLIGHT / JOB_S * WINDOW_S
-    assert len(starts) >= 0.75 * expected, f"{len(starts)} starts in {WINDOW_S:.0f} s"
+    # at least half: a loaded machine (load 11 on 2 cores) slows each cycle from 0.3 to ~0.5 s;
+    # the stall this guards against started nothing for 8-25 s
+    assert len(starts) >= 0.5 * expected, f"{len(starts)} starts in {WINDOW_S:.0f} s"
     assert_within_limits(starts, target)  # the new limits held from the first start
 
 
@@ -184,5 +186,5 @@ async def test_after_a_pause_the_queue_starts_at_once_within_its_limits(
         await conn.close()
         await asyncio.gather(*(d.stop() for d in pair), return_exceptions=True)
     assert starts[0] <= 1 / RATE_PER_S + 1, f"first start {starts[0]:.2f} s after the resume"
-    assert len(starts) >= 0.75 * MAX_INFLIGHT / JOB_S * 5.0, len(starts)
+    assert len(starts) >= 0.5 * MAX_INFLIGHT / JOB_S * 5.0, len(starts)  # as above
     assert_within_limits(starts, target)
