@@ -1375,10 +1375,10 @@ AS $function$
       FROM dispatcher.key_limits o WHERE o.queue = qq.name
 $function$;
 
-CREATE OR REPLACE FUNCTION dispatcher.key_limits_of(qq dispatcher.queues, k text, OUT max_inflight integer, OUT rate_per_s double precision, OUT burst integer)
- RETURNS record
+CREATE OR REPLACE FUNCTION dispatcher.key_limits_of(qq dispatcher.queues, k text)
+ RETURNS TABLE(max_inflight integer, rate_per_s double precision, burst integer)
  LANGUAGE sql
- STABLE
+ STABLE ROWS 1
 AS $function$
     SELECT coalesce(o.max_inflight, qq.key_max_inflight),
            coalesce(o.rate_per_s, qq.key_rate_per_s),
