@@ -251,6 +251,34 @@ CATCH_UP_REQUEST = {
     },
 }
 ANY_OBJECT = {"type": "object"}
+KEY_NAME = {
+    "name": "key",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+    "description": "a concurrency key (a job's concurrency_key; by default its tenant)",
+}
+_OPTIONAL_INT = {"type": ["integer", "null"], "minimum": 1}
+KEY_LIMITS = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "max_inflight": {**_OPTIONAL_INT, "maximum": 100_000},
+        "rate_per_s": {"type": ["number", "null"], "exclusiveMinimum": 0},
+        "burst": _OPTIONAL_INT,
+    },
+}
+KEY_OVERRIDE = {
+    "type": "object",
+    "properties": {
+        "queue": {"type": "string"},
+        "key": {"type": "string"},
+        "max_inflight": {"type": ["integer", "null"]},
+        "rate_per_s": {"type": ["number", "null"]},
+        "burst": {"type": ["integer", "null"]},
+        "updated_at": {"type": "string", "format": "date-time"},
+    },
+}
 
 
 def _operator_schemas() -> dict[str, Any]:

@@ -164,14 +164,22 @@ WITH grant_ AS MATERIALIZED (
                SELECT i.id, i.key, i.tenant, i.handler, i.handler_version, i.target, i.payload,
                       i.max_attempts, i.traceparent,
                       coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
-                      AS size_bytes
+                      AS size_bytes, i.concurrency_key
                  FROM dispatcher.intents i WHERE i.id = c.id OFFSET 0) z) b
      WHERE b.upto <= $6::bigint OR (b.pos = 1 AND $7::boolean)
+), keyed AS MATERIALIZED (
+    -- what each job's concurrency key may start now (migration 024); the rest stay ready
+    SELECT dispatcher.key_take($1, ARRAY(SELECT id FROM budgeted ORDER BY pos),
+                               ARRAY(SELECT concurrency_key FROM budgeted ORDER BY pos)) AS ids
+), keys_full AS MATERIALIZED (
+    -- keys at their limit as the claim began (the pick skipped their jobs): the claim loop
+    -- looks again soon, and the claim counts as throttled (dispatcher_key_throttled_claims)
+    SELECT dispatcher.key_wait_s() AS wait_s
 ), claimed AS (
     UPDATE dispatcher.job_state s
        SET state = 'running', attempt = s.attempt + 1, lease_owner = $4,
            lease_expires_at = now() + make_interval(secs => $5), started_at = now()
-     WHERE s.id = ANY (ARRAY(SELECT id FROM budgeted))  -- locked above: still ready
+     WHERE s.id = ANY ((SELECT ids FROM keyed)::bigint[])  -- locked above: still ready
     RETURNING s.id, s.queue, s.attempt, s.due_at, s.progress, s.run_key
 ), started AS (
     SELECT c.id, i.key, c.queue, i.tenant, i.handler, i.handler_version, i.target, i.payload,
@@ -190,19 +198,25 @@ WITH grant_ AS MATERIALIZED (
       FROM claimed c
       JOIN budgeted i ON i.id = c.id
 )
-SELECT c.*, (SELECT count(*) FROM budgeted)::int AS taken_count, NULL::float8 AS wait_s,
-       NULL::boolean AS held_back, NULL::smallint AS cursor_priority, NULL::text AS cursor_tenant
+SELECT c.*, (SELECT cardinality(ids) FROM keyed)::int AS taken_count, NULL::float8 AS wait_s,
+       NULL::boolean AS held_back, NULL::smallint AS cursor_priority, NULL::text AS cursor_tenant,
+       NULL::boolean AS key_throttled
   FROM started c
 UNION ALL
 -- the marker row: how many ready jobs the claim took (those picked beyond the memory budget
 -- are left ready, unlocked at commit), the limiter's wait, and whether the memory budget held
--- picked jobs back (then, and only then, the claim loop waits for bytes to be freed)
+-- picked jobs back (then, and only then, the claim loop waits for bytes to be freed); keys at
+-- their limit (migration 024) make the loop look again soon, as their slots free
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, (SELECT count(*) FROM budgeted)::int,
-       dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM claimed)::int, g.wait_s),
+       NULL, (SELECT cardinality(ids) FROM keyed)::int,
+       coalesce(dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM claimed)::int,
+                                        g.wait_s),
+                (SELECT wait_s FROM keys_full)),
        (SELECT count(*) FROM candidates) > (SELECT count(*) FROM budgeted),
        -- the cursor: the last tenant served at the last priority reached
-       c.priority, c.tenant
+       c.priority, c.tenant,
+       (SELECT wait_s IS NOT NULL FROM keys_full)
+       OR (SELECT cardinality(ids) FROM keyed) < (SELECT count(*) FROM budgeted)
   FROM grant_ g
   LEFT JOIN (SELECT x.priority, x.tenant FROM candidates x
               WHERE x.id = ANY (ARRAY(SELECT id FROM budgeted))
@@ -566,6 +580,39 @@ VALUES ($1, $2, $3, $4, $5, $6, coalesce($5, 0))
        max_inflight = excluded.max_inflight,
        tokens = CASE WHEN dispatcher.queues.rate_per_s IS NULL THEN excluded.tokens
                      ELSE least(dispatcher.queues.tokens, excluded.tokens) END;
+
+-- name: ensure_limit_group
+-- A configured limit group exists before a queue names it; its limits are written after the
+-- queues (upsert_limit_group), so the sync takes group rows after queue rows, as claims do.
+INSERT INTO dispatcher.limit_groups (name) VALUES ($1) ON CONFLICT (name) DO NOTHING;
+
+-- name: set_queue_group
+-- Queue $1 shares limit group $2 (NULL: none) with priority $3 within it (lower goes first).
+UPDATE dispatcher.queues SET limit_group = $2, group_priority = $3 WHERE name = $1;
+
+-- name: set_queue_key_limits
+-- Every concurrency key of queue $1 gets these limits ($2 key_rate_per_s, $3 key_burst, $4
+-- key_max_inflight; NULL: none), unless an override (dispatcher.key_limits) says otherwise.
+UPDATE dispatcher.queues SET key_rate_per_s = $2, key_burst = $3, key_max_inflight = $4
+ WHERE name = $1;
+
+-- name: upsert_limit_group
+-- Keep limit group $1's limits ($2 rate_per_s, $3 burst, $4 max_inflight; NULL: none) as
+-- configured; a new bucket starts full, a lowered burst caps it (the group's trigger).
+INSERT INTO dispatcher.limit_groups AS g (name, rate_per_s, burst, max_inflight, tokens)
+VALUES ($1, $2, $3, $4, coalesce($3, 0))
+    ON CONFLICT (name) DO UPDATE
+   SET rate_per_s = excluded.rate_per_s, burst = excluded.burst,
+       max_inflight = excluded.max_inflight,
+       tokens = CASE WHEN g.rate_per_s IS NULL THEN excluded.tokens ELSE g.tokens END
+ WHERE (g.rate_per_s, g.burst, g.max_inflight)
+       IS DISTINCT FROM (excluded.rate_per_s, excluded.burst, excluded.max_inflight);
+
+-- name: drop_unconfigured_limit_groups
+-- Groups no longer configured ($1: the configured names); their queues were moved out already.
+DELETE FROM dispatcher.limit_groups g
+ WHERE g.name <> ALL ($1::text[])
+   AND NOT EXISTS (SELECT 1 FROM dispatcher.queues q WHERE q.limit_group = g.name);
 
 -- name: sync_intake_settings
 -- Keep the SQL door's past-due tolerance ($1 s) as configured (the database cannot read the

@@ -133,13 +133,25 @@ WITH paused AS MATERIALIZED (
                SELECT i.id, i.key, i.tenant, i.handler, i.handler_version, i.target, i.payload,
                       i.max_attempts, i.traceparent,
                       coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
-                      AS size_bytes
+                      AS size_bytes, i.concurrency_key
                  FROM dispatcher.intents i WHERE i.id = g.id OFFSET 0) z) b
      WHERE b.upto <= $7::bigint OR (b.n = 1 AND $8::boolean)
+), keyed AS MATERIALIZED (
+    -- what each job's concurrency key may start now (migration 024)
+    SELECT dispatcher.key_take($1, ARRAY(SELECT id FROM budgeted ORDER BY n),
+                               ARRAY(SELECT concurrency_key FROM budgeted ORDER BY n)) AS ids
+), key_held AS MATERIALIZED (
+    -- held back by their keys: refused like a version this process cannot run, so their
+    -- deliveries do not hold prefetch places the other keys need; out again in a quarter second
+    SELECT r.id, r.tenant, r.capability, r.priority FROM ready r
+     WHERE r.id = ANY (ARRAY(SELECT id FROM budgeted))
+       AND NOT r.id = ANY ((SELECT ids FROM keyed)::bigint[])
 ), refused AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, leased_until, priority)
     SELECT id, $1, tenant, capability, now() + interval '1 second', priority
       FROM ready WHERE NOT capability = ANY ($6::text[])
+    UNION ALL
+    SELECT id, $1, tenant, capability, now() + interval '0.25 second', priority FROM key_held
     RETURNING job_id
 ), started AS (
     UPDATE dispatcher.job_state s
@@ -147,7 +159,7 @@ WITH paused AS MATERIALIZED (
            lease_expires_at = now() + make_interval(secs => $5), started_at = now()
      -- in delivery order when the limits grant fewer: the consumer hands over what it held
      -- back first (by id, a held job lost to every newer delivery of an older burst)
-     WHERE s.id = ANY (ARRAY(SELECT id FROM budgeted))
+     WHERE s.id = ANY ((SELECT ids FROM keyed)::bigint[])
        -- re-checked when a concurrent claim got there first; written so that no index of ready
        -- rows matches it: with stale statistics the planner walked all of jobs_ready_claim
        -- (migration 015), testing every entry against the id array (1.4 s for 1,000 ids among
@@ -174,15 +186,19 @@ WITH paused AS MATERIALIZED (
            SELECT r.id
              FROM (SELECT id FROM started
                    UNION ALL SELECT id FROM ready WHERE NOT capability = ANY ($6::text[])
+                   UNION ALL SELECT id FROM key_held
                    UNION ALL SELECT id FROM delivered WHERE state <> 'ready') done
             CROSS JOIN LATERAL (SELECT x.id FROM dispatcher.outbox x
                                  WHERE x.job_id = done.id AND x.leased_until IS NOT NULL
                                 OFFSET 0) r))
 )
-SELECT c.*, NULL::bigint[] AS eligible, NULL::bigint[] AS refused, NULL::float8 AS wait_s
+SELECT c.*, NULL::bigint[] AS eligible, NULL::bigint[] AS refused, NULL::float8 AS wait_s,
+       NULL::integer AS key_held
   FROM claimed c
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, ARRAY(SELECT id FROM eligible), ARRAY(SELECT job_id FROM refused),
-       dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM started)::int, g.wait_s)
+       NULL, ARRAY(SELECT id FROM eligible WHERE id NOT IN (SELECT id FROM key_held)),
+       ARRAY(SELECT job_id FROM refused),
+       dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM started)::int, g.wait_s),
+       (SELECT count(*) FROM key_held)::int
   FROM grant_ g;

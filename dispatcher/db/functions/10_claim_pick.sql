@@ -18,6 +18,11 @@
 -- claim go on to the next priority value. Each round either fills the claim or finds a tenant
 -- out of jobs; after 8 rounds on one priority (8 tenants emptied one after another by uneven
 -- shares) the claim goes on to the next value with what is left, rather than loop on.
+--
+-- Per-key limits (migration 024): keys at their limit (keys_at_limit) are skipped at two
+-- places: the walk passes over a tenant whose own name is such a key (the default key is the
+-- tenant: one index probe per blocked tenant, however many jobs it holds; its jobs under other
+-- keys wait for its next turn), and the pick within a tenant takes no job of such a key.
 CREATE OR REPLACE FUNCTION dispatcher.claim_pick(q text, wanted integer, caps text[],
                                       after_priority integer, after_tenant text)
 RETURNS TABLE (id bigint, pos integer, priority smallint, tenant text, turn integer)
@@ -34,10 +39,12 @@ DECLARE
     got_turns integer[];
     filled    text[];
     rounds    integer;
+    blocked   text[];      -- keys at their limit (per-key limits, migration 024): skipped
 BEGIN
     IF wanted < 1 OR EXISTS (SELECT 1 FROM dispatcher.queues x WHERE x.name = q AND x.paused) THEN
         RETURN;  -- a paused queue offers nothing
     END IF;
+    blocked := dispatcher.keys_at_limit(q);
     LOOP
         SELECT min(s.priority) INTO lvl FROM dispatcher.job_state s
          WHERE s.queue = q AND s.state = 'ready' AND (lvl IS NULL OR s.priority > lvl);
@@ -72,8 +79,9 @@ BEGIN
         SELECT array_agg(w.tenant), array_agg(w.n)
           INTO walked, turns
           FROM (SELECT t.tenant, row_number() OVER ()::integer AS n
-                  FROM (SELECT o.tenant FROM onward o
-                        UNION ALL SELECT r.tenant FROM round_ r LIMIT need) t) w;
+                  FROM (SELECT o.tenant FROM onward o WHERE o.tenant <> ALL (blocked)
+                        UNION ALL SELECT r.tenant FROM round_ r WHERE r.tenant <> ALL (blocked)
+                        LIMIT need) t) w;
         rounds := 0;
         LOOP
             share := ceil(need::float8 / cardinality(walked))::integer;
@@ -85,6 +93,8 @@ BEGIN
                          FROM (SELECT s.id, s.due_at FROM dispatcher.job_state s
                                 WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
                                   AND s.tenant = w.tenant AND s.capability = ANY (caps)
+                                  AND (s.concurrency_key IS NULL
+                                       OR s.concurrency_key <> ALL (blocked))
                                   AND s.id <> ALL (taken)
                                 ORDER BY s.due_at, s.id
                                 LIMIT share
