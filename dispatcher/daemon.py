@@ -38,6 +38,7 @@ from dispatcher.db.liveness import LivenessLock
 from dispatcher.db.notifications import WakeListener
 from dispatcher.db.ownership import Role
 from dispatcher.db.pool import PoolSet, connect, wait_for_database
+from dispatcher.db.queue_limits import QueueSettingsRepository
 from dispatcher.db.relay import RelayRepository
 from dispatcher.db.vacuum import vacuum_problems
 from dispatcher.effects.base import Effect
@@ -49,18 +50,22 @@ from dispatcher.engine.completer import Completer
 from dispatcher.engine.due_scan import DueScanner
 from dispatcher.engine.executor import Executor
 from dispatcher.engine.gone_owners import GoneOwners
+from dispatcher.engine.live_settings import INTERVAL_S as LIVE_INTERVAL_S
+from dispatcher.engine.live_settings import LiveSettings
 from dispatcher.engine.pool import LeaseHeartbeat, QueueWorker, WorkerPool
 from dispatcher.engine.pruning import Pruner
 from dispatcher.engine.sampler import MetricsSampler
 from dispatcher.intake.accept import Intake
 from dispatcher.observability import logs
 from dispatcher.observability.tracing import Tracing, current_trace_id
+from dispatcher.operator.queue_limits import file_settings
 from dispatcher.relay.transport import InProcessTransport, Transport
 from dispatcher.runtime import sdnotify
 from dispatcher.runtime.diskspace import CHECK_INTERVAL_S, DiskSpace
 from dispatcher.runtime.lifecycle import CallbackService, Service, ServiceGroup, Startable
 from dispatcher.runtime.timing import TimingEngine
 
+LIVE_SETTINGS_JOB = "queue-settings"
 log = logging.getLogger("dispatcher")
 
 SAMPLE_INTERVAL_S = 5.0
@@ -216,11 +221,15 @@ class Wakeups:
     def __init__(self) -> None:
         self._workers: Callable[[], None] = _nothing
         self._scanner: Callable[[], None] = _nothing
+        self._settings: Callable[[], None] = _nothing
 
-    def bind(self, workers: WorkerPool, scanner: DueScanner) -> None:
-        self._workers, self._scanner = workers.wake, scanner.wake
+    def bind(self, workers: WorkerPool, scanner: DueScanner, settings: Callable[[], None]) -> None:
+        self._workers, self._scanner, self._settings = workers.wake, scanner.wake, settings
 
     def __call__(self, reason: str = "") -> None:
+        if reason == "limits":  # a queue's settings changed at run time (migration 025)
+            self._settings()
+            return
         if reason != "scheduled":
             self._workers()
         if reason != "ready":
@@ -351,6 +360,9 @@ class Daemon:
             due_at_past_tolerance_s=s.due_at_past_tolerance_s,  # for the SQL door (011)
             ready_outbox=s.transport == "rabbitmq",  # the relay publishes outbox rows (015)
         )
+        await QueueSettingsRepository(pools["engine"]).record_file_settings(
+            {q: file_settings(c) for q, c in s.queues.items()}
+        )
         effects = build_effects(s, engine, self.owner, trace_context=self.tracing is not None)
         log_handler_concurrency(s, effects)
         completer = Completer(engine, self.owner)
@@ -369,7 +381,10 @@ class Daemon:
             gone_owners=judge.confirmed,
         )
         self._liveness = LivenessLock(dsn, self.owner, judge, on_gone=scanner.wake)
-        wake.bind(workers, scanner)
+        live = LiveSettings(QueueSettingsRepository(pools["engine"]), workers.workers)
+        await live.run_once()  # run-time overrides hold from the first claim
+        timing.every(LIVE_SETTINGS_JOB, LIVE_INTERVAL_S, live.run_once)
+        wake.bind(workers, scanner, lambda: timing.run_now(LIVE_SETTINGS_JOB))
         cron = CronService(pools["engine"], engine, s.schedules, timing=timing, on_enqueued=wake)
         disk = await self._disk_space()
         refusal = disk.problem if disk is not None else lambda: None

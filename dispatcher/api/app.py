@@ -45,6 +45,7 @@ from dispatcher.config.tokens import SCOPES, ApiToken, digest
 from dispatcher.core import jsoncodec, rfc3339
 from dispatcher.cron.expression import PeriodError
 from dispatcher.db.jobs import JobRepository
+from dispatcher.db.queue_limits import QueueSettingsRepository, QueueSettingsRow
 from dispatcher.db.runs import TriggerFailed
 from dispatcher.engine.sampler import MetricsSampler
 from dispatcher.errors import DatabaseUnavailable
@@ -59,6 +60,7 @@ from dispatcher.operator.operations import (
     queue_overview,
     unknown_queue,
 )
+from dispatcher.operator.queue_limits import SettingsChangeError, parse_change
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +133,8 @@ def create_app(
     app.router.add_get("/v1/queues", list_queues)
     app.router.add_post("/v1/queues/{name}/pause", pause_queue)
     app.router.add_post("/v1/queues/{name}/resume", resume_queue)
+    app.router.add_patch("/v1/queues/{name}", patch_queue)
+    app.router.add_post("/v1/queues/{name}/reset", reset_queue)
     app.router.add_get("/v1/schedules", list_schedules)
     app.router.add_post("/v1/schedules/{name}/trigger", trigger_schedule)
     app.router.add_post("/v1/schedules/{name}/catch-up", catch_up_schedule)
@@ -770,9 +774,53 @@ async def dead_letters_action(
 
 
 async def list_queues(request: web.Request) -> web.Response:
-    registry = await request.app[REPO].list_queues()  # live: a pause shows at once
-    sample = await request.app[SAMPLER].sample(max_age_s=OVERVIEW_MAX_AGE_S)
-    return json_response({"queues": queue_overview(registry, sample, request.app[SETTINGS])})
+    app = request.app
+    registry = await app[REPO].list_queues()  # live: a pause shows at once
+    sample = await app[SAMPLER].sample(max_age_s=OVERVIEW_MAX_AGE_S)
+    live = await live_settings(app)
+    return json_response({"queues": queue_overview(registry, sample, app[SETTINGS], live)})
+
+
+async def live_settings(app: web.Application) -> dict[str, QueueSettingsRow]:
+    """Every queue's settings from the file and the run-time overrides (migration 025)."""
+    return {row.name: row for row in await QueueSettingsRepository(app[REPO].pool).all()}
+
+
+async def patch_queue(request: web.Request) -> web.Response:
+    """Change live settings of a queue at run time (a JSON merge patch: null removes an
+    override); every daemon honours it within a second. 404 for an unknown queue, 422 naming
+    the field for a bad value; either way nothing changes."""
+    body = await read_json(request)
+    return json_response(await queue_settings_action(request.app, request.match_info["name"], body))
+
+
+async def reset_queue(request: web.Request) -> web.Response:
+    """Remove every run-time override of a queue: the file's settings hold again."""
+    return json_response(await queue_settings_action(request.app, request.match_info["name"], None))
+
+
+async def queue_settings_action(app: web.Application, name: str, body: Any) -> dict[str, Any]:
+    """Change (`body`, validated here) or reset (None) queue `name`'s run-time overrides
+    (shared with the console); its overview entry after."""
+    repo = app[REPO]
+    known = [q["name"] for q in await repo.list_queues()]
+    if name not in known:
+        raise Problem(404, f"no queue {name[:100]!r}; queues: {', '.join(known)}", queues=known)
+    store = QueueSettingsRepository(repo.pool)
+    if body is None:
+        row = await store.reset_overrides(name)
+    else:
+        try:
+            change = parse_change(body)
+        except SettingsChangeError as exc:
+            raise Problem(422, str(exc), field=exc.field) from None
+        row = await store.set_overrides(name, change)
+    if row is None:  # removed from the registry meanwhile
+        raise Problem(404, f"no queue {name[:100]!r}; queues: {', '.join(known)}", queues=known)
+    log.warning("queue %s settings %s by an operator", name, "reset" if body is None else body)
+    registry = [q for q in await repo.list_queues() if q["name"] == name]
+    sample = await app[SAMPLER].sample(max_age_s=OVERVIEW_MAX_AGE_S)
+    return queue_overview(registry, sample, app[SETTINGS], {name: row})[0]
 
 
 async def pause_queue(request: web.Request) -> web.Response:
@@ -800,7 +848,7 @@ async def queue_pause_action(app: web.Application, name: str, *, paused: bool) -
     metrics.QUEUE_PAUSED.labels(name).set(1 if paused else 0)
     log.warning("queue %s %s by an operator", name, "paused" if paused else "resumed")
     sample = await app[SAMPLER].sample(max_age_s=OVERVIEW_MAX_AGE_S)
-    return queue_overview([row], sample, app[SETTINGS])[0]
+    return queue_overview([row], sample, app[SETTINGS], await live_settings(app))[0]
 
 
 # schedules (filled in by the cron service) ----------------------------------------------------

@@ -15,6 +15,7 @@ from dispatcher.api.scopes import required_scope
 from dispatcher.config.settings import NAME_PATTERN
 from dispatcher.intake.requests import DeadLetterRequest, JobRequest
 from dispatcher.model import STATES
+from dispatcher.operator.queue_limits import SettingsChange
 
 PROBLEM = {"$ref": "#/components/schemas/Problem"}
 
@@ -589,6 +590,19 @@ def _operator_schemas() -> dict[str, Any]:
                     "type": ["object", "null"],
                     "description": "where dead letters are reported (the target's origin only)",
                 },
+                "settings": {
+                    "type": "object",
+                    "description": "each live setting (rate_per_s, burst, max_inflight, "
+                    "key_max_inflight, key_rate_per_s, key_burst, windows) in force: value, "
+                    'source ("override", "file" or null) and the file\'s value',
+                },
+                "overrides_at": {**nullable_str, "format": "date-time"},
+                "window_open": {
+                    "type": "boolean",
+                    "description": "the queue may claim by its run windows (always without)",
+                },
+                "window_opens_at": {**nullable_str, "format": "date-time"},
+                "window_closes_at": {**nullable_str, "format": "date-time"},
             },
         },
     }
@@ -665,6 +679,28 @@ def _operator_paths() -> dict[str, Any]:
         "/v1/queues/{name}/resume": {
             "post": {
                 "summary": "Resume a paused queue (idempotent); its backlog starts at once",
+                "parameters": [QUEUE_NAME],
+                "responses": {"200": _json(QUEUE), **_problem_responses(401, 404, 503)},
+            }
+        },
+        "/v1/queues/{name}": {
+            "patch": {
+                "summary": "Change a queue's limits or run windows at run time",
+                "description": "A JSON merge patch of the live settings: a value sets a "
+                "run-time override, null removes one. Persisted; every daemon honours it within "
+                "a second; an override wins over the configuration file, also after a restart, "
+                "until reset. 422 names the field at fault; nothing changes.",
+                "parameters": [QUEUE_NAME],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": SettingsChange.model_json_schema()}},
+                },
+                "responses": {"200": _json(QUEUE), **_problem_responses(400, 401, 404, 422, 503)},
+            }
+        },
+        "/v1/queues/{name}/reset": {
+            "post": {
+                "summary": "Remove every run-time override of a queue (the file's settings hold)",
                 "parameters": [QUEUE_NAME],
                 "responses": {"200": _json(QUEUE), **_problem_responses(401, 404, 503)},
             }

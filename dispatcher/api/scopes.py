@@ -30,6 +30,8 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("POST", "/v1/jobs/discard"): "operate",
     ("POST", "/v1/queues/{name}/pause"): "operate",
     ("POST", "/v1/queues/{name}/resume"): "operate",
+    ("PATCH", "/v1/queues/{name}"): "operate",
+    ("POST", "/v1/queues/{name}/reset"): "operate",
     ("POST", "/v1/schedules/{name}/trigger"): "operate",
     ("POST", "/v1/schedules/{name}/catch-up"): "operate",
     ("POST", "/v1/schedules/{name}/pause"): "operate",

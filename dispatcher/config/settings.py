@@ -38,6 +38,7 @@ from dispatcher.config.tokens import (
     split_environment,
 )
 from dispatcher.cron.schedules import ScheduleSettings
+from dispatcher.cron.windows import MAX_WINDOWS, WindowError, parse_windows
 from dispatcher.errors import ConfigError
 
 ENV_PREFIX = "DISPATCHER_"
@@ -72,6 +73,17 @@ class QueueSettings(_Strict):
     backoff_cap_s: float = Field(3600.0, gt=0, le=MAX_DURATION_S)
     claim_batch: int = Field(500, ge=1, le=10_000)
     on_dead: DeadLetterNoticeSettings | None = None
+    # run windows (dispatcher.cron.windows): claims only while one is open; none: always open
+    windows: list[str] = Field(default_factory=list, max_length=MAX_WINDOWS)
+
+    @field_validator("windows")
+    @classmethod
+    def _windows(cls, value: list[str]) -> list[str]:
+        try:
+            parse_windows(value)
+        except WindowError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
 
 class HandlerSettings(_Strict):

@@ -1,0 +1,30 @@
+-- name: queue_settings
+-- Every queue's settings from the file and its run-time overrides (the daemons' one-second look).
+SELECT name, file_settings, overrides, overrides_at
+  FROM dispatcher.queues
+ ORDER BY name;
+
+-- name: record_file_settings
+-- At start: the settings the file gives queue $1 ($2), then the settings in force (overrides win).
+WITH recorded AS (
+    UPDATE dispatcher.queues SET file_settings = $2 WHERE name = $1
+    RETURNING name, overrides
+)
+SELECT dispatcher.apply_queue_settings(name) FROM recorded WHERE overrides <> '{}';
+
+-- name: set_queue_overrides
+-- Merge run-time overrides $2 into queue $1's (a JSON merge patch: null removes one); none: NULL.
+UPDATE dispatcher.queues
+   SET overrides = jsonb_strip_nulls(overrides || $2::jsonb), overrides_at = now()
+ WHERE name = $1
+RETURNING name, file_settings, overrides, overrides_at;
+
+-- name: reset_queue_overrides
+-- Remove every run-time override of queue $1: the file's settings hold again; none: NULL.
+UPDATE dispatcher.queues SET overrides = '{}', overrides_at = now()
+ WHERE name = $1
+RETURNING name, file_settings, overrides, overrides_at;
+
+-- name: apply_queue_settings
+-- Put queue $1's settings in force into its limit columns and notify every daemon.
+SELECT dispatcher.apply_queue_settings($1);
