@@ -2,7 +2,8 @@
 
 Every setting has a default. Top-level settings are overridden by `DISPATCHER_<NAME>`; nested
 ones by `DISPATCHER_<SECTION>__<KEY>__<NAME>` (e.g. `DISPATCHER_QUEUES__DEFAULT__RATE_PER_S`).
-List settings take comma-separated values from the environment. A bad value stops the daemon with
+List settings take comma-separated values from the environment (run windows, whose days may
+be a comma list, take semicolon-separated ones). A bad value stops the daemon with
 one line per problem naming the setting, the value and what is allowed.
 """
 
@@ -591,6 +592,8 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> set[tuple[str
         node[leaf] = (
             [v.strip() for v in value.split(",") if v.strip()] if leaf in _LIST_SETTINGS else value
         )
+        if leaf == "windows":  # commas list days inside a window: windows split at ';'
+            node[leaf] = [v.strip() for v in value.split(";") if v.strip()]
         if path == ["api_tokens"]:  # commas may separate scopes: see split_environment
             node[leaf] = split_environment(value)
         from_env.add(tuple(path))

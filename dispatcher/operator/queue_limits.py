@@ -47,7 +47,12 @@ class SettingsChange(BaseModel):
     """The fields a change may carry, each optional (null removes its override). Bounds are
     those of the configuration file's [queues.NAME] (dispatcher.config.settings)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        strict=True,
+        json_schema_extra={"minProperties": 1},
+    )
 
     rate_per_s: float | None = Field(None, gt=0, le=MAX_RATE_PER_S)
     burst: int | None = Field(None, ge=1, le=2_147_483_647)
