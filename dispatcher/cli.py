@@ -247,6 +247,56 @@ def add_operator_commands(command: Callable[..., argparse.ArgumentParser], jobs_
         p = queues_sub.add_parser(action, help=help_text, description=help_text)
         p.add_argument("name", help="queue name (see `dispatcher queues`)")
         p.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+    queue_settings_parsers(queues_sub)
+
+
+def queue_settings_parsers(queues_sub: Any) -> None:
+    """`queues set` and `queues reset`: run-time overrides of a queue's limits and windows."""
+    from dispatcher.operator.queue_limits import LIVE_SETTINGS
+
+    text = (
+        "change a queue's limits or run windows at run time, on every daemon within a second; "
+        "the change wins over the configuration file until `queues reset`"
+    )
+    p = queues_sub.add_parser("set", help=text, description=text)
+    p.add_argument("name", help="queue name (see `dispatcher queues`)")
+    for option, kind in (("rate-per-s", float), ("burst", int), ("max-inflight", int)):
+        p.add_argument(f"--{option}", type=kind)
+        p.add_argument(f"--key-{option}", type=kind, help="per key (issue 22 point 4)")
+    p.add_argument(
+        "--window",
+        action="append",
+        dest="windows",
+        metavar="WINDOW",
+        help='run window, e.g. "Mon-Fri 18:00-07:00 Europe/Berlin"; repeat for several',
+    )
+    p.add_argument("--no-windows", action="store_true", help="claim at any time (no windows)")
+    p.add_argument(
+        "--unset",
+        action="append",
+        default=[],
+        choices=LIVE_SETTINGS,
+        help="remove this setting's override (the file's holds again); repeat for several",
+    )
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+    text = "remove every run-time override of a queue: its file settings hold again"
+    p = queues_sub.add_parser("reset", help=text, description=text)
+    p.add_argument("name", help="queue name (see `dispatcher queues`)")
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+
+
+def queue_settings_change(args: argparse.Namespace) -> dict[str, Any]:
+    """The change `queues set` asks for, as the API's PATCH body."""
+    from dispatcher.operator.queue_limits import LIVE_SETTINGS
+
+    change: dict[str, Any] = {key: None for key in args.unset}
+    for key in LIVE_SETTINGS:
+        value = getattr(args, key, None)
+        if value is not None:
+            change[key] = value
+    if args.no_windows:
+        change["windows"] = []
+    return change
 
 
 def dead_letter_options(p: argparse.ArgumentParser) -> None:
@@ -570,13 +620,39 @@ def cmd_queues(settings: Settings, args: argparse.Namespace) -> int:
 
     from dispatcher.config.settings import NAME_PATTERN
     from dispatcher.db.jobs import JobRepository
+    from dispatcher.db.queue_limits import QueueSettingsRepository
     from dispatcher.engine.sampler import MetricsSampler
     from dispatcher.operator.operations import queue_overview
+    from dispatcher.operator.queue_limits import SettingsChangeError, parse_change
 
     async def run() -> int:
         async with database(settings) as (_dsn, pool):
             repo = JobRepository(pool)
-            if args.action in ("pause", "resume"):
+            store = QueueSettingsRepository(pool)
+            if args.action in ("set", "reset"):
+                queue_names = [q["name"] for q in await repo.list_queues()]
+                if args.name not in queue_names:
+                    print(
+                        f"dispatcher: no queue {args.name!r}; queues: {', '.join(queue_names)}",
+                        file=sys.stderr,
+                    )
+                    return EXIT_FAILURE
+                try:
+                    change = (
+                        None
+                        if args.action == "reset"
+                        else parse_change(queue_settings_change(args))
+                    )
+                except SettingsChangeError as exc:
+                    option = "--" + exc.field.split(".")[0].replace("_", "-")
+                    print(f"dispatcher: {option}: {exc}; nothing changed", file=sys.stderr)
+                    return EXIT_USAGE
+                if change is None:
+                    await store.reset_overrides(args.name)
+                else:
+                    await store.set_overrides(args.name, change)
+                registry = [q for q in await repo.list_queues() if q["name"] == args.name]
+            elif args.action in ("pause", "resume"):
                 known = re.match(NAME_PATTERN, args.name) is not None
                 row = (
                     await repo.set_queue_paused(args.name, args.action == "pause")
@@ -591,11 +667,14 @@ def cmd_queues(settings: Settings, args: argparse.Namespace) -> int:
             else:
                 registry = await repo.list_queues()
             sample = await MetricsSampler(repo, settings.overdue_after_s).sample()
-            views = queue_overview(registry, sample, settings)
+            live = {row.name: row for row in await store.all()}
+            views = queue_overview(registry, sample, settings, live)
         if args.action is not None:
             view = views[0]
             if args.json:
                 print(json.dumps(view, indent=2))
+            elif args.action in ("set", "reset"):
+                print(f"queue {view['name']}: settings {args.action}\n" + format_settings(view))
             else:
                 print(
                     f"queue {view['name']} {'paused' if view['paused'] else 'resumed'}"
@@ -630,6 +709,30 @@ def format_queues(views: list[dict[str, Any]]) -> str:
         )
         if v["paused"]:
             lines.append(f"{'':<16} paused since {v['paused_at']}")
+        if not v.get("window_open", True):
+            lines.append(f"{'':<16} outside its run windows; opens at {v['window_opens_at']}")
+        overrides = [
+            f"{k} {x['value']} (file {x['file']})"
+            for k, x in v.get("settings", {}).items()
+            if x["source"] == "override"
+        ]
+        if overrides:
+            lines.append(f"{'':<16} run-time overrides: {', '.join(overrides)}")
+    return "\n".join(lines)
+
+
+def format_settings(view: dict[str, Any]) -> str:
+    """Each live setting of a queue view with its source, and the run-window state."""
+    lines = []
+    for key, entry in view.get("settings", {}).items():
+        if entry["source"] is None:
+            continue
+        beside = f" (file: {entry['file']})" if entry["source"] == "override" else ""
+        lines.append(f"  {key:<18} {entry['value']}  [{entry['source']}]{beside}")
+    if view.get("window_open", True):
+        lines.append("  window             open")
+    else:
+        lines.append(f"  window             closed; opens at {view['window_opens_at']}")
     return "\n".join(lines)
 
 

@@ -1,7 +1,8 @@
 """Run windows of a queue, free of I/O: parsed from text such as
 `"Mon-Fri 18:00-07:00 Europe/Berlin"` and evaluated at an instant the caller passes in.
 
-A window is a set of weekdays, a start and an end wall time (`HH:MM`, the end may be `24:00`)
+A window is a set of weekdays, a start and an end wall time (`HH:MM` or `HH:MM:SS`; the end may
+be `24:00`)
 and an IANA time zone (UTC when omitted). It opens on each listed local day at its start; when
 the end is not after the start it crosses midnight and closes on the next day. A queue with
 windows claims only while at least one is open; a queue without windows is always open.
@@ -27,8 +28,9 @@ from dispatcher.cron.expression import CronExpressionError, load_zone
 from dispatcher.errors import DispatcherError
 
 _DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")  # ISO order: Monday is 1
-_TIME = re.compile(r"^(\d{1,2}):(\d{2})\Z")
+_TIME = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?\Z")
 _RANGE = re.compile(r"^(\S+)-(\S+)\Z")
+_DAY_S = 86_400
 MAX_WINDOWS = 50  # per queue: each claim loop evaluates them once a second while closed
 # How far ahead a next opening is looked for: every window opens at least once a week.
 _HORIZON_DAYS = 9
@@ -42,7 +44,7 @@ class WindowError(DispatcherError, ValueError):
 @dataclass(frozen=True, slots=True)
 class Window:
     """One run window. `days` holds ISO weekdays (1 = Monday) on which it opens; `start` and
-    `end` are minutes after local midnight (end up to 1440); end <= start crosses midnight."""
+    `end` are seconds after local midnight (end up to 86,400); end <= start crosses midnight."""
 
     text: str
     days: frozenset[int]
@@ -137,13 +139,14 @@ def window_state(windows: Sequence[Window], now: datetime) -> WindowState:
     return WindowState(False, None, None)
 
 
-def _instant(day: date, minute: int, zone: ZoneInfo) -> datetime:
-    """The UTC instant of wall time `minute` on local `day` (24:00 is the next midnight), by
+def _instant(day: date, second: int, zone: ZoneInfo) -> datetime:
+    """The UTC instant of wall time `second` on local `day` (24:00 is the next midnight), by
     the cron rule for fixed times: fold 0 is the first occurrence, and a wall time in a gap
     resolves with the offset before the jump (the time the clock would have shown)."""
-    if minute == 24 * 60:
-        day, minute = day + timedelta(days=1), 0
-    wall = datetime.combine(day, time(minute // 60, minute % 60), zone).replace(fold=0)
+    if second == _DAY_S:
+        day, second = day + timedelta(days=1), 0
+    hour, rest = divmod(second, 3600)
+    wall = datetime.combine(day, time(hour, rest // 60, rest % 60), zone).replace(fold=0)
     return wall.astimezone(UTC)
 
 
@@ -183,8 +186,8 @@ def _hours(text: str, spec: str) -> tuple[int, int]:
         raise WindowError(
             f"window {text!r}: hours {spec!r} must read HH:MM-HH:MM, e.g. 18:00-07:00"
         )
-    start, end = _minute(text, bounds[0], "start"), _minute(text, bounds[1], "end")
-    if start == 24 * 60:
+    start, end = _second(text, bounds[0], "start"), _second(text, bounds[1], "end")
+    if start == _DAY_S:
         raise WindowError(f"window {text!r}: start 24:00 is not a time of day; use 00:00")
     if start == end:
         raise WindowError(
@@ -193,11 +196,11 @@ def _hours(text: str, spec: str) -> tuple[int, int]:
     return start, end
 
 
-def _minute(text: str, value: str, which: str) -> int:
+def _second(text: str, value: str, which: str) -> int:
     found = _TIME.match(value)
     if found is None:
         raise WindowError(f"window {text!r}: {which} {value!r} is not HH:MM (e.g. 07:30)")
-    hour, minute = int(found.group(1)), int(found.group(2))
-    if minute > 59 or hour > 24 or (hour == 24 and minute != 0):
+    hour, minute, second = (int(g or 0) for g in found.groups())
+    if minute > 59 or second > 59 or hour > 24 or (hour == 24 and minute + second != 0):
         raise WindowError(f"window {text!r}: {which} {value!r} is not a time from 00:00 to 24:00")
-    return hour * 60 + minute
+    return hour * 3600 + minute * 60 + second

@@ -116,6 +116,15 @@ def test_windows_must_be_a_list() -> None:
         parse_windows("Mon-Fri 18:00-07:00 UTC")  # type: ignore[arg-type]
 
 
+def test_seconds_are_allowed() -> None:
+    windows = parse_windows(["daily 09:00:30-09:00:45 UTC"])
+    assert not window_state(windows, utc("2026-06-09T09:00:29+00:00")).open
+    state = window_state(windows, utc("2026-06-09T09:00:30+00:00"))
+    assert state.open and state.closes_at == utc("2026-06-09T09:00:45+00:00")
+    with pytest.raises(WindowError, match="'09:00:60'"):
+        parse_window("daily 09:00:60-10:00 UTC")
+
+
 def test_day_lists_and_wrapping_ranges() -> None:
     assert parse_window("Fri-Mon 00:00-24:00").days == {5, 6, 7, 1}
     assert parse_window("Sat,Sun,Wednesday 01:00-02:00").days == {6, 7, 3}
