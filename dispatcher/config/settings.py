@@ -5,6 +5,10 @@ ones by `DISPATCHER_<SECTION>__<KEY>__<NAME>` (e.g. `DISPATCHER_QUEUES__DEFAULT_
 List settings take comma-separated values from the environment (run windows, whose days may
 be a comma list, take semicolon-separated ones). A bad value stops the daemon with
 one line per problem naming the setting, the value and what is allowed.
+
+This module composes the whole: each section has a module of its own (queues, effects,
+retention, rabbitmq, listeners), the environment overlay and error lines are in
+`dispatcher.config.environment`. Every name below stays importable from here.
 """
 
 from __future__ import annotations
@@ -15,12 +19,9 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
-from urllib.parse import urlsplit
+from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -29,218 +30,56 @@ from pydantic import (
     model_validator,
 )
 
-from dispatcher.config.connection_budget import ConnectionBudget
-from dispatcher.config.signing_secret import decode_secret
-from dispatcher.config.tokens import (
-    ApiToken,
-    check_distinct,
-    parse_file,
-    parse_list,
-    split_environment,
+from dispatcher.config.base import (
+    MAX_DURATION_S,
+    NAME_PATTERN,
+    PositiveFloat,
+    Strict,
+    mask_url,
+    read_secret_lines,
 )
+from dispatcher.config.connection_budget import ConnectionBudget
+from dispatcher.config.effects import HandlerSettings, HttpSettings
+from dispatcher.config.environment import ENV_PREFIX, apply_env, describe
+from dispatcher.config.listeners import (
+    MIN_TOKEN_CHARS,
+    TlsSettings,
+    check_token_strength,
+    host_port,
+    is_loopback_host,
+)
+from dispatcher.config.queues import DeadLetterNoticeSettings, QueueSettings
+from dispatcher.config.rabbitmq import RabbitSettings
+from dispatcher.config.retention import RetentionSettings
+from dispatcher.config.signing_secret import decode_secret
+from dispatcher.config.tokens import ApiToken, check_distinct, parse_file, parse_list
 from dispatcher.cron.schedules import ScheduleSettings
-from dispatcher.cron.windows import MAX_WINDOWS, WindowError, parse_windows
 from dispatcher.errors import ConfigError
 
-ENV_PREFIX = "DISPATCHER_"
-# No duration setting may exceed ten years: every one must stay a finite time when the
-# database adds it to now().
-MAX_DURATION_S = 10 * 365 * 86400
-NAME_PATTERN = r"^[a-z][a-z0-9_.-]{0,62}$"
-PositiveFloat = Annotated[float, Field(gt=0)]
+__all__ = [
+    "ENV_PREFIX",
+    "MAX_DURATION_S",
+    "MIN_TOKEN_CHARS",
+    "NAME_PATTERN",
+    "DeadLetterNoticeSettings",
+    "HandlerSettings",
+    "HttpSettings",
+    "PositiveFloat",
+    "QueueSettings",
+    "RabbitSettings",
+    "RetentionSettings",
+    "Settings",
+    "TlsSettings",
+    "check_token_strength",
+    "host_port",
+    "is_loopback_host",
+    "load_settings",
+    "mask_url",
+    "read_secret_lines",
+]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class DeadLetterNoticeSettings(_Strict):
-    """`on_dead` of a queue: each of its jobs that goes dead is reported by a signed http POST
-    to `url`, itself a job (in `queue`, default the dead job's own) with its own retries."""
-
-    url: str = Field(min_length=1, max_length=4096)
-    queue: str | None = None
-
-
-class QueueSettings(_Strict):
-    """Limits and retry policy of one queue. Starts obey the token bucket, running jobs the cap."""
-
-    rate_per_s: PositiveFloat = 1000.0
-    burst: int = Field(1000, ge=1)
-    max_inflight: int = Field(200, ge=1, le=100_000)
-    max_attempts: int = Field(10, ge=1)
-    max_retry_age_s: int = Field(86_400, ge=0, le=MAX_DURATION_S)
-    backoff_base_s: float = Field(1.0, gt=0, le=MAX_DURATION_S)
-    backoff_cap_s: float = Field(3600.0, gt=0, le=MAX_DURATION_S)
-    claim_batch: int = Field(500, ge=1, le=10_000)
-    on_dead: DeadLetterNoticeSettings | None = None
-    # run windows (dispatcher.cron.windows): claims only while one is open; none: always open
-    windows: list[str] = Field(default_factory=list, max_length=MAX_WINDOWS)
-
-    @field_validator("windows")
-    @classmethod
-    def _windows(cls, value: list[str]) -> list[str]:
-        try:
-            parse_windows(value)
-        except WindowError as exc:
-            raise ValueError(str(exc)) from None
-        return value
-
-
-class HandlerSettings(_Strict):
-    """A named effect: `python` runs `module:function`, `sql` runs a configured statement."""
-
-    kind: Literal["python", "sql"]
-    function: str | None = Field(None, pattern=r"^[\w.]+:\w+$")
-    # python: run inside the transaction that records completion (effect and completion atomic)
-    transactional: bool = True
-    statement: str | None = None
-    params: list[str] = []
-    page_size: int = Field(1000, ge=1, le=1_000_000)
-    # sql: page by this column (dispatcher.effects.sql): the statement takes the last cursor
-    # (params entry "cursor", NULL on the first page) and ends in RETURNING this column
-    cursor: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_]{0,62}$")
-    timeout_s: float = Field(300.0, gt=0, le=MAX_DURATION_S)
-    version: int = Field(1, ge=1)
-    accepts_versions: list[int] = []
-
-    @model_validator(mode="after")
-    def _kind_fields(self) -> HandlerSettings:
-        if self.kind == "python" and not self.function:
-            raise ValueError('a python handler needs function = "module:function"')
-        if self.kind == "sql" and not self.statement:
-            raise ValueError("a sql handler needs statement = '...' (parameters $1..$n)")
-        if self.kind == "sql":
-            used = {int(n) for n in re.findall(r"\$(\d+)", self.statement or "")}
-            if used != set(range(1, len(self.params) + 1)):
-                raise ValueError(
-                    f"statement uses parameters {sorted(used)} but params names "
-                    f"{len(self.params)}: list one payload key (or 'page_size') per $n"
-                )
-        if self.cursor is not None:
-            self._check_cursor(self.cursor)
-        return self
-
-    def _check_cursor(self, column: str) -> None:
-        if self.kind != "sql":
-            raise ValueError("cursor pages a sql handler's statement; remove it from this one")
-        missing = [p for p in ("cursor", "page_size") if p not in self.params]
-        if missing:
-            raise ValueError(
-                f"a cursor-paged statement takes the last cursor and the page size: add "
-                f"{missing} to params and use them, e.g. `WHERE {column} > "
-                f"coalesce($n::bigint, 0) ORDER BY {column} LIMIT $m`"
-            )
-        returning = re.search(r"\breturning\b(.*)\Z", self.statement or "", re.I | re.S)
-        if returning is None or not re.search(rf"\b{column}\b|\*", returning.group(1), re.I):
-            raise ValueError(
-                f"a cursor-paged statement must return the cursor column of every row it "
-                f"touches: end it with `RETURNING {column}` (the largest one is the next cursor)"
-            )
-
-    def runnable_versions(self) -> list[int]:
-        return sorted(set(self.accepts_versions) | {self.version})
-
-
-class HttpSettings(_Strict):
-    """The HTTP push effect."""
-
-    signing_secret: SecretStr | None = None
-    signing_secret_file: Path | None = None
-    default_timeout_s: float = Field(30.0, gt=0, le=MAX_DURATION_S)
-    max_timeout_s: float = Field(900.0, gt=0, le=MAX_DURATION_S)
-    max_connections: int = Field(100, ge=1)
-    response_excerpt_bytes: int = Field(512, ge=0, le=65_536)
-    user_agent: str = "dispatcher"
-    # Extra CA bundle trusted for HTTPS targets (e.g. a private CA), on top of the system's.
-    ca_file: Path | None = None
-
-    @field_validator("signing_secret")
-    @classmethod
-    def _secret_format(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None:
-            try:
-                decode_secret(value.get_secret_value())
-            except ValueError:
-                raise ValueError(
-                    "a signing secret is 'whsec_' followed by base64 (Standard Webhooks)"
-                ) from None
-        return value
-
-
-class TlsSettings(_Strict):
-    """TLS on the API listener (TLS 1.2 and newer). Both files or neither; SIGHUP reloads them."""
-
-    cert_file: Path | None = None  # PEM: the certificate, then any intermediates
-    key_file: Path | None = None  # PEM private key (unencrypted)
-
-    @model_validator(mode="after")
-    def _both_readable(self) -> TlsSettings:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("tls needs both cert_file and key_file (or neither)")
-        for name in ("cert_file", "key_file"):
-            path = getattr(self, name)
-            if path is not None and not path.is_file():
-                raise ValueError(f"tls.{name} = {str(path)!r} is not a readable file")
-        return self
-
-    @property
-    def enabled(self) -> bool:
-        return self.cert_file is not None
-
-
-class RetentionSettings(_Strict):
-    """How long terminal jobs stay visible before the pruner deletes them (in bounded batches)."""
-
-    succeeded_s: int = Field(7 * 86400, ge=0, le=MAX_DURATION_S)
-    cancelled_s: int = Field(7 * 86400, ge=0, le=MAX_DURATION_S)
-    # Dead letters are what an operator must see: never pruned sooner than a day.
-    dead_s: int = Field(30 * 86400, ge=86400, le=MAX_DURATION_S)
-    # Cron run receipts, once finished and their units pruned.
-    runs_s: int = Field(90 * 86400, ge=86400, le=MAX_DURATION_S)
-    batch: int = Field(1000, ge=1, le=100_000)
-    interval_s: float = Field(60.0, gt=0, le=MAX_DURATION_S)
-
-
-class RabbitSettings(_Strict):
-    """The RabbitMQ transport: one durable quorum queue per dispatcher queue, named
-    `queue_prefix` + queue name; the URL's password is a secret (`url_file` reads it from a
-    file: DISPATCHER_RABBITMQ__URL_FILE)."""
-
-    url: SecretStr | None = None
-    url_file: Path | None = None
-    queue_prefix: str = Field("dispatcher.", max_length=200, pattern=r"^[A-Za-z0-9._:-]*$")
-    relay_batch: int = Field(500, ge=1, le=10_000)
-    relay_lease_s: float = Field(30.0, gt=0, le=3600)
-    reconnect_max_s: float = Field(10.0, gt=0, le=600)
-    # The relay keeps at most this many times a queue's max_inflight of its messages published
-    # and not yet claimed (all daemons together): what sits in the broker ahead of the consumers,
-    # so one tenant's burst waits in the database, where the relay orders it fairly.
-    publish_ahead: float = Field(2.0, ge=1, le=100)
-    # A message published this long ago whose job is still ready and unclaimed was lost in the
-    # broker (queue purged, broker data lost): the relay's sweep publishes it again.
-    republish_after_s: float = Field(300.0, ge=1, le=MAX_DURATION_S)
-
-    @model_validator(mode="after")
-    def _one_url(self) -> RabbitSettings:
-        if self.url is not None and self.url_file is not None:
-            raise ValueError("set rabbitmq.url or rabbitmq.url_file, not both")
-        if self.url is not None and not self.url.get_secret_value().startswith(
-            ("amqp://", "amqps://")
-        ):
-            raise ValueError("rabbitmq.url must start with amqp:// or amqps://")
-        return self
-
-    def resolved_url(self) -> str | None:
-        if self.url is not None:
-            return self.url.get_secret_value()
-        if self.url_file is not None:
-            lines = read_secret_lines(self.url_file, "rabbitmq.url_file")
-            return lines[0] if lines else None
-        return None
-
-
-class Settings(_Strict):
+class Settings(Strict):
     """The daemon's whole configuration."""
 
     database_url: SecretStr | None = None
@@ -492,55 +331,6 @@ class Settings(_Strict):
         return view
 
 
-MIN_TOKEN_CHARS = 32
-
-
-def check_token_strength(tokens: list[ApiToken]) -> None:
-    """Off loopback, a token must be long enough that guessing it is hopeless (at the 429
-    limit of 10 a minute, even a 32-character hex token takes longer than the universe)."""
-    short = [t.where for t in tokens if len(t.secret) < MIN_TOKEN_CHARS]
-    if short:
-        raise ValueError(
-            f"{', '.join(short)}: API tokens must be at least {MIN_TOKEN_CHARS} characters "
-            "when the API or console listens beyond loopback; generate one with: python3 -c "
-            "'import secrets; print(secrets.token_urlsafe(32))'"
-        )
-
-
-def host_port(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{listen!r} must be host:port, e.g. 127.0.0.1:8080")
-    return host.strip("[]"), int(port)
-
-
-def is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def read_secret_lines(path: Path, setting: str) -> list[str]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ValueError(f"{setting}: cannot read {path}: {exc.strerror}") from None
-    return [line.strip() for line in text.splitlines() if line.strip()]
-
-
-def mask_url(url: str) -> str:
-    """The URL with its password masked, in the userinfo and in a `password=` parameter."""
-    netloc = urlsplit(url).netloc
-    if "@" in netloc:
-        userinfo, _, hosts = netloc.rpartition("@")  # rpartition: a raw '@' in the password
-        user, colon, _ = userinfo.partition(":")
-        url = url.replace(netloc, f"{user}{':*****' if colon else ''}@{hosts}", 1)
-    return re.sub(r"(?i)([?&](?:ssl)?password=)[^&#]*", r"\1*****", url)
-
-
 def load_settings(
     path: str | Path | None = None, environ: Mapping[str, str] | None = None
 ) -> Settings:
@@ -555,120 +345,8 @@ def load_settings(
             raise ConfigError(f"config file {path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: invalid TOML: {exc}") from None
-    from_env = _apply_env(raw, environ)
+    from_env = apply_env(raw, environ)
     try:
         return Settings.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, raw, from_env, path)) from None
-
-
-# DISPATCHER_* variables that are not settings: the config path and the crash-test fault point.
-_NOT_SETTINGS = {ENV_PREFIX + "CONFIG", ENV_PREFIX + "FAULT"}
-_LIST_SETTINGS = {
-    "api_tokens",
-    "target_allow_cidrs",
-    "trusted_proxies",
-    "params",
-    "accepts_versions",
-}
-_SECRET_SETTINGS = {"api_tokens", "database_url", "signing_secret"}
-
-
-def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> set[tuple[str, ...]]:
-    """Overlay DISPATCHER_* variables on the file's settings; return the setting paths they set."""
-    from_env: set[tuple[str, ...]] = set()
-    for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or name in _NOT_SETTINGS:
-            continue
-        path = name[len(ENV_PREFIX) :].lower().split("__")
-        if not all(path):
-            raise ConfigError(f"{name}: empty section name (use single words joined by __)")
-        node = raw
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{name}: {part} is not a section")
-        leaf = path[-1]
-        node[leaf] = (
-            [v.strip() for v in value.split(",") if v.strip()] if leaf in _LIST_SETTINGS else value
-        )
-        if leaf == "windows":  # commas list days inside a window: windows split at ';'
-            node[leaf] = [v.strip() for v in value.split(";") if v.strip()]
-        if path == ["api_tokens"]:  # commas may separate scopes: see split_environment
-            node[leaf] = split_environment(value)
-        from_env.add(tuple(path))
-    return from_env
-
-
-def _describe(
-    exc: ValidationError,
-    raw: dict[str, Any],
-    from_env: set[tuple[str, ...]] = frozenset(),  # type: ignore[assignment]
-    path: str | Path | None = None,
-) -> str:
-    """One line per bad setting: its name, its value (never a secret's), what is allowed, and
-    where the value came from: the environment variable that set it, or the file."""
-    problems: dict[tuple[Any, ...], list[str]] = {}
-    for error in exc.errors():
-        # drop the tags pydantic adds for the members of a union, e.g. 'lax-or-strict[...]'
-        loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and "[" in p))
-        message = error["msg"].removeprefix("Value error, ")
-        if error["type"] == "extra_forbidden":
-            message = "unknown setting" + _known_names(loc)
-        messages = problems.setdefault(loc, [])
-        if message not in messages:
-            messages.append(message)
-    lines = []
-    for loc, messages in problems.items():
-        message = "; ".join(messages)
-        if not loc:  # a check across settings: its message names them (and no secret)
-            lines.append(message)
-            continue
-        value = _lookup(raw, loc)
-        if any(str(part) in _SECRET_SETTINGS for part in loc) and value is not _MISSING:
-            value = "*****"
-        # an unknown name may be a misspelt secret; a section's value is too long for one line
-        hidden = value is _MISSING or isinstance(value, dict) or message.startswith("unknown")
-        shown = "" if hidden else f" = {value!r}"
-        location = ".".join(str(part) for part in loc)
-        names = tuple(str(p).lower() for p in loc if not isinstance(p, int))
-        env = ENV_PREFIX + "__".join(names).upper()
-        if any(names[: len(p)] == p for p in from_env):
-            origin = f"from env {env}"
-        elif value is not _MISSING and path is not None:
-            origin = f"in {path}; env {env} overrides it"
-        else:
-            origin = f"env {env}"
-        lines.append(f"setting {location}{shown}: {message} ({origin})")
-    return "\n".join(lines)
-
-
-def _known_names(loc: tuple[Any, ...]) -> str:
-    """`; known: a, b, c` for the section holding `loc`, or "" if it cannot be told."""
-    node: Any = Settings
-    for part in loc[:-1]:
-        if isinstance(node, type) and issubclass(node, BaseModel):
-            field = node.model_fields.get(str(part))
-            node = field.annotation if field is not None else None
-        elif get_origin(node) is dict:
-            node = get_args(node)[1]
-        else:
-            return ""
-    if isinstance(node, type) and issubclass(node, BaseModel):
-        return "; known: " + ", ".join(node.model_fields)
-    return ""
-
-
-_MISSING = object()
-
-
-def _lookup(raw: Any, loc: tuple[Any, ...]) -> Any:
-    node = raw
-    for part in loc:
-        in_dict = isinstance(node, dict) and part in node
-        in_list = isinstance(node, list) and isinstance(part, int) and part < len(node)
-        if in_dict or in_list:
-            node = node[part]
-        else:
-            return _MISSING
-    return node
+        raise ConfigError(describe(exc, raw, Settings, from_env, path)) from None

@@ -5,7 +5,7 @@ its own, from before its first claim until after its last lease is handed back (
 PostgreSQL releases the lock when that session ends, and it ends when the process's socket
 closes, at once after a SIGKILL or an OOM kill; a frozen process (SIGSTOP) keeps its socket and
 so its lock. The same connection looks about every second at the other registered daemons and
-reports to the judge (scheduling/gone_owners.py), whose verdict the due-scan acts on.
+reports to the judge (engine/gone_owners.py), whose verdict the due-scan acts on.
 
 Keepalives are asked of the server on this connection, so a host that vanishes without closing
 its sockets (power loss, a partition) loses its lock in about 25 s instead of the kernel's two

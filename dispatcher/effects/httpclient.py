@@ -27,8 +27,9 @@ What stays exactly as strong as before:
   whose head arrived is answered with the excerpt read so far (the status decided already).
 - No redirects are followed, no cookies kept, no proxy used, no credentials sent but the
   target's own headers.
-- Bounded reads: a response head larger than `MAX_HEAD_BYTES` is a protocol error; a body is
-  read at most `excerpt_bytes + 1` bytes past what framing needs. A connection is reused only
+- Bounded reads (dispatcher.effects.http_response): a response head larger than
+  `MAX_HEAD_BYTES` is a protocol error; a body is read at most `excerpt_bytes + 1` bytes past
+  what framing needs. A connection is reused only
   when its response ended exactly where framing says (Content-Length or chunked, never both),
   so a response can never leak into the next request's.
 """
@@ -37,37 +38,39 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import re
 import socket
 import ssl
-import zlib
 from collections import deque
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from aiohttp.abc import AbstractResolver
-from multidict import CIMultiDict, CIMultiDictProxy
 
+from dispatcher.effects.http_response import (
+    MAX_CHUNK_LINE_BYTES,
+    MAX_HEAD_BYTES,
+    ConnectError,
+    HttpClientError,
+    ProtocolError,
+    Response,
+    ResponseReader,
+    ServerDisconnected,
+)
 from dispatcher.effects.ssrf import TargetPolicy
 
-MAX_HEAD_BYTES = 65_536
-MAX_CHUNK_LINE_BYTES = 1024
+__all__ = [
+    "KEEPALIVE_S",
+    "MAX_CHUNK_LINE_BYTES",
+    "MAX_HEAD_BYTES",
+    "ConnectError",
+    "HttpClient",
+    "HttpClientError",
+    "Origin",
+    "ProtocolError",
+    "Response",
+    "ServerDisconnected",
+]
+
 KEEPALIVE_S = 15.0  # an idle connection is closed after this long (aiohttp's default)
-
-
-class HttpClientError(Exception):
-    """The exchange failed at the HTTP level (connection, framing); a transient failure."""
-
-
-class ConnectError(HttpClientError):
-    """No connection could be made to any address of the target."""
-
-
-class ServerDisconnected(HttpClientError):
-    """The target closed the connection before its response was complete."""
-
-
-class ProtocolError(HttpClientError):
-    """The target's response is not HTTP/1.x as this client reads it."""
 
 
 class Origin(NamedTuple):
@@ -78,27 +81,10 @@ class Origin(NamedTuple):
     port: int
 
 
-class Response(NamedTuple):
-    status: int
-    headers: CIMultiDictProxy[str]
-    excerpt: bytes  # at most excerpt_bytes + 1 bytes of the (decoded) body
-
-
-_EMPTY_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
-# Header lines as RFC 9110 has them: a token, a colon at once (no space before it), a value
-# without CR or LF. Each line starts with the CRLF that ended the one before.
-_FIELD_LINES = re.compile(rb"(?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\r\n]*)*")
-_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")  # up to 2**64 - 1 bytes per chunk
-_FRAMING_FIELDS = re.compile(
-    rb"\r\n(content-length|transfer-encoding|connection|content-encoding):([^\r\n]*)",
-    re.IGNORECASE,
-)
-_NO_BODY_STATUSES = frozenset({204, 304})
-
-
 class _Exchange(asyncio.Protocol):
-    """One connection; at most one request on it at a time. Parses the response as bytes
-    arrive and resolves `waiter` once the head and the excerpt are in (or the response ended).
+    """One connection; at most one request on it at a time. Its `ResponseReader` parses the
+    response as bytes arrive; `waiter` is resolved once the head and the excerpt are in (or the
+    response ended).
     """
 
     def __init__(self, client: HttpClient, origin: Origin) -> None:
@@ -109,30 +95,13 @@ class _Exchange(asyncio.Protocol):
         self.idle_since = 0.0
         self.waiter: asyncio.Future[Response | None] | None = None
         self.request: _Request | None = None  # the request `waiter` answers
-        self._buffer = bytearray()
-        self._excerpt_limit = 0
-        self._reset()
-
-    # per response --------------------------------------------------------------------------
-    def _reset(self) -> None:
-        self._status = 0
-        self._fields = b""  # the header lines of the head, each after its CRLF
-        self._in_body = False
-        self._reusable = True
-        self._length: int | None = None  # bytes of body still expected (Content-Length)
-        self._chunked = False
-        self._chunk_left = 0  # bytes of the current chunk still expected, then its CRLF
-        self._chunk_state = "size"  # size, data, data_crlf, trailers
-        self._until_close = False
-        self._body = bytearray()
-        self._inflate: Any = None
+        self._reader = ResponseReader(0)
 
     def start(self, request: _Request) -> None:
         """Send `request` (whole: head and body, one write); its response resolves
         `request.response`."""
         assert self.transport is not None
-        self._reset()
-        self._excerpt_limit = request.excerpt_bytes
+        self._reader = ResponseReader(request.excerpt_bytes)
         self.waiter = request.response
         self.request = request
         request.exchange = self
@@ -149,9 +118,9 @@ class _Exchange(asyncio.Protocol):
         if self.waiter is None:  # bytes nobody asked for: this connection cannot be trusted
             self.abort()
             return
-        self._buffer += data
         try:
-            self._parse()
+            if self._reader.feed(data):
+                self._answer()
         except HttpClientError as exc:
             self._fail_or_answer(exc)
 
@@ -171,176 +140,11 @@ class _Exchange(asyncio.Protocol):
         diagnostic); before it, the request failed."""
         if self.waiter is None:
             return
-        if self._in_body:
-            self._reusable = False
+        if self._reader.in_body:
+            self._reader.reusable = False
             self._answer()
         else:
             self._fail(exc)
-
-    # parsing --------------------------------------------------------------------------------
-    def _parse(self) -> None:
-        while not self._in_body:
-            end = self._buffer.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self._buffer) > MAX_HEAD_BYTES:
-                    raise ProtocolError(f"response head larger than {MAX_HEAD_BYTES} bytes")
-                return
-            if end > MAX_HEAD_BYTES:
-                raise ProtocolError(f"response head larger than {MAX_HEAD_BYTES} bytes")
-            head = bytes(self._buffer[:end])
-            del self._buffer[: end + 4]
-            if not self._head(head):
-                continue  # an informational (1xx) response: the real one follows
-        self._read_body()
-
-    def _head(self, head: bytes) -> bool:
-        """Read a response head; False for a 1xx response (skipped). The header lines are
-        checked and the framing headers found by two regular expressions over the whole
-        block (a loop over the lines in Python cost 5 % of the daemon's CPU per HTTP job)."""
-        end = head.find(b"\r\n")
-        status_line, fields = (head, b"") if end < 0 else (head[:end], head[end:])
-        if (
-            len(status_line) < 12
-            or not status_line.startswith(b"HTTP/1.")
-            or status_line[8:9] != b" "
-            or not status_line[9:12].isdigit()
-            or (len(status_line) > 12 and status_line[12:13] != b" ")
-        ):
-            raise ProtocolError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
-        status = int(status_line[9:12])
-        if status < 100:
-            raise ProtocolError(f"status {status} is not an HTTP status")
-        if 100 <= status < 200:
-            if status == 101:
-                raise ProtocolError("the target switched protocols (101), which was not asked")
-            return False
-        if not _FIELD_LINES.fullmatch(fields):
-            bad = next(
-                (
-                    line
-                    for line in fields.split(b"\r\n")[1:]
-                    if not _FIELD_LINES.fullmatch(b"\r\n" + line)
-                ),
-                fields,
-            )
-            raise ProtocolError(f"malformed header line: {bad[:80]!r}")
-        self._status = status
-        self._fields = fields
-        lengths: list[bytes] = []
-        codings: list[bytes] = []
-        close = status_line[7:8] != b"1"  # HTTP/1.0: the connection ends with the response
-        content_coding = b""
-        for name, value in _FRAMING_FIELDS.findall(fields):
-            lowered = name.lower()
-            if lowered == b"content-length":
-                lengths.extend(v.strip() for v in value.split(b","))
-            elif lowered == b"transfer-encoding":
-                codings.extend(v.strip().lower() for v in value.split(b",") if v.strip())
-            elif lowered == b"connection":
-                close = close or b"close" in value.lower()
-            else:
-                content_coding = value.strip().lower()
-        self._reusable = not close
-        if content_coding in (b"gzip", b"x-gzip", b"deflate"):
-            self._inflate = zlib.decompressobj(47)  # gzip or zlib, told by the header
-        if status in _NO_BODY_STATUSES:
-            self._length = 0
-        elif codings:
-            if codings[-1] == b"chunked":
-                self._chunked = True
-            else:
-                self._until_close = True
-                self._reusable = False
-            if lengths:  # both framings: a smuggling attempt or a broken proxy; never reuse
-                self._reusable = False
-        elif lengths:
-            if len(set(lengths)) != 1 or not lengths[0].isdigit():
-                raise ProtocolError(f"invalid Content-Length {b', '.join(lengths)[:80]!r}")
-            self._length = int(lengths[0])
-        else:
-            self._until_close = True
-            self._reusable = False
-        self._in_body = True  # the head is valid: from here on the status decides
-        return True
-
-    def _read_body(self) -> None:
-        if self._chunked:
-            self._read_chunked()
-        elif self._length is not None:
-            take = min(self._length, len(self._buffer))
-            if take:
-                self._keep(self._buffer[:take])
-                del self._buffer[:take]
-                self._length -= take
-            if self._length == 0:
-                self._answer()
-                return
-        else:  # until close
-            if self._buffer:
-                self._keep(self._buffer)
-                self._buffer.clear()
-        if self.waiter is not None and len(self._body) > self._excerpt_limit:
-            self._reusable = False  # the rest of the body is not read: the connection ends
-            self._answer()
-
-    def _read_chunked(self) -> None:
-        buffer = self._buffer
-        while True:
-            if self._chunk_state == "size":
-                end = buffer.find(b"\r\n")
-                if end < 0:
-                    if len(buffer) > MAX_CHUNK_LINE_BYTES:
-                        raise ProtocolError("chunk size line too long")
-                    return
-                size_text = bytes(buffer[:end]).split(b";", 1)[0].strip()
-                del buffer[: end + 2]
-                if not _HEX.fullmatch(size_text):  # int() would also take 0x, _ and signs
-                    raise ProtocolError(f"invalid chunk size {size_text[:20]!r}")
-                size = int(size_text, 16)
-                if size == 0:
-                    self._chunk_state = "trailers"
-                else:
-                    self._chunk_left, self._chunk_state = size, "data"
-            elif self._chunk_state == "data":
-                take = min(self._chunk_left, len(buffer))
-                if take == 0:
-                    return
-                self._keep(buffer[:take])
-                del buffer[:take]
-                self._chunk_left -= take
-                if self._chunk_left:
-                    return
-                self._chunk_state = "data_crlf"
-            elif self._chunk_state == "data_crlf":
-                if len(buffer) < 2:
-                    return
-                if buffer[:2] != b"\r\n":
-                    raise ProtocolError("chunk not followed by CRLF")
-                del buffer[:2]
-                self._chunk_state = "size"
-            else:  # trailers: header lines, then an empty line
-                end = buffer.find(b"\r\n")
-                if end < 0:
-                    if len(buffer) > MAX_HEAD_BYTES:
-                        raise ProtocolError("trailer section too large")
-                    return
-                del buffer[: end + 2]
-                if end == 0:
-                    self._answer()
-                    return
-            if self.waiter is None:
-                return
-
-    def _keep(self, data: bytes | bytearray) -> None:
-        room = self._excerpt_limit + 1 - len(self._body)
-        if room <= 0:
-            return
-        if self._inflate is not None:
-            try:
-                data = self._inflate.decompress(bytes(data), room)
-            except zlib.error:
-                self._inflate = None  # not what the header said: keep the raw bytes
-        self._body += data[:room]
 
     # outcome --------------------------------------------------------------------------------
     def _answer(self) -> None:
@@ -348,15 +152,9 @@ class _Exchange(asyncio.Protocol):
         if waiter is None or waiter.done():  # nobody waits for this response any more
             self.abort()
             return
-        headers = _EMPTY_HEADERS
-        if not 200 <= self._status < 300:  # classify reads Retry-After and Location
-            pairs = (line.partition(b":") for line in self._fields.split(b"\r\n")[1:])
-            headers = CIMultiDictProxy(
-                CIMultiDict((n.decode("latin-1"), v.strip().decode("latin-1")) for n, _, v in pairs)
-            )
-        response = Response(self._status, headers, bytes(self._body))
+        response = self._reader.response()
         request, self.request = self.request, None
-        if self._reusable and not self._buffer and not self.closed:
+        if self._reader.ended_cleanly() and not self.closed:
             self._client._reuse(self, request)  # may send the next waiting request on it
         else:
             self.abort()

@@ -44,7 +44,7 @@ class DueScanner(Service):
         self._batch = batch
         self._interval_s = interval_s
         self._on_ready = on_ready
-        # daemons judged gone (scheduling/gone_owners.py): their running jobs are rescued now
+        # daemons judged gone (engine/gone_owners.py): their running jobs are rescued now
         self._gone_owners = gone_owners
 
     async def start(self) -> None:

@@ -8,7 +8,7 @@ job was no longer ready (a re-published message) are duplicate deliveries, dropp
 The in-process transport fuses relay and claim: one statement deletes the outbox rows and leases
 their jobs, so "published" and "claimed" commit together. A crash at any instant leaves either
 the outbox row (claimed later) or a lease that expires and is rescued back to `ready` with a new
-outbox row. The broker transport (RabbitMQ, relay/rabbitmq.py) splits this into a relay that
+outbox row. The broker transport (RabbitMQ, relay/rabbitmq/) splits this into a relay that
 publishes outbox rows and marks them published, and a consumer that claims what it receives by
 job id (deleting those rows) and acknowledges after the completion commits.
 """

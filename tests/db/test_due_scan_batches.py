@@ -1,4 +1,4 @@
-"""The due-scan moves a burst in growing batches (scheduling/due_scan.py): a small first one, so
+"""The due-scan moves a burst in growing batches (engine/due_scan.py): a small first one, so
 the workers can start while it moves the rest, and every due job in the end."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Who is judged gone (scheduling/gone_owners.py), on an injected clock: absent at every look
+"""Who is judged gone (engine/gone_owners.py), on an injected clock: absent at every look
 for the confirmation period, and never while a restart or this daemon's own lost lock is young."""
 
 from __future__ import annotations

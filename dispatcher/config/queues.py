@@ -1,0 +1,42 @@
+"""The `[queues.NAME]` sections: a queue's limits, run windows, retry policy and dead-letter
+notice."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from dispatcher.config.base import MAX_DURATION_S, PositiveFloat, Strict
+from dispatcher.cron.windows import MAX_WINDOWS, WindowError, parse_windows
+
+
+class DeadLetterNoticeSettings(Strict):
+    """`on_dead` of a queue: each of its jobs that goes dead is reported by a signed http POST
+    to `url`, itself a job (in `queue`, default the dead job's own) with its own retries."""
+
+    url: str = Field(min_length=1, max_length=4096)
+    queue: str | None = None
+
+
+class QueueSettings(Strict):
+    """Limits and retry policy of one queue. Starts obey the token bucket, running jobs the cap."""
+
+    rate_per_s: PositiveFloat = 1000.0
+    burst: int = Field(1000, ge=1)
+    max_inflight: int = Field(200, ge=1, le=100_000)
+    max_attempts: int = Field(10, ge=1)
+    max_retry_age_s: int = Field(86_400, ge=0, le=MAX_DURATION_S)
+    backoff_base_s: float = Field(1.0, gt=0, le=MAX_DURATION_S)
+    backoff_cap_s: float = Field(3600.0, gt=0, le=MAX_DURATION_S)
+    claim_batch: int = Field(500, ge=1, le=10_000)
+    on_dead: DeadLetterNoticeSettings | None = None
+    # run windows (dispatcher.cron.windows): claims only while one is open; none: always open
+    windows: list[str] = Field(default_factory=list, max_length=MAX_WINDOWS)
+
+    @field_validator("windows")
+    @classmethod
+    def _windows(cls, value: list[str]) -> list[str]:
+        try:
+            parse_windows(value)
+        except WindowError as exc:
+            raise ValueError(str(exc)) from None
+        return value
