@@ -53,6 +53,7 @@ class JobRepository:
 
     def __init__(self, pool: asyncpg.Pool):
         self.pool = pool
+        self._cursors = ClaimCursors()
 
     # intake -------------------------------------------------------------------------------
     @translate_unavailable
@@ -145,7 +146,9 @@ class JobRepository:
     ) -> Claim:
         """Claim up to `limit` jobs within the queue's global limits and the bytes of `grant`
         (the last row of the claim is always its marker)."""
-        return await claim_on(self.pool, queue, limit, capabilities, owner, lease_s, grant)
+        return await claim_on(
+            self.pool, queue, limit, capabilities, owner, lease_s, grant, self._cursors
+        )
 
     async def complete(
         self,
@@ -485,12 +488,32 @@ async def claim_on(
     owner: str,
     lease_s: float,
     grant: ByteGrant,
+    cursors: ClaimCursors | None = None,
 ) -> Claim:
-    """`claim_ready` on a pool or on a connection a claim loop borrowed (db/claims.py)."""
+    """`claim_ready` on a pool or on a connection a claim loop borrowed (db/claims.py). With
+    `cursors`, the tenants' turns go on from where the previous claim of `queue` stopped."""
+    after = cursors.get(queue) if cursors is not None else None
     rows = await db.fetch(
-        _CLAIM, queue, limit, capabilities, owner, lease_s, grant.bytes, grant.alone
+        _CLAIM,
+        queue,
+        limit,
+        capabilities,
+        owner,
+        lease_s,
+        grant.bytes,
+        grant.alone,
+        after[0] if after else None,
+        after[1] if after else None,
     )
+    marker = rows[-1]
+    if cursors is not None and marker["cursor_priority"] is not None:
+        cursors[queue] = (marker["cursor_priority"], marker["cursor_tenant"])
     return claimed_rows(rows)
+
+
+class ClaimCursors(dict[str, tuple[int, str]]):
+    """Per queue, the (priority, tenant) a claimer served last: its next claim's tenant walk
+    starts after it, so tenants take turns across claims (migration 023, claim_pick)."""
 
 
 class Claim(NamedTuple):

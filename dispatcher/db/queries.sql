@@ -121,58 +121,26 @@ WITH expired AS (
 SELECT state, why, count(*)::int AS n FROM rescued GROUP BY state, why;
 
 -- name: claim_ready
--- Claim up to $2 ready jobs of queue $1 that this worker can run ($3 = handler:version list),
--- fairly across tenants, and lease them to owner $4 for $5 seconds. Fairness: every tenant with
--- ready work offers its oldest jobs; jobs are taken by rank within their tenant (all first
--- jobs, then all second jobs, ...), ties broken at random, so a tenant with 10,000 ready jobs
--- and one with 1 get equal shares of each claim. One statement takes a ready job straight to
--- running (no outbox row to read or delete, migration 015). The queue's global limits
--- (migration 013) grant how many may start; the last row, always present, gives back what the
--- claim did not use and carries the seconds until a token is free (NULL: none missing).
--- The tenant walk (jobs_ready_claim, in (tenant, id) order) also finds each tenant's first ready
--- job, and the walk of a tenant's ready jobs starts there (`s.id >= t.first_id`): where the
--- statistics say every job is ready (a drain: a table of due jobs, analyzed before the daemon
--- starts) the planner walks that tenant's jobs on the primary key, and from id 1 it stepped
--- over every job claimed before, so each claim of a drain was slower than the last (the 20th
--- of 1,000 stepped over 19,000 claimed rows first; tests/db/test_claim_plan.py).
+-- Claim up to $2 ready jobs of queue $1 that this worker can run ($3 = handler:version list)
+-- and lease them to owner $4 for $5 seconds: the lowest priority value first; within one
+-- priority, tenants take turns from where this claimer's previous claim stopped ($8 priority,
+-- $9 tenant: the marker row's cursor; NULL at first), so every tenant is reached whatever their
+-- number; within a tenant, the earliest due first (dispatcher.claim_pick, migration 023). One
+-- statement takes a ready job straight to running (no outbox row to read or delete, migration
+-- 015). The queue's global limits (migration 013) grant how many may start; the last row,
+-- always present, gives back what the claim did not use and carries the seconds until a token
+-- is free (NULL: none missing).
 -- The daemon's memory budget (migration 020): of the jobs picked, the claim takes the longest
 -- prefix whose payload and target bytes fit in $6; with $7 (the daemon holds nothing else) the
--- first job is taken whatever its size, alone if it does not fit.
-WITH RECURSIVE grant_ AS MATERIALIZED (
+-- first job is taken whatever its size.
+WITH grant_ AS MATERIALIZED (
     SELECT granted, wait_s FROM dispatcher.claim_grant($1, $2)
-), tenants AS (
-    (SELECT s.tenant, s.id FROM dispatcher.job_state s
-      WHERE s.queue = $1 AND s.state = 'ready' ORDER BY s.tenant, s.id LIMIT 1)
-    UNION ALL
-    SELECT n.tenant, n.id
-      FROM tenants t
-     CROSS JOIN LATERAL (SELECT s.tenant, s.id FROM dispatcher.job_state s
-                          WHERE s.queue = $1 AND s.state = 'ready' AND s.tenant > t.tenant
-                          ORDER BY s.tenant, s.id LIMIT 1) n
-), tenant_list AS MATERIALIZED (
-    -- A paused queue offers no tenant, so nothing is claimed: one primary-key probe of the
-    -- queue registry per claim batch (an init plan, checked before the tenant walk runs).
-    SELECT tenant, id AS first_id FROM tenants
-     WHERE NOT EXISTS (SELECT 1 FROM dispatcher.queues q WHERE q.name = $1 AND q.paused)
-     LIMIT 1000
-), per_tenant AS (
-    SELECT ceil((SELECT granted FROM grant_)::float8
-                / greatest(1, (SELECT count(*) FROM tenant_list)))::int AS n
-), candidates AS (
-    SELECT c.id, row_number() OVER (ORDER BY c.rank, random()) AS pos
-      FROM tenant_list t
-     CROSS JOIN LATERAL (
-           SELECT l.id, row_number() OVER (ORDER BY l.id) AS rank
-             FROM (SELECT s.id FROM dispatcher.job_state s
-                    WHERE s.queue = $1 AND s.tenant = t.tenant AND s.state = 'ready'
-                      AND s.capability = ANY ($3::text[])
-                      AND s.id >= t.first_id
-                    ORDER BY s.id
-                    LIMIT (SELECT n FROM per_tenant)
-                      FOR UPDATE SKIP LOCKED) l
-           ) c
-     ORDER BY pos
-     LIMIT (SELECT granted FROM grant_)
+), candidates AS MATERIALIZED (
+    -- a paused queue offers nothing (claim_pick looks first)
+    SELECT p.id, p.pos, p.priority, p.tenant, p.turn
+      FROM grant_ g
+     CROSS JOIN LATERAL dispatcher.claim_pick($1, g.granted, $3::text[], $8::integer,
+                                              $9::text) p
 ), budgeted AS MATERIALIZED (
     -- The one primary-key probe of the intents per candidate, for its size (migration 020)
     -- and for what the claimed job carries (a payload stays a TOAST pointer until it is
@@ -213,7 +181,7 @@ WITH RECURSIVE grant_ AS MATERIALIZED (
       JOIN budgeted i ON i.id = c.id
 )
 SELECT c.*, (SELECT count(*) FROM budgeted)::int AS taken_count, NULL::float8 AS wait_s,
-       NULL::boolean AS held_back
+       NULL::boolean AS held_back, NULL::smallint AS cursor_priority, NULL::text AS cursor_tenant
   FROM started c
 UNION ALL
 -- the marker row: how many ready jobs the claim took (those picked beyond the memory budget
@@ -222,8 +190,13 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        NULL, (SELECT count(*) FROM budgeted)::int,
        dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM claimed)::int, g.wait_s),
-       (SELECT count(*) FROM candidates) > (SELECT count(*) FROM budgeted)
-  FROM grant_ g;
+       (SELECT count(*) FROM candidates) > (SELECT count(*) FROM budgeted),
+       -- the cursor: the last tenant served at the last priority reached
+       c.priority, c.tenant
+  FROM grant_ g
+  LEFT JOIN (SELECT x.priority, x.tenant FROM candidates x
+              WHERE x.id = ANY (ARRAY(SELECT id FROM budgeted))
+              ORDER BY x.priority DESC, x.turn DESC LIMIT 1) c ON true;
 
 -- name: complete_succeeded
 -- Record successful attempts and their history rows in one statement; only the current lease

@@ -56,7 +56,7 @@ async def plan(pool: asyncpg.Pool, statement: str, *args: object) -> str:
 @pytest.mark.parametrize(
     ("name", "args"),
     [
-        ("claim_ready", ("default", 1000, ["noop:1"], "owner", 60.0, 2**62, True)),
+        ("claim_ready", ("default", 1000, ["noop:1"], "owner", 60.0, 2**62, True, None, None)),
         ("scan_due", (2000,)),
         ("rescue_expired_leases", (1000, [])),
         ("rescue_expired_leases", (1000, ["host:1:gone"])),  # a daemon judged gone (022)
@@ -114,7 +114,7 @@ RUNNING = list(range(2, 2002, 2))
 @pytest.mark.parametrize(
     ("name", "args"),
     [
-        ("claim_ready", ("default", 1000, ["noop:1"], "owner", 60.0, 2**62, True)),
+        ("claim_ready", ("default", 1000, ["noop:1"], "owner", 60.0, 2**62, True, None, None)),
         (
             "complete_succeeded",
             (
