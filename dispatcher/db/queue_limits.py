@@ -74,3 +74,17 @@ class QueueSettingsRepository:
                 return None
             await conn.execute(query("apply_queue_settings"), name)
             return _row(record)
+
+    @translate_unavailable
+    async def ready_mix(
+        self, name: str, scanned: int, tenants: int
+    ) -> tuple[list[tuple[int, int]], list[tuple[str, int]]]:
+        """Queue `name`'s ready jobs per priority and its `tenants` tenants with most ready jobs,
+        both among at most `scanned` ready jobs (one bounded index walk each)."""
+        async with self.pool.acquire() as conn:
+            mix = await conn.fetch(query("ready_priority_mix"), name, scanned)
+            top = await conn.fetch(query("ready_top_tenants"), name, scanned, tenants)
+        return (
+            [(r["priority"], r["jobs"]) for r in mix],
+            [(r["tenant"], r["jobs"]) for r in top],
+        )

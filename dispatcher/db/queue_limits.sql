@@ -28,3 +28,20 @@ RETURNING name, file_settings, overrides, overrides_at;
 -- name: apply_queue_settings
 -- Put queue $1's settings in force into its limit columns and notify every daemon.
 SELECT dispatcher.apply_queue_settings($1);
+
+-- name: ready_priority_mix
+-- The console's queue page: ready jobs of queue $1 per priority, among at most $2 of them.
+SELECT priority, count(*)::bigint AS jobs
+  FROM (SELECT s.priority FROM dispatcher.job_state s
+         WHERE s.queue = $1 AND s.state = 'ready' LIMIT $2) r
+ GROUP BY priority
+ ORDER BY priority;
+
+-- name: ready_top_tenants
+-- The console's queue page: the $3 tenants with most ready jobs in queue $1, among at most $2.
+SELECT tenant, count(*)::bigint AS jobs
+  FROM (SELECT s.tenant FROM dispatcher.job_state s
+         WHERE s.queue = $1 AND s.state = 'ready' LIMIT $2) r
+ GROUP BY tenant
+ ORDER BY jobs DESC, tenant
+ LIMIT $3;

@@ -18,7 +18,7 @@ ALTER TABLE dispatcher.queues
 
 -- Put the settings in force (override, else file) into queue q's limit columns and tell every
 -- daemon. A setting neither names keeps its column (a queue registered by an earlier release).
--- The limits trigger of 016 drops the permits parked under the old limits.
+-- The limits trigger (016, 024) deals with the permits parked under the old limits.
 CREATE FUNCTION dispatcher.apply_queue_settings(q text) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
