@@ -539,16 +539,18 @@ UPDATE dispatcher.queues SET on_dead_target = $2::jsonb, on_dead_queue = $3 WHER
 -- name: upsert_queue
 -- Keep the queue registry (defaults the SQL door applies, global limits $4-$6) in step with the
 -- configuration; a new bucket (new queue, or no rate before) starts full, a lowered burst caps
--- the tokens held.
-INSERT INTO dispatcher.queues (name, max_attempts, max_retry_age_s, rate_per_s, burst,
-                               max_inflight, tokens)
+-- the tokens held. A run-time override (migration 025) keeps winning over the file's limit.
+INSERT INTO dispatcher.queues AS q (name, max_attempts, max_retry_age_s, rate_per_s, burst,
+                                    max_inflight, tokens)
 VALUES ($1, $2, $3, $4, $5, $6, coalesce($5, 0))
     ON CONFLICT (name) DO UPDATE
    SET max_attempts = excluded.max_attempts, max_retry_age_s = excluded.max_retry_age_s,
-       rate_per_s = excluded.rate_per_s, burst = excluded.burst,
-       max_inflight = excluded.max_inflight,
-       tokens = CASE WHEN dispatcher.queues.rate_per_s IS NULL THEN excluded.tokens
-                     ELSE least(dispatcher.queues.tokens, excluded.tokens) END;
+       rate_per_s = coalesce((q.overrides->>'rate_per_s')::float8, excluded.rate_per_s),
+       burst = coalesce((q.overrides->>'burst')::integer, excluded.burst),
+       max_inflight = coalesce((q.overrides->>'max_inflight')::integer, excluded.max_inflight),
+       tokens = CASE WHEN q.rate_per_s IS NULL THEN excluded.tokens
+                     ELSE least(q.tokens, coalesce((q.overrides->>'burst')::float8,
+                                                   excluded.tokens)) END;
 
 -- name: sync_intake_settings
 -- Keep the SQL door's past-due tolerance ($1 s) as configured (the database cannot read the

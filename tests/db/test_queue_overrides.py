@@ -106,3 +106,15 @@ async def test_every_change_notifies_the_daemons(repo: JobRepository, db_url: st
         assert await asyncio.wait_for(heard.get(), 5) == "limits"
     finally:
         await conn.close()
+
+
+async def test_a_restart_never_puts_the_files_limits_in_force_over_an_override(
+    repo: JobRepository,
+) -> None:
+    # the registry's upsert at start is one statement: no moment with the file's rate in force
+    store = await start(repo, FILE)
+    await store.set_overrides("default", {"rate_per_s": 20.0, "burst": 4})
+    await repo.sync_registry(
+        {"default": (3, 3600)}, {"work": ("python", 1)}, limits={"default": (0.5, 2, 30)}
+    )
+    assert await limits(repo) == (20.0, 4, 30)
