@@ -223,3 +223,37 @@ async def _db_past(conn: asyncpg.Connection, instant: datetime) -> bool:
 
 async def _running_at_most(conn: asyncpg.Connection, n: int) -> bool:
     return (await counts(conn)).get("running", 0) <= n
+
+
+async def test_a_change_made_while_paused_holds_from_the_resume(
+    db_url: str,
+    transport_env: dict[str, str],  # noqa: F811
+) -> None:
+    env = daemon_env(db_url, transport_env, rate_per_s="1", burst="1", max_inflight="10")
+    conn = await asyncpg.connect(db_url)
+    async with serve_target(Target(delay_s=0.3)) as target, daemons(env, 2) as (a, b):
+        await enqueue(a, 300, target.url, "p")
+        await wait_until(lambda: len(target.requests) >= 1, what="work under way")
+        status, _ = await call("POST", f"{a.base_url}/v1/queues/{QUEUE}/pause")
+        assert status == 200
+        status, view = await call(
+            "PATCH",
+            f"{b.base_url}/v1/queues/{QUEUE}",
+            {"rate_per_s": 10, "burst": 2, "max_inflight": 3},
+        )
+        assert status == 200, view
+        await wait_until(lambda: _none_running(conn), timeout_s=10, what="paused: none running")
+        status, _ = await call("POST", f"{b.base_url}/v1/queues/{QUEUE}/resume")
+        assert status == 200
+        resumed = await conn.fetchval("SELECT clock_timestamp()")
+        await wait_until(
+            lambda: _started_since(conn, resumed, 1),
+            timeout_s=1 / 10 + 1,
+            what="a start within 1/rate + 1 s of the resume",
+        )
+        held_until = datetime.now(UTC) + timedelta(seconds=3)
+        while datetime.now(UTC) < held_until:  # the new cap holds at once
+            assert (await counts(conn)).get("running", 0) <= 3
+        n = await starts_between(conn, resumed, resumed + timedelta(seconds=3))
+        assert 15 <= n <= 10 * 3 + 2, f"{n} starts in 3 s at 10/s, 3 in flight (file: 1/s)"
+    await conn.close()
