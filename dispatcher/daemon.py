@@ -17,7 +17,7 @@ import signal
 import socket
 import ssl
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 
 from aiohttp import web
@@ -253,6 +253,8 @@ class Daemon:
         self._disk: DiskSpace | None = None  # the embedded database's filesystem
         self._liveness: LivenessLock | None = None  # crash recovery in seconds (recovery.md)
         self._broker: list[Service] = []  # RabbitMQ link and relay (transport = "rabbitmq")
+        # RabbitMQ: a max_inflight changed at run time moves the prefetch and the publish window
+        self._on_max_inflight: Callable[[str, int], Awaitable[None]] | None = None
         self._tls: ServerTls | None = None
         if settings.tls.cert_file is not None and settings.tls.key_file is not None:
             self._tls = ServerTls(settings.tls.cert_file, settings.tls.key_file)
@@ -381,7 +383,9 @@ class Daemon:
             gone_owners=judge.confirmed,
         )
         self._liveness = LivenessLock(dsn, self.owner, judge, on_gone=scanner.wake)
-        live = LiveSettings(QueueSettingsRepository(pools["engine"]), workers.workers)
+        live = LiveSettings(
+            QueueSettingsRepository(pools["engine"]), workers.workers, self._on_max_inflight
+        )
         await live.run_once()  # run-time overrides hold from the first claim
         timing.every(LIVE_SETTINGS_JOB, LIVE_INTERVAL_S, live.run_once)
         wake.bind(workers, scanner, lambda: timing.run_now(LIVE_SETTINGS_JOB))
@@ -499,6 +503,12 @@ class Daemon:
                 republish_after_s=s.rabbitmq.republish_after_s,
             )
             self._broker = [link, relay]
+
+            async def retune_broker(queue: str, max_inflight: int) -> None:
+                relay.set_max_inflight(queue, max_inflight)
+                await link.set_prefetch(queue, max_inflight)
+
+            self._on_max_inflight = retune_broker
             transport = rabbitmq.RabbitTransport(
                 claims,
                 link,

@@ -9,7 +9,7 @@ daemon claims from."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 from dispatcher.db.queue_limits import QueueSettingsRepository
@@ -34,9 +34,16 @@ class Tunable(Protocol):
 class LiveSettings:
     """Applies the settings in force to `workers` (by queue name) in `run_once()`."""
 
-    def __init__(self, repo: QueueSettingsRepository, workers: Mapping[str, Tunable]):
+    def __init__(
+        self,
+        repo: QueueSettingsRepository,
+        workers: Mapping[str, Tunable],
+        on_max_inflight: Callable[[str, int], Awaitable[None]] | None = None,
+    ):
         self._repo = repo
         self._workers = workers
+        # the transport's own share of a cap (RabbitMQ: the prefetch and the publish window)
+        self._on_max_inflight = on_max_inflight
         self._applied: dict[str, dict[str, object]] = {}
 
     async def run_once(self) -> None:
@@ -54,5 +61,7 @@ class LiveSettings:
                 if row.name in self._applied:
                     log.info("queue %s: settings in force now %s", row.name, effective)
                 self._applied[row.name] = effective
+                if self._on_max_inflight is not None and "max_inflight" in effective:
+                    await self._on_max_inflight(row.name, int(effective["max_inflight"]))
         for queue, worker in self._workers.items():
             metrics.QUEUE_WINDOW_OPEN.labels(queue).set(1 if worker.windows.state().open else 0)

@@ -257,3 +257,19 @@ async def test_a_change_made_while_paused_holds_from_the_resume(
         n = await starts_between(conn, resumed, resumed + timedelta(seconds=3))
         assert 15 <= n <= 10 * 3 + 2, f"{n} starts in 3 s at 10/s, 3 in flight (file: 1/s)"
     await conn.close()
+
+
+async def test_a_raised_inflight_cap_is_used_on_both_transports(
+    db_url: str,
+    transport_env: dict[str, str],  # noqa: F811
+) -> None:
+    # RabbitMQ: the broker's prefetch follows the cap (it was the file's, 2, since the start)
+    env = daemon_env(db_url, transport_env, max_inflight="2")
+    async with serve_target(Target(delay_s=0.5)) as target, daemons(env, 1) as (a,):
+        await enqueue(a, 200, target.url, "c")
+        await wait_until(lambda: target.inflight == 2, what="2 in flight, the file's cap")
+        assert target.max_inflight == 2
+        status, view = await call("PATCH", f"{a.base_url}/v1/queues/{QUEUE}", {"max_inflight": 8})
+        assert status == 200, view
+        await wait_until(lambda: target.inflight >= 7, timeout_s=5, what="8 in flight")
+        assert target.max_inflight <= 8
