@@ -623,7 +623,7 @@ def cmd_queues(settings: Settings, args: argparse.Namespace) -> int:
     from dispatcher.db.queue_limits import QueueSettingsRepository
     from dispatcher.engine.sampler import MetricsSampler
     from dispatcher.operator.operations import queue_overview
-    from dispatcher.operator.queue_limits import SettingsChangeError, parse_change
+    from dispatcher.operator.queue_limits import SettingsChangeError, validate_change
 
     async def run() -> int:
         async with database(settings) as (_dsn, pool):
@@ -638,10 +638,11 @@ def cmd_queues(settings: Settings, args: argparse.Namespace) -> int:
                     )
                     return EXIT_FAILURE
                 try:
+                    current = {row.name: row for row in await store.all()}.get(args.name)
                     change = (
                         None
                         if args.action == "reset"
-                        else parse_change(queue_settings_change(args))
+                        else validate_change(queue_settings_change(args), current)
                     )
                 except SettingsChangeError as exc:
                     option = "--" + exc.field.split(".")[0].replace("_", "-")

@@ -361,6 +361,9 @@ class Daemon:
             {q: (c.rate_per_s, c.burst, c.max_inflight) for q, c in s.queues.items()},
             due_at_past_tolerance_s=s.due_at_past_tolerance_s,  # for the SQL door (011)
             ready_outbox=s.transport == "rabbitmq",  # the relay publishes outbox rows (015)
+            groups={g: c.limits() for g, c in s.limit_groups.items()},  # shared budgets (024)
+            membership={q: (c.limit_group, c.group_priority) for q, c in s.queues.items()},
+            key_limits={q: c.key_limits() for q, c in s.queues.items()},  # per key (024)
         )
         await QueueSettingsRepository(pools["engine"]).record_file_settings(
             {q: file_settings(c) for q, c in s.queues.items()}

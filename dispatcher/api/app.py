@@ -60,7 +60,7 @@ from dispatcher.operator.operations import (
     queue_overview,
     unknown_queue,
 )
-from dispatcher.operator.queue_limits import SettingsChangeError, parse_change
+from dispatcher.operator.queue_limits import SettingsChangeError, validate_change
 
 log = logging.getLogger(__name__)
 
@@ -811,7 +811,7 @@ async def queue_settings_action(app: web.Application, name: str, body: Any) -> d
         row = await store.reset_overrides(name)
     else:
         try:
-            change = parse_change(body)
+            change = validate_change(body, (await live_settings(app)).get(name))
         except SettingsChangeError as exc:
             raise Problem(422, str(exc), field=exc.field) from None
         row = await store.set_overrides(name, change)

@@ -41,6 +41,7 @@ from dispatcher.config.base import (
 from dispatcher.config.connection_budget import ConnectionBudget
 from dispatcher.config.effects import HandlerSettings, HttpSettings
 from dispatcher.config.environment import ENV_PREFIX, apply_env, describe
+from dispatcher.config.limits import LimitGroupSettings, check_limit_groups
 from dispatcher.config.listeners import (
     MIN_TOKEN_CHARS,
     TlsSettings,
@@ -154,6 +155,7 @@ class Settings(Strict):
     log_format: Literal["auto", "json", "text"] = "auto"
     instance_name: str | None = None
     queues: dict[str, QueueSettings] = {"default": QueueSettings()}
+    limit_groups: dict[str, LimitGroupSettings] = {}
     handlers: dict[str, HandlerSettings] = {}
     http: HttpSettings = HttpSettings()
     tls: TlsSettings = TlsSettings()
@@ -203,7 +205,12 @@ class Settings(Strict):
         # Jobs without a queue go to "default"; it exists even when only others are configured.
         return value if "default" in value else {"default": QueueSettings(), **value}
 
-    @field_validator("queues", "handlers")
+    @model_validator(mode="after")
+    def _limit_groups_known(self) -> Settings:
+        check_limit_groups(self.limit_groups, self.queues)
+        return self
+
+    @field_validator("queues", "handlers", "limit_groups")
     @classmethod
     def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
         for name in value:

@@ -1,6 +1,7 @@
 """The console's page per queue (issue 22 point 7): its limits with where each came from (the
 configuration file or a run-time override), its run-window state and next opening, the
-priority mix of its ready jobs and the tenants with most of them; and the run-time changes of
+priority mix of its ready jobs, the tenants with most of them and the concurrency keys at their
+limit; and the run-time changes of
 `PATCH /v1/queues/{name}` and their reset, behind the same confirm step as every console action
 (a GET that shows what will change, then the POST of its form)."""
 
@@ -15,14 +16,15 @@ from dispatcher.api.app import REPO, SAMPLER, SETTINGS, live_settings, queue_set
 from dispatcher.api.problems import Problem
 from dispatcher.console.pages import confirm, done
 from dispatcher.console.toolkit import PREFIX, Route, api_of, base_context, operate, render
-from dispatcher.db.queue_limits import QueueSettingsRepository
+from dispatcher.db.queue_limits import QueueSettingsRepository, QueueSettingsRow
 from dispatcher.operator.operations import queue_overview
-from dispatcher.operator.queue_limits import LIVE_SETTINGS, SettingsChangeError, parse_change
+from dispatcher.operator.queue_limits import LIVE_SETTINGS, SettingsChangeError, validate_change
 
 # Ready jobs read for the priority mix and the waiting tenants: exact up to this backlog, a
 # bounded index walk beyond it (the page says so).
 READY_SCANNED = 100_000
 TENANTS_SHOWN = 10
+KEYS_SHOWN = 50
 NUMBERS = {"rate_per_s": float, "key_rate_per_s": float}  # the others are whole numbers
 
 
@@ -43,11 +45,14 @@ async def queue_page(request: web.Request) -> web.StreamResponse:
     view = await queue_view(request, name)
     store = QueueSettingsRepository(api_of(request)[REPO].pool)
     mix, tenants = await store.ready_mix(name, READY_SCANNED, TENANTS_SHOWN)
+    keys = await store.keys_at_limit(name)
     context = base_context(request, f"Queue {name}")
     context.update(
         q=view,
         mix=mix,
         tenants=tenants,
+        keys=keys[:KEYS_SHOWN],
+        keys_count=len(keys),
         scanned=READY_SCANNED,
         bounded=view["jobs"]["ready"] > READY_SCANNED,
         windows_text="\n".join(view["settings"]["windows"]["value"] or []),
@@ -55,7 +60,9 @@ async def queue_page(request: web.Request) -> web.StreamResponse:
     return render(request, "queue.html", context)
 
 
-def change_from_form(form: Any, view: dict[str, Any]) -> dict[str, Any]:
+def change_from_form(
+    form: Any, view: dict[str, Any], stored: QueueSettingsRow | None
+) -> dict[str, Any]:
     """The change a settings form asks for: a filled number sets an override, a ticked
     "remove" removes one, windows change when their text does. 422 names a bad field."""
     change: dict[str, Any] = {}
@@ -74,7 +81,7 @@ def change_from_form(form: Any, view: dict[str, Any]) -> dict[str, Any]:
             except ValueError:
                 raise Problem(422, f"{key}: {raw[:40]!r} is not a number.") from None
     try:
-        return parse_change(change)
+        return validate_change(change, stored)
     except SettingsChangeError as exc:
         raise Problem(422, f"{exc}. Nothing changed.") from None
 
@@ -83,7 +90,8 @@ def change_from_form(form: Any, view: dict[str, Any]) -> dict[str, Any]:
 async def settings_confirm(request: web.Request) -> web.StreamResponse:
     name = request.match_info["name"]
     view = await queue_view(request, name)
-    change = change_from_form(request.query, view)
+    stored = (await live_settings(api_of(request))).get(name)
+    change = change_from_form(request.query, view, stored)
     lines = []
     for key, value in change.items():
         now = view["settings"][key]["value"]

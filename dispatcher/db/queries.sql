@@ -37,10 +37,10 @@ WITH due AS (
 ), moved AS (
     UPDATE dispatcher.job_state s SET state = 'ready'
      WHERE s.id = ANY (ARRAY(SELECT id FROM due))
-    RETURNING s.id, s.queue, s.tenant, s.capability
+    RETURNING s.id, s.queue, s.tenant, s.capability, s.priority
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, capability FROM moved WHERE dispatcher.ready_outbox()
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT id, queue, tenant, capability, priority FROM moved WHERE dispatcher.ready_outbox()
 )
 SELECT count(*)::int FROM moved;
 
@@ -100,10 +100,10 @@ WITH expired AS (
       FROM limits l
      WHERE s.id = l.id AND s.id = ANY (ARRAY(SELECT id FROM limits))
     RETURNING s.id, s.state, s.queue, s.tenant, s.capability, s.attempt, s.started_at,
-              s.dead_reason, s.last_error, l.lease_owner, l.why
+              s.dead_reason, s.last_error, l.lease_owner, l.why, s.priority
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, capability FROM rescued
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT id, queue, tenant, capability, priority FROM rescued
      WHERE state = 'ready' AND dispatcher.ready_outbox()
 ), history AS (
     INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome,
@@ -157,11 +157,14 @@ WITH grant_ AS MATERIALIZED (
                       AS size_bytes
                  FROM dispatcher.intents i WHERE i.id = c.id OFFSET 0) z) b
      WHERE b.upto <= $6::bigint OR (b.pos = 1 AND $7::boolean)
+), keyed AS MATERIALIZED (
+    -- what each job's concurrency key may start now (migration 024); the rest stay ready
+    SELECT dispatcher.key_take($1, ARRAY(SELECT id FROM budgeted ORDER BY pos)) AS ids
 ), claimed AS (
     UPDATE dispatcher.job_state s
        SET state = 'running', attempt = s.attempt + 1, lease_owner = $4,
            lease_expires_at = now() + make_interval(secs => $5), started_at = now()
-     WHERE s.id = ANY (ARRAY(SELECT id FROM budgeted))  -- locked above: still ready
+     WHERE s.id = ANY ((SELECT ids FROM keyed)::bigint[])  -- locked above: still ready
     RETURNING s.id, s.queue, s.attempt, s.due_at, s.progress, s.run_key
 ), started AS (
     SELECT c.id, i.key, c.queue, i.tenant, i.handler, i.handler_version, i.target, i.payload,
@@ -180,16 +183,19 @@ WITH grant_ AS MATERIALIZED (
       FROM claimed c
       JOIN budgeted i ON i.id = c.id
 )
-SELECT c.*, (SELECT count(*) FROM budgeted)::int AS taken_count, NULL::float8 AS wait_s,
+SELECT c.*, (SELECT cardinality(ids) FROM keyed)::int AS taken_count, NULL::float8 AS wait_s,
        NULL::boolean AS held_back, NULL::smallint AS cursor_priority, NULL::text AS cursor_tenant
   FROM started c
 UNION ALL
 -- the marker row: how many ready jobs the claim took (those picked beyond the memory budget
 -- are left ready, unlocked at commit), the limiter's wait, and whether the memory budget held
--- picked jobs back (then, and only then, the claim loop waits for bytes to be freed)
+-- picked jobs back (then, and only then, the claim loop waits for bytes to be freed); keys at
+-- their limit (migration 024) make the loop look again soon, as their slots free
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, (SELECT count(*) FROM budgeted)::int,
-       dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM claimed)::int, g.wait_s),
+       NULL, (SELECT cardinality(ids) FROM keyed)::int,
+       coalesce(dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM claimed)::int,
+                                        g.wait_s),
+                dispatcher.key_wait_s($1)),
        (SELECT count(*) FROM candidates) > (SELECT count(*) FROM budgeted),
        -- the cursor: the last tenant served at the last priority reached
        c.priority, c.tenant
@@ -290,10 +296,11 @@ WITH released AS (
        AND CASE WHEN s.state = 'running' THEN true ELSE false END
        AND (s.id, s.attempt) IN (SELECT * FROM unnest($1::bigint[], $2::integer[]))
     -- RETURNING sees the decremented number; a running job's attempt is always >= 1
-    RETURNING s.id, s.queue, s.tenant, s.capability, s.attempt + 1 AS ran_as, s.started_at
+    RETURNING s.id, s.queue, s.tenant, s.capability, s.attempt + 1 AS ran_as, s.started_at,
+              s.priority
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, capability FROM released WHERE dispatcher.ready_outbox()
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT id, queue, tenant, capability, priority FROM released WHERE dispatcher.ready_outbox()
 ), history AS (
     INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome)
     SELECT id, ran_as, $3, started_at, now(), 'released' FROM released
@@ -401,8 +408,8 @@ WITH retried AS (
      WHERE j.id = $1 AND j.state IN ('dead', 'cancelled', 'discarded')
     RETURNING j.*
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, handler || ':' || handler_version FROM retried
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT id, queue, tenant, handler || ':' || handler_version, priority FROM retried
      WHERE dispatcher.ready_outbox()
 )
 SELECT id, key, request_hash, queue, tenant, handler, handler_version,
@@ -467,10 +474,10 @@ WITH picked AS (
            dead_reason = CASE WHEN $8 = 'ready' THEN NULL ELSE j.dead_reason END,
            cancel_requested = false
      WHERE j.id = ANY (ARRAY(SELECT id FROM picked)) AND j.state = 'dead'
-    RETURNING j.id, j.state, j.queue, j.tenant, j.handler, j.handler_version
+    RETURNING j.id, j.state, j.queue, j.tenant, j.handler, j.handler_version, j.priority
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, handler || ':' || handler_version FROM moved
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT id, queue, tenant, handler || ':' || handler_version, priority FROM moved
      WHERE state = 'ready' AND dispatcher.ready_outbox()
 )
 SELECT count(*)::int FROM moved;
@@ -513,8 +520,8 @@ WITH moved AS (
      WHERE j.id = $1 AND j.state = $3
     RETURNING j.*
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, handler || ':' || handler_version FROM moved
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT id, queue, tenant, handler || ':' || handler_version, priority FROM moved
      WHERE state = 'ready' AND $3 = 'scheduled' AND dispatcher.ready_outbox()
 )
 SELECT * FROM moved;
@@ -552,6 +559,48 @@ VALUES ($1, $2, $3, $4, $5, $6, coalesce($5, 0))
                      ELSE least(q.tokens, coalesce((q.overrides->>'burst')::float8,
                                                    excluded.tokens)) END;
 
+-- name: ensure_limit_group
+-- A configured limit group exists before a queue names it; its limits are written after the
+-- queues (upsert_limit_group), so the sync takes group rows after queue rows, as claims do.
+INSERT INTO dispatcher.limit_groups (name) VALUES ($1) ON CONFLICT (name) DO NOTHING;
+
+-- name: set_queue_group
+-- Queue $1 shares limit group $2 (NULL: none) with priority $3 within it (lower goes first).
+UPDATE dispatcher.queues SET limit_group = $2, group_priority = $3 WHERE name = $1;
+
+-- name: set_queue_key_limits
+-- Every concurrency key of queue $1 gets these limits ($2 key_rate_per_s, $3 key_burst, $4
+-- key_max_inflight; NULL: none), unless an override (dispatcher.key_limits) says otherwise.
+-- A run-time override (migration 025) keeps winning over the file's value.
+UPDATE dispatcher.queues q
+   SET key_rate_per_s = CASE WHEN q.overrides ? 'key_rate_per_s'
+                             THEN (q.overrides->>'key_rate_per_s')::float8 ELSE $2 END,
+       key_burst = CASE WHEN q.overrides ? 'key_burst' THEN (q.overrides->>'key_burst')::integer
+                        WHEN q.overrides ? 'key_rate_per_s'
+                        THEN greatest(1, ceil((q.overrides->>'key_rate_per_s')::float8))::integer
+                        ELSE $3 END,
+       key_max_inflight = CASE WHEN q.overrides ? 'key_max_inflight'
+                               THEN (q.overrides->>'key_max_inflight')::integer ELSE $4 END
+ WHERE q.name = $1;
+
+-- name: upsert_limit_group
+-- Keep limit group $1's limits ($2 rate_per_s, $3 burst, $4 max_inflight; NULL: none) as
+-- configured; a new bucket starts full, a lowered burst caps it (the group's trigger).
+INSERT INTO dispatcher.limit_groups AS g (name, rate_per_s, burst, max_inflight, tokens)
+VALUES ($1, $2, $3, $4, coalesce($3, 0))
+    ON CONFLICT (name) DO UPDATE
+   SET rate_per_s = excluded.rate_per_s, burst = excluded.burst,
+       max_inflight = excluded.max_inflight,
+       tokens = CASE WHEN g.rate_per_s IS NULL THEN excluded.tokens ELSE g.tokens END
+ WHERE (g.rate_per_s, g.burst, g.max_inflight)
+       IS DISTINCT FROM (excluded.rate_per_s, excluded.burst, excluded.max_inflight);
+
+-- name: drop_unconfigured_limit_groups
+-- Groups no longer configured ($1: the configured names); their queues were moved out already.
+DELETE FROM dispatcher.limit_groups g
+ WHERE g.name <> ALL ($1::text[])
+   AND NOT EXISTS (SELECT 1 FROM dispatcher.queues q WHERE q.limit_group = g.name);
+
 -- name: sync_intake_settings
 -- Keep the SQL door's past-due tolerance ($1 s) as configured (the database cannot read the
 -- daemon's configuration), and whether ready jobs get outbox rows ($2: a relay transport). A
@@ -566,8 +615,8 @@ WITH settings AS (
      WHERE (s.due_at_past_tolerance_s, s.ready_outbox)
            IS DISTINCT FROM (excluded.due_at_past_tolerance_s, excluded.ready_outbox)
 ), backfilled AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT s.id, s.queue, s.tenant, s.capability FROM dispatcher.job_state s
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT s.id, s.queue, s.tenant, s.capability, s.priority FROM dispatcher.job_state s
      WHERE $2 AND s.state = 'ready'
        AND NOT EXISTS (SELECT 1 FROM dispatcher.outbox o WHERE o.job_id = s.id)
 ), dropped AS (

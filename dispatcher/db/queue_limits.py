@@ -88,3 +88,9 @@ class QueueSettingsRepository:
             [(r["priority"], r["jobs"]) for r in mix],
             [(r["tenant"], r["jobs"]) for r in top],
         )
+
+    @translate_unavailable
+    async def keys_at_limit(self, name: str) -> list[str]:
+        """The concurrency keys of queue `name` at their limit now (as the claims see them)."""
+        keys: list[str] = await self.pool.fetchval(query("keys_at_limit"), name)
+        return sorted(keys)

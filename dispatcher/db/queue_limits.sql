@@ -45,3 +45,7 @@ SELECT tenant, count(*)::bigint AS jobs
  GROUP BY tenant
  ORDER BY jobs DESC, tenant
  LIMIT $3;
+
+-- name: keys_at_limit
+-- The console's queue page: the concurrency keys of queue $1 that may start nothing now (024).
+SELECT dispatcher.keys_at_limit($1) AS keys;

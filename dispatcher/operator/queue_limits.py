@@ -102,10 +102,34 @@ def parse_change(body: Any) -> dict[str, Any]:
     return {key: getattr(change, key) for key in body}
 
 
+def check_in_force(in_force: Mapping[str, Any], change: Mapping[str, Any]) -> None:
+    """Refuse a change that would leave settings that cannot work together (`in_force`: the
+    settings before it, file and overrides; a removed override falls back to `file`)."""
+    after = {**in_force, **{k: v for k, v in change.items() if v is not None}}
+    if after.get("key_burst") is not None and after.get("key_rate_per_s") is None:
+        field = "key_burst" if "key_burst" in change else "key_rate_per_s"
+        raise SettingsChangeError(
+            field, "key_burst is the burst of key_rate_per_s: set key_rate_per_s too"
+        )
+
+
+def validate_change(body: Any, current: QueueSettingsRow | None) -> dict[str, Any]:
+    """`parse_change`, then `check_in_force` against queue's stored settings `current`."""
+    change = parse_change(body)
+    if current is not None:
+        removed = {k: current.file.get(k) for k, v in change.items() if v is None}
+        check_in_force({**current.effective, **removed}, change)
+    return change
+
+
 def file_settings(queue: QueueSettings) -> dict[str, Any]:
-    """The live settings a configuration file gives a queue (those it has)."""
+    """The live settings a configuration file gives a queue, as the registry stores them (a
+    key rate without a burst has one second's worth)."""
     values = queue.model_dump()
-    return {key: values[key] for key in LIVE_SETTINGS if key in values}
+    found = {key: values[key] for key in LIVE_SETTINGS if key in values}
+    if "key_burst" in found:
+        found["key_rate_per_s"], found["key_burst"], found["key_max_inflight"] = queue.key_limits()
+    return found
 
 
 def settings_view(row: QueueSettingsRow, now: datetime) -> dict[str, Any]:

@@ -36,7 +36,17 @@ BEGIN
                                ELSE max_inflight END,
            -- a lowered burst caps the tokens held, as a new file does (upsert_queue)
            tokens = least(tokens, CASE WHEN s ? 'burst' THEN (s->>'burst')::float8
-                                       ELSE tokens END)
+                                       ELSE tokens END),
+           -- every key's limits (024); a key rate without a burst gets one second's worth
+           key_max_inflight = CASE WHEN s ? 'key_max_inflight'
+                                   THEN (s->>'key_max_inflight')::integer
+                                   ELSE key_max_inflight END,
+           key_rate_per_s = CASE WHEN s ? 'key_rate_per_s'
+                                 THEN (s->>'key_rate_per_s')::float8 ELSE key_rate_per_s END,
+           key_burst = CASE WHEN s ? 'key_rate_per_s' OR s ? 'key_burst'
+                            THEN coalesce((s->>'key_burst')::integer,
+                                          greatest(1, ceil((s->>'key_rate_per_s')::float8))::integer)
+                            ELSE key_burst END
      WHERE name = q;
     PERFORM pg_notify('dispatcher_wake', 'limits');
 END
