@@ -577,7 +577,7 @@ UPDATE dispatcher.queues q
                              THEN (q.overrides->>'key_rate_per_s')::float8 ELSE $2 END,
        key_burst = CASE WHEN q.overrides ? 'key_burst' THEN (q.overrides->>'key_burst')::integer
                         WHEN q.overrides ? 'key_rate_per_s'
-                        THEN greatest(1, ceil((q.overrides->>'key_rate_per_s')::float8))::integer
+                        THEN ceil((q.overrides->>'key_rate_per_s')::float8)::integer
                         ELSE $3 END,
        key_max_inflight = CASE WHEN q.overrides ? 'key_max_inflight'
                                THEN (q.overrides->>'key_max_inflight')::integer ELSE $4 END

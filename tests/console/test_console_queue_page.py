@@ -8,12 +8,20 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
+import aiohttp
 import asyncpg
 import pytest
 
 from tests.console.common import OPERATOR_TOKEN, TOKENS, VIEWER_TOKEN, form_token, page, session
 from tests.console.common import sign_in as console_sign_in
-from tests.harness import RunningDaemon, make_settings, running_daemon
+from tests.harness import (
+    RunningDaemon,
+    Target,
+    make_settings,
+    running_daemon,
+    serve_target,
+    wait_until,
+)
 
 QUEUE_URL = "/console/queues/default"
 
@@ -147,3 +155,27 @@ async def test_an_unknown_queue_is_a_404_page(daemon: RunningDaemon) -> None:
         await console_sign_in(client, daemon.base_url, OPERATOR_TOKEN)
         status, html, _ = await page(client, daemon.base_url + "/console/queues/nope")
         assert status == 404 and "No queue &#39;nope&#39;" in html
+
+
+async def test_the_keys_at_their_limit_are_listed(daemon: RunningDaemon) -> None:
+    auth = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+    async with serve_target(Target(delay_s=3)) as target, aiohttp.ClientSession() as api:
+        async with api.patch(
+            f"{daemon.base_url}/v1/queues/default", json={"key_max_inflight": 1}, headers=auth
+        ) as r:
+            assert r.status == 200, await r.text()
+        for i, tenant in enumerate(["acct-1", "acct-1", "acct-2", "acct-2"]):
+            body = {"handler": "http", "target": {"url": target.url}, "tenant": tenant}
+            async with api.post(
+                f"{daemon.base_url}/v1/jobs",
+                json=body,
+                headers={**auth, "Idempotency-Key": f"k{i}"},
+            ) as r:
+                assert r.status == 202, await r.text()
+        await wait_until(lambda: len(target.requests) == 2, what="one job of each key running")
+        async with session() as client:
+            await console_sign_in(client, daemon.base_url, OPERATOR_TOKEN)
+            _, html, _ = await page(client, daemon.base_url + QUEUE_URL)
+        assert "2 keys may start nothing now" in html
+        assert '<ul id="keys"><li>acct-1</li><li>acct-2</li></ul>' in html
+        assert len(target.requests) == 2  # each key's second job waits for its first

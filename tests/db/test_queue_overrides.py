@@ -5,6 +5,7 @@ at once for every claimer, and notifies the daemons."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import asyncpg
 
@@ -16,12 +17,14 @@ CAPABILITIES = ["work:1"]
 FILE = {"rate_per_s": 0.001, "burst": 5, "max_inflight": 100, "windows": []}
 
 
-async def start(repo: JobRepository, file: dict[str, object]) -> QueueSettingsRepository:
+async def start(repo: JobRepository, file: dict[str, Any]) -> QueueSettingsRepository:
     """What a daemon does at start: the registry, then the file's live settings."""
+    keys = (file.get("key_rate_per_s"), file.get("key_burst"), file.get("key_max_inflight"))
     await repo.sync_registry(
         {"default": (3, 3600)},
         {"work": ("python", 1)},
-        limits={"default": (file["rate_per_s"], file["burst"], file["max_inflight"])},  # type: ignore[dict-item]
+        limits={"default": (file["rate_per_s"], file["burst"], file["max_inflight"])},
+        key_limits={"default": keys},
     )
     store = QueueSettingsRepository(repo.pool)
     await store.record_file_settings({"default": file})
@@ -118,3 +121,31 @@ async def test_a_restart_never_puts_the_files_limits_in_force_over_an_override(
         {"default": (3, 3600)}, {"work": ("python", 1)}, limits={"default": (0.5, 2, 30)}
     )
     assert await limits(repo) == (20.0, 4, 30)
+
+
+async def key_limits(repo: JobRepository) -> tuple[float | None, int | None, int | None]:
+    row = await repo.pool.fetchrow(
+        "SELECT key_rate_per_s, key_burst, key_max_inflight FROM dispatcher.queues"
+        " WHERE name = 'default'"
+    )
+    return row["key_rate_per_s"], row["key_burst"], row["key_max_inflight"]
+
+
+async def test_per_key_overrides_reach_the_key_columns_and_outlive_a_restart(
+    repo: JobRepository,
+) -> None:
+    store = await start(repo, FILE)
+    assert await key_limits(repo) == (None, None, None)
+    # a key rate alone gets one second's worth of burst, as in the file (024)
+    await store.set_overrides("default", {"key_rate_per_s": 2.5, "key_max_inflight": 3})
+    assert await key_limits(repo) == (2.5, 3, 3)
+    keyed = {**FILE, "key_rate_per_s": 9.0, "key_burst": 9, "key_max_inflight": 9}
+    await start(repo, keyed)  # a restart with a file that limits keys: the override holds
+    assert await key_limits(repo) == (2.5, 3, 3)
+    await store.reset_overrides("default")
+    assert await key_limits(repo) == (9.0, 9, 9)
+    await store.set_overrides("default", {"key_max_inflight": 1})
+    await start(repo, FILE)  # and a file without key limits: the override alone
+    assert await key_limits(repo) == (None, None, 1)
+    await store.reset_overrides("default")
+    assert await key_limits(repo) == (None, None, None)

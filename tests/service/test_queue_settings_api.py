@@ -83,6 +83,7 @@ async def test_null_removes_one_override(api: Api) -> None:
         ({"max_inflight": 0}, "max_inflight", "greater than or equal to 1"),
         ({"max_inflight": True}, "max_inflight", "integer"),
         ({"key_burst": -1}, "key_burst", "greater than or equal to 1"),
+        ({"key_burst": 4}, "key_burst", "set key_rate_per_s too"),
         ({"windows": ["Mon-Fri 18:00-07:00 Mars/Olympus"]}, "windows", "Mars/Olympus"),
         ({"windows": "Mon-Fri 18:00-07:00"}, "windows", "list"),
         ({"max_attempts": 3}, "max_attempts", "cannot be changed at run time"),

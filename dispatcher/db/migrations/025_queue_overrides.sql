@@ -17,14 +17,16 @@ ALTER TABLE dispatcher.queues
     ADD COLUMN overrides_at timestamptz;
 
 -- Put the settings in force (override, else file) into queue q's limit columns and tell every
--- daemon. A setting neither names keeps its column (a queue registered by an earlier release).
+-- daemon. A queue limit neither names keeps its column (a queue registered by an earlier
+-- release); a per-key limit neither names is none.
 -- The limits trigger (016, 024) deals with the permits parked under the old limits.
 CREATE FUNCTION dispatcher.apply_queue_settings(q text) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    s jsonb;
+    s jsonb;  -- in force
+    o jsonb;  -- the overrides alone
 BEGIN
-    SELECT file_settings || overrides INTO s FROM dispatcher.queues WHERE name = q;
+    SELECT file_settings || overrides, overrides INTO s, o FROM dispatcher.queues WHERE name = q;
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -37,16 +39,15 @@ BEGIN
            -- a lowered burst caps the tokens held, as a new file does (upsert_queue)
            tokens = least(tokens, CASE WHEN s ? 'burst' THEN (s->>'burst')::float8
                                        ELSE tokens END),
-           -- every key's limits (024); a key rate without a burst gets one second's worth
-           key_max_inflight = CASE WHEN s ? 'key_max_inflight'
-                                   THEN (s->>'key_max_inflight')::integer
-                                   ELSE key_max_inflight END,
-           key_rate_per_s = CASE WHEN s ? 'key_rate_per_s'
-                                 THEN (s->>'key_rate_per_s')::float8 ELSE key_rate_per_s END,
-           key_burst = CASE WHEN s ? 'key_rate_per_s' OR s ? 'key_burst'
-                            THEN coalesce((s->>'key_burst')::integer,
-                                          greatest(1, ceil((s->>'key_rate_per_s')::float8))::integer)
-                            ELSE key_burst END
+           -- every key's limits (024), none unless named; a key rate overridden alone, or
+           -- given without a burst, gets one second's worth (as 024's per-key overrides do)
+           key_max_inflight = (s->>'key_max_inflight')::integer,
+           key_rate_per_s = (s->>'key_rate_per_s')::float8,
+           key_burst = CASE WHEN o ? 'key_rate_per_s' AND NOT o ? 'key_burst'
+                            THEN ceil((o->>'key_rate_per_s')::float8)::integer
+                            ELSE coalesce((s->>'key_burst')::integer,
+                                          ceil((s->>'key_rate_per_s')::float8)::integer)
+                       END
      WHERE name = q;
     PERFORM pg_notify('dispatcher_wake', 'limits');
 END
