@@ -365,9 +365,6 @@ class Daemon:
             membership={q: (c.limit_group, c.group_priority) for q, c in s.queues.items()},
             key_limits={q: c.key_limits() for q, c in s.queues.items()},  # per key (024)
         )
-        await QueueSettingsRepository(pools["engine"]).record_file_settings(
-            {q: file_settings(c) for q, c in s.queues.items()}
-        )
         effects = build_effects(s, engine, self.owner, trace_context=self.tracing is not None)
         log_handler_concurrency(s, effects)
         completer = Completer(engine, self.owner)
@@ -386,11 +383,7 @@ class Daemon:
             gone_owners=judge.confirmed,
         )
         self._liveness = LivenessLock(dsn, self.owner, judge, on_gone=scanner.wake)
-        live = LiveSettings(
-            QueueSettingsRepository(pools["engine"]), workers.workers, self._on_max_inflight
-        )
-        await live.run_once()  # run-time overrides hold from the first claim
-        timing.every(LIVE_SETTINGS_JOB, LIVE_INTERVAL_S, live.run_once)
+        await self._live_settings(QueueSettingsRepository(pools["engine"]), workers, timing)
         wake.bind(workers, scanner, lambda: timing.run_now(LIVE_SETTINGS_JOB))
         cron = CronService(pools["engine"], engine, s.schedules, timing=timing, on_enqueued=wake)
         disk = await self._disk_space()
@@ -444,6 +437,18 @@ class Daemon:
             )
             services.insert(4, listener)  # before the API listener
         return services
+
+    async def _live_settings(
+        self, store: QueueSettingsRepository, workers: WorkerPool, timing: TimingEngine
+    ) -> None:
+        """Record the file's live queue settings, apply the run-time overrides before the first
+        claim, then every second and on each NOTIFY 'limits' (docs/guides/run-windows.md)."""
+        await store.record_file_settings(
+            {q: file_settings(c) for q, c in self.settings.queues.items()}
+        )
+        live = LiveSettings(store, workers.workers, self._on_max_inflight)
+        await live.run_once()
+        timing.every(LIVE_SETTINGS_JOB, LIVE_INTERVAL_S, live.run_once)
 
     def _console(self, api: web.Application, timing: TimingEngine) -> list[Startable]:
         """The web console: under /console/ on the API listener, or on its own listener; its
