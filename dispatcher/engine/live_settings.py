@@ -45,6 +45,7 @@ class LiveSettings:
         # the transport's own share of a cap (RabbitMQ: the prefetch and the publish window)
         self._on_max_inflight = on_max_inflight
         self._applied: dict[str, dict[str, object]] = {}
+        self._refused: dict[str, dict[str, object]] = {}
 
     async def run_once(self) -> None:
         for row in await self._repo.all():
@@ -56,7 +57,9 @@ class LiveSettings:
                 try:
                     retune(effective, worker.bucket, worker.inflight, worker.windows)
                 except ValueError as exc:  # refused at every door; a hand-edited row: say so
-                    log.error("queue %s: settings in force not applied: %s", row.name, exc)
+                    if self._refused.get(row.name) != effective:  # once, not every second
+                        log.error("queue %s: settings in force not applied: %s", row.name, exc)
+                        self._refused[row.name] = effective
                     continue
                 if row.name in self._applied:
                     log.info("queue %s: settings in force now %s", row.name, effective)

@@ -144,8 +144,13 @@ def settings_view(row: QueueSettingsRow, now: datetime) -> dict[str, Any]:
             "source": source,
             "file": row.file.get(key),
         }
-    state = window_state(parse_windows(row.effective.get("windows") or []), now)
+    problem = None
+    try:
+        state = window_state(parse_windows(row.effective.get("windows") or []), now)
+    except WindowError as exc:  # stored by hand past every door: the daemons keep the last good
+        problem, state = str(exc), window_state((), now)
     return {
+        "window_error": problem,
         "settings": settings,
         "overrides_at": rfc3339.format(row.overrides_at) if row.overrides_at else None,
         "window_open": state.open,

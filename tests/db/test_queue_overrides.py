@@ -149,3 +149,19 @@ async def test_per_key_overrides_reach_the_key_columns_and_outlive_a_restart(
     assert await key_limits(repo) == (None, None, 1)
     await store.reset_overrides("default")
     assert await key_limits(repo) == (None, None, None)
+
+
+async def test_windows_written_by_hand_past_every_door_are_reported_not_a_crash(
+    repo: JobRepository,
+) -> None:
+    from datetime import UTC, datetime
+
+    from dispatcher.operator.queue_limits import settings_view
+
+    store = await start(repo, FILE)
+    await repo.pool.execute(
+        """UPDATE dispatcher.queues SET overrides = '{"windows": ["Mon-Fry 18:00-07:00"]}'"""
+    )
+    (row,) = await store.all()
+    view = settings_view(row, datetime.now(UTC))
+    assert "day 'Fry'" in view["window_error"] and view["window_open"] is True
