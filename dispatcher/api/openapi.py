@@ -603,6 +603,11 @@ def _operator_schemas() -> dict[str, Any]:
                 },
                 "window_opens_at": {**nullable_str, "format": "date-time"},
                 "window_closes_at": {**nullable_str, "format": "date-time"},
+                "window_error": {
+                    **nullable_str,
+                    "description": "windows stored past every door that cannot be read "
+                    "(the daemons keep the last good ones)",
+                },
             },
         },
     }
