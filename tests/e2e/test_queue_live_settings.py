@@ -273,3 +273,29 @@ async def test_a_raised_inflight_cap_is_used_on_both_transports(
         assert status == 200, view
         await wait_until(lambda: target.inflight >= 7, timeout_s=5, what="8 in flight")
         assert target.max_inflight <= 8
+
+
+async def test_the_cli_refuses_bad_input_naming_the_option_and_changes_nothing(
+    db_url: str, tmp_path: Path
+) -> None:
+    env = {"DISPATCHER_DATABASE_URL": db_url}
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.execute(
+            "INSERT INTO dispatcher.queues (name, max_attempts, max_retry_age_s) "
+            "VALUES ('default', 3, 60) ON CONFLICT DO NOTHING"
+        )
+        for args, code, words in (
+            (["--burst", "0"], 2, "--burst: burst: Input should be greater than or equal to 1"),
+            (["--window", "Mon-Fry 18:00-07:00"], 2, "--windows: windows: window 'Mon-Fry"),
+            (["--key-burst", "3"], 2, "set key_rate_per_s too"),
+            (["--burst", "x"], 2, "--burst: invalid int value"),
+        ):
+            result = await cli("queues", "set", QUEUE, *args, cwd=tmp_path, env=env)
+            assert result.code == code and words in result.stderr, (args, result.stderr)
+            assert "nothing changed" in result.stderr or "invalid" in result.stderr
+        result = await cli("queues", "set", "nope", "--burst", "3", cwd=tmp_path, env=env)
+        assert result.code == 1 and "no queue 'nope'; queues: default" in result.stderr
+        assert await conn.fetchval("SELECT overrides FROM dispatcher.queues") in ("{}", {})
+    finally:
+        await conn.close()
