@@ -14,7 +14,7 @@ from aiohttp import web
 
 from dispatcher.api.app import REPO, SAMPLER, SETTINGS, live_settings, queue_settings_action
 from dispatcher.api.problems import Problem
-from dispatcher.console.pages import confirm, done
+from dispatcher.console.pages import COUNTERS_MAX_AGE_S, confirm, done
 from dispatcher.console.toolkit import PREFIX, Route, api_of, base_context, operate, render
 from dispatcher.db.queue_limits import QueueSettingsRepository, QueueSettingsRow
 from dispatcher.operator.operations import queue_overview
@@ -36,7 +36,8 @@ async def queue_view(request: web.Request, name: str) -> dict[str, Any]:
     if not rows:
         known = ", ".join(row["name"] for row in registry)
         raise Problem(404, f"No queue {name[:100]!r}; queues: {known}.")
-    sample = await api[SAMPLER].sample(max_age_s=7.0)
+    sampler = api[SAMPLER]  # the overview's sample, never waiting for one in progress
+    sample = sampler.latest(COUNTERS_MAX_AGE_S) or await sampler.sample(COUNTERS_MAX_AGE_S)
     return queue_overview(rows, sample, api[SETTINGS], await live_settings(api))[0]
 
 
