@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import socket
-import ssl
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -29,7 +28,7 @@ from dispatcher.config.settings import Settings, mask_url
 from dispatcher.console import web as console
 from dispatcher.console.series import StartSeries
 from dispatcher.cron.service import CronService
-from dispatcher.db import migrations
+from dispatcher.db import schema
 from dispatcher.db.capacity import check_capacity
 from dispatcher.db.claims import ClaimConnections
 from dispatcher.db.embedded import EmbeddedPostgres
@@ -43,8 +42,12 @@ from dispatcher.db.relay import RelayRepository
 from dispatcher.db.vacuum import vacuum_problems
 from dispatcher.effects.base import Effect
 from dispatcher.effects.http import HttpEffect, dead_letter_target
-from dispatcher.effects.python import PythonEffect
-from dispatcher.effects.sql import SqlEffect
+from dispatcher.effects.registry import (
+    build_effects,
+    capabilities,
+    effect_service,
+    log_handler_concurrency,
+)
 from dispatcher.engine.budget import PayloadBudget
 from dispatcher.engine.completer import Completer
 from dispatcher.engine.due_scan import DueScanner
@@ -59,6 +62,7 @@ from dispatcher.intake.accept import Intake
 from dispatcher.observability import logs
 from dispatcher.observability.tracing import Tracing, current_trace_id
 from dispatcher.operator.queue_limits import file_settings
+from dispatcher.operator.service import Operator
 from dispatcher.relay.transport import InProcessTransport, Transport
 from dispatcher.runtime import sdnotify
 from dispatcher.runtime.diskspace import CHECK_INTERVAL_S, DiskSpace
@@ -104,9 +108,9 @@ async def prepare_schema(dsn: str, settings: Settings) -> None:
     conn = await connect(dsn)
     try:
         if settings.auto_migrate:  # waits, saying so, while a restore loads the database
-            await migrations.migrate(conn, wait_s=settings.database_wait_s)
+            await schema.migrate(conn, wait_s=settings.database_wait_s)
         else:
-            await migrations.check_current(conn)
+            await schema.check_current(conn)
         for problem in await vacuum_problems(conn):
             log.warning(problem)
         await check_capacity(conn, settings.connection_budget())
@@ -139,34 +143,6 @@ class Database(Service):
         await self._stack.aclose()
 
 
-def build_effects(
-    settings: Settings, repo: JobRepository, owner: str, *, trace_context: bool = False
-) -> dict[str, Effect]:
-    ssl_context = None
-    if settings.http.ca_file is not None:
-        ssl_context = ssl.create_default_context()
-        ssl_context.load_verify_locations(cafile=str(settings.http.ca_file))
-    effects: dict[str, Effect] = {
-        "http": HttpEffect(settings, ssl_context=ssl_context, trace_context=trace_context)
-    }
-    for name, handler in settings.handlers.items():
-        kind = PythonEffect if handler.kind == "python" else SqlEffect
-        effects[name] = kind(name, handler, repo, owner)
-    return effects
-
-
-def effect_service(effects: dict[str, Effect]) -> Service:
-    async def start() -> None:
-        for effect in effects.values():
-            await effect.start()
-
-    async def stop() -> None:
-        for effect in effects.values():
-            await effect.stop()
-
-    return CallbackService("effects", start, stop)
-
-
 def tracing_service(tracing: Tracing | None) -> Service:
     """Says where spans go and puts trace ids on log lines; at stop, exports what is buffered
     (off: does nothing)."""
@@ -182,32 +158,6 @@ def tracing_service(tracing: Tracing | None) -> Service:
             await asyncio.to_thread(tracing.close)
 
     return CallbackService("tracing", start, stop)
-
-
-def capabilities(settings: Settings) -> list[str]:
-    """`handler:version` pairs this process can run (rolling releases share one database)."""
-    caps = ["http:1"]
-    for name, handler in settings.handlers.items():
-        caps += [f"{name}:{v}" for v in handler.runnable_versions()]
-    return caps
-
-
-def log_handler_concurrency(settings: Settings, effects: dict[str, Effect]) -> None:
-    """Say so when transactional handlers could want more connections than they have."""
-    if not any(e.completes_in_transaction for e in effects.values()):
-        return
-    wanted = sum(q.max_inflight for q in settings.queues.values())
-    size = settings.connection_budget().handlers
-    if wanted > size:
-        log.info(
-            "transactional handlers: up to %d attempts may be in flight, but the handlers pool "
-            "has %d connections; at most %d run at once and the rest wait for a connection "
-            "(their timeout starts once they have one). Raise DISPATCHER_HANDLER_POOL_SIZE (and "
-            "DISPATCHER_DATABASE_MAX_CONNECTIONS) to run more at once.",
-            wanted,
-            size,
-            size,
-        )
 
 
 def _nothing() -> None:
@@ -296,7 +246,7 @@ class Daemon:
         try:
             async with asyncio.timeout(2):
                 async with self._repo.pool.acquire() as conn:
-                    await migrations.check_current(conn)
+                    await schema.check_current(conn)
         except Exception as exc:
             return False, f"database: {type(exc).__name__}: {exc}"
         return True, f"ok; degraded: {degraded}" if degraded else "ok"
@@ -387,24 +337,10 @@ class Daemon:
         wake.bind(workers, scanner, lambda: timing.run_now(LIVE_SETTINGS_JOB))
         cron = CronService(pools["engine"], engine, s.schedules, timing=timing, on_enqueued=wake)
         disk = await self._disk_space()
-        refusal = disk.problem if disk is not None else lambda: None
-        intake = Intake(
-            s, repo, lambda t: HttpEffect.validate_target(t, s), wake, refusal, self.tracing
-        )
         # one sampler for the gauges and the queue overview (GET /v1/queues), which share its
         # samples; on the API's pool, as an operator read
         sampler = MetricsSampler(repo, s.overdue_after_s)
-        api = create_app(
-            repo=repo,
-            intake=intake,
-            readiness=self.readiness,
-            tokens=s.api_token_entries(),
-            body_limit_bytes=s.body_limit_bytes,
-            body_read_timeout_s=s.body_read_timeout_s,
-            schedules=cron,
-            settings=s,
-            sampler=sampler,
-        )
+        api = self._api(repo, wake, disk, sampler, cron)
         services: list[Startable] = [
             tracing_service(self.tracing),  # stops after every other service: spans flushed
             self._liveness,  # before the first claim, released after the last lease
@@ -449,6 +385,35 @@ class Daemon:
         live = LiveSettings(store, workers.workers, self._on_max_inflight)
         await live.run_once()
         timing.every(LIVE_SETTINGS_JOB, LIVE_INTERVAL_S, live.run_once)
+
+    def _api(
+        self,
+        repo: JobRepository,
+        wake: Wakeups,
+        disk: DiskSpace | None,
+        sampler: MetricsSampler,
+        cron: CronService,
+    ) -> web.Application:
+        """The API application: intake, and the operator service the API, the console and the
+        CLI share (dispatcher.operator.service)."""
+        s = self.settings
+        refusal = disk.problem if disk is not None else lambda: None
+        intake = Intake(
+            s, repo, lambda t: HttpEffect.validate_target(t, s), wake, refusal, self.tracing
+        )
+        operator = Operator(
+            repo, s, sampler=sampler, schedules=cron, on_ready=intake.notify_accepted
+        )
+        return create_app(
+            repo=repo,
+            intake=intake,
+            readiness=self.readiness,
+            tokens=s.api_token_entries(),
+            body_limit_bytes=s.body_limit_bytes,
+            body_read_timeout_s=s.body_read_timeout_s,
+            settings=s,
+            operator=operator,
+        )
 
     def _console(self, api: web.Application, timing: TimingEngine) -> list[Startable]:
         """The web console: under /console/ on the API listener, or on its own listener; its

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from dispatcher.db import migrations
+from dispatcher.db import schema
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import connect, create_pool
 from tests.service.intake_app import Api, serve_api
@@ -70,7 +70,7 @@ def database_name(url: str) -> str:
 async def template_url(server_url: str) -> AsyncIterator[str]:
     async with scratch_database(server_url, f"dispatcher_template_{os.getpid()}") as url:
         conn = await connect(url)
-        await migrations.migrate(conn)
+        await schema.migrate(conn)
         await conn.close()
         yield url
 

@@ -1,7 +1,7 @@
 """The generated reference pages of the documentation site, from the code they describe: every
 setting from the pydantic model (dispatcher/config/settings.py), every command from the argparse
 parser
-(dispatcher/cli.py), the HTTP API from the document /openapi.json serves, every metric from
+(dispatcher/cli/parser.py), the HTTP API from the document /openapi.json serves, every metric from
 dispatcher/observability/metrics.py and every alert from config/prometheus/dispatcher-rules.yml.
 
 The site's build runs this (tools/mkdocs_hooks.py replaces each `<!-- gendocs: NAME -->` marker

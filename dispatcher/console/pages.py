@@ -1,9 +1,12 @@
 """The console's pages: what each reads (bounded, index-backed queries only; see
-tests/db/test_console_plans.py) and which shared action each button runs.
+tests/db/test_console_plans.py), and the console's routes (`ROUTES`, the actions' pages from
+dispatcher.console.actions).
 
 Reading pages need the `read` scope. Every action is two requests: a GET that shows what will
 happen (with the dry-run count where there is one) and a form, and the POST of that form, which
-runs the same `*_action` function as the API route and shows the outcome.
+runs the same method of the operator service (dispatcher.operator.service) as the API route,
+as the session's token, and shows the outcome. The service's refusals are rendered as error
+pages by the toolkit's middleware.
 """
 
 from __future__ import annotations
@@ -15,41 +18,23 @@ from urllib.parse import urlencode
 
 import jinja2
 from aiohttp import web
-from pydantic import ValidationError
 
-from dispatcher.api.app import (
-    INTAKE,
-    LIST_PARAMETERS,
-    REPO,
-    SAMPLER,
-    SCHEDULES,
-    SETTINGS,
-    cancel_action,
-    catch_up_action,
-    dead_letters_action,
-    discard_action,
-    queue_pause_action,
-    retry_action,
-)
 from dispatcher.api.filters import FILTERS, FilterError, next_cursor, parse_cursor, parse_job_filter
+from dispatcher.api.jobs import LIST_PARAMETERS
+from dispatcher.api.keys import OPERATOR, REPO
 from dispatcher.api.problems import Problem
-from dispatcher.api.schemas import describe, is_ascii_number, summary
+from dispatcher.api.schemas import is_ascii_number
+from dispatcher.console import actions
+from dispatcher.console.actions import JOB_ACTIONS, job_id
 from dispatcher.console.redact import masked_target
 from dispatcher.console.toolkit import (
-    PREFIX,
     SERIES,
     Route,
     api_of,
     base_context,
-    operate,
     render,
-    session_of,
 )
-from dispatcher.core import rfc3339
-from dispatcher.db.runs import TriggerFailed
-from dispatcher.intake.requests import DeadLetterRequest
 from dispatcher.model import STATES
-from dispatcher.operator.operations import queue_overview
 
 PAGE_SIZES = (25, 50, 100)
 ATTEMPTS_SHOWN = 50
@@ -65,28 +50,6 @@ DEAD_GROUPED = 1_000
 # ~1 s with a 100,000-job ready backlog at 10 million jobs: bench_console).
 COUNTERS_MAX_AGE_S = 7.0
 DEAD_SHOWN = 20
-JOB_ACTIONS = {
-    # action: (verb shown, states it applies to, what it does)
-    "retry": (
-        "Retry",
-        ("dead", "cancelled", "discarded"),
-        "back to ready now, with a fresh attempt budget",
-    ),
-    "cancel": (
-        "Cancel",
-        ("scheduled", "ready", "running"),
-        "no further attempt; a running attempt is asked to stop",
-    ),
-    "discard": (
-        "Discard",
-        ("dead",),
-        "set the dead letter aside (kept visible until the dead retention)",
-    ),
-}
-BULK_ACTIONS = {
-    "redrive": ("Redrive", "back to ready now, each with a fresh attempt budget"),
-    "discard": ("Discard", "set aside (kept visible until the dead retention)"),
-}
 
 
 # filters -------------------------------------------------------------------------------------
@@ -126,16 +89,11 @@ def add_filters(env: jinja2.Environment) -> None:
     env.filters.update(age=age, when=when, pretty=pretty, query=urlencode)
 
 
-# overview ------------------------------------------------------------------------------------
 async def queue_rows(request: web.Request) -> list[dict[str, Any]]:
     """The API's queue overview (GET /v1/queues), with this daemon's starts per second and the
     in-flight cap beside the running count."""
-    api = api_of(request)
-    registry = await api[REPO].list_queues()
-    sampler = api[SAMPLER]
-    sample = sampler.latest(COUNTERS_MAX_AGE_S) or await sampler.sample(COUNTERS_MAX_AGE_S)
+    rows = await api_of(request)[OPERATOR].queues(COUNTERS_MAX_AGE_S)
     series = request.app[SERIES]
-    rows = queue_overview(registry, sample, api[SETTINGS])
     for row in rows:
         row["starts_per_s"] = round(series.starts_per_s(row["name"]), 2)
         row["cap"] = row["limits"].get("max_inflight")
@@ -144,8 +102,7 @@ async def queue_rows(request: web.Request) -> list[dict[str, Any]]:
 
 async def overview(request: web.Request) -> web.StreamResponse:
     context = base_context(request, "Overview", "overview")
-    service = api_of(request)[SCHEDULES]
-    schedules = await service.status() if service is not None else []
+    schedules = await api_of(request)[OPERATOR].schedule_status()
     context.update(queues=await queue_rows(request), schedules=schedules, states=STATES)
     return render(request, "overview.html", context)
 
@@ -221,12 +178,6 @@ async def jobs(request: web.Request) -> web.StreamResponse:
     return render(request, "jobs.html", context)
 
 
-def job_id(raw: str) -> int:
-    if not is_ascii_number(raw, max_digits=18):
-        raise Problem(404, "No such job: job ids are positive integers.")
-    return int(raw)
-
-
 def timeline(job: dict[str, Any], attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A job's life in time order: accepted, due, each attempt's start and end, its end."""
     events: list[dict[str, Any]] = [{"at": job["created_at"], "what": "accepted", "detail": ""}]
@@ -294,86 +245,6 @@ async def job_page(request: web.Request) -> web.StreamResponse:
     return render(request, "job.html", context)
 
 
-def job_action_named(request: web.Request) -> tuple[int, str]:
-    action = request.match_info["action"]
-    if action not in JOB_ACTIONS:
-        raise Problem(404, f"No action {action[:40]!r}; actions: {', '.join(JOB_ACTIONS)}.")
-    return job_id(request.match_info["id"]), action
-
-
-@operate
-async def job_confirm(request: web.Request) -> web.StreamResponse:
-    jid, action = job_action_named(request)
-    job = await api_of(request)[REPO].get(jid)
-    if job is None:
-        raise Problem(404, f"No job {jid}.")
-    verb, _, effect = JOB_ACTIONS[action]
-    return confirm(
-        request,
-        title=f"{verb} job {jid}?",
-        lines=[f"Job {jid} ({job['key']}) is {job['state']}.", f"{verb}: {effect}."],
-        action=f"{PREFIX}/jobs/{jid}/{action}",
-        button=f"{verb} job {jid}",
-        back=f"{PREFIX}/jobs/{jid}",
-    )
-
-
-@operate
-async def job_act(request: web.Request) -> web.StreamResponse:
-    jid, action = job_action_named(request)
-    run = {"retry": retry_action, "cancel": cancel_action, "discard": discard_action}[action]
-    row = await run(api_of(request), jid)
-    return done(
-        request, f"Job {jid} is now {row['state']}.", [(f"{PREFIX}/jobs/{jid}", f"Job {jid}")]
-    )
-
-
-# queues --------------------------------------------------------------------------------------
-def queue_action_named(request: web.Request) -> tuple[str, str]:
-    action = request.match_info["action"]
-    if action not in ("pause", "resume"):
-        raise Problem(404, "Queue actions are pause and resume.")
-    return request.match_info["name"], action
-
-
-@operate
-async def queue_confirm(request: web.Request) -> web.StreamResponse:
-    name, action = queue_action_named(request)
-    known = [row["name"] for row in await api_of(request)[REPO].list_queues()]
-    if name not in known:
-        raise Problem(404, f"No queue {name[:100]!r}; queues: {', '.join(known)}.")
-    effect = (
-        "no daemon claims its jobs until it is resumed; intake and due times go on, and "
-        "attempts already running finish"
-        if action == "pause"
-        else "every daemon starts claiming its ready jobs again"
-    )
-    return confirm_pause_or_resume(request, "queue", name, action, effect, back=f"{PREFIX}/")
-
-
-def confirm_pause_or_resume(
-    request: web.Request, kind: str, name: str, action: str, effect: str, *, back: str
-) -> web.StreamResponse:
-    """The confirmation page of pausing or resuming a queue or a schedule."""
-    what = f"{action.capitalize()} {kind} {name}"
-    return confirm(
-        request,
-        title=f"{what}?",
-        lines=[f"{what}: {effect}."],
-        action=f"{PREFIX}/{kind}s/{name}/{action}",
-        button=what,
-        back=back,
-    )
-
-
-@operate
-async def queue_act(request: web.Request) -> web.StreamResponse:
-    name, action = queue_action_named(request)
-    row = await queue_pause_action(api_of(request), name, paused=action == "pause")
-    state = "paused" if row["paused"] else "active"
-    return done(request, f"Queue {name} is {state}.", [(f"{PREFIX}/", "Overview")])
-
-
 # dead letters ----------------------------------------------------------------------------------
 async def dead(request: web.Request) -> web.StreamResponse:
     repo = api_of(request)[REPO]
@@ -394,69 +265,12 @@ async def dead(request: web.Request) -> web.StreamResponse:
     return render(request, "dead.html", context)
 
 
-def bulk_request(
-    request: web.Request, values: Any, *, dry_run: bool
-) -> tuple[str, DeadLetterRequest]:
-    action = request.match_info["action"]
-    if action not in BULK_ACTIONS:
-        raise Problem(404, "Dead-letter actions are redrive and discard.")
-    chosen = {name: values.get(name) for name in ("queue", "dead_reason") if values.get(name)}
-    if "queue" not in chosen:
-        raise Problem(
-            422, "Choose the dead letters by queue (and reason) from the dead-letter page."
-        )
-    try:
-        body = DeadLetterRequest.model_validate({**chosen, "dry_run": dry_run})
-    except ValidationError as exc:
-        raise Problem(422, summary(describe(exc))) from None
-    return action, body
-
-
-@operate
-async def dead_confirm(request: web.Request) -> web.StreamResponse:
-    """The dry run of a bulk action, then its form: the count is what the POST would move."""
-    action, body = bulk_request(request, request.query, dry_run=True)
-    result = await dead_letters_action(api_of(request), action, body)
-    verb, effect = BULK_ACTIONS[action]
-    what = f"queue {body.queue}" + (f", reason {body.dead_reason}" if body.dead_reason else "")
-    count = result["count"]
-    return confirm(
-        request,
-        title=f"{verb} dead letters?",
-        lines=[
-            f"Dry run: {count} dead job{'s' if count != 1 else ''} match ({what}).",
-            f"{verb}: {effect}. Jobs that die after this page was shown are not taken.",
-        ],
-        action=f"{PREFIX}/dead/{action}",
-        button=f"{verb} {count} dead job{'s' if count != 1 else ''}",
-        back=f"{PREFIX}/dead",
-        fields={"queue": body.queue or "", "dead_reason": body.dead_reason or ""},
-        count=count,
-    )
-
-
-@operate
-async def dead_act(request: web.Request) -> web.StreamResponse:
-    action, body = bulk_request(request, await request.post(), dry_run=False)
-    result = await dead_letters_action(api_of(request), action, body)
-    verb = {"redrive": "Redriven", "discard": "Discarded"}[action]
-    return done(
-        request, f"{verb}: {result['count']} dead jobs.", [(f"{PREFIX}/dead", "Dead letters")]
-    )
-
-
 # schedules --------------------------------------------------------------------------------------
-def schedule_service(request: web.Request, name: str | None = None) -> Any:
-    service = api_of(request)[SCHEDULES]
-    if name is not None and (service is None or name not in service.names()):
-        raise Problem(404, f"No schedule {name[:100]!r}.")
-    return service
-
-
 async def schedules(request: web.Request) -> web.StreamResponse:
-    service = schedule_service(request)
+    operator = api_of(request)[OPERATOR]
     shown = []
-    for status in await service.status() if service is not None else []:
+    for status in await operator.schedule_status():
+        service = operator.schedule(status["name"])
         receipts = [r.to_json() for r in await service.receipts(status["name"], RECEIPTS_SHOWN)]
         missed = status["missed"]["periods"]
         catch_from = min((m["period_start"] for m in missed), default="")
@@ -469,119 +283,21 @@ async def schedules(request: web.Request) -> web.StreamResponse:
     return render(request, "schedules.html", context)
 
 
-def catch_up_range(values: Any) -> tuple[datetime, datetime]:
-    def instant(field: str) -> datetime:
-        try:
-            return rfc3339.parse(str(values.get(field)).strip())
-        except rfc3339.TimeError as exc:
-            raise Problem(422, f"{field}: {exc}") from None
-
-    return instant("from"), instant("to")
-
-
-@operate
-async def catch_up_confirm(request: web.Request) -> web.StreamResponse:
-    name = request.match_info["name"]
-    service = schedule_service(request, name)
-    start, end = catch_up_range(request.query)
-    plan = await catch_up_action(service, name, start, end, dry_run=True)
-    would = plan["would_create"]
-    context = base_context(request, f"Catch up {name}?", "schedules")
-    context.update(
-        name=name,
-        plan=plan,
-        would=would,
-        fields={"from": start.isoformat(), "to": end.isoformat()},
-        action=f"{PREFIX}/schedules/{name}/catch-up",
-        back=f"{PREFIX}/schedules",
-    )
-    return render(request, "catch_up.html", context)
-
-
-@operate
-async def catch_up_act(request: web.Request) -> web.StreamResponse:
-    name = request.match_info["name"]
-    service = schedule_service(request, name)
-    start, end = catch_up_range(await request.post())
-    try:
-        result = await catch_up_action(service, name, start, end, dry_run=False)
-    except TriggerFailed as exc:
-        raise Problem(503, f"{exc}; try again (a catch-up is idempotent)") from None
-    if result["created"]:
-        api_of(request)[INTAKE].notify_accepted()
-    return done(
-        request,
-        f"Catch-up of {name}: {result['created']} runs created, {result['existing']} existed.",
-        [(f"{PREFIX}/schedules", "Schedules")],
-    )
-
-
-@operate
-async def schedule_confirm(request: web.Request) -> web.StreamResponse:
-    name, action = request.match_info["name"], request.match_info["action"]
-    schedule_service(request, name)
-    if action not in ("pause", "resume"):
-        raise Problem(404, "Schedule actions are pause, resume and catch-up.")
-    effect = (
-        "no instance fires it; its periods are recorded as missed (catch them up later)"
-        if action == "pause"
-        else "it fires again from its next period; missed periods stay listed"
-    )
-    return confirm_pause_or_resume(
-        request, "schedule", name, action, effect, back=f"{PREFIX}/schedules"
-    )
-
-
-@operate
-async def schedule_act(request: web.Request) -> web.StreamResponse:
-    name, action = request.match_info["name"], request.match_info["action"]
-    service = schedule_service(request, name)
-    if action not in ("pause", "resume"):
-        raise Problem(404, "Schedule actions are pause, resume and catch-up.")
-    await (service.pause(name) if action == "pause" else service.resume(name))
-    return done(request, f"Schedule {name}: {action}d.", [(f"{PREFIX}/schedules", "Schedules")])
-
-
-# confirmation and outcome ---------------------------------------------------------------------
-def confirm(
-    request: web.Request,
-    *,
-    title: str,
-    lines: list[str],
-    action: str,
-    button: str,
-    back: str,
-    fields: dict[str, str] | None = None,
-    count: int | None = None,
-) -> web.Response:
-    context = base_context(request, title)
-    context.update(
-        lines=lines, action=action, button=button, back=back, fields=fields or {}, count=count
-    )
-    return render(request, "confirm.html", context)
-
-
-def done(request: web.Request, message: str, links: list[tuple[str, str]]) -> web.Response:
-    context = base_context(request, "Done")
-    context.update(message=message, links=links, actor=session_of(request).name)
-    return render(request, "done.html", context)
-
-
 ROUTES: list[Route] = [
     ("GET", "/", overview),
     ("GET", "/live.json", live),
     ("GET", "/jobs", jobs),
     ("GET", "/jobs/{id}", job_page),
-    ("GET", "/jobs/{id}/{action}", job_confirm),
-    ("POST", "/jobs/{id}/{action}", job_act),
-    ("GET", "/queues/{name}/{action}", queue_confirm),
-    ("POST", "/queues/{name}/{action}", queue_act),
+    ("GET", "/jobs/{id}/{action}", actions.job_confirm),
+    ("POST", "/jobs/{id}/{action}", actions.job_act),
+    ("GET", "/queues/{name}/{action}", actions.queue_confirm),
+    ("POST", "/queues/{name}/{action}", actions.queue_act),
     ("GET", "/dead", dead),
-    ("GET", "/dead/{action}", dead_confirm),
-    ("POST", "/dead/{action}", dead_act),
+    ("GET", "/dead/{action}", actions.dead_confirm),
+    ("POST", "/dead/{action}", actions.dead_act),
     ("GET", "/schedules", schedules),
-    ("GET", "/schedules/{name}/catch-up", catch_up_confirm),
-    ("POST", "/schedules/{name}/catch-up", catch_up_act),
-    ("GET", "/schedules/{name}/{action}", schedule_confirm),
-    ("POST", "/schedules/{name}/{action}", schedule_act),
+    ("GET", "/schedules/{name}/catch-up", actions.catch_up_confirm),
+    ("POST", "/schedules/{name}/catch-up", actions.catch_up_act),
+    ("GET", "/schedules/{name}/{action}", actions.schedule_confirm),
+    ("POST", "/schedules/{name}/{action}", actions.schedule_act),
 ]

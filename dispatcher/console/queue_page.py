@@ -12,12 +12,12 @@ from typing import Any
 
 from aiohttp import web
 
-from dispatcher.api.app import REPO, SAMPLER, SETTINGS, live_settings, queue_settings_action
+from dispatcher.api.keys import OPERATOR, REPO
 from dispatcher.api.problems import Problem
-from dispatcher.console.pages import COUNTERS_MAX_AGE_S, confirm, done
+from dispatcher.console.actions import acting, confirm, done
+from dispatcher.console.pages import COUNTERS_MAX_AGE_S
 from dispatcher.console.toolkit import PREFIX, Route, api_of, base_context, operate, render
 from dispatcher.db.queue_limits import QueueSettingsRepository, QueueSettingsRow
-from dispatcher.operator.operations import queue_overview
 from dispatcher.operator.queue_limits import LIVE_SETTINGS, SettingsChangeError, validate_change
 
 # Ready jobs read for the priority mix and the waiting tenants: exact up to this backlog, a
@@ -30,15 +30,10 @@ NUMBERS = {"rate_per_s": float, "key_rate_per_s": float}  # the others are whole
 
 async def queue_view(request: web.Request, name: str) -> dict[str, Any]:
     """The API's overview entry of queue `name` (GET /v1/queues), or 404 listing the queues."""
-    api = api_of(request)
-    registry = await api[REPO].list_queues()
-    rows = [row for row in registry if row["name"] == name]
-    if not rows:
-        known = ", ".join(row["name"] for row in registry)
-        raise Problem(404, f"No queue {name[:100]!r}; queues: {known}.")
-    sampler = api[SAMPLER]  # the overview's sample, never waiting for one in progress
-    sample = sampler.latest(COUNTERS_MAX_AGE_S) or await sampler.sample(COUNTERS_MAX_AGE_S)
-    return queue_overview(rows, sample, api[SETTINGS], await live_settings(api))[0]
+    operator = api_of(request)[OPERATOR]
+    await operator.queue(name)
+    views = await operator.queues(COUNTERS_MAX_AGE_S)
+    return next(view for view in views if view["name"] == name)
 
 
 async def queue_page(request: web.Request) -> web.StreamResponse:
@@ -91,7 +86,7 @@ def change_from_form(
 async def settings_confirm(request: web.Request) -> web.StreamResponse:
     name = request.match_info["name"]
     view = await queue_view(request, name)
-    stored = (await live_settings(api_of(request))).get(name)
+    stored = (await api_of(request)[OPERATOR].live_settings()).get(name)
     change = change_from_form(request.query, view, stored)
     lines = []
     for key, value in change.items():
@@ -150,10 +145,8 @@ async def reset_act(request: web.Request) -> web.StreamResponse:
 
 
 async def act(request: web.Request, name: str, change: Any) -> web.Response:
-    try:
-        await queue_settings_action(api_of(request), name, change)
-    except Problem as exc:  # the API's problem, as a console page
-        raise Problem(exc.status, f"{exc.detail}. Nothing changed.") from None
+    operator, actor = acting(request)
+    await operator.change_queue_settings(actor, name, change)
     message = f"Queue {name}: settings {'reset' if change is None else 'changed'}."
     return done(request, message, [(f"{PREFIX}/queues/{name}", f"Queue {name}")])
 

@@ -21,11 +21,13 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from markupsafe import Markup
 
+from dispatcher.api.operate import http_status
 from dispatcher.api.problems import Problem
 from dispatcher.console.series import StartSeries
 from dispatcher.console.session import Session, SessionSigner
 from dispatcher.db.sessions import SessionRepository
 from dispatcher.errors import DatabaseUnavailable
+from dispatcher.operator.errors import OperatorError
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,8 @@ async def headers_middleware(request: web.Request, handler: Handler) -> web.Stre
         response = await handler(request)
     except Problem as exc:
         response = error_page(request, exc.status, exc.detail)
+    except OperatorError as exc:  # the operator service refused: its words, the API's status
+        response = error_page(request, http_status(exc), exc.detail)
     except DatabaseUnavailable:
         response = error_page(request, 503, "The database is unavailable; try again shortly.")
     except web.HTTPException as exc:
@@ -159,11 +163,7 @@ async def session_middleware(request: web.Request, handler: Handler) -> web.Stre
     response = await handler(request)
     if issued is not None:
         set_session_cookie(request, response, issued, signer.ttl_s)
-    if request.method == "POST" and getattr(route_handler, "console_operate", False):
-        log.info(
-            "operator action POST %s by %r (console): %d",
-            request.path, session.name, response.status, extra={"token": session.name},
-        )  # fmt: skip
+    # the action's audit line is the operator service's (dispatcher.operator.audit)
     return response
 
 

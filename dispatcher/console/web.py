@@ -14,14 +14,8 @@ import aiohttp_jinja2
 import jinja2
 from aiohttp import web
 
-from dispatcher.api.app import (
-    GUESSES,
-    OWN_AUTH,
-    REPO,
-    TOKENS,
-    authenticate,
-    client_of,
-)
+from dispatcher.api.app import authenticate, client_of
+from dispatcher.api.keys import GUESSES, OWN_AUTH, REPO, TOKENS
 from dispatcher.config.tokens import ApiToken
 from dispatcher.console import pages, queue_page
 from dispatcher.console.series import StartSeries

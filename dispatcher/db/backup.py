@@ -22,9 +22,9 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import asyncpg
 
-from dispatcher.db.migrations import MIGRATION_LOCK, RESTORE_APPLICATION
 from dispatcher.db.pool import translate_unavailable
 from dispatcher.db.queries import query
+from dispatcher.db.schema import MIGRATION_LOCK, RESTORE_APPLICATION
 from dispatcher.errors import DispatcherError
 
 SCHEMA = "dispatcher"
@@ -160,7 +160,7 @@ def restore(dsn: str, file: Path, bin_dir: Path, *, server_version: int, replace
         try:
             load.stdin.write(b"BEGIN;\n")
             # the migration lock for the whole load: a daemon or a command that starts now waits
-            # for it (dispatcher.db.migrations) instead of racing CREATE SCHEMA
+            # for it (dispatcher.db.schema) instead of racing CREATE SCHEMA
             load.stdin.write(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK});\n".encode())
             if replace:
                 load.stdin.write(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE;\n".encode())

@@ -22,6 +22,8 @@ FIELDS = (
     "state",
     "schedule",
     "token",
+    "actor",
+    "door",
     "trace_id",
 )
 # Set while tracing is on (`with_trace_ids`): the current span's trace id, or None outside one.

@@ -1,7 +1,5 @@
-"""Operator actions that the HTTP API and the CLI share: bulk redrive and discard of dead
-letters, the reschedule time rule, and the queue overview. Both doors validate their input with
-the same request models (`dispatcher.intake.requests`) and then call these, so they cannot
-drift apart."""
+"""The pieces of the operator service (dispatcher.operator.service) that are plain functions:
+bulk redrive and discard of dead letters, the reschedule time rule, and the queue overview."""
 
 from __future__ import annotations
 
@@ -70,7 +68,7 @@ def long_past(due_at: datetime, now: datetime, tolerance_s: float) -> str | None
     more than `due_at_past_tolerance_s` ago is a mistake, and "now" says what was meant."""
     if due_at < now - timedelta(seconds=tolerance_s):
         return (
-            f"due_at: {rfc3339.format(due_at)} is more than {tolerance_s:.0f} s in the past; "
+            f"{rfc3339.format(due_at)} is more than {tolerance_s:.0f} s in the past; "
             'send "now" to run it now'
         )
     return None

@@ -41,6 +41,7 @@ class SettingsChangeError(DispatcherError, ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.reason = message
 
 
 class SettingsChange(BaseModel):

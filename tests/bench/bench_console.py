@@ -79,11 +79,11 @@ async def ensure_database(rows: int, keep: bool) -> str:
     await admin.execute(f'CREATE DATABASE "{name}"')
     await admin.close()
     url = SERVER.rsplit("/", 1)[0] + f"/{name}"
-    from dispatcher.db import migrations
+    from dispatcher.db import schema
     from dispatcher.db.pool import connect
 
     conn = await connect(url)
-    await migrations.migrate(conn)
+    await schema.migrate(conn)
     started = time.monotonic()
     for first in range(1, rows + 1, CHUNK):
         await conn.execute(FILL, first, min(rows, first + CHUNK - 1))

@@ -23,7 +23,7 @@ import aiohttp
 import asyncpg
 
 from dispatcher.api.guessing import MAX_ADDRESSES, GuessLimiter
-from dispatcher.db import migrations
+from dispatcher.db import schema
 from dispatcher.db.pool import create_pool
 from dispatcher.db.sessions import SessionRepository
 from tests.console.common import OPERATOR_TOKEN, TOKENS, sign_in
@@ -42,7 +42,7 @@ async def scratch_database() -> str:
     dsn = SERVER.rsplit("/", 1)[0] + f"/{name}"
     conn = await asyncpg.connect(dsn)
     try:
-        await migrations.migrate(conn)
+        await schema.migrate(conn)
     finally:
         await conn.close()
     return dsn

@@ -1,18 +1,32 @@
-"""Migration 015 splits each job into its intent and its state row. A database that already
-holds jobs in every state upgrades in place: every job reads the same through `dispatcher.jobs`
-afterwards, and each unfinished one then runs exactly once."""
+"""Migration 015 splits each job into its intent and its state row. A database that an earlier
+release left at migration 014 (its own function bodies, trigger and view: tests/db/releases/)
+and that holds jobs in every state upgrades in place: every job reads the same through
+`dispatcher.jobs` afterwards, the schema equals a fresh one, each unfinished job then runs
+exactly once, and a job enqueued after the upgrade runs too."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 
-from dispatcher.db import migrations
+from dispatcher.db import schema
+from dispatcher.db.snapshot import render
 from tests.harness import Target, make_settings, running_daemon, serve_target, wait_until
 
 UNFINISHED = ("due-later", "ready-now", "running-lease-lost", "cron-unit", "tenant-ready")
+RUN = (*UNFINISHED, "after-upgrade")  # and one enqueued after the upgrade
+RELEASE_014 = Path(__file__).with_name("releases") / "schema_v014.sql"
+
+
+async def load_release_014(conn: asyncpg.Connection) -> None:
+    """The schema as release 0.1.0 left it at migration 014, through its own pg_dump."""
+    await conn.execute(RELEASE_014.read_text())
+    await conn.execute("RESET ALL")  # the dump sets search_path and check_function_bodies
+
+
 FINISHED = ("succeeded", "dead", "cancelled", "discarded")
 
 
@@ -72,14 +86,19 @@ async def jobs_by_key(conn: asyncpg.Connection) -> dict[str, dict[str, Any]]:
 
 
 async def test_a_populated_database_upgrades_in_place_and_every_job_runs_once(
-    empty_db_url: str,
+    empty_db_url: str, db_url: str
 ) -> None:
+    fresh = await asyncpg.connect(db_url)  # a fresh migrate of this release
+    try:
+        fresh_schema = await render(fresh)
+    finally:
+        await fresh.close()
     target = Target()
     async with serve_target(target):
         conn = await asyncpg.connect(empty_db_url)
         try:
-            await migrations.migrate(conn, upto=14)
-            await populate(conn, target.url)
+            await load_release_014(conn)
+            await populate(conn, target.url)  # through that release's own enqueue_many
             before = await jobs_by_key(conn)
             assert {j["state"] for j in before.values()} == {
                 "scheduled",
@@ -91,12 +110,17 @@ async def test_a_populated_database_upgrades_in_place_and_every_job_runs_once(
                 "discarded",
             }
 
-            assert await migrations.migrate(conn, upto=15) == ["015_job_state.sql"]
+            applied = await schema.migrate(conn)
+            assert applied[0] == "015_job_state.sql"
 
             assert await jobs_by_key(conn) == before  # every column of every job, unchanged
             assert await conn.fetchval("SELECT count(*) FROM dispatcher.intents") == len(before)
             assert await conn.fetchval("SELECT count(*) FROM dispatcher.job_state") == len(before)
-            await migrations.migrate(conn)  # and whatever came after it
+            assert await render(conn) == fresh_schema  # functions, views, triggers included
+            await conn.execute(
+                "SELECT dispatcher.enqueue('after-upgrade', 'http', '{}', target => $1::jsonb)",
+                json.dumps({"url": target.url}),
+            )
         finally:
             await conn.close()
 
@@ -104,7 +128,7 @@ async def test_a_populated_database_upgrades_in_place_and_every_job_runs_once(
         async with running_daemon(settings):
 
             async def unfinished_done() -> bool:
-                return all(key in target.request_keys() for key in UNFINISHED)
+                return all(key in target.request_keys() for key in RUN)
 
             await wait_until(unfinished_done, timeout_s=30, what="the unfinished jobs to run")
             conn = await asyncpg.connect(empty_db_url)
@@ -117,7 +141,7 @@ async def test_a_populated_database_upgrades_in_place_and_every_job_runs_once(
                 await conn.close()
 
     ran = target.request_keys()
-    assert sorted(ran) == sorted(UNFINISHED), ran  # each once; nothing finished ran again
+    assert sorted(ran) == sorted(RUN), ran  # each once; nothing finished ran again
     for key in FINISHED:
         assert after[key] == before[key]
     assert after["running-lease-lost"]["attempt"] == 2  # the lost attempt still counts
@@ -127,6 +151,6 @@ async def test_a_populated_database_upgrades_in_place_and_every_job_runs_once(
 async def _all_succeeded(conn: asyncpg.Connection) -> bool:
     n = await conn.fetchval(
         "SELECT count(*) FROM dispatcher.jobs WHERE key = ANY ($1::text[]) AND state = 'succeeded'",
-        list(UNFINISHED),
+        list(RUN),
     )
-    return bool(n == len(UNFINISHED))
+    return bool(n == len(RUN))

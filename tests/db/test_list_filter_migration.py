@@ -10,7 +10,7 @@ from pathlib import Path
 
 import asyncpg
 
-from dispatcher.db import migrations
+from dispatcher.db import schema
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "operating.md"
 INDEXES = ("jobs_tenant_id", "jobs_handler_id", "jobs_run_key_id", "jobs_due_at_id")
@@ -37,7 +37,7 @@ async def test_indexes_built_concurrently_beforehand_are_kept_and_invalid_ones_r
 ) -> None:
     conn = await asyncpg.connect(empty_db_url)
     try:
-        await migrations.migrate(conn, upto=8)
+        await schema.migrate(conn, upto=8)
         await conn.execute(
             "INSERT INTO dispatcher.jobs (key, request_hash, queue, tenant, handler, payload,"
             " state, due_at, max_attempts, max_retry_age_s, budget_started_at, run_key)"
@@ -53,7 +53,7 @@ async def test_indexes_built_concurrently_beforehand_are_kept_and_invalid_ones_r
         )
         before = await index_states(conn)
 
-        assert await migrations.migrate(conn, upto=9) == ["009_list_filters.sql"]
+        assert await schema.migrate(conn, upto=9) == ["009_list_filters.sql"]
 
         after = await index_states(conn)
         assert "jobs_run_key" not in after

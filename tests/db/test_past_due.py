@@ -17,7 +17,7 @@ import pytest
 from dispatcher.config.settings import Settings
 from dispatcher.cron.schedules import ScheduleSettings
 from dispatcher.cron.service import CronService
-from dispatcher.db import migrations
+from dispatcher.db import schema
 from dispatcher.db.jobs import JobRepository
 from dispatcher.model import Job, NewJob
 from tests.conftest import scratch_database
@@ -214,7 +214,7 @@ async def test_the_migration_moves_waiting_budgets_to_their_acceptance(server_ur
     async with scratch_database(server_url, f"dispatcher_t011_{os.getpid()}") as url:
         conn = await asyncpg.connect(url)
         try:
-            await migrate_up_to(conn, 10)
+            await schema.migrate(conn, upto=10)
             rows = [
                 ("waiting", "ready", "-2 hours", "-2 hours"),
                 ("finished", "succeeded", "-2 hours", "-2 hours"),
@@ -231,7 +231,7 @@ async def test_the_migration_moves_waiting_budgets_to_their_acceptance(server_ur
                     due,
                     budget,
                 )
-            await migrations.migrate(conn)
+            await schema.migrate(conn)
             found = await conn.fetch(
                 "SELECT key, budget_started_at = created_at AS moved FROM dispatcher.jobs"
                 " ORDER BY id"
@@ -243,22 +243,6 @@ async def test_the_migration_moves_waiting_budgets_to_their_acceptance(server_ur
             ]
         finally:
             await conn.close()
-
-
-async def migrate_up_to(conn: asyncpg.Connection, last: int) -> None:
-    """The schema as a release that shipped migrations up to `last` left it."""
-    await conn.execute(
-        """CREATE SCHEMA dispatcher;
-           CREATE TABLE dispatcher.migrations (
-               version integer PRIMARY KEY, name text NOT NULL,
-               applied_at timestamptz NOT NULL DEFAULT now())"""
-    )
-    for version, name, sql in migrations.available():
-        if version <= last:
-            await conn.execute(sql)
-            await conn.execute(
-                "INSERT INTO dispatcher.migrations (version, name) VALUES ($1, $2)", version, name
-            )
 
 
 async def test_a_starting_daemon_writes_its_tolerance_for_the_sql_door(

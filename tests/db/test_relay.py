@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 import pytest
 
-from dispatcher.db import migrations
+from dispatcher.db import schema
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import connect
 from dispatcher.db.queries import query
@@ -174,20 +174,24 @@ async def test_migration_017_gives_what_a_relay_published_before_a_published_row
 ) -> None:
     conn = await connect(empty_db_url)
     try:
-        await migrations.migrate(conn, upto=16)
+        await schema.migrate(conn, upto=16)
         # as a daemon of that transport left it (migration 015: outbox rows only for a relay)
         await conn.execute("UPDATE dispatcher.intake_settings SET ready_outbox = $1", relay)
+        # two ready jobs as 016's doors wrote them (a release at 016 wrote intents and state rows,
+        # and an outbox row while a relay read them); the relay before 017 deleted the row of the
+        # job whose message the broker confirmed ('published')
         await conn.execute("""
-            SELECT dispatcher.enqueue_many(
-                       ARRAY['published', 'waiting'], ARRAY['http', 'http'],
-                       ARRAY['{}'::jsonb, '{}'::jsonb],
-                       targets => array_fill('{"url": "https://example.com/"}'::jsonb,
-                                             ARRAY[2]))""")
-        # the relay before 017 deleted the row of a job whose message the broker confirmed
-        await conn.execute("""
-            DELETE FROM dispatcher.outbox
-             WHERE job_id = (SELECT id FROM dispatcher.jobs WHERE key = 'published')""")
-        await migrations.migrate(conn)
+            INSERT INTO dispatcher.intents (key, request_hash, queue, tenant, handler, target,
+                                            payload, max_attempts, max_retry_age_s)
+            SELECT k, 'h', 'default', '', 'http', '{"url": "https://example.com/"}', '{}', 10, 60
+              FROM unnest(ARRAY['published', 'waiting']) k;
+            INSERT INTO dispatcher.job_state (id, queue, tenant, capability, state, due_at,
+                                              budget_started_at)
+            SELECT id, 'default', '', 'http:1', 'ready', now(), now() FROM dispatcher.intents;
+            INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
+            SELECT id, 'default', '', 'http:1' FROM dispatcher.intents
+             WHERE key = 'waiting' AND (SELECT ready_outbox FROM dispatcher.intake_settings)""")
+        await schema.migrate(conn)
         rows = await conn.fetch("""
             SELECT j.key, o.published_at IS NOT NULL AS published,
                    o.leased_until IS NOT NULL AS relayed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from dispatcher.db import migrations
+from dispatcher.db import schema
 from dispatcher.db.queries import all_queries
 from tests.conftest import scratch_database
 
@@ -13,9 +13,9 @@ from tests.conftest import scratch_database
 async def test_migrations_applied_twice_are_a_noop(db_url: str) -> None:
     conn = await asyncpg.connect(db_url)
     try:
-        assert await migrations.migrate(conn) == []
-        assert await migrations.current_version(conn) == migrations.latest_version()
-        await migrations.check_current(conn)
+        assert await schema.migrate(conn) == []
+        assert await schema.current_version(conn) == schema.latest_version()
+        await schema.check_current(conn)
     finally:
         await conn.close()
 
@@ -24,9 +24,11 @@ async def test_fresh_database_gets_every_migration(server_url: str) -> None:
     async with scratch_database(server_url, "dispatcher_fresh") as url:
         conn = await asyncpg.connect(url)
         try:
-            applied = await migrations.migrate(conn)
-            assert applied == [name for _, name, _ in migrations.available()]
-            assert await migrations.migrate(conn) == []
+            applied = await schema.migrate(conn)
+            assert applied == [name for _, name, _ in schema.available()] + [
+                f"functions/{name}" for name, _, _ in schema.function_files()
+            ]
+            assert await schema.migrate(conn) == []
         finally:
             await conn.close()
 

@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from dispatcher import __version__
-from dispatcher.db import migrations
+from dispatcher.db import schema
 from tests.harness import Result, cli, free_port
 
 # off loopback (check-config's test below), tokens need 32 characters or more
@@ -166,13 +166,14 @@ async def test_migrate_applies_everything_once_then_is_a_noop(
     tmp_path: Path, empty_db_url: str
 ) -> None:
     env = {"DISPATCHER_DATABASE_URL": empty_db_url}
-    names = [name for _, name, _ in migrations.available()]
+    names = [name for _, name, _ in schema.available()]
+    names += [f"functions/{name}" for name, _, _ in schema.function_files()]
 
     first = await cli("migrate", cwd=tmp_path, env=env)
     assert first.code == 0, first.stderr
     assert first.stdout.strip() == "applied: " + ", ".join(names)
     applied = await migration_rows(empty_db_url)
-    assert applied == [(version, name) for version, name, _ in migrations.available()]
+    assert applied == [(version, name) for version, name, _ in schema.available()]
 
     second = await cli("migrate", cwd=tmp_path, env=env)
     assert second.code == 0, second.stderr
@@ -188,6 +189,36 @@ async def test_migrate_on_the_current_test_database_twice(tmp_path: Path, db_url
         assert result.stdout.strip() == "schema is current"
     assert await migration_rows(db_url) == before
     assert not (tmp_path / "var").exists()  # the external database was used
+
+
+async def test_a_release_older_than_the_database_refuses_to_migrate_or_start(
+    tmp_path: Path, db_url: str
+) -> None:
+    """A newer release migrated this database: `migrate` and the daemon's start (auto_migrate)
+    each refuse in one line naming both versions and the fix, and change nothing."""
+    newer = schema.latest_version() + 1
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.execute(
+            "INSERT INTO dispatcher.migrations (version, name) VALUES ($1, 'newer.sql')", newer
+        )
+        await conn.execute("UPDATE dispatcher.function_files SET sha256 = 'newer'")
+        env = {"DISPATCHER_DATABASE_URL": db_url}
+        for args in (("migrate",), ("run",)):
+            result = await cli(*args, cwd=tmp_path, env=env)
+            assert result.code == 1, (args, result.stdout, result.stderr)
+            line = result.stderr.strip().splitlines()[-1]
+            assert (
+                f"database schema is at version {newer}, newer than this release knows "
+                f"({schema.latest_version()}, dispatcher {__version__}): run a dispatcher "
+                "release at least as new as the one that migrated it; nothing was changed"
+            ) in line, (args, result.stderr)
+        # its own function files were not put back over the newer release's
+        assert set(
+            await conn.fetchval("SELECT array_agg(sha256) FROM dispatcher.function_files")
+        ) == {"newer"}
+    finally:
+        await conn.close()
 
 
 async def seed_jobs(db_url: str) -> dict[str, int]:
@@ -269,7 +300,7 @@ async def test_jobs_commands_list_show_retry_and_cancel(tmp_path: Path, db_url: 
     again = await cli("jobs", "cancel", str(ids["wait"]), cwd=tmp_path, env=env)
     assert again.code == 1
     assert again.stderr.splitlines()[-1] == (
-        f"dispatcher: job {ids['wait']} is cancelled; cannot cancel"
+        f"dispatcher: job {ids['wait']} is already cancelled; nothing to cancel"
     )
     missing = await cli("jobs", "show", "999999", cwd=tmp_path, env=env)
     assert (missing.code, missing.stderr.splitlines()[-1]) == (1, "dispatcher: no job 999999")

@@ -188,9 +188,12 @@ async def test_discard_one_and_in_bulk_through_the_api_and_the_cli(
         assert view["finished_at"] is not None  # when it died: the dead retention counts from it
         status, doc = await post(d, f"/v1/jobs/{ids[0]}/discard")
         assert (status, doc["state"]) == (409, "discarded")
-        assert doc["detail"] == "job is discarded; only dead jobs can be discarded"
+        assert doc["detail"] == f"job {ids[0]} is discarded; only dead jobs can be discarded"
         status, doc = await post(d, f"/v1/jobs/{waiting['id']}/discard")
-        assert (status, doc["detail"]) == (409, "job is scheduled; only dead jobs can be discarded")
+        assert (status, doc["detail"]) == (
+            409,
+            f"job {waiting['id']} is scheduled; only dead jobs can be discarded",
+        )
         assert (await post(d, "/v1/jobs/424242/discard"))[0] == 404
         listed = await get(d, "/v1/jobs?state=discarded")
         assert [j["id"] for j in listed["items"]] == [ids[0]]
@@ -199,8 +202,8 @@ async def test_discard_one_and_in_bulk_through_the_api_and_the_cli(
         status, doc = await post(d, f"/v1/jobs/{ids[1]}/cancel")
         assert status == 409
         assert doc["detail"] == (
-            f"job is already dead; nothing to cancel; to set a dead letter aside, "
-            f"POST /v1/jobs/{ids[1]}/discard"
+            f"job {ids[1]} is already dead; nothing to cancel; to set a dead letter aside, "
+            "discard it"
         )
 
         one = await cli("jobs", "discard", str(ids[1]), "--json", cwd=tmp_path, env=env)

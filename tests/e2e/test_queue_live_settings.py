@@ -286,14 +286,13 @@ async def test_the_cli_refuses_bad_input_naming_the_option_and_changes_nothing(
             "VALUES ('default', 3, 60) ON CONFLICT DO NOTHING"
         )
         for args, code, words in (
-            (["--burst", "0"], 2, "--burst: burst: Input should be greater than or equal to 1"),
-            (["--window", "Mon-Fry 18:00-07:00"], 2, "--windows: windows: window 'Mon-Fry"),
-            (["--key-burst", "3"], 2, "set key_rate_per_s too"),
+            (["--burst", "0"], 2, "--burst: Input should be greater than or equal to 1"),
+            (["--window", "Mon-Fry 18:00-07:00"], 2, "--window: window 'Mon-Fry"),
+            (["--key-burst", "3"], 2, "--key-burst: key_burst is the burst of key_rate_per_s"),
             (["--burst", "x"], 2, "--burst: invalid int value"),
         ):
             result = await cli("queues", "set", QUEUE, *args, cwd=tmp_path, env=env)
             assert result.code == code and words in result.stderr, (args, result.stderr)
-            assert "nothing changed" in result.stderr or "invalid" in result.stderr
         result = await cli("queues", "set", "nope", "--burst", "3", cwd=tmp_path, env=env)
         assert result.code == 1 and "no queue 'nope'; queues: default" in result.stderr
         assert await conn.fetchval("SELECT overrides FROM dispatcher.queues") in ("{}", {})

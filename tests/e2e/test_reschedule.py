@@ -166,14 +166,13 @@ async def test_only_waiting_jobs_move_and_bad_times_change_nothing(
             )
             status, doc = await reschedule(d, job["id"], "now")
             assert (status, doc["state"]) == (409, state)
-            assert (
-                doc["detail"] == f"job is {state}; only scheduled or ready jobs can be rescheduled"
-            )
+            refusal = f"job {job['id']} is {state}; only scheduled or ready jobs can be rescheduled"
+            assert doc["detail"] == refusal
             refused = await cli(
                 "jobs", "reschedule", str(job["id"]), "--at", "now", cwd=tmp_path, env=env
             )
-            assert refused.code == 1
-            assert f"job {job['id']} is {state}; only scheduled or ready" in refused.stderr
+            # the same refusal at both doors (the operator service's words)
+            assert (refused.code, refused.stderr.splitlines()[-1]) == (1, f"dispatcher: {refusal}")
             assert (await d.get_job(job["id"]))["state"] == state
 
     bad = await cli("jobs", "reschedule", "1", "--at", "soon", cwd=tmp_path, env=env)

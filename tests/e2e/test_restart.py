@@ -12,7 +12,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from dispatcher.db import migrations
+from dispatcher.db import schema
 from tests.harness import DaemonProcess, daemon_process, get, post, terminate, wait_until
 
 JOB = {
@@ -89,7 +89,7 @@ async def test_readyz_reports_database_and_schema(
     async with daemon_process(env) as daemon:
         assert await get(daemon, "/readyz") == (200, {"ready": True, "reason": "ok"})
         db = await asyncpg.connect(db_url)
-        latest = migrations.latest_version()
+        latest = schema.latest_version()
 
         # schema behind this release -> not ready, and the reason says how to fix it
         await db.execute("DELETE FROM dispatcher.migrations WHERE version = $1", latest)

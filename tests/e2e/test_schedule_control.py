@@ -220,13 +220,30 @@ async def test_the_cli_pauses_what_the_running_daemon_honours_and_dry_runs_creat
         assert [p["outcome"] for p in json.loads(as_json.stdout)] == ["would_create"] * 2
         assert await runs(db_url) == 0
 
+        # trigger: one explicit period, while paused too; a bad period is a usage error
+        trigger = ["schedules", "trigger", "nightly", "--period", rfc3339(period)]
+        would = await cli(*trigger, "--dry-run", cwd=tmp_path, env=env)
+        assert (would.code, would.stdout.strip()) == (
+            0,
+            f"nightly:{rfc3339(period)}  would_create",
+        ), would.stderr
+        bad = await cli(*trigger[:3], "--period", "02:00", cwd=tmp_path, env=env)
+        assert bad.code == 2, bad.stderr
+        assert bad.stderr.splitlines()[-1].startswith("dispatcher: --period: "), bad.stderr
+        assert await runs(db_url) == 0
+        made = await cli(*trigger, "--json", cwd=tmp_path, env=env)
+        assert (made.code, json.loads(made.stdout)["outcome"]) == (0, "created"), made.stderr
+        again = await cli(*trigger, cwd=tmp_path, env=env)
+        assert again.stdout.strip() == f"nightly:{rfc3339(period)}  existing"
+        assert await runs(db_url) == 1
+
         resumed = await cli("schedules", "resume", "nightly", cwd=tmp_path, env=env)
         assert resumed.code == 0, resumed.stderr
         assert "PAUSED" not in resumed.stdout and resumed.stdout.startswith("nightly  cron=")
         assert (await schedule_view(daemon.base_url))["paused"] is False
 
         unknown = await cli("schedules", "pause", "other", cwd=tmp_path, env=env)
-        assert unknown.code == 2
+        assert unknown.code == 1  # not found, as for a job or a queue (not a usage error)
         assert unknown.stderr.splitlines()[-1] == (
             "dispatcher: no schedule 'other' (known: nightly)"
         )

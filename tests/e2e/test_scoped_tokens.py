@@ -193,19 +193,30 @@ async def test_operator_actions_are_logged_by_name_and_no_token_is_ever_logged(
         assert status == 200
 
     lines = [json.loads(line) for line in daemon.log_text().splitlines() if line.startswith("{")]
+    jid = job["id"]
     cancels = [
         (entry["token"], entry["message"])
         for entry in lines
-        if entry.get("token") and f"/v1/jobs/{job['id']}/" in entry["message"]
+        if entry.get("token")
+        and (f"/v1/jobs/{jid}/" in entry["message"] or f"job {jid}" in entry["message"])
     ]
     assert cancels == [
-        ("oncall", f"operator action POST /v1/jobs/{job['id']}/cancel by 'oncall': 200"),
-        ("oncall", f"operator action POST /v1/jobs/{job['id']}/cancel by 'oncall': 409"),
+        ("oncall", f"operator action cancel job {jid} by 'oncall' (api): done"),
+        (
+            "oncall",
+            f"operator action cancel job {jid} by 'oncall' (api): refused: "
+            f"job {jid} is already cancelled; nothing to cancel",
+        ),
         (
             "dashboards",
-            f"token 'dashboards' refused POST /v1/jobs/{job['id']}/retry: it lacks scope operate",
+            f"token 'dashboards' refused POST /v1/jobs/{jid}/retry: it lacks scope operate",
         ),
     ]
+    assert {
+        (e.get("actor"), e.get("door"))
+        for e in lines
+        if e["message"].startswith(f"operator action cancel job {jid} ")
+    } == {("oncall", "api")}
     text = daemon.log_text()
     for token, _ in TOKENS.values():
         assert token not in text

@@ -33,6 +33,7 @@ SHIPPED = [
     "dispatcher/share/config/sidecar/kubernetes.yaml",
     "dispatcher/share/systemd/dispatcher.service",
     "dispatcher/db/migrations/001_jobs.sql",
+    "dispatcher/db/functions/10_enqueue.sql",
     "dispatcher/py.typed",
 ]
 TEST_TOOLS = ("pytest", "hypothesis", "ruff", "mypy", "selenium", "schemathesis", "mkdocs")

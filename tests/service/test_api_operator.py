@@ -182,7 +182,9 @@ async def test_retry_of_a_dead_job_makes_it_ready_with_a_fresh_budget(api: Api) 
 
     # a second retry finds it ready: nothing to retry, and no second outbox row
     doc = await problem(await api.client.post(f"/v1/jobs/{job_id}/retry"), 409)
-    assert "job is ready; only dead, cancelled or discarded jobs can be retried" in doc["detail"]
+    assert doc["detail"] == (
+        f"job {job_id} is ready; only dead, cancelled or discarded jobs can be retried"
+    )
     assert await outbox_rows(api, job_id) == 1
 
 
@@ -203,7 +205,7 @@ async def test_retry_of_a_live_job_is_409(api: Api, state: str) -> None:
     if state == "running":
         await make_running(api, job_id)
     doc = await problem(await api.client.post(f"/v1/jobs/{job_id}/retry"), 409)
-    assert f"job is {state}" in doc["detail"]
+    assert f"job {job_id} is {state}" in doc["detail"]
     view = await get_json(api, f"/v1/jobs/{job_id}")
     assert view["state"] == state
 
@@ -225,7 +227,7 @@ async def test_cancel_of_a_waiting_job(api: Api, due_at: str | None) -> None:
     assert await outbox_rows(api, job_id) == 0  # nothing left to deliver
 
     doc = await problem(await api.client.post(f"/v1/jobs/{job_id}/cancel"), 409)
-    assert "job is already cancelled; nothing to cancel" in doc["detail"]
+    assert doc["detail"] == f"job {job_id} is already cancelled; nothing to cancel"
 
 
 async def test_cancel_of_a_running_job_requests_cancellation(api: Api) -> None:
@@ -241,7 +243,7 @@ async def test_cancel_of_a_dead_job_is_409(api: Api) -> None:
     job_id = await create(api, "cancel-dead")
     await make_dead(api, job_id)
     doc = await problem(await api.client.post(f"/v1/jobs/{job_id}/cancel"), 409)
-    assert "job is already dead" in doc["detail"]
+    assert f"job {job_id} is already dead" in doc["detail"]
     assert (await get_json(api, f"/v1/jobs/{job_id}"))["state"] == "dead"
 
 

@@ -1,6 +1,8 @@
-"""Every API route has an entry in the scope table (dispatcher.api.scopes), every entry is a
-route, and the OpenAPI document states the same scope for each operation. A route without an
-entry would need `operate` (fail closed): this test says which routes still need a decision."""
+"""The API is one table (dispatcher.api.routes.ROUTES): the router, the scope table and the
+OpenAPI document are all read from it, so a route cannot exist without its scope and its
+description. These tests hold that: every route the aiohttp application serves is a row, every
+row is served, the document describes exactly the rows, and states each row's scope. A route
+without a scope entry would need `operate` (fail closed)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,14 @@ from typing import Any
 
 from dispatcher.api.app import PUBLIC_PATHS, create_app
 from dispatcher.api.openapi import openapi_document
+from dispatcher.api.routes import ROUTES
 from dispatcher.api.scopes import ROUTE_SCOPES, required_scope
+from dispatcher.config.tokens import SCOPES
 
 
-def api_routes() -> set[tuple[str, str]]:
+def served(*, public: bool = False) -> set[tuple[str, str]]:
+    """(method, path) of every route the application serves (HEAD aside: aiohttp adds it to
+    each GET); the public ones too with `public`."""
     app = create_app(
         repo=None,  # type: ignore[arg-type]
         intake=None,  # type: ignore[arg-type]
@@ -22,13 +28,43 @@ def api_routes() -> set[tuple[str, str]]:
     routes = set()
     for route in app.router.routes():
         path = route.resource.canonical if route.resource else ""
-        if route.method != "HEAD" and path not in PUBLIC_PATHS:
+        if route.method != "HEAD" and (public or path not in PUBLIC_PATHS):
             routes.add((route.method, path))
     return routes
 
 
+def test_the_router_serves_exactly_the_rows_of_the_table() -> None:
+    rows = [(route.method, route.path) for route in ROUTES]
+    assert len(rows) == len(set(rows)), "a (method, path) twice in ROUTES"
+    assert served(public=True) == set(rows)
+
+
+def test_the_openapi_document_describes_exactly_the_rows_of_the_table() -> None:
+    document = openapi_document()
+    described = {
+        (method.upper(), path)
+        for path, operations in document["paths"].items()
+        for method in operations
+    }
+    assert described == {(route.method, route.path) for route in ROUTES}
+    schemas = document["components"]["schemas"]
+    for route in ROUTES:
+        operation = document["paths"][route.path][route.method.lower()]
+        assert operation["summary"] == route.summary
+        if isinstance(route.request, type):  # a request model: a named component schema
+            assert route.request.__name__ in schemas, route.path
+        assert (route.request is None) == ("requestBody" not in operation), route.path
+        assert any(code.startswith("2") for code in operation["responses"]), route.path
+
+
+def test_every_row_names_a_scope_or_is_public() -> None:
+    for route in ROUTES:
+        assert route.scope in (*SCOPES, None), (route.method, route.path)
+        assert (route.scope is None) == (route.path in PUBLIC_PATHS), route.path
+
+
 def test_every_route_has_a_scope_and_every_scope_a_route() -> None:
-    routes = api_routes()
+    routes = served()
     assert sorted(routes - set(ROUTE_SCOPES)) == [], "routes without an entry in ROUTE_SCOPES"
     assert sorted(set(ROUTE_SCOPES) - routes) == [], "entries of ROUTE_SCOPES with no route"
 

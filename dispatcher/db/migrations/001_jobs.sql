@@ -68,12 +68,6 @@ CREATE TABLE dispatcher.outbox (
 );
 CREATE INDEX outbox_claim ON dispatcher.outbox (queue, tenant, id);
 
--- The idempotency fingerprint of an accepted request; jsonb text is canonical (sorted keys).
-CREATE FUNCTION dispatcher.request_hash(
-    handler text, target jsonb, payload jsonb, queue text, tenant text,
-    requested_due_at timestamptz, max_attempts integer, max_retry_age_s integer
-) RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT md5(jsonb_build_array(handler, target, payload, queue, tenant,
-                                 extract(epoch FROM requested_due_at),
-                                 max_attempts, max_retry_age_s)::text)
-$$;
+-- Function, view and trigger bodies live in db/functions/, one file each (db/schema.py applies
+-- them after the migrations): dispatcher.request_hash, the idempotency fingerprint, was
+-- created here.

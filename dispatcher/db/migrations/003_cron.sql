@@ -32,24 +32,8 @@ CREATE TABLE dispatcher.runs (
 );
 CREATE INDEX runs_unfinished ON dispatcher.runs (schedule, period_start) WHERE finished_at IS NULL;
 
--- Receipts with unit counters: live from the jobs (index jobs_run_key) and falling back to the
--- finish snapshot once pruning has removed units. Operators can query this view from psql.
-CREATE VIEW dispatcher.run_receipts AS
-SELECT r.run_key, r.schedule, r.period_start, r.via, r.unit_count, r.overlap_decision,
-       r.overlap_with, r.created_at, r.released_at, r.finished_at,
-       CASE WHEN u.pruned THEN r.succeeded ELSE u.succeeded END AS succeeded,
-       CASE WHEN u.pruned THEN r.dead ELSE u.dead END AS dead,
-       CASE WHEN u.pruned THEN r.cancelled ELSE u.cancelled END AS cancelled
-  FROM dispatcher.runs r
- CROSS JOIN LATERAL (
-       SELECT count(*)::int AS total,
-              count(*) FILTER (WHERE j.state = 'succeeded')::int AS succeeded,
-              count(*) FILTER (WHERE j.state = 'dead')::int AS dead,
-              count(*) FILTER (WHERE j.state = 'cancelled')::int AS cancelled,
-              (r.finished_at IS NOT NULL AND r.succeeded IS NOT NULL
-               AND count(*) < r.unit_count) AS pruned
-         FROM dispatcher.jobs j
-        WHERE j.run_key = r.run_key) u;
+-- The view dispatcher.run_receipts (receipts with live unit counters) was created here; its
+-- body: db/functions/20_run_receipts.sql.
 
 -- Per schedule: every period start at or before checked_through has been accounted for (it
 -- has a run, or it was recorded in missed_periods). `enabled` is the state last configured,

@@ -18,25 +18,8 @@ ALTER TABLE dispatcher.missed_periods
 -- A unit an operator discarded (dead -> discarded) is terminal like the others; the finish
 -- snapshot keeps its count beside succeeded, dead and cancelled.
 ALTER TABLE dispatcher.runs ADD COLUMN discarded integer;
-
-CREATE OR REPLACE VIEW dispatcher.run_receipts AS
-SELECT r.run_key, r.schedule, r.period_start, r.via, r.unit_count, r.overlap_decision,
-       r.overlap_with, r.created_at, r.released_at, r.finished_at,
-       CASE WHEN u.pruned THEN r.succeeded ELSE u.succeeded END AS succeeded,
-       CASE WHEN u.pruned THEN r.dead ELSE u.dead END AS dead,
-       CASE WHEN u.pruned THEN r.cancelled ELSE u.cancelled END AS cancelled,
-       CASE WHEN u.pruned THEN coalesce(r.discarded, 0) ELSE u.discarded END AS discarded
-  FROM dispatcher.runs r
- CROSS JOIN LATERAL (
-       SELECT count(*)::int AS total,
-              count(*) FILTER (WHERE j.state = 'succeeded')::int AS succeeded,
-              count(*) FILTER (WHERE j.state = 'dead')::int AS dead,
-              count(*) FILTER (WHERE j.state = 'cancelled')::int AS cancelled,
-              count(*) FILTER (WHERE j.state = 'discarded')::int AS discarded,
-              (r.finished_at IS NOT NULL AND r.succeeded IS NOT NULL
-               AND count(*) < r.unit_count) AS pruned
-         FROM dispatcher.jobs j
-        WHERE j.run_key = r.run_key) u;
+-- dispatcher.run_receipts counts discarded units since this migration
+-- (db/functions/20_run_receipts.sql).
 
 -- The units of a run that are not terminal yet. A run is finished when this holds none of its
 -- units: one index probe per unfinished run, however many of its units are done (the sweep

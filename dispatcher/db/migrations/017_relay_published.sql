@@ -25,22 +25,14 @@ CREATE INDEX outbox_relayed_job ON dispatcher.outbox (job_id) WHERE leased_until
 -- published now: a consumer's claim deletes it, or, if the message was lost, the sweep has it
 -- published again once the bound passed. Reads the job table once (no index reaches ready jobs).
 -- With the in-process transport every ready job has a row already and nothing is written; where
--- a database says ready jobs get no outbox row at all (a dispatcher.ready_outbox() that answers
--- false: the in-process transport without an outbox), there is nothing to fill in.
-DO $$
-DECLARE
-    outbox_for_ready boolean := true;
-BEGIN
-    IF to_regprocedure('dispatcher.ready_outbox()') IS NOT NULL THEN
-        EXECUTE 'SELECT dispatcher.ready_outbox()' INTO outbox_for_ready;
-    END IF;
-    IF outbox_for_ready THEN
-        INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, leased_until,
-                                       published_at)
-        SELECT j.id, j.queue, j.tenant, j.handler || ':' || j.handler_version, now(), now()
-          FROM dispatcher.jobs j
-         WHERE j.state = 'ready'
-           AND NOT EXISTS (SELECT 1 FROM dispatcher.outbox o WHERE o.job_id = j.id);
-    END IF;
-END
-$$;
+-- a database says ready jobs get no outbox row at all (intake_settings.ready_outbox false: the
+-- in-process transport without an outbox), there is nothing to fill in.
+-- The state table and the setting are read directly, not through dispatcher.jobs and
+-- dispatcher.ready_outbox(): a migration needs no body of db/functions/, which are applied only
+-- after the last migration (db/schema.py).
+INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, leased_until, published_at)
+SELECT s.id, s.queue, s.tenant, s.capability, now(), now()
+  FROM dispatcher.job_state s
+ WHERE s.state = 'ready'
+   AND coalesce((SELECT i.ready_outbox FROM dispatcher.intake_settings i), false)
+   AND NOT EXISTS (SELECT 1 FROM dispatcher.outbox o WHERE o.job_id = s.id);

@@ -1,0 +1,408 @@
+"""The pieces the OpenAPI description is made of: component schemas (request schemas generated
+from the request models), shared parameters, and the helpers that write responses. The route
+table (dispatcher.api.routes) names them per operation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dispatcher.api.schemas import MAX_BATCH, BatchItem, RescheduleRequest
+from dispatcher.config.settings import NAME_PATTERN
+from dispatcher.intake.requests import DeadLetterRequest, JobRequest
+from dispatcher.model import STATES
+from dispatcher.operator.queue_limits import SettingsChange
+
+PROBLEM = {"$ref": "#/components/schemas/Problem"}
+
+
+def problem_responses(*codes: int) -> dict[str, Any]:
+    return {
+        str(code): {
+            "description": "problem",
+            "content": {"application/problem+json": {"schema": PROBLEM}},
+        }
+        for code in codes
+    }
+
+
+def json_ok(schema: dict[str, Any], description: str = "ok") -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def json_body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+JOB_ID = {
+    "name": "id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[0-9]+$"},
+}
+JOB = {"$ref": "#/components/schemas/Job"}
+TRACEPARENT_HEADER = {
+    "name": "traceparent",
+    "in": "header",
+    "required": False,
+    "description": (
+        "W3C trace context of the producer (README: Tracing). While tracing is on, the jobs "
+        "created join its trace and their pushes carry it on; a batch's header applies to "
+        "every item. An invalid or repeated header is ignored, never refused."
+    ),
+    "schema": {"type": "string"},
+}
+ATTEMPT = {"$ref": "#/components/schemas/Attempt"}
+ATTEMPT_OUTCOMES = ("succeeded", "retried", "dead", "cancelled", "lease_expired", "released")
+SCHEDULE_NAME = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+}
+# A run receipt (trigger), or what a dry run would do for the period (`outcome`
+# would_create | existing, `units`: the unit count when the fan-out is static).
+RUN = {
+    "type": "object",
+    "required": ["run_key", "period_start", "outcome"],
+    "properties": {
+        "run_key": {"type": "string"},
+        "period_start": {"type": "string", "format": "date-time"},
+        "outcome": {"enum": ["created", "existing", "would_create"]},
+        "dry_run": {"type": "boolean"},
+        "units": {"type": ["object", "integer", "null"]},
+    },
+}
+CATCH_UP = {
+    "type": "object",
+    "required": ["schedule", "dry_run", "runs"],
+    "properties": {
+        "schedule": {"type": "string"},
+        "dry_run": {"type": "boolean"},
+        "runs": {"type": "array", "items": RUN},
+        "created": {"type": "integer"},
+        "would_create": {"type": "integer"},
+        "existing": {"type": "integer"},
+    },
+}
+SCHEDULE = {
+    "type": "object",
+    "required": ["name", "enabled", "paused"],
+    "properties": {
+        "name": {"type": "string"},
+        "enabled": {"type": "boolean"},
+        "paused": {"type": "boolean"},
+        "paused_at": {"type": ["string", "null"], "format": "date-time"},
+        "next_fire_at": {"type": ["string", "null"], "format": "date-time"},
+        "missed": {"type": "object"},
+        "last_run": {"type": ["object", "null"]},
+        "on_finished": {"type": ["object", "null"]},
+    },
+}
+ACCEPTED = {"$ref": "#/components/schemas/Accepted"}
+PRINTABLE_ASCII = "^[ -~]{1,255}$"
+CURSOR_PATTERN = "^[0-9]{1,18}([.][0-9]{1,18})?$"
+# GET /v1/jobs: the filters beside state and queue (dispatcher.api.filters checks them)
+LIST_FILTERS = [
+    {
+        "name": "key",
+        "in": "query",
+        "description": "an idempotency key (exact; surrounding spaces and tabs dropped)",
+        "schema": {"type": "string", "pattern": PRINTABLE_ASCII},
+    },
+    {
+        "name": "tenant",
+        "in": "query",
+        "description": "jobs of this tenant (UTF-8, no NUL)",
+        "schema": {"type": "string", "maxLength": 255},
+    },
+    {
+        "name": "run_key",
+        "in": "query",
+        "description": "units of one cron run, e.g. nightly:2026-05-31T02:00:00Z",
+        "schema": {"type": "string", "pattern": PRINTABLE_ASCII},
+    },
+    {
+        "name": "handler",
+        "in": "query",
+        "description": '"http" or a handler name from the configuration',
+        "schema": {"type": "string", "pattern": NAME_PATTERN},
+    },
+    {
+        "name": "due_before",
+        "in": "query",
+        "description": "due before this time (exclusive), RFC 3339 with offset",
+        "schema": {"type": "string", "format": "date-time"},
+    },
+    {
+        "name": "due_after",
+        "in": "query",
+        "description": "due at or after this time (inclusive), RFC 3339 with offset",
+        "schema": {"type": "string", "format": "date-time"},
+    },
+]
+
+
+# Any request can be malformed at the HTTP level (a bad header, a broken length); the server
+# answers 400 before routing, in plain text when it never reached the application.
+MALFORMED = {
+    "description": "malformed request",
+    "content": {
+        "application/problem+json": {"schema": PROBLEM},
+        "text/plain": {"schema": {"type": "string"}},
+    },
+}
+
+
+# dead letters, reschedule, paused queues (operator control) ----------------------------------
+QUEUE_NAME = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+    "description": "a queue of the registry (GET /v1/queues); 404 lists them",
+}
+BULK_RESULT = {"$ref": "#/components/schemas/BulkResult"}
+QUEUE = {"$ref": "#/components/schemas/Queue"}
+
+
+# request and response schemas of single operations (dispatcher.api.routes)
+NULLABLE_STR = {"type": ["string", "null"]}
+LIMIT = {
+    "name": "limit",
+    "in": "query",
+    "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+}
+IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": True,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+}
+JOB_LIST = {
+    "type": "object",
+    "properties": {"items": {"type": "array", "items": JOB}, "next_cursor": NULLABLE_STR},
+}
+BATCH_REQUEST = {
+    "type": "object",
+    "required": ["jobs"],
+    "additionalProperties": False,
+    "properties": {
+        "jobs": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": MAX_BATCH,
+            "items": {"$ref": "#/components/schemas/BatchItem"},
+        }
+    },
+}
+BATCH_RESULTS = {
+    "type": "object",
+    "properties": {
+        "results": {
+            "type": "array",
+            "items": {"type": "object", "required": ["index", "status"]},
+        }
+    },
+}
+ATTEMPT_PAGE = {
+    "type": "object",
+    "required": ["job_id", "items", "next_cursor"],
+    "properties": {
+        "job_id": {"type": "integer"},
+        "items": {"type": "array", "items": ATTEMPT},
+        "next_cursor": NULLABLE_STR,
+    },
+}
+BULK_TEXT = (
+    "Dead jobs matching every filter given (at least one, or `all`), in batches of 1,000, "
+    "each committed on its own; only jobs dead when the call began. Idempotent: repeating "
+    "a finished call moves nothing. `dry_run` counts and changes nothing."
+)
+TRIGGER_REQUEST = {
+    "type": "object",
+    "required": ["period_start"],
+    "additionalProperties": False,
+    "properties": {
+        "period_start": {"type": "string", "format": "date-time"},
+        "dry_run": {"type": "boolean", "default": False},
+    },
+}
+CATCH_UP_REQUEST = {
+    "type": "object",
+    "required": ["from", "to"],
+    "additionalProperties": False,
+    "properties": {
+        "from": {"type": "string", "format": "date-time"},
+        "to": {"type": "string", "format": "date-time"},
+        "dry_run": {"type": "boolean", "default": False},
+    },
+}
+ANY_OBJECT = {"type": "object"}
+
+
+def _operator_schemas() -> dict[str, Any]:
+    template = "#/components/schemas/{model}"
+    nullable_str = {"type": ["string", "null"]}
+    return {
+        "RescheduleRequest": RescheduleRequest.model_json_schema(ref_template=template),
+        "DeadLetterRequest": DeadLetterRequest.model_json_schema(ref_template=template),
+        "SettingsChange": SettingsChange.model_json_schema(ref_template=template),
+        "BulkResult": {
+            "type": "object",
+            "required": ["action", "dry_run", "count"],
+            "properties": {
+                "action": {"enum": ["redrive", "discard"]},
+                "dry_run": {"type": "boolean"},
+                "count": {
+                    "type": "integer",
+                    "description": "jobs moved (a dry run: jobs that match, up to limit)",
+                },
+                "batches": {"type": "integer", "description": "statements of at most 1,000"},
+            },
+        },
+        "Queue": {
+            "type": "object",
+            "required": ["name", "paused", "jobs", "limits"],
+            "properties": {
+                "name": {"type": "string"},
+                "paused": {"type": "boolean"},
+                "paused_at": {**nullable_str, "format": "date-time"},
+                "configured_here": {
+                    "type": "boolean",
+                    "description": "this daemon's configuration has the queue (and its limits)",
+                },
+                "jobs": {
+                    "type": "object",
+                    "description": "jobs per state (sampled, at most a second old; estimated "
+                    "from planner statistics above a million jobs)",
+                    "properties": {state: {"type": "integer"} for state in STATES},
+                },
+                "oldest_ready_age_s": {"type": "number"},
+                "overdue": {"type": "integer"},
+                "limits": {"type": "object"},
+                "on_dead": {
+                    "type": ["object", "null"],
+                    "description": "where dead letters are reported (the target's origin only)",
+                },
+                "settings": {
+                    "type": "object",
+                    "description": "each live setting (rate_per_s, burst, max_inflight, "
+                    "key_max_inflight, key_rate_per_s, key_burst, windows) in force: value, "
+                    'source ("override", "file" or null) and the file\'s value',
+                },
+                "overrides_at": {**nullable_str, "format": "date-time"},
+                "window_open": {
+                    "type": "boolean",
+                    "description": "the queue may claim by its run windows (always without)",
+                },
+                "window_opens_at": {**nullable_str, "format": "date-time"},
+                "window_closes_at": {**nullable_str, "format": "date-time"},
+                "window_error": {
+                    **nullable_str,
+                    "description": "windows stored past every door that cannot be read "
+                    "(the daemons keep the last good ones)",
+                },
+            },
+        },
+    }
+
+
+def _job_schemas() -> dict[str, Any]:
+    """A job as the API shows it, and one attempt of its history."""
+    nullable_str = {"type": ["string", "null"]}
+    return {
+        "Attempt": {
+            "type": "object",
+            "required": ["attempt", "outcome", "owner", "finished_at"],
+            "properties": {
+                "attempt": {"type": "integer"},
+                "outcome": {"enum": list(ATTEMPT_OUTCOMES)},
+                "reason": {
+                    **nullable_str,
+                    "description": "why it failed: timeout, transient, rate_limited, "
+                    "error or a permanent failure's code; for dead, the dead reason",
+                },
+                "owner": {"type": "string", "description": "the lease owner"},
+                "started_at": nullable_str,
+                "finished_at": {"type": "string", "format": "date-time"},
+                "http_status": {"type": ["integer", "null"]},
+                "latency_s": {"type": ["number", "null"]},
+                "excerpt": {
+                    **nullable_str,
+                    "maxLength": 500,
+                    "description": "the error, or an http success's response start",
+                },
+            },
+        },
+        "Job": {
+            "type": "object",
+            "required": ["id", "key", "state", "attempt", "due_at"],
+            "properties": {
+                "id": {"type": "integer"},
+                "key": {"type": "string"},
+                "state": {"enum": list(STATES)},
+                "queue": {"type": "string"},
+                "attempt": {"type": "integer"},
+                "due_at": {"type": "string"},
+                "created_at": {"type": "string"},
+                "started_at": nullable_str,
+                "finished_at": nullable_str,
+                "last_error": nullable_str,
+                "dead_reason": nullable_str,
+                "tenant": nullable_str,
+                "handler": {"type": "string"},
+                "run_key": nullable_str,
+                "dead_letter_of": {
+                    "type": ["integer", "null"],
+                    "description": "a dead-letter notification: the job it reports on",
+                },
+            },
+        },
+    }
+
+
+def components() -> dict[str, Any]:
+    """The document's `components`: the bearer scheme and every named schema."""
+    job_request = JobRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    batch_item = BatchItem.model_json_schema(ref_template="#/components/schemas/{model}")
+    return {
+        "securitySchemes": {
+            "bearer": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": (
+                    "A token from DISPATCHER_API_TOKENS or DISPATCHER_API_TOKENS_FILE, when "
+                    "any is configured. Each token has scopes: read (GET), enqueue (POST "
+                    "/v1/jobs, /v1/jobs/batch), operate (everything that changes existing "
+                    "jobs, queues or schedules); each operation lists the one it needs."
+                ),
+            }
+        },
+        "schemas": {
+            "JobRequest": job_request,
+            "BatchItem": batch_item,
+            "Problem": {
+                "type": "object",
+                "required": ["title", "status", "detail"],
+                "properties": {
+                    "type": {"type": "string"},
+                    "title": {"type": "string"},
+                    "status": {"type": "integer"},
+                    "detail": {"type": "string"},
+                },
+            },
+            "Accepted": {
+                "type": "object",
+                "required": ["id", "key", "state", "due_at"],
+                "properties": {
+                    "id": {"type": "integer"},
+                    "key": {"type": "string"},
+                    "state": {"enum": list(STATES)},
+                    "due_at": {"type": "string", "format": "date-time"},
+                    "created_at": {"type": "string", "format": "date-time"},
+                },
+            },
+            **_job_schemas(),
+            **_operator_schemas(),
+        },
+    }

@@ -1,0 +1,411 @@
+"""The HTTP API as one table: each row is a route (method, path), the token scope it needs, its
+handler, and what the OpenAPI document says of it (summary, parameters, request and response
+schemas, the problems it answers). The router (`create_app`), the scope check
+(dispatcher.api.scopes) and /openapi.json (dispatcher.api.openapi) are all read from `ROUTES`,
+so a route cannot exist without its scope and its description (tests/unit/test_route_scopes.py).
+
+Adding an operator action: a method of the operator service, a handler in
+dispatcher.api.operate, and one row here (docs/architecture.md, "Adding an operator action").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from dispatcher.api import health, jobs, operate
+from dispatcher.api.contract import (
+    ACCEPTED,
+    ANY_OBJECT,
+    ATTEMPT_PAGE,
+    BATCH_REQUEST,
+    BATCH_RESULTS,
+    BULK_RESULT,
+    BULK_TEXT,
+    CATCH_UP,
+    CATCH_UP_REQUEST,
+    CURSOR_PATTERN,
+    IDEMPOTENCY_KEY,
+    JOB,
+    JOB_ID,
+    JOB_LIST,
+    LIMIT,
+    LIST_FILTERS,
+    QUEUE,
+    QUEUE_NAME,
+    RUN,
+    SCHEDULE,
+    SCHEDULE_NAME,
+    TRACEPARENT_HEADER,
+    TRIGGER_REQUEST,
+    json_body,
+    json_ok,
+    problem_responses,
+)
+from dispatcher.api.schemas import MAX_BATCH, RescheduleRequest
+from dispatcher.intake.requests import DeadLetterRequest, JobRequest
+from dispatcher.model import STATES
+from dispatcher.operator.queue_limits import SettingsChange
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One operation of the API. `scope` None: public (no token; health, metrics, this
+    description). `request`: the body's model (a component schema) or schema; `response`: the
+    200 answer's schema; `answers`: other answers by status; `problems`: the problem statuses
+    it may answer besides those every route has (400, 401, 403, 413, 429)."""
+
+    method: str
+    path: str
+    scope: str | None
+    handler: Handler
+    summary: str
+    request: type[BaseModel] | dict[str, Any] | None = None
+    response: dict[str, Any] | None = None
+    problems: tuple[int, ...] = ()
+    parameters: tuple[dict[str, Any], ...] = ()
+    description: str = ""
+    answers: dict[str, Any] = field(default_factory=dict)
+
+    def operation(self) -> dict[str, Any]:
+        """The route's OpenAPI operation object (before `openapi_document` adds the answers
+        every route shares and the scope)."""
+        operation: dict[str, Any] = {"summary": self.summary}
+        if self.description:
+            operation["description"] = self.description
+        if self.parameters:
+            operation["parameters"] = list(self.parameters)
+        if isinstance(self.request, type):
+            operation["requestBody"] = json_body(
+                {"$ref": f"#/components/schemas/{self.request.__name__}"}
+            )
+        elif self.request is not None:
+            operation["requestBody"] = json_body(self.request)
+        responses = {} if self.response is None else {"200": json_ok(self.response)}
+        operation["responses"] = {**responses, **self.answers, **problem_responses(*self.problems)}
+        if self.scope is None:
+            operation["security"] = []
+        return operation
+
+
+JOB_ROUTES = [
+    Route(
+        "POST",
+        "/v1/jobs",
+        "enqueue",
+        jobs.post_job,
+        "Accept a job (idempotent by Idempotency-Key)",
+        parameters=(IDEMPOTENCY_KEY, TRACEPARENT_HEADER),
+        request=JobRequest,
+        answers={"202": json_ok(ACCEPTED, "accepted (or the same request replayed)")},
+        problems=(400, 401, 409, 413, 422, 503),
+    ),
+    Route(
+        "GET",
+        "/v1/jobs",
+        "read",
+        jobs.list_jobs,
+        "List jobs, newest first (a due window: earliest due first)",
+        description=(
+            "Summaries of the jobs matching every filter given (an empty value filters "
+            "nothing). `key` is exact: the one job, or an empty list. `due_after` is inclusive, "
+            "`due_before` exclusive; with either, items come earliest due first. Pass "
+            "`next_cursor` as `cursor`, with the same filters, for the next page. An unknown "
+            "or repeated parameter is a 422."
+        ),
+        parameters=(
+            {"name": "state", "in": "query", "schema": {"enum": list(STATES)}},
+            {"name": "queue", "in": "query", "schema": {"type": "string"}},
+            *LIST_FILTERS,
+            LIMIT,
+            {
+                "name": "cursor",
+                "in": "query",
+                "schema": {"type": "string", "pattern": CURSOR_PATTERN},
+            },
+        ),
+        response=JOB_LIST,
+        problems=(401, 422),
+    ),
+    Route(
+        "POST",
+        "/v1/jobs/batch",
+        "enqueue",
+        jobs.post_batch,
+        f"Accept up to {MAX_BATCH} jobs; per-item results in order",
+        parameters=(TRACEPARENT_HEADER,),
+        request=BATCH_REQUEST,
+        response=BATCH_RESULTS,
+        problems=(400, 401, 413, 422),
+    ),
+    Route(
+        "GET",
+        "/v1/jobs/{id}",
+        "read",
+        jobs.get_job,
+        "Job status",
+        parameters=(JOB_ID,),
+        response=JOB,
+        problems=(401, 404),
+    ),
+    Route(
+        "GET",
+        "/v1/jobs/{id}/attempts",
+        "read",
+        jobs.list_attempts,
+        "The job's attempt history, newest first",
+        description=(
+            "One item per attempt that ended: succeeded, retried, dead, cancelled, "
+            "lease_expired (its worker vanished) or released (handed back by a graceful drain; "
+            "not counted, so the next attempt has the same number). Rows go when the job is "
+            "pruned."
+        ),
+        parameters=(JOB_ID, LIMIT, {"name": "cursor", "in": "query", "schema": {"type": "string"}}),
+        response=ATTEMPT_PAGE,
+        problems=(401, 404, 422),
+    ),
+]
+
+# operate: changes what happens to existing jobs, queues and schedules
+OPERATOR_ROUTES = [
+    Route(
+        "POST",
+        "/v1/jobs/{id}/retry",
+        "operate",
+        operate.retry_job,
+        "Retry a dead or cancelled job with a fresh attempt budget",
+        parameters=(JOB_ID,),
+        response=JOB,
+        problems=(401, 404, 409),
+    ),
+    Route(
+        "POST",
+        "/v1/jobs/{id}/cancel",
+        "operate",
+        operate.cancel_job,
+        "Cancel a waiting job; a running one is not retried",
+        parameters=(JOB_ID,),
+        response=JOB,
+        problems=(401, 404, 409),
+    ),
+    Route(
+        "POST",
+        "/v1/jobs/{id}/discard",
+        "operate",
+        operate.discard_job,
+        "Discard a dead job: terminal `discarded`, kept for the dead retention",
+        parameters=(JOB_ID,),
+        response=JOB,
+        problems=(401, 404, 409, 503),
+    ),
+    Route(
+        "POST",
+        "/v1/jobs/{id}/reschedule",
+        "operate",
+        operate.reschedule_job,
+        'Move a scheduled or ready job to another due time, or "now"',
+        description=(
+            "Later than now: `scheduled` (a ready job's outbox row is withdrawn). Now or "
+            "earlier: `ready` at once. The idempotency fingerprint is unchanged. Running and "
+            "terminal jobs: 409 naming the state."
+        ),
+        parameters=(JOB_ID,),
+        request=RescheduleRequest,
+        response=JOB,
+        problems=(401, 404, 409, 503, 422),
+    ),
+    Route(
+        "POST",
+        "/v1/jobs/redrive",
+        "operate",
+        operate.redrive_jobs,
+        "Bulk redrive: dead jobs back to ready with a fresh attempt budget",
+        description=BULK_TEXT,
+        request=DeadLetterRequest,
+        response=BULK_RESULT,
+        problems=(400, 401, 422, 503),
+    ),
+    Route(
+        "POST",
+        "/v1/jobs/discard",
+        "operate",
+        operate.discard_jobs,
+        "Bulk discard of dead jobs",
+        description=BULK_TEXT,
+        request=DeadLetterRequest,
+        response=BULK_RESULT,
+        problems=(400, 401, 422, 503),
+    ),
+    Route(
+        "GET",
+        "/v1/queues",
+        "read",
+        operate.list_queues,
+        "Queues: paused or not, jobs per state, oldest ready age, limits",
+        response={"type": "object", "properties": {"queues": {"type": "array", "items": QUEUE}}},
+        problems=(401, 503),
+    ),
+    Route(
+        "POST",
+        "/v1/queues/{name}/pause",
+        "operate",
+        operate.pause_queue,
+        "Pause a queue on every daemon of this database (idempotent)",
+        description=(
+            "Persisted; holds across restarts. Nothing of the queue is claimed; running "
+            "attempts finish; intake and the due-scan go on. Answers the queue."
+        ),
+        parameters=(QUEUE_NAME,),
+        response=QUEUE,
+        problems=(401, 404, 503),
+    ),
+    Route(
+        "POST",
+        "/v1/queues/{name}/resume",
+        "operate",
+        operate.resume_queue,
+        "Resume a paused queue (idempotent); its backlog starts at once",
+        parameters=(QUEUE_NAME,),
+        response=QUEUE,
+        problems=(401, 404, 503),
+    ),
+    Route(
+        "PATCH",
+        "/v1/queues/{name}",
+        "operate",
+        operate.patch_queue,
+        "Change a queue's limits or run windows at run time",
+        description=(
+            "A JSON merge patch of the live settings: a value sets a run-time override, null "
+            "removes one. Persisted; every daemon honours it within a second; an override "
+            "wins over the configuration file, also after a restart, until reset. 422 names "
+            "the field at fault; nothing changes."
+        ),
+        request=SettingsChange,
+        parameters=(QUEUE_NAME,),
+        response=QUEUE,
+        problems=(401, 404, 422, 503),
+    ),
+    Route(
+        "POST",
+        "/v1/queues/{name}/reset",
+        "operate",
+        operate.reset_queue,
+        "Remove every run-time override of a queue (the file's settings hold again)",
+        parameters=(QUEUE_NAME,),
+        response=QUEUE,
+        problems=(401, 404, 503),
+    ),
+    Route(
+        "GET",
+        "/v1/schedules",
+        "read",
+        operate.list_schedules,
+        "Schedules, last runs, missed periods, paused or not",
+        response={
+            "type": "object",
+            "properties": {"schedules": {"type": "array", "items": SCHEDULE}},
+        },
+        problems=(401,),
+    ),
+    Route(
+        "POST",
+        "/v1/schedules/{name}/trigger",
+        "operate",
+        operate.trigger_schedule,
+        "Create the run of one explicit period (idempotent); a dry run says whether it would "
+        "create it",
+        description=(
+            "Works on a paused schedule too (an explicit request). `dry_run`: 200 with "
+            "`outcome` `would_create` or `existing`, nothing created."
+        ),
+        parameters=(SCHEDULE_NAME,),
+        request=TRIGGER_REQUEST,
+        answers={
+            "200": json_ok(RUN, "the run existed already (or the dry run's answer)"),
+            "202": json_ok(RUN, "the run was created"),
+        },
+        problems=(400, 401, 404, 422, 503),
+    ),
+    Route(
+        "POST",
+        "/v1/schedules/{name}/catch-up",
+        "operate",
+        operate.catch_up_schedule,
+        "Create the runs of every period in [from, to] that has none (idempotent); a dry run "
+        "lists them and creates nothing",
+        description=(
+            "Missed periods (reasons not_fired, coalesced, disabled, paused) are never "
+            "backfilled on their own; this is the explicit way. At most 1,000 periods per "
+            "request; `to` may not lie in the future."
+        ),
+        parameters=(SCHEDULE_NAME,),
+        request=CATCH_UP_REQUEST,
+        answers={
+            "200": json_ok(CATCH_UP, "nothing created (every run existed, or a dry run)"),
+            "202": json_ok(CATCH_UP, "runs created"),
+        },
+        problems=(400, 401, 404, 422, 503),
+    ),
+    Route(
+        "POST",
+        "/v1/schedules/{name}/pause",
+        "operate",
+        operate.pause_schedule,
+        "Pause a schedule on every daemon of this database (idempotent)",
+        description=(
+            "Persisted; holds across restarts. Its periods are recorded as missed with reason "
+            "`paused` and never backfilled silently; explicit triggers and catch-up still "
+            "work. Answers the schedule's status."
+        ),
+        parameters=(SCHEDULE_NAME,),
+        response=SCHEDULE,
+        problems=(401, 404, 503),
+    ),
+    Route(
+        "POST",
+        "/v1/schedules/{name}/resume",
+        "operate",
+        operate.resume_schedule,
+        "Resume a paused schedule (idempotent)",
+        description=(
+            "The periods that passed while paused stay listed as missed (`paused`) for an "
+            "explicit catch-up. Answers the schedule's status."
+        ),
+        parameters=(SCHEDULE_NAME,),
+        response=SCHEDULE,
+        problems=(401, 404, 503),
+    ),
+]
+
+# public: no token; the separate metrics listener serves the first three too
+PUBLIC_ROUTES = [
+    Route("GET", "/healthz", None, health.healthz, "Alive", response=ANY_OBJECT),
+    Route(
+        "GET",
+        "/readyz",
+        None,
+        health.readyz,
+        "Database reachable, schema current, not draining",
+        response=ANY_OBJECT,
+        answers={"503": json_ok(ANY_OBJECT, "not ready")},
+    ),
+    Route(
+        "GET",
+        "/metrics",
+        None,
+        health.metrics_endpoint,
+        "Prometheus metrics",
+        answers={"200": {"description": "text exposition format"}},
+    ),
+    Route("GET", "/openapi.json", None, health.openapi, "This document", response=ANY_OBJECT),
+]
+
+ROUTES: list[Route] = [*JOB_ROUTES, *OPERATOR_ROUTES, *PUBLIC_ROUTES]
+PUBLIC_PATHS = frozenset(r.path for r in PUBLIC_ROUTES)

@@ -1,0 +1,76 @@
+"""How the API shows a job, a job in a list, an attempt and an accepted job (the CLI prints
+the same views)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from dispatcher.core import rfc3339
+from dispatcher.model import EnqueueResult
+
+
+def accepted_view(result: EnqueueResult) -> dict[str, Any]:
+    return {
+        "id": result.id,
+        "key": result.key,
+        "state": result.state,
+        "due_at": rfc3339.format(result.due_at),
+        "created_at": rfc3339.format(result.created_at),
+    }
+
+
+def _ts(value: datetime | None) -> str | None:
+    return rfc3339.format(value) if value else None
+
+
+def summary_view(row: dict[str, Any]) -> dict[str, Any]:
+    """A job in a list: what `JobRepository.list_summaries` reads (`last_error` cut short)."""
+    return {
+        "id": row["id"],
+        "key": row["key"],
+        "state": row["state"],
+        "queue": row["queue"],
+        "tenant": row["tenant"] or None,
+        "handler": row["handler"],
+        "attempt": row["attempt"],
+        "due_at": _ts(row["due_at"]),
+        "created_at": _ts(row["created_at"]),
+        "started_at": _ts(row["started_at"]),
+        "finished_at": _ts(row["finished_at"]),
+        "last_error": row["last_error"],
+        "dead_reason": row["dead_reason"],
+        "run_key": row["run_key"],
+    }
+
+
+def job_view(row: dict[str, Any]) -> dict[str, Any]:
+    """The status resource: the list view's fields plus what only one job's page shows."""
+    return {
+        **summary_view(row),
+        "handler_version": row["handler_version"],
+        # a URL that is no text (the SQL door stores a target as given) is shown as none
+        "target_url": row.get("target_url"),
+        "max_attempts": row["max_attempts"],
+        "max_retry_age_s": row["max_retry_age_s"],
+        "cancel_requested": row["cancel_requested"],
+        "result": row["result"],
+        "progress": row["progress"],
+        # a dead-letter notification: the id of the job whose death it reports
+        "dead_letter_of": row.get("dead_letter_of"),
+    }
+
+
+def attempt_view(row: dict[str, Any]) -> dict[str, Any]:
+    """One row of a job's attempt history (`JobRepository.attempts`)."""
+    return {
+        "attempt": row["attempt"],
+        "outcome": row["outcome"],
+        "reason": row["reason"],
+        "owner": row["owner"],
+        "started_at": _ts(row["started_at"]),
+        "finished_at": _ts(row["finished_at"]),
+        "http_status": row["http_status"],
+        "latency_s": row["latency_s"],
+        "excerpt": row["excerpt"],
+    }

@@ -1,0 +1,7 @@
+"""`python -m dispatcher.cli`: the `dispatcher` command."""
+
+import sys
+
+from dispatcher.cli import main
+
+sys.exit(main())

@@ -1,0 +1,109 @@
+-- The SQL door for one job, written lean because applications call it once per business
+-- change: the same checks and idempotency rules as enqueue_many, without its batch machinery.
+-- It refuses a due time out of range or long past; the retry budget starts at
+-- greatest(due, now()); it writes the intent and its state row (and an outbox row while a
+-- relay reads them), and wakes the listeners.
+CREATE OR REPLACE FUNCTION dispatcher.enqueue(
+    key             text,
+    handler         text,
+    payload         jsonb DEFAULT '{}',
+    due_at          timestamptz DEFAULT NULL,
+    queue           text DEFAULT NULL,
+    tenant          text DEFAULT NULL,
+    target          jsonb DEFAULT NULL,
+    max_attempts    integer DEFAULT NULL,
+    max_retry_age_s integer DEFAULT NULL
+) RETURNS bigint LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    queue_name  text := coalesce(queue, 'default');
+    tenant_name text := coalesce(tenant, '');
+    effective   timestamptz := coalesce(due_at, now());
+    defaults    dispatcher.queues;
+    version     integer;
+    fingerprint text;
+    new_id      bigint;
+    new_state   text;
+    found_id    bigint;
+    found_hash  text;
+    tolerance_s float8 := dispatcher.due_at_past_tolerance_s();
+BEGIN
+    IF key IS NULL OR length(key) NOT BETWEEN 1 AND 255 OR key ~ '[^ -~]' THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: invalid key %', quote_nullable(key)
+            USING ERRCODE = '22023', HINT = 'a key is 1 to 255 printable ASCII characters';
+    END IF;
+    SELECT h.current_version INTO version FROM dispatcher.handlers h WHERE h.name = handler;
+    IF version IS NULL THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: unknown handler %', quote_nullable(handler)
+            USING ERRCODE = '22023',
+                  HINT = 'use "http" or a handler configured in [handlers] (see dispatcher.handlers)';
+    END IF;
+    SELECT * INTO defaults FROM dispatcher.queues q WHERE q.name = queue_name;
+    IF defaults.name IS NULL THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: unknown queue %', quote_literal(queue_name)
+            USING ERRCODE = '22023',
+                  HINT = 'use a queue configured in [queues] (see dispatcher.queues), or NULL for default';
+    END IF;
+    IF payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: payload must be a JSON object'
+            USING ERRCODE = '22023', HINT = 'e.g. jsonb_build_object(''value'', 42)';
+    END IF;
+    IF (CASE WHEN handler = 'http' THEN jsonb_typeof(target -> 'url') IS DISTINCT FROM 'string'
+             ELSE target IS NOT NULL END) THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: handler "http" needs target {"url": ...}, other handlers take no target'
+            USING ERRCODE = '22023', HINT = 'pass target only with handler "http"';
+    END IF;
+    IF max_attempts < 1 OR max_retry_age_s < 0 THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: max_attempts must be >= 1 and max_retry_age_s >= 0'
+            USING ERRCODE = '22023', HINT = 'pass NULL to use the queue''s defaults';
+    END IF;
+    IF NOT (due_at <@ dispatcher.due_at_range()) THEN
+        PERFORM dispatcher.refuse_due_at(due_at);
+    END IF;
+    IF due_at < now() - make_interval(secs => tolerance_s) THEN
+        PERFORM dispatcher.refuse_past_due(due_at, tolerance_s);
+    END IF;
+    fingerprint := dispatcher.request_fingerprint(handler, target, payload, queue_name,
+                                                  tenant_name, due_at, max_attempts,
+                                                  max_retry_age_s);
+    FOR round IN 1..50 LOOP
+        INSERT INTO dispatcher.intents AS j
+               (key, request_hash, queue, tenant, handler, handler_version, target, payload,
+                max_attempts, max_retry_age_s)
+        VALUES (key, fingerprint, queue_name, tenant_name, handler, version, target, payload,
+                coalesce(max_attempts, defaults.max_attempts),
+                coalesce(max_retry_age_s, defaults.max_retry_age_s))
+            ON CONFLICT ON CONSTRAINT jobs_key_key DO NOTHING
+        RETURNING j.id INTO new_id;
+        IF new_id IS NOT NULL THEN
+            new_state := CASE WHEN effective <= now() THEN 'ready' ELSE 'scheduled' END;
+            INSERT INTO dispatcher.job_state (id, queue, tenant, capability, state, due_at,
+                                              budget_started_at)
+            VALUES (new_id, queue_name, tenant_name, handler || ':' || version, new_state,
+                    effective, greatest(effective, now()));
+            IF new_state = 'ready' AND dispatcher.ready_outbox() THEN
+                INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
+                VALUES (new_id, queue_name, tenant_name, handler || ':' || version);
+            END IF;
+            PERFORM pg_notify('dispatcher_wake', new_state);
+            RETURN new_id;
+        END IF;
+        SELECT j.id, j.request_hash INTO found_id, found_hash
+          FROM dispatcher.jobs j WHERE j.key = enqueue.key;
+        IF found_id IS NOT NULL THEN
+            IF found_hash <> fingerprint AND (found_hash LIKE 'v2:%' OR found_hash
+                   <> dispatcher.request_hash(handler, target, payload, queue_name, tenant_name,
+                                              due_at, max_attempts, max_retry_age_s)) THEN
+                RAISE EXCEPTION 'dispatcher.enqueue: key % already names job % with a different request',
+                    key, found_id
+                    USING ERRCODE = '23505',
+                          HINT = 'resend the original request unchanged, or choose a new key for new work';
+            END IF;
+            RETURN found_id;
+        END IF;
+        -- the conflicting insert was rolled back, or is not visible to this snapshot yet: retry
+    END LOOP;
+    RAISE EXCEPTION 'dispatcher.enqueue: could not resolve concurrent inserts of key %', key
+        USING ERRCODE = '40001', HINT = 'retry the transaction';
+END
+$$;

@@ -1,0 +1,180 @@
+-- The daemon's door for batches (HTTP intake, cron units): every item checked, the valid
+-- ones inserted (ON CONFLICT on the key), each item classified (created, existing, conflict),
+-- in one statement. It does not check the past-due tolerance: HTTP intake does, per item.
+-- Applications call dispatcher.enqueue_many, which checks the tolerance first.
+CREATE OR REPLACE FUNCTION dispatcher.enqueue_many_internal(
+    keys            text[],
+    handlers        text[],
+    payloads        jsonb[],
+    due_ats         timestamptz[] DEFAULT NULL,
+    queues          text[] DEFAULT NULL,
+    tenants         text[] DEFAULT NULL,
+    targets         jsonb[] DEFAULT NULL,
+    max_attempts    integer[] DEFAULT NULL,
+    max_retry_age_s integer[] DEFAULT NULL,
+    run_keys        text[] DEFAULT NULL
+) RETURNS SETOF dispatcher.enqueue_result
+LANGUAGE plpgsql
+-- a generic plan (cached after five calls) guesses ~10 items per array and goes quadratic
+SET plan_cache_mode = force_custom_plan
+AS $$
+DECLARE
+    n          integer := coalesce(cardinality(keys), 0);
+    ids        bigint[];           -- each item's id, drawn up front (see above)
+    pending    integer[];          -- NULL = every item; else the ordinals still unresolved
+    results    dispatcher.enqueue_result[];
+    outbox     boolean := dispatcher.ready_outbox();
+    created    integer;
+    checked    boolean := false;   -- every item validated one by one
+    bad        text;
+    rounds     integer := 0;
+    any_ready  boolean := false;
+    any_later  boolean := false;
+    bad_item   bigint;
+    bad_due    timestamptz;
+BEGIN
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+    IF coalesce(cardinality(handlers), 0) <> n OR coalesce(cardinality(payloads), 0) <> n
+       OR cardinality(due_ats) <> n OR cardinality(queues) <> n OR cardinality(tenants) <> n
+       OR cardinality(targets) <> n OR cardinality(max_attempts) <> n
+       OR cardinality(max_retry_age_s) <> n OR cardinality(run_keys) <> n THEN
+        RAISE EXCEPTION 'dispatcher.enqueue_many: every array must have % elements, one per job', n
+            USING ERRCODE = '22023', HINT = 'pass NULL instead of an array to use the defaults';
+    END IF;
+    SELECT u.o, u.d INTO bad_item, bad_due
+      FROM unnest(due_ats) WITH ORDINALITY AS u(d, o)
+     WHERE NOT (u.d <@ dispatcher.due_at_range())
+     ORDER BY u.o
+     LIMIT 1;
+    IF bad_item IS NOT NULL THEN
+        PERFORM dispatcher.refuse_due_at(bad_due, bad_item);
+    END IF;
+    -- keys are checked for the whole array at once; a bad one is named by the full check
+    IF array_position(keys, NULL) IS NOT NULL OR array_to_string(keys, '') ~ '[^ -~]' THEN
+        PERFORM dispatcher.enqueue_check(keys, handlers, payloads, queues, targets, max_attempts,
+                                         max_retry_age_s);
+        checked := true;
+    END IF;
+    ids := ARRAY(SELECT nextval(pg_get_serial_sequence('dispatcher.intents', 'id')::regclass)
+                   FROM generate_series(1, n));
+
+    LOOP
+        WITH ins_intent AS (
+            INSERT INTO dispatcher.intents AS j
+                   (id, key, request_hash, queue, tenant, handler, handler_version, target, payload,
+                    max_attempts, max_retry_age_s, run_key)
+            OVERRIDING SYSTEM VALUE
+            SELECT u.id, u.k,
+                   dispatcher.request_fingerprint(u.h, u.tg, u.p, coalesce(u.q, 'default'),
+                                                  coalesce(u.t, ''), u.d, u.ma, u.mra),
+                   coalesce(u.q, 'default'), coalesce(u.t, ''), u.h, u.hv, u.tg,
+                   u.p, coalesce(u.ma, u.queue_ma), coalesce(u.mra, u.queue_mra), u.rk
+              FROM (SELECT u.*, qd.max_attempts AS queue_ma, qd.max_retry_age_s AS queue_mra,
+                           hd.current_version AS hv
+                      FROM unnest(keys, handlers, payloads, due_ats, queues, tenants, targets,
+                                  max_attempts, max_retry_age_s, run_keys, ids)
+                           WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, rk, id, o)
+                      JOIN dispatcher.queues qd ON qd.name = coalesce(u.q, 'default')
+                      JOIN dispatcher.handlers hd ON hd.name = u.h
+                     WHERE pending IS NULL OR u.o IN (SELECT unnest(pending))
+                    -- planned for every item: the filter below would make the planner expect
+                    -- a handful and probe the two registries once per item
+                    OFFSET 0) u
+               -- the rules enqueue_check words; an item breaking one is left out, found below
+             WHERE length(u.k) BETWEEN 1 AND 255 AND jsonb_typeof(u.p) = 'object'
+               AND CASE WHEN u.h = 'http' THEN jsonb_typeof(u.tg -> 'url') = 'string'
+                        ELSE u.tg IS NULL END
+               AND coalesce(u.ma >= 1, true) AND coalesce(u.mra >= 0, true)
+             ORDER BY u.o       -- of two items with one key, the first is created
+                ON CONFLICT (key) DO NOTHING
+            RETURNING j.id, j.queue, j.run_key, j.tenant, j.handler || ':' || j.handler_version AS cap
+        ), ins_state AS (
+            INSERT INTO dispatcher.job_state AS s (id, queue, run_key, tenant, capability, state,
+                                                   due_at, budget_started_at)
+            SELECT n.id, n.queue, n.run_key, n.tenant, n.cap,
+                   CASE WHEN coalesce(d.due, now()) <= now() THEN 'ready' ELSE 'scheduled' END,
+                   coalesce(d.due, now()), greatest(d.due, now())
+              FROM ins_intent n
+              -- due now (no due_ats) needs no join
+              LEFT JOIN (SELECT u.id, u.due FROM unnest(ids, due_ats) AS u(id, due)
+                          WHERE due_ats IS NOT NULL) d ON d.id = n.id
+            RETURNING s.id, s.queue, s.tenant, s.capability, s.state
+        ), outboxed AS (
+            INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
+            SELECT s.id, s.queue, s.tenant, s.capability FROM ins_state s
+             WHERE outbox AND s.state = 'ready'
+        )
+        SELECT count(*) INTO created FROM ins_state;
+        IF created = coalesce(cardinality(pending), n) THEN
+            -- every item created: its answer is what was written (created_at = now())
+            RETURN QUERY
+            SELECT u.o::integer, u.id, u.k,
+                   CASE WHEN coalesce(u.d, now()) <= now() THEN 'ready' ELSE 'scheduled' END,
+                   coalesce(u.d, now()), now(), 'created'::text
+              FROM unnest(keys, due_ats, ids) WITH ORDINALITY AS u(k, d, id, o)
+             WHERE pending IS NULL OR u.o IN (SELECT unnest(pending));
+            any_ready := any_ready OR due_ats IS NULL OR EXISTS (
+                SELECT 1 FROM unnest(due_ats) WITH ORDINALITY AS u(d, o)
+                 WHERE (pending IS NULL OR u.o IN (SELECT unnest(pending)))
+                   AND (u.d IS NULL OR u.d <= now()));
+            any_later := any_later OR EXISTS (
+                SELECT 1 FROM unnest(due_ats) WITH ORDINALITY AS u(d, o)
+                 WHERE (pending IS NULL OR u.o IN (SELECT unnest(pending))) AND u.d > now());
+            EXIT;
+        END IF;
+        -- Some item was not created: invalid, or its key taken (before this call, by an earlier
+        -- item of it, or by a concurrent transaction). Each item is looked up.
+        IF NOT checked THEN
+            PERFORM dispatcher.enqueue_check(keys, handlers, payloads, queues, targets,
+                                             max_attempts, max_retry_age_s);
+            checked := true;
+        END IF;
+        results := ARRAY(
+            SELECT ROW(m.o, e.id, m.k, e.state, e.due_at, e.created_at,
+                       CASE
+                           WHEN e.id IS NULL THEN 'retry'   -- a concurrent insert not yet visible
+                           WHEN e.id = m.id THEN 'created'
+                           WHEN e.request_hash = dispatcher.request_fingerprint(
+                                    m.h, m.tg, m.p, m.q, m.t, m.d, m.ma, m.mra) THEN 'existing'
+                           -- a job accepted before migration 005 carries an md5 fingerprint
+                           WHEN e.request_hash NOT LIKE 'v2:%' AND e.request_hash
+                                = dispatcher.request_hash(m.h, m.tg, m.p, m.q, m.t, m.d, m.ma,
+                                                          m.mra) THEN 'existing'
+                           ELSE 'conflict'
+                       END)::dispatcher.enqueue_result
+              FROM (SELECT u.o::integer AS o, u.id, u.k, u.h, u.p, u.d, u.tg, u.ma, u.mra,
+                           coalesce(u.q, 'default') AS q, coalesce(u.t, '') AS t
+                      FROM unnest(keys, handlers, payloads, due_ats, queues, tenants, targets,
+                                  max_attempts, max_retry_age_s, ids)
+                           WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, id, o)
+                     WHERE pending IS NULL OR u.o IN (SELECT unnest(pending))) m
+              -- OFFSET 0 keeps this a per-item index probe: flattened, the planner may
+              -- hash-join a sequential scan of the whole table instead
+              LEFT JOIN LATERAL (
+                   SELECT x.id, x.state, x.due_at, x.created_at, x.request_hash
+                     FROM dispatcher.jobs x WHERE x.key = m.k OFFSET 0) e ON true);
+        RETURN QUERY SELECT * FROM unnest(results) r WHERE r.outcome <> 'retry';
+        any_ready := any_ready OR EXISTS (
+            SELECT 1 FROM unnest(results) r WHERE r.outcome = 'created' AND r.state = 'ready');
+        any_later := any_later OR EXISTS (
+            SELECT 1 FROM unnest(results) r WHERE r.outcome = 'created' AND r.state = 'scheduled');
+        pending := ARRAY(SELECT r.ord FROM unnest(results) r WHERE r.outcome = 'retry');
+        EXIT WHEN cardinality(pending) = 0;
+        rounds := rounds + 1;
+        IF rounds > 50 THEN
+            RAISE EXCEPTION 'dispatcher.enqueue: could not resolve concurrent inserts of the same keys'
+                USING ERRCODE = '40001', HINT = 'retry the transaction';
+        END IF;
+    END LOOP;
+
+    -- the payload tells listeners whom to wake: workers (ready) or the due-scan (scheduled)
+    IF any_ready THEN
+        PERFORM pg_notify('dispatcher_wake', 'ready');
+    END IF;
+    IF any_later THEN
+        PERFORM pg_notify('dispatcher_wake', 'scheduled');
+    END IF;
+END
+$$;
