@@ -40,6 +40,9 @@ class NewJob:
     run_key: str | None = None
     # W3C trace context the job was accepted in (stored only while tracing is on)
     traceparent: str | None = None
+    priority: int = 0  # -100..100, lower runs first
+    # the key per-key limits count by: None = the default (the tenant), "" = no key
+    concurrency_key: str | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -121,6 +124,7 @@ class JobFilter:
     handler: str | None = None
     due_before: datetime | None = None
     due_after: datetime | None = None
+    priority: int | None = None
 
     @property
     def by_due(self) -> bool:

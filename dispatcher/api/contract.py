@@ -116,6 +116,12 @@ LIST_FILTERS = [
         "schema": {"type": "string", "maxLength": 255},
     },
     {
+        "name": "priority",
+        "in": "query",
+        "description": "jobs of this priority (-100 to 100; lower runs first)",
+        "schema": {"type": "integer", "minimum": -100, "maximum": 100},
+    },
+    {
         "name": "run_key",
         "in": "query",
         "description": "units of one cron run, e.g. nightly:2026-05-31T02:00:00Z",
@@ -349,6 +355,8 @@ def _job_schemas() -> dict[str, Any]:
                 "finished_at": nullable_str,
                 "last_error": nullable_str,
                 "dead_reason": nullable_str,
+                "priority": {"type": "integer", "minimum": -100, "maximum": 100},
+                "concurrency_key": nullable_str,
                 "tenant": nullable_str,
                 "handler": {"type": "string"},
                 "run_key": nullable_str,

@@ -41,6 +41,8 @@ def summary_view(row: dict[str, Any]) -> dict[str, Any]:
         "last_error": row["last_error"],
         "dead_reason": row["dead_reason"],
         "run_key": row["run_key"],
+        "priority": row["priority"],
+        "concurrency_key": row["concurrency_key"],
     }
 
 

@@ -182,6 +182,7 @@ def _job_commands(command: Command) -> None:
     listing.add_argument("--tenant", help="jobs of this tenant")
     listing.add_argument("--run-key", help="units of a cron run, e.g. nightly:2026-05-31T02:00:00Z")
     listing.add_argument("--handler", help='"http" or a handler name from the configuration')
+    listing.add_argument("--priority", help="jobs of this priority (-100 to 100)")
     listing.add_argument(
         "--due-before", metavar="T", help="due before T (exclusive), RFC 3339 with offset"
     )

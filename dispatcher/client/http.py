@@ -106,6 +106,8 @@ class Job:
     tenant: str | None = None
     max_attempts: int | None = None
     max_retry_age_s: int | None = None
+    priority: int | None = None  # -100..100, lower runs first (None: the daemon's 0)
+    concurrency_key: str | None = None  # None: the tenant; "": no key (sent as null)
     extra: dict[str, Any] = field(default_factory=dict)  # fields newer than this client
 
 
@@ -136,8 +138,12 @@ def job_body(job: Job) -> dict[str, Any]:
         "tenant": job.tenant,
         "max_attempts": job.max_attempts,
         "max_retry_age_s": job.max_retry_age_s,
+        "priority": job.priority,
+        "concurrency_key": job.concurrency_key,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
+    if job.concurrency_key == "":
+        body["concurrency_key"] = None  # no key (omitted would mean the tenant)
     body.update(job.extra)
     return body
 
@@ -290,7 +296,7 @@ class Client(_Base):
 
     def list_jobs(self, *, limit: int = 50, cursor: str | None = None, **filters: Any) -> Page:
         """One page of GET /v1/jobs; filters: state, queue, key, tenant, run_key, handler,
-        due_before, due_after (datetimes or RFC 3339)."""
+        due_before, due_after (datetimes or RFC 3339), priority."""
         data = self.send(list_call(_filters(**filters), limit, cursor))
         return Page(list(data["items"]), data.get("next_cursor"))
 

@@ -74,6 +74,8 @@ class JobRepository:
             [i.max_attempts for i in items],
             [i.max_retry_age_s for i in items],
             [i.run_key for i in items],
+            [i.priority for i in items],
+            [i.concurrency_key for i in items],
         )
         if any(i.traceparent is not None for i in items):  # only while tracing is on
             if conn is not None:
@@ -289,12 +291,19 @@ class JobRepository:
             after_due = cursor.due_at if cursor is not None else None
             after_id = cursor.id if cursor is not None else None
             rows = await self.pool.fetch(
-                query("list_jobs_by_due"), f.state, f.queue, after_due, limit, *common, after_id
+                query("list_jobs_by_due"),
+                f.state,
+                f.queue,
+                after_due,
+                limit,
+                *common,
+                after_id,
+                f.priority,
             )
         else:
             before_id = cursor.id if cursor is not None else None
             rows = await self.pool.fetch(
-                query("list_jobs"), f.state, f.queue, before_id, limit, *common
+                query("list_jobs"), f.state, f.queue, before_id, limit, *common, f.priority
             )
         return [dict(r) for r in rows]
 

@@ -12,11 +12,12 @@
 
 -- name: enqueue_many
 -- Accept a batch of intents: the SQL door's checks, except the past-due tolerance, which HTTP
--- intake checks per item (a bad item must not reject its batch). See migration 011.
+-- intake checks per item (a bad item must not reject its batch). See migration 011. Each
+-- item's priority ($11) and concurrency key ($12: NULL = the tenant, '' = none), migration 023.
 SELECT ord, id, key, state, due_at, created_at, outcome
   FROM dispatcher.enqueue_many_internal($1::text[], $2::text[], $3::jsonb[], $4::timestamptz[],
                                         $5::text[], $6::text[], $7::jsonb[], $8::integer[],
-                                        $9::integer[], $10::text[]);
+                                        $9::integer[], $10::text[], $11::integer[], $12::text[]);
 
 -- name: set_traceparents
 -- Store the W3C trace context jobs were accepted in ($1 ids, $2 traceparents, in parallel), in
@@ -321,7 +322,7 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent
+       traceparent, priority, concurrency_key
   FROM dispatcher.jobs WHERE id = $1;
 
 -- name: get_job_by_key
@@ -330,7 +331,7 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent
+       traceparent, priority, concurrency_key
   FROM dispatcher.jobs WHERE key = $1;
 
 -- name: get_job_page
@@ -342,7 +343,7 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        CASE WHEN octet_length(target::text) <= $2 THEN target END AS target, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent,
+       traceparent, priority, concurrency_key,
        p.bytes AS payload_bytes,
        CASE WHEN p.bytes <= $2 THEN payload END AS payload,
        CASE WHEN p.bytes > $2 THEN left(p.text, $2) END AS payload_excerpt
@@ -366,19 +367,22 @@ SELECT id, attempt, owner, started_at, finished_at, outcome, reason, http_status
 -- A summary only: payload, target, result and progress may be near the body limit each, and
 -- 8 lists of 1,000 whole rows took the daemon to 1.5 GB. The full job is one GET away.
 -- Filters: $1 state, $2 queue, $3 before id, $5 key, $6 tenant, $7 run key, $8 handler,
--- $9 due before (exclusive), $10 due after (inclusive); a due window is better served by
+-- $9 due before (exclusive), $10 due after (inclusive), $11 priority (exact; migration 023's
+-- jobs_priority_id holds the jobs off the default 0); a due window is better served by
 -- list_jobs_by_due, which the repository uses for it. Every `$n IS NULL OR ...` folds away
 -- when the statement is planned with its values, as the pools always do
 -- (plan_cache_mode = force_custom_plan), so each filter given reaches its index (migration 009;
 -- tests/db/test_plans.py). A generic plan would keep the ORs and could use no index at all.
 SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, started_at,
-       finished_at, dead_reason, left(last_error, 500) AS last_error, run_key
+       finished_at, dead_reason, left(last_error, 500) AS last_error, run_key, priority,
+       concurrency_key
   FROM dispatcher.jobs
  WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
    AND ($3::bigint IS NULL OR id < $3)
    AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant = $6)
    AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler = $8)
    AND ($9::timestamptz IS NULL OR due_at < $9) AND ($10::timestamptz IS NULL OR due_at >= $10)
+   AND ($11::integer IS NULL OR priority = $11)
  ORDER BY id DESC
  LIMIT $4;
 
@@ -386,15 +390,17 @@ SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, star
 -- Operator listing of a due window, earliest due first, keyset-paginated by (due_at, id) after
 -- ($3, $11): an id order would sort the whole window or walk the table by id (3 s at 10 million
 -- rows for a month's window) where jobs_due_at_id walks forward from the window's start.
--- Same filters as list_jobs ($4 is the limit).
+-- Same filters as list_jobs ($4 is the limit, $12 the priority).
 SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, started_at,
-       finished_at, dead_reason, left(last_error, 500) AS last_error, run_key
+       finished_at, dead_reason, left(last_error, 500) AS last_error, run_key, priority,
+       concurrency_key
   FROM dispatcher.jobs
  WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
    AND ($3::timestamptz IS NULL OR (due_at, id) > ($3, $11::bigint))
    AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant = $6)
    AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler = $8)
    AND ($9::timestamptz IS NULL OR due_at < $9) AND ($10::timestamptz IS NULL OR due_at >= $10)
+   AND ($12::integer IS NULL OR priority = $12)
  ORDER BY due_at, id
  LIMIT $4;
 
@@ -416,7 +422,7 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent
+       traceparent, priority, concurrency_key
   FROM retried;
 
 -- name: cancel_job
@@ -438,7 +444,7 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent
+       traceparent, priority, concurrency_key
   FROM cancelled;
 
 -- name: discard_job
@@ -448,7 +454,7 @@ RETURNING id, key, request_hash, queue, tenant, handler, handler_version,
           target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
           budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
           last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-          traceparent;
+          traceparent, priority, concurrency_key;
 
 -- name: move_dead
 -- Bulk redrive ($8 = 'ready': like a retry, with a fresh attempt budget and an outbox row) or

@@ -84,7 +84,9 @@ CREATE TABLE dispatcher.intents (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     dead_letter_of bigint,
     traceparent text,
-    size_bytes bigint
+    size_bytes bigint,
+    priority smallint DEFAULT 0 NOT NULL,
+    concurrency_key text
 );
 
 CREATE TABLE dispatcher.job_state (
@@ -105,7 +107,9 @@ CREATE TABLE dispatcher.job_state (
     last_error text,
     dead_reason text,
     started_at timestamp with time zone,
-    finished_at timestamp with time zone
+    finished_at timestamp with time zone,
+    priority smallint DEFAULT 0 NOT NULL,
+    concurrency_key text
 ) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_analyze_scale_factor=0.02);
 
 CREATE TABLE dispatcher.jobs (
@@ -136,7 +140,9 @@ CREATE TABLE dispatcher.jobs (
     started_at timestamp with time zone,
     finished_at timestamp with time zone,
     dead_letter_of bigint,
-    traceparent text
+    traceparent text,
+    priority smallint DEFAULT 0,
+    concurrency_key text
 );
 
 CREATE TABLE dispatcher.migrations (
@@ -160,7 +166,8 @@ CREATE TABLE dispatcher.outbox (
     capability text NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     leased_until timestamp with time zone,
-    published_at timestamp with time zone
+    published_at timestamp with time zone,
+    priority smallint DEFAULT 0 NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=5000);
 
 CREATE TABLE dispatcher.queues (
@@ -254,6 +261,10 @@ ALTER TABLE dispatcher.intake_settings ADD CONSTRAINT intake_settings_pkey PRIMA
 
 ALTER TABLE dispatcher.intake_settings ADD CONSTRAINT intake_settings_singleton_check CHECK (singleton);
 
+ALTER TABLE dispatcher.intents ADD CONSTRAINT intents_concurrency_key_length CHECK (length(concurrency_key) >= 1 AND length(concurrency_key) <= 200) NOT VALID NOT VALID;
+
+ALTER TABLE dispatcher.intents ADD CONSTRAINT intents_priority_range CHECK (priority >= '-100'::integer AND priority <= 100) NOT VALID NOT VALID;
+
 ALTER TABLE dispatcher.intents ADD CONSTRAINT jobs_key_check CHECK (length(key) >= 1 AND length(key) <= 255);
 
 ALTER TABLE dispatcher.intents ADD CONSTRAINT jobs_key_key UNIQUE (key);
@@ -326,7 +337,9 @@ CREATE INDEX jobs_due_at_id ON dispatcher.job_state USING btree (due_at, id);
 
 CREATE INDEX jobs_handler_id ON dispatcher.intents USING btree (handler, id);
 
-CREATE INDEX jobs_ready_claim ON dispatcher.job_state USING btree (queue, tenant, id) WHERE (state = 'ready'::text);
+CREATE INDEX jobs_priority_id ON dispatcher.job_state USING btree (priority, id) WHERE (priority <> 0);
+
+CREATE INDEX jobs_ready_claim ON dispatcher.job_state USING btree (queue, priority, tenant, due_at, id) WHERE (state = 'ready'::text);
 
 CREATE INDEX jobs_run_key_id ON dispatcher.job_state USING btree (run_key, id) WHERE (run_key IS NOT NULL);
 
@@ -342,7 +355,7 @@ CREATE INDEX jobs_tenant_id ON dispatcher.intents USING btree (tenant, id) WHERE
 
 CREATE INDEX jobs_terminal ON dispatcher.job_state USING btree (state, queue, finished_at) WHERE (state = ANY (ARRAY['succeeded'::text, 'dead'::text, 'cancelled'::text]));
 
-CREATE INDEX outbox_claim ON dispatcher.outbox USING btree (queue, tenant, id);
+CREATE INDEX outbox_claim ON dispatcher.outbox USING btree (queue, priority, tenant, id);
 
 CREATE INDEX outbox_relayed_job ON dispatcher.outbox USING btree (job_id) WHERE (leased_until IS NOT NULL);
 
@@ -478,6 +491,108 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.claim_pick(q text, wanted integer, caps text[], after_priority integer, after_tenant text)
+ RETURNS TABLE(id bigint, pos integer, priority smallint, tenant text, turn integer)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    lvl     smallint;
+    need      integer := wanted;
+    taken     bigint[] := '{}';
+    walked    text[];      -- the tenants of this round, in turn order
+    turns     integer[];   -- their turns (positions in the walk from the cursor)
+    share     integer;
+    got_ids   bigint[];
+    got_names text[];
+    got_turns integer[];
+    filled    text[];
+    rounds    integer;
+BEGIN
+    IF wanted < 1 OR EXISTS (SELECT 1 FROM dispatcher.queues x WHERE x.name = q AND x.paused) THEN
+        RETURN;  -- a paused queue offers nothing
+    END IF;
+    LOOP
+        SELECT min(s.priority) INTO lvl FROM dispatcher.job_state s
+         WHERE s.queue = q AND s.state = 'ready' AND (lvl IS NULL OR s.priority > lvl);
+        EXIT WHEN lvl IS NULL;
+        -- the walk: the tenants after the cursor, then from the first name round to it
+        WITH RECURSIVE onward AS (
+            (SELECT s.tenant FROM dispatcher.job_state s
+              WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
+                AND (lvl IS DISTINCT FROM after_priority OR s.tenant > after_tenant)
+              ORDER BY s.tenant LIMIT 1)
+            UNION ALL
+            SELECT n.tenant FROM onward o
+             CROSS JOIN LATERAL (
+                   SELECT s.tenant FROM dispatcher.job_state s
+                    WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
+                      AND s.tenant > o.tenant
+                    ORDER BY s.tenant LIMIT 1) n
+        ), round_ AS (
+            (SELECT s.tenant FROM dispatcher.job_state s
+              WHERE lvl = after_priority AND s.queue = q AND s.state = 'ready'
+                AND s.priority = lvl AND s.tenant <= after_tenant
+              ORDER BY s.tenant LIMIT 1)
+            UNION ALL
+            SELECT n.tenant FROM round_ o
+             CROSS JOIN LATERAL (
+                   SELECT s.tenant FROM dispatcher.job_state s
+                    WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
+                      AND s.tenant > o.tenant AND s.tenant <= after_tenant
+                    ORDER BY s.tenant LIMIT 1) n
+        )
+        -- read lazily: the walk stops after `need` tenants (the append reads `onward` first)
+        SELECT array_agg(w.tenant), array_agg(w.n)
+          INTO walked, turns
+          FROM (SELECT t.tenant, row_number() OVER ()::integer AS n
+                  FROM (SELECT o.tenant FROM onward o
+                        UNION ALL SELECT r.tenant FROM round_ r LIMIT need) t) w;
+        rounds := 0;
+        LOOP
+            share := ceil(need::float8 / cardinality(walked))::integer;
+            WITH picked AS (
+                SELECT c.id, w.tenant, w.turn, c.rank
+                  FROM unnest(walked, turns) AS w(tenant, turn)
+                 CROSS JOIN LATERAL (
+                       SELECT l.id, row_number() OVER (ORDER BY l.due_at, l.id) AS rank
+                         FROM (SELECT s.id, s.due_at FROM dispatcher.job_state s
+                                WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
+                                  AND s.tenant = w.tenant AND s.capability = ANY (caps)
+                                  AND s.id <> ALL (taken)
+                                ORDER BY s.due_at, s.id
+                                LIMIT share
+                                  FOR UPDATE SKIP LOCKED) l) c
+            ), ordered AS (
+                SELECT p.* FROM picked p ORDER BY p.rank, p.turn LIMIT need
+            )
+            SELECT coalesce(array_agg(o.id ORDER BY o.rank, o.turn), '{}'),
+                   array_agg(o.tenant ORDER BY o.rank, o.turn),
+                   array_agg(o.turn ORDER BY o.rank, o.turn),
+                   (SELECT array_agg(f.tenant ORDER BY f.turn) FROM (
+                        SELECT p.tenant, p.turn FROM picked p GROUP BY p.tenant, p.turn
+                        HAVING count(*) = share) f)
+              INTO got_ids, got_names, got_turns, filled
+              FROM ordered o;
+            RETURN QUERY
+            SELECT g.id, (wanted - need + g.n)::integer, lvl, g.tenant, g.turn
+              FROM unnest(got_ids, got_names, got_turns) WITH ORDINALITY AS g(id, tenant, turn, n);
+            need := need - cardinality(got_ids);
+            taken := taken || got_ids;
+            IF need <= 0 THEN
+                RETURN;
+            END IF;
+            rounds := rounds + 1;
+            -- this priority is done for this claim when no tenant filled its share
+            EXIT WHEN filled IS NULL OR rounds >= 8;
+            walked := filled;
+            turns := ARRAY(SELECT u.turn FROM unnest(got_names, got_turns) AS u(tenant, turn)
+                            WHERE u.tenant = ANY (filled) GROUP BY u.tenant, u.turn
+                            ORDER BY u.turn);
+        END LOOP;
+    END LOOP;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION dispatcher.claim_settle(q text, granted integer, started integer, wait_s double precision)
  RETURNS double precision
  LANGUAGE plpgsql
@@ -590,7 +705,15 @@ AS $function$
     SELECT tstzrange('2000-01-01 00:00:00+00', '9999-12-31 23:59:59+00', '[]')
 $function$;
 
-CREATE OR REPLACE FUNCTION dispatcher.enqueue(key text, handler text, payload jsonb DEFAULT '{}'::jsonb, due_at timestamp with time zone DEFAULT NULL::timestamp with time zone, queue text DEFAULT NULL::text, tenant text DEFAULT NULL::text, target jsonb DEFAULT NULL::jsonb, max_attempts integer DEFAULT NULL::integer, max_retry_age_s integer DEFAULT NULL::integer)
+CREATE OR REPLACE FUNCTION dispatcher.effective_concurrency_key(requested text, tenant text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT CASE WHEN requested IS NULL THEN nullif(tenant, '') ELSE nullif(requested, '') END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.enqueue(key text, handler text, payload jsonb DEFAULT '{}'::jsonb, due_at timestamp with time zone DEFAULT NULL::timestamp with time zone, queue text DEFAULT NULL::text, tenant text DEFAULT NULL::text, target jsonb DEFAULT NULL::jsonb, max_attempts integer DEFAULT NULL::integer, max_retry_age_s integer DEFAULT NULL::integer, priority integer DEFAULT NULL::integer, concurrency_key text DEFAULT NULL::text)
  RETURNS bigint
  LANGUAGE plpgsql
 AS $function$
@@ -607,6 +730,8 @@ DECLARE
     found_id    bigint;
     found_hash  text;
     tolerance_s float8 := dispatcher.due_at_past_tolerance_s();
+    prio        integer := coalesce(priority, 0);
+    ckey        text := dispatcher.effective_concurrency_key(concurrency_key, coalesce(tenant, ''));
 BEGIN
     IF key IS NULL OR length(key) NOT BETWEEN 1 AND 255 OR key ~ '[^ -~]' THEN
         RAISE EXCEPTION 'dispatcher.enqueue: invalid key %', quote_nullable(key)
@@ -637,6 +762,17 @@ BEGIN
         RAISE EXCEPTION 'dispatcher.enqueue: max_attempts must be >= 1 and max_retry_age_s >= 0'
             USING ERRCODE = '22023', HINT = 'pass NULL to use the queue''s defaults';
     END IF;
+    IF prio NOT BETWEEN -100 AND 100 THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: priority % is out of range', prio
+            USING ERRCODE = '22023',
+                  HINT = 'a priority is an integer from -100 to 100, lower runs first (default 0)';
+    END IF;
+    IF length(concurrency_key) > 200 THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: concurrency_key is % characters long',
+            length(concurrency_key)
+            USING ERRCODE = '22023',
+                  HINT = 'a concurrency_key is 1 to 200 characters; NULL for the tenant, '''' for none';
+    END IF;
     IF NOT (due_at <@ dispatcher.due_at_range()) THEN
         PERFORM dispatcher.refuse_due_at(due_at);
     END IF;
@@ -645,25 +781,25 @@ BEGIN
     END IF;
     fingerprint := dispatcher.request_fingerprint(handler, target, payload, queue_name,
                                                   tenant_name, due_at, max_attempts,
-                                                  max_retry_age_s);
+                                                  max_retry_age_s, prio, concurrency_key);
     FOR round IN 1..50 LOOP
         INSERT INTO dispatcher.intents AS j
                (key, request_hash, queue, tenant, handler, handler_version, target, payload,
-                max_attempts, max_retry_age_s)
+                max_attempts, max_retry_age_s, priority, concurrency_key)
         VALUES (key, fingerprint, queue_name, tenant_name, handler, version, target, payload,
                 coalesce(max_attempts, defaults.max_attempts),
-                coalesce(max_retry_age_s, defaults.max_retry_age_s))
+                coalesce(max_retry_age_s, defaults.max_retry_age_s), prio, ckey)
             ON CONFLICT ON CONSTRAINT jobs_key_key DO NOTHING
         RETURNING j.id INTO new_id;
         IF new_id IS NOT NULL THEN
             new_state := CASE WHEN effective <= now() THEN 'ready' ELSE 'scheduled' END;
             INSERT INTO dispatcher.job_state (id, queue, tenant, capability, state, due_at,
-                                              budget_started_at)
+                                              budget_started_at, priority, concurrency_key)
             VALUES (new_id, queue_name, tenant_name, handler || ':' || version, new_state,
-                    effective, greatest(effective, now()));
+                    effective, greatest(effective, now()), prio, ckey);
             IF new_state = 'ready' AND dispatcher.ready_outbox() THEN
-                INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-                VALUES (new_id, queue_name, tenant_name, handler || ':' || version);
+                INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+                VALUES (new_id, queue_name, tenant_name, handler || ':' || version, prio);
             END IF;
             PERFORM pg_notify('dispatcher_wake', new_state);
             RETURN new_id;
@@ -671,7 +807,8 @@ BEGIN
         SELECT j.id, j.request_hash INTO found_id, found_hash
           FROM dispatcher.jobs j WHERE j.key = enqueue.key;
         IF found_id IS NOT NULL THEN
-            IF found_hash <> fingerprint AND (found_hash LIKE 'v2:%' OR found_hash
+            IF found_hash <> fingerprint AND (found_hash LIKE 'v2:%' OR prio <> 0
+                   OR ckey IS DISTINCT FROM nullif(tenant_name, '') OR found_hash
                    <> dispatcher.request_hash(handler, target, payload, queue_name, tenant_name,
                                               due_at, max_attempts, max_retry_age_s)) THEN
                 RAISE EXCEPTION 'dispatcher.enqueue: key % already names job % with a different request',
@@ -688,7 +825,7 @@ BEGIN
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION dispatcher.enqueue_check(keys text[], handlers text[], payloads jsonb[], queues text[], targets jsonb[], max_attempts integer[], max_retry_age_s integer[])
+CREATE OR REPLACE FUNCTION dispatcher.enqueue_check(keys text[], handlers text[], payloads jsonb[], queues text[], targets jsonb[], max_attempts integer[], max_retry_age_s integer[], priorities integer[] DEFAULT NULL::integer[], concurrency_keys text[] DEFAULT NULL::text[])
  RETURNS void
  LANGUAGE plpgsql
 AS $function$
@@ -715,10 +852,17 @@ BEGIN
                WHEN u.ma < 1 OR u.mra < 0 THEN
                    'pass NULL to use the queue''s defaults|max_attempts must be >= 1 and '
                    'max_retry_age_s >= 0'
+               WHEN u.pr NOT BETWEEN -100 AND 100 THEN
+                   format('a priority is an integer from -100 to 100, lower runs first (default '
+                          '0)|priority %s is out of range', u.pr)
+               WHEN length(u.ck) > 200 THEN
+                   format('a concurrency_key is 1 to 200 characters; NULL for the tenant, '''' '
+                          'for none|concurrency_key is %s characters long', length(u.ck))
            END)
       INTO bad
-      FROM unnest(keys, handlers, payloads, queues, targets, max_attempts, max_retry_age_s)
-           AS u(k, h, p, q, tg, ma, mra)
+      FROM unnest(keys, handlers, payloads, queues, targets, max_attempts, max_retry_age_s,
+                  priorities, concurrency_keys)
+           AS u(k, h, p, q, tg, ma, mra, pr, ck)
       LEFT JOIN dispatcher.queues qd ON qd.name = coalesce(u.q, 'default')
       LEFT JOIN dispatcher.handlers hd ON hd.name = u.h;
     IF bad IS NOT NULL THEN
@@ -729,7 +873,7 @@ BEGIN
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION dispatcher.enqueue_many(keys text[], handlers text[], payloads jsonb[], due_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], queues text[] DEFAULT NULL::text[], tenants text[] DEFAULT NULL::text[], targets jsonb[] DEFAULT NULL::jsonb[], max_attempts integer[] DEFAULT NULL::integer[], max_retry_age_s integer[] DEFAULT NULL::integer[], run_keys text[] DEFAULT NULL::text[])
+CREATE OR REPLACE FUNCTION dispatcher.enqueue_many(keys text[], handlers text[], payloads jsonb[], due_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], queues text[] DEFAULT NULL::text[], tenants text[] DEFAULT NULL::text[], targets jsonb[] DEFAULT NULL::jsonb[], max_attempts integer[] DEFAULT NULL::integer[], max_retry_age_s integer[] DEFAULT NULL::integer[], run_keys text[] DEFAULT NULL::text[], priorities integer[] DEFAULT NULL::integer[], concurrency_keys text[] DEFAULT NULL::text[])
  RETURNS SETOF dispatcher.enqueue_result
  LANGUAGE plpgsql
 AS $function$
@@ -750,11 +894,11 @@ BEGIN
     END IF;
     RETURN QUERY SELECT * FROM dispatcher.enqueue_many_internal(
         keys, handlers, payloads, due_ats, queues, tenants, targets, max_attempts,
-        max_retry_age_s, run_keys);
+        max_retry_age_s, run_keys, priorities, concurrency_keys);
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION dispatcher.enqueue_many_internal(keys text[], handlers text[], payloads jsonb[], due_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], queues text[] DEFAULT NULL::text[], tenants text[] DEFAULT NULL::text[], targets jsonb[] DEFAULT NULL::jsonb[], max_attempts integer[] DEFAULT NULL::integer[], max_retry_age_s integer[] DEFAULT NULL::integer[], run_keys text[] DEFAULT NULL::text[])
+CREATE OR REPLACE FUNCTION dispatcher.enqueue_many_internal(keys text[], handlers text[], payloads jsonb[], due_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], queues text[] DEFAULT NULL::text[], tenants text[] DEFAULT NULL::text[], targets jsonb[] DEFAULT NULL::jsonb[], max_attempts integer[] DEFAULT NULL::integer[], max_retry_age_s integer[] DEFAULT NULL::integer[], run_keys text[] DEFAULT NULL::text[], priorities integer[] DEFAULT NULL::integer[], concurrency_keys text[] DEFAULT NULL::text[])
  RETURNS SETOF dispatcher.enqueue_result
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_custom_plan'
@@ -780,7 +924,8 @@ BEGIN
     IF coalesce(cardinality(handlers), 0) <> n OR coalesce(cardinality(payloads), 0) <> n
        OR cardinality(due_ats) <> n OR cardinality(queues) <> n OR cardinality(tenants) <> n
        OR cardinality(targets) <> n OR cardinality(max_attempts) <> n
-       OR cardinality(max_retry_age_s) <> n OR cardinality(run_keys) <> n THEN
+       OR cardinality(max_retry_age_s) <> n OR cardinality(run_keys) <> n
+       OR cardinality(priorities) <> n OR cardinality(concurrency_keys) <> n THEN
         RAISE EXCEPTION 'dispatcher.enqueue_many: every array must have % elements, one per job', n
             USING ERRCODE = '22023', HINT = 'pass NULL instead of an array to use the defaults';
     END IF;
@@ -795,7 +940,7 @@ BEGIN
     -- keys are checked for the whole array at once; a bad one is named by the full check
     IF array_position(keys, NULL) IS NOT NULL OR array_to_string(keys, '') ~ '[^ -~]' THEN
         PERFORM dispatcher.enqueue_check(keys, handlers, payloads, queues, targets, max_attempts,
-                                         max_retry_age_s);
+                                         max_retry_age_s, priorities, concurrency_keys);
         checked := true;
     END IF;
     ids := ARRAY(SELECT nextval(pg_get_serial_sequence('dispatcher.intents', 'id')::regclass)
@@ -805,18 +950,24 @@ BEGIN
         WITH ins_intent AS (
             INSERT INTO dispatcher.intents AS j
                    (id, key, request_hash, queue, tenant, handler, handler_version, target, payload,
-                    max_attempts, max_retry_age_s, run_key)
+                    max_attempts, max_retry_age_s, run_key, priority, concurrency_key)
             OVERRIDING SYSTEM VALUE
             SELECT u.id, u.k,
                    dispatcher.request_fingerprint(u.h, u.tg, u.p, coalesce(u.q, 'default'),
-                                                  coalesce(u.t, ''), u.d, u.ma, u.mra),
+                                                  coalesce(u.t, ''), u.d, u.ma, u.mra,
+                                                  coalesce(u.pr, 0), u.asked_ck),
                    coalesce(u.q, 'default'), coalesce(u.t, ''), u.h, u.hv, u.tg,
-                   u.p, coalesce(u.ma, u.queue_ma), coalesce(u.mra, u.queue_mra), u.rk
-              FROM (SELECT u.*, qd.max_attempts AS queue_ma, qd.max_retry_age_s AS queue_mra,
+                   u.p, coalesce(u.ma, u.queue_ma), coalesce(u.mra, u.queue_mra), u.rk,
+                   coalesce(u.pr, 0), u.ck
+              FROM (SELECT u.k, u.h, u.p, u.d, u.q, u.t, u.tg, u.ma, u.mra, u.rk, u.id, u.o,
+                           u.pr, u.ck AS asked_ck,
+                           dispatcher.effective_concurrency_key(u.ck, coalesce(u.t, '')) AS ck,
+                           qd.max_attempts AS queue_ma, qd.max_retry_age_s AS queue_mra,
                            hd.current_version AS hv
                       FROM unnest(keys, handlers, payloads, due_ats, queues, tenants, targets,
-                                  max_attempts, max_retry_age_s, run_keys, ids)
-                           WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, rk, id, o)
+                                  max_attempts, max_retry_age_s, run_keys, ids, priorities,
+                                  concurrency_keys)
+                           WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, rk, id, pr, ck, o)
                       JOIN dispatcher.queues qd ON qd.name = coalesce(u.q, 'default')
                       JOIN dispatcher.handlers hd ON hd.name = u.h
                      WHERE pending IS NULL OR u.o IN (SELECT unnest(pending))
@@ -828,23 +979,27 @@ BEGIN
                AND CASE WHEN u.h = 'http' THEN jsonb_typeof(u.tg -> 'url') = 'string'
                         ELSE u.tg IS NULL END
                AND coalesce(u.ma >= 1, true) AND coalesce(u.mra >= 0, true)
+               AND coalesce(u.pr BETWEEN -100 AND 100, true)
+               AND coalesce(length(u.ck) <= 200, true)
              ORDER BY u.o       -- of two items with one key, the first is created
                 ON CONFLICT (key) DO NOTHING
-            RETURNING j.id, j.queue, j.run_key, j.tenant, j.handler || ':' || j.handler_version AS cap
+            RETURNING j.id, j.queue, j.run_key, j.tenant, j.handler || ':' || j.handler_version AS cap,
+                      j.priority, j.concurrency_key
         ), ins_state AS (
             INSERT INTO dispatcher.job_state AS s (id, queue, run_key, tenant, capability, state,
-                                                   due_at, budget_started_at)
+                                                   due_at, budget_started_at, priority,
+                                                   concurrency_key)
             SELECT n.id, n.queue, n.run_key, n.tenant, n.cap,
                    CASE WHEN coalesce(d.due, now()) <= now() THEN 'ready' ELSE 'scheduled' END,
-                   coalesce(d.due, now()), greatest(d.due, now())
+                   coalesce(d.due, now()), greatest(d.due, now()), n.priority, n.concurrency_key
               FROM ins_intent n
               -- due now (no due_ats) needs no join
               LEFT JOIN (SELECT u.id, u.due FROM unnest(ids, due_ats) AS u(id, due)
                           WHERE due_ats IS NOT NULL) d ON d.id = n.id
-            RETURNING s.id, s.queue, s.tenant, s.capability, s.state
+            RETURNING s.id, s.queue, s.tenant, s.capability, s.state, s.priority
         ), outboxed AS (
-            INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-            SELECT s.id, s.queue, s.tenant, s.capability FROM ins_state s
+            INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+            SELECT s.id, s.queue, s.tenant, s.capability, s.priority FROM ins_state s
              WHERE outbox AND s.state = 'ready'
         )
         SELECT count(*) INTO created FROM ins_state;
@@ -869,7 +1024,8 @@ BEGIN
         -- item of it, or by a concurrent transaction). Each item is looked up.
         IF NOT checked THEN
             PERFORM dispatcher.enqueue_check(keys, handlers, payloads, queues, targets,
-                                             max_attempts, max_retry_age_s);
+                                             max_attempts, max_retry_age_s, priorities,
+                                             concurrency_keys);
             checked := true;
         END IF;
         results := ARRAY(
@@ -878,18 +1034,24 @@ BEGIN
                            WHEN e.id IS NULL THEN 'retry'   -- a concurrent insert not yet visible
                            WHEN e.id = m.id THEN 'created'
                            WHEN e.request_hash = dispatcher.request_fingerprint(
-                                    m.h, m.tg, m.p, m.q, m.t, m.d, m.ma, m.mra) THEN 'existing'
+                                    m.h, m.tg, m.p, m.q, m.t, m.d, m.ma, m.mra, m.pr,
+                                    m.asked_ck) THEN 'existing'
                            -- a job accepted before migration 005 carries an md5 fingerprint
-                           WHEN e.request_hash NOT LIKE 'v2:%' AND e.request_hash
+                           -- (and was asked with the default priority and key)
+                           WHEN e.request_hash NOT LIKE 'v2:%' AND m.pr = 0
+                                AND m.ck IS NOT DISTINCT FROM nullif(m.t, '') AND e.request_hash
                                 = dispatcher.request_hash(m.h, m.tg, m.p, m.q, m.t, m.d, m.ma,
                                                           m.mra) THEN 'existing'
                            ELSE 'conflict'
                        END)::dispatcher.enqueue_result
               FROM (SELECT u.o::integer AS o, u.id, u.k, u.h, u.p, u.d, u.tg, u.ma, u.mra,
-                           coalesce(u.q, 'default') AS q, coalesce(u.t, '') AS t
+                           coalesce(u.q, 'default') AS q, coalesce(u.t, '') AS t,
+                           coalesce(u.pr, 0) AS pr, u.ck AS asked_ck,
+                           dispatcher.effective_concurrency_key(u.ck, coalesce(u.t, '')) AS ck
                       FROM unnest(keys, handlers, payloads, due_ats, queues, tenants, targets,
-                                  max_attempts, max_retry_age_s, ids)
-                           WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, id, o)
+                                  max_attempts, max_retry_age_s, ids, priorities,
+                                  concurrency_keys)
+                           WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, id, pr, ck, o)
                      WHERE pending IS NULL OR u.o IN (SELECT unnest(pending))) m
               -- OFFSET 0 keeps this a per-item index probe: flattened, the planner may
               -- hash-join a sequential scan of the whole table instead
@@ -938,21 +1100,22 @@ BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO dispatcher.intents
                (key, request_hash, queue, tenant, handler, handler_version, target, payload,
-                max_attempts, max_retry_age_s, run_key, created_at, dead_letter_of, traceparent)
+                max_attempts, max_retry_age_s, run_key, created_at, dead_letter_of, traceparent,
+                priority, concurrency_key)
         VALUES (NEW.key, NEW.request_hash, NEW.queue, NEW.tenant, NEW.handler,
                 NEW.handler_version, NEW.target, NEW.payload, NEW.max_attempts,
                 NEW.max_retry_age_s, NEW.run_key, NEW.created_at, NEW.dead_letter_of,
-                NEW.traceparent)
+                NEW.traceparent, NEW.priority, NEW.concurrency_key)
         RETURNING id INTO NEW.id;
         INSERT INTO dispatcher.job_state
                (id, queue, run_key, tenant, capability, state, due_at, attempt, budget_started_at,
                 lease_owner, lease_expires_at, cancel_requested, progress, result, last_error,
-                dead_reason, started_at, finished_at)
+                dead_reason, started_at, finished_at, priority, concurrency_key)
         VALUES (NEW.id, NEW.queue, NEW.run_key, NEW.tenant,
                 NEW.handler || ':' || NEW.handler_version, NEW.state, NEW.due_at, NEW.attempt,
                 NEW.budget_started_at, NEW.lease_owner, NEW.lease_expires_at,
                 NEW.cancel_requested, NEW.progress, NEW.result, NEW.last_error, NEW.dead_reason,
-                NEW.started_at, NEW.finished_at);
+                NEW.started_at, NEW.finished_at, NEW.priority, NEW.concurrency_key);
         RETURN NEW;
     ELSIF TG_OP = 'DELETE' THEN
         DELETE FROM dispatcher.job_state WHERE id = OLD.id;
@@ -996,29 +1159,38 @@ BEGIN
         started_at = CASE WHEN NEW.started_at IS DISTINCT FROM OLD.started_at
                           THEN NEW.started_at ELSE s.started_at END,
         finished_at = CASE WHEN NEW.finished_at IS DISTINCT FROM OLD.finished_at
-                           THEN NEW.finished_at ELSE s.finished_at END
+                           THEN NEW.finished_at ELSE s.finished_at END,
+        priority = CASE WHEN NEW.priority IS DISTINCT FROM OLD.priority
+                        THEN NEW.priority ELSE s.priority END,
+        concurrency_key = CASE WHEN NEW.concurrency_key IS DISTINCT FROM OLD.concurrency_key
+                               THEN NEW.concurrency_key ELSE s.concurrency_key END
      WHERE s.id = OLD.id
        AND (s.state, s.attempt, s.lease_owner)
            IS NOT DISTINCT FROM (OLD.state, OLD.attempt, OLD.lease_owner);
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
+    IF NEW.priority IS DISTINCT FROM OLD.priority THEN
+        -- a ready job's relay row carries its priority (rare: an operator's change)
+        UPDATE dispatcher.outbox SET priority = NEW.priority WHERE job_id = OLD.id;
+    END IF;
     IF (NEW.key, NEW.request_hash, NEW.queue, NEW.run_key, NEW.tenant, NEW.handler,
         NEW.handler_version, NEW.target,
         NEW.payload, NEW.max_attempts, NEW.max_retry_age_s, NEW.created_at, NEW.dead_letter_of,
-        NEW.traceparent)
+        NEW.traceparent, NEW.priority, NEW.concurrency_key)
        IS DISTINCT FROM
        (OLD.key, OLD.request_hash, OLD.queue, OLD.run_key, OLD.tenant, OLD.handler,
         OLD.handler_version, OLD.target,
         OLD.payload, OLD.max_attempts, OLD.max_retry_age_s, OLD.created_at, OLD.dead_letter_of,
-        OLD.traceparent) THEN
+        OLD.traceparent, OLD.priority, OLD.concurrency_key) THEN
         UPDATE dispatcher.intents SET
             key = NEW.key, request_hash = NEW.request_hash, queue = NEW.queue,
             run_key = NEW.run_key, tenant = NEW.tenant,
             handler = NEW.handler, handler_version = NEW.handler_version, target = NEW.target,
             payload = NEW.payload, max_attempts = NEW.max_attempts,
             max_retry_age_s = NEW.max_retry_age_s, created_at = NEW.created_at,
-            dead_letter_of = NEW.dead_letter_of, traceparent = NEW.traceparent
+            dead_letter_of = NEW.dead_letter_of, traceparent = NEW.traceparent,
+            priority = NEW.priority, concurrency_key = NEW.concurrency_key
          WHERE id = OLD.id;
     END IF;
     RETURN NEW;
@@ -1090,7 +1262,113 @@ BEGIN
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION dispatcher.request_fingerprint(handler text, target jsonb, payload jsonb, queue text, tenant text, requested_due_at timestamp with time zone, max_attempts integer, max_retry_age_s integer)
+CREATE OR REPLACE FUNCTION dispatcher.relay_pick(q text, wanted integer, after_priority integer, after_tenant text)
+ RETURNS TABLE(id bigint, pos integer, priority smallint, tenant text, turn integer)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    lvl       smallint;
+    need      integer := wanted;
+    taken     bigint[] := '{}';
+    walked    text[];      -- the tenants of this round, in turn order
+    turns     integer[];   -- their turns (positions in the walk from the cursor)
+    share     integer;
+    got_ids   bigint[];
+    got_names text[];
+    got_turns integer[];
+    filled    text[];
+    rounds    integer;
+BEGIN
+    IF wanted < 1 THEN
+        RETURN;
+    END IF;
+    LOOP
+        SELECT min(s.priority) INTO lvl FROM dispatcher.outbox s
+         WHERE s.queue = q
+                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND (lvl IS NULL OR s.priority > lvl);
+        EXIT WHEN lvl IS NULL;
+        -- the walk: the tenants after the cursor, then from the first name round to it
+        WITH RECURSIVE onward AS (
+            (SELECT s.tenant FROM dispatcher.outbox s
+              WHERE s.queue = q
+                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                AND (lvl IS DISTINCT FROM after_priority OR s.tenant > after_tenant)
+              ORDER BY s.tenant LIMIT 1)
+            UNION ALL
+            SELECT n.tenant FROM onward o
+             CROSS JOIN LATERAL (
+                   SELECT s.tenant FROM dispatcher.outbox s
+                    WHERE s.queue = q
+                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                      AND s.tenant > o.tenant
+                    ORDER BY s.tenant LIMIT 1) n
+        ), round_ AS (
+            (SELECT s.tenant FROM dispatcher.outbox s
+              WHERE lvl = after_priority AND s.queue = q AND s.published_at IS NULL AND (s.leased_until IS NULL OR s.leased_until < now())
+                AND s.priority = lvl AND s.tenant <= after_tenant
+              ORDER BY s.tenant LIMIT 1)
+            UNION ALL
+            SELECT n.tenant FROM round_ o
+             CROSS JOIN LATERAL (
+                   SELECT s.tenant FROM dispatcher.outbox s
+                    WHERE s.queue = q
+                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                      AND s.tenant > o.tenant AND s.tenant <= after_tenant
+                    ORDER BY s.tenant LIMIT 1) n
+        )
+        -- read lazily: the walk stops after `need` tenants (the append reads `onward` first)
+        SELECT array_agg(w.tenant), array_agg(w.n)
+          INTO walked, turns
+          FROM (SELECT t.tenant, row_number() OVER ()::integer AS n
+                  FROM (SELECT o.tenant FROM onward o
+                        UNION ALL SELECT r.tenant FROM round_ r LIMIT need) t) w;
+        rounds := 0;
+        LOOP
+            share := ceil(need::float8 / cardinality(walked))::integer;
+            WITH picked AS (
+                SELECT c.id, w.tenant, w.turn, c.rank
+                  FROM unnest(walked, turns) AS w(tenant, turn)
+                 CROSS JOIN LATERAL (
+                       SELECT l.id, row_number() OVER (ORDER BY l.id) AS rank
+                         FROM (SELECT s.id FROM dispatcher.outbox s
+                                WHERE s.queue = q
+                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                                  AND s.tenant = w.tenant AND s.id <> ALL (taken)
+                                ORDER BY s.id
+                                LIMIT share
+                                  FOR UPDATE SKIP LOCKED) l) c
+            ), ordered AS (
+                SELECT p.* FROM picked p ORDER BY p.rank, p.turn LIMIT need
+            )
+            SELECT coalesce(array_agg(o.id ORDER BY o.rank, o.turn), '{}'),
+                   array_agg(o.tenant ORDER BY o.rank, o.turn),
+                   array_agg(o.turn ORDER BY o.rank, o.turn),
+                   (SELECT array_agg(f.tenant ORDER BY f.turn) FROM (
+                        SELECT p.tenant, p.turn FROM picked p GROUP BY p.tenant, p.turn
+                        HAVING count(*) = share) f)
+              INTO got_ids, got_names, got_turns, filled
+              FROM ordered o;
+            RETURN QUERY
+            SELECT g.id, (wanted - need + g.n)::integer, lvl, g.tenant, g.turn
+              FROM unnest(got_ids, got_names, got_turns) WITH ORDINALITY AS g(id, tenant, turn, n);
+            need := need - cardinality(got_ids);
+            taken := taken || got_ids;
+            IF need <= 0 THEN
+                RETURN;
+            END IF;
+            rounds := rounds + 1;
+            -- this priority is done for this claim when no tenant filled its share
+            EXIT WHEN filled IS NULL OR rounds >= 8;
+            walked := filled;
+            turns := ARRAY(SELECT u.turn FROM unnest(got_names, got_turns) AS u(tenant, turn)
+                            WHERE u.tenant = ANY (filled) GROUP BY u.tenant, u.turn
+                            ORDER BY u.turn);
+        END LOOP;
+    END LOOP;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.request_fingerprint(handler text, target jsonb, payload jsonb, queue text, tenant text, requested_due_at timestamp with time zone, max_attempts integer, max_retry_age_s integer, priority integer DEFAULT 0, concurrency_key text DEFAULT NULL::text)
  RETURNS text
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
@@ -1102,7 +1380,15 @@ AS $function$
                      # hashtextextended(tenant, 5)
                      # coalesce(timestamp_hash_extended(requested_due_at AT TIME ZONE 'UTC', 6), 0)
                      # coalesce(hashint4extended(max_attempts, 7), 0)
-                     # coalesce(hashint4extended(max_retry_age_s, 8), 0))::text
+                     # coalesce(hashint4extended(max_retry_age_s, 8), 0)
+                     # CASE WHEN coalesce(priority, 0) = 0 THEN 0
+                            ELSE hashint4extended(priority, 9) END
+                     # CASE WHEN dispatcher.effective_concurrency_key(concurrency_key, tenant)
+                                 IS NOT DISTINCT FROM nullif(tenant, '') THEN 0
+                            -- no key where the tenant would give one: a part of its own
+                            ELSE coalesce(hashtextextended(
+                                     dispatcher.effective_concurrency_key(concurrency_key, tenant),
+                                     10), 10) END)::text
 $function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.request_hash(handler text, target jsonb, payload jsonb, queue text, tenant text, requested_due_at timestamp with time zone, max_attempts integer, max_retry_age_s integer)

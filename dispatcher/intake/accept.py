@@ -120,6 +120,8 @@ class Intake:
             max_attempts=request.max_attempts,
             max_retry_age_s=request.max_retry_age_s,
             traceparent=traceparent,
+            priority=request.priority,
+            concurrency_key=request.stored_concurrency_key(),
         )
 
     async def accept(

@@ -33,6 +33,28 @@ class JobRequest(BaseModel):
     # strict: a JSON integer only, not "5", 5.0 or true
     max_attempts: Annotated[int, Field(ge=1, le=1000, strict=True)] | None = None
     max_retry_age_s: Annotated[int, Field(ge=0, le=10 * 365 * 86400, strict=True)] | None = None
+    priority: int = Field(
+        0, ge=-100, le=100, strict=True, description="lower runs first, -100 to 100 (default 0)"
+    )
+    concurrency_key: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="the key per-key limits count by; omitted = the tenant, null = no key",
+    )
+
+    @field_validator("concurrency_key")
+    @classmethod
+    def _storable(cls, value: str | None) -> str | None:
+        if value is not None and (reason := storable_text(value)) is not None:
+            raise ValueError(reason)
+        return value
+
+    def stored_concurrency_key(self) -> str | None:
+        """The key as the SQL door takes it: None = the default (the tenant), "" = no key."""
+        if "concurrency_key" in self.model_fields_set and self.concurrency_key is None:
+            return ""
+        return self.concurrency_key
 
     @field_validator("due_at", mode="before")
     @classmethod

@@ -185,13 +185,15 @@ async def listed_table(module_pools: NewPool) -> asyncpg.Pool:
     pool = await module_pools()
     await pool.execute(f"""
         INSERT INTO dispatcher.jobs (key, request_hash, queue, tenant, handler, payload, state,
-               due_at, max_attempts, max_retry_age_s, budget_started_at, run_key, finished_at)
+               due_at, max_attempts, max_retry_age_s, budget_started_at, run_key, finished_at,
+               priority)
         SELECT 'k-' || g, md5(g::text), 'default',
                CASE WHEN g % 2 = 0 THEN 't-' || (g % 1000) ELSE '' END,
                CASE WHEN g % 1000 = 0 THEN 'rare' ELSE 'noop' END,
                '{{}}'::jsonb, CASE WHEN g % 50 = 0 THEN 'dead' ELSE 'succeeded' END,
                due, 10, 86400, due,
-               CASE WHEN g % 5 = 0 THEN 'nightly:' || (g / 500) END, due
+               CASE WHEN g % 5 = 0 THEN 'nightly:' || (g / 500) END, due,
+               CASE WHEN g % 400 = 0 THEN -5 ELSE 0 END
           FROM generate_series(1, {LIST_ROWS}) g,
                LATERAL (SELECT timestamptz '2025-01-01' + g * interval '13 minutes' AS due) d""")
     await pool.execute("ANALYZE dispatcher.intents, dispatcher.job_state")
@@ -206,8 +208,16 @@ def list_args(statement: str, cursor: object = None, **filters: object) -> tuple
     if statement == "list_jobs_by_due":
         after_due, after_id = cursor if isinstance(cursor, tuple) else (None, None)
         after_due = None if after_due is None else datetime.fromisoformat(after_due)
-        return (f.get("state"), f.get("queue"), after_due, 100, *common, after_id)
-    return (f.get("state"), f.get("queue"), cursor, 100, *common)
+        return (
+            f.get("state"),
+            f.get("queue"),
+            after_due,
+            100,
+            *common,
+            after_id,
+            f.get("priority"),
+        )
+    return (f.get("state"), f.get("queue"), cursor, 100, *common, f.get("priority"))
 
 
 BY_DUE = {"due_after": WINDOW[0], "due_before": WINDOW[1]}
@@ -221,6 +231,7 @@ BY_DUE = {"due_after": WINDOW[0], "due_before": WINDOW[1]}
         ("list_jobs", {"tenant": "t-42", "cursor": 20_000}, "jobs_tenant_id"),
         ("list_jobs", {"tenant": "t-42", "state": "dead", "queue": "default"}, "jobs_tenant_id"),
         ("list_jobs", {"run_key": "nightly:7"}, "jobs_run_key_id"),
+        ("list_jobs", {"priority": -5}, "jobs_priority_id"),  # migration 023
         ("list_jobs", {"handler": "rare"}, "jobs_handler_id"),
         ("list_jobs", {"handler": "rare", "state": "dead", "cursor": 30_000}, "jobs_handler_id"),
         ("list_jobs_by_due", BY_DUE, "jobs_due_at_id"),

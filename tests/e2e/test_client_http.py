@@ -90,6 +90,43 @@ async def test_the_async_client_enqueues_reads_lists_cancels_and_retries(
         assert retried["state"] == "ready"
 
 
+async def test_the_clients_send_priority_and_concurrency_key_and_filter_by_priority(
+    daemon: RunningDaemon,
+) -> None:
+    target = {"url": "https://hooks.example.com/p"}
+    async with AsyncClient(daemon.base_url, token=TOKEN) as client:
+        urgent = await client.enqueue(
+            "urgent", "http", {}, target=target, due_at=LATER, priority=-10, tenant="t"
+        )
+        await client.enqueue_many(
+            [
+                Job(
+                    "keyless",
+                    "http",
+                    {},
+                    target=target,
+                    due_at=LATER,
+                    tenant="t",
+                    concurrency_key="",
+                ),
+                Job("keyed", "http", {}, target=target, due_at=LATER, concurrency_key="acct"),
+            ]
+        )
+        page = await client.list_jobs(priority=-10)
+        assert [j["key"] for j in page.items] == ["urgent"]
+        view = await client.get(urgent["id"])
+        assert (view["priority"], view["concurrency_key"]) == (-10, "t")
+        listed = {j["key"]: j async for j in client.iter_jobs(state="scheduled")}
+        assert listed["keyless"]["concurrency_key"] is None
+        assert listed["keyed"]["concurrency_key"] == "acct"
+    sync = Client(daemon.base_url, token=TOKEN)
+    await asyncio.to_thread(
+        sync.enqueue, "sync-urgent", "http", {}, target=target, due_at=LATER, priority=-10
+    )
+    page = await asyncio.to_thread(sync.list_jobs, priority=-10)
+    assert sorted(j["key"] for j in page.items) == ["sync-urgent", "urgent"]
+
+
 async def test_the_sync_client_does_the_same_over_the_standard_library(
     daemon: RunningDaemon,
 ) -> None:

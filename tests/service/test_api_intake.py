@@ -119,7 +119,7 @@ async def test_a_due_at_slightly_in_the_past_runs_now(api: Api) -> None:
 
 # validation: every error is a problem that says what to fix, and nothing is stored -------------
 INVALID_BODIES: list[tuple[str, Any, str]] = [
-    ("unknown field", http_job(priority=5), "priority: Extra inputs are not permitted"),
+    ("unknown field", http_job(urgency=5), "urgency: Extra inputs are not permitted"),
     ("unknown field in camel case", http_job(dueAt="2031-01-01T00:00:00Z"), "dueAt"),
     ("handler missing", {"target": TARGET}, "handler: Field required"),
     ("handler wrong type", http_job(handler=7), "handler: Input should be a valid string"),

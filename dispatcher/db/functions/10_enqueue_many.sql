@@ -1,5 +1,4 @@
--- The SQL door for batches: refuses the call when an item is due long past, then does what
--- the daemon's door does.
+
 CREATE OR REPLACE FUNCTION dispatcher.enqueue_many(
     keys            text[],
     handlers        text[],
@@ -10,7 +9,9 @@ CREATE OR REPLACE FUNCTION dispatcher.enqueue_many(
     targets         jsonb[] DEFAULT NULL,
     max_attempts    integer[] DEFAULT NULL,
     max_retry_age_s integer[] DEFAULT NULL,
-    run_keys        text[] DEFAULT NULL
+    run_keys        text[] DEFAULT NULL,
+    priorities      integer[] DEFAULT NULL,
+    concurrency_keys text[] DEFAULT NULL
 ) RETURNS SETOF dispatcher.enqueue_result
 LANGUAGE plpgsql
 AS $$
@@ -31,6 +32,6 @@ BEGIN
     END IF;
     RETURN QUERY SELECT * FROM dispatcher.enqueue_many_internal(
         keys, handlers, payloads, due_ats, queues, tenants, targets, max_attempts,
-        max_retry_age_s, run_keys);
+        max_retry_age_s, run_keys, priorities, concurrency_keys);
 END
 $$;
