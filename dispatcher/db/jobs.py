@@ -19,6 +19,7 @@ from dispatcher.db.outcomes import (
 )
 from dispatcher.db.pool import translate_unavailable
 from dispatcher.db.queries import query
+from dispatcher.db.registry import sync_registry
 from dispatcher.model import (
     UNBOUNDED,
     AttemptKey,
@@ -30,9 +31,6 @@ from dispatcher.model import (
     ListCursor,
     NewJob,
 )
-
-# rate_per_s, burst, max_inflight of a queue or a limit group (None: no such limit)
-Limits = tuple[float | None, int | None, int | None]
 
 # Query texts resolved once; the hot paths look them up per call otherwise.
 _CLAIM = query("claim_ready")
@@ -438,64 +436,9 @@ class JobRepository:
         status = await self.pool.execute(query("prune_runs"), older_than_s, batch)
         return int(status.rsplit(" ", 1)[-1])
 
-    async def sync_registry(
-        self,
-        queues: dict[str, tuple[int, int]],
-        handlers: dict[str, tuple[str, int]],
-        on_dead: dict[str, tuple[dict[str, Any] | None, str | None]] | None = None,
-        limits: dict[str, Limits] | None = None,
-        *,
-        due_at_past_tolerance_s: float | None = None,
-        ready_outbox: bool = False,
-        groups: dict[str, Limits] | None = None,
-        membership: dict[str, tuple[str | None, int]] | None = None,
-        key_limits: dict[str, Limits] | None = None,
-    ) -> None:
-        """Write the configured queues and handlers to the registry; `on_dead` gives each
-        queue's dead-letter notification (normalized target, notification queue), `limits` its
-        global limits (rate_per_s, burst, max_inflight; a queue left out has none);
-        `due_at_past_tolerance_s`, how far past a due time the SQL door still accepts;
-        `ready_outbox`, whether ready jobs get outbox rows (a relay transport: migration 015);
-        `groups`, the limit groups (rate_per_s, burst, max_inflight) and `membership`, each
-        queue's group and priority in it (a queue left out is in none), `key_limits` the limits
-        every concurrency key of a queue gets (a queue left out: none; migration 024)."""
-        async with self.pool.acquire() as conn, conn.transaction():
-            for name in groups or {}:
-                await conn.execute(query("ensure_limit_group"), name)
-            if due_at_past_tolerance_s is not None:
-                await conn.execute(
-                    query("sync_intake_settings"), due_at_past_tolerance_s, ready_outbox
-                )
-            for name, (max_attempts, max_retry_age_s) in queues.items():
-                rate, burst, inflight = (limits or {}).get(name, (None, None, None))
-                await conn.execute(
-                    query("upsert_queue"),
-                    name,
-                    max_attempts,
-                    max_retry_age_s,
-                    rate,
-                    burst if rate is not None else None,
-                    inflight,
-                )
-                group, priority = (membership or {}).get(name, (None, 0))
-                await conn.execute(query("set_queue_group"), name, group, priority)
-                key_rate, key_burst, key_inflight = (key_limits or {}).get(name, (None, None, None))
-                await conn.execute(
-                    query("set_queue_key_limits"), name, key_rate, key_burst, key_inflight
-                )
-            for name, (rate, burst, inflight) in (groups or {}).items():
-                await conn.execute(
-                    query("upsert_limit_group"),
-                    name,
-                    rate,
-                    burst if rate is not None else None,
-                    inflight,
-                )
-            await conn.execute(query("drop_unconfigured_limit_groups"), list(groups or {}))
-            for name, (target, notice_queue) in (on_dead or {}).items():
-                await conn.execute(query("sync_queue_on_dead"), name, target, notice_queue)
-            for name, (kind, version) in handlers.items():
-                await conn.execute(query("upsert_handler"), name, kind, version)
+    async def sync_registry(self, *args: Any, **kwargs: Any) -> None:
+        """`db.registry.sync_registry` on this repository's pool."""
+        await sync_registry(self.pool, *args, **kwargs)
 
     async def lock_running(self, conn: asyncpg.Connection, job: Job, owner: str) -> bool:
         """Inside a transaction: lock the job if this owner still holds its lease."""
@@ -558,13 +501,20 @@ class Claim(NamedTuple):
     consumed: int  # outbox rows taken (ready jobs, in process)
     wait_s: float | None  # the global limits held the claim back: a token is free after this
     held_back: bool  # the memory budget left picked jobs ready: claim again once bytes free
+    key_throttled: bool = False  # a concurrency key at its limit held jobs back (migration 024)
 
 
 def claimed_rows(rows: list[asyncpg.Record]) -> Claim:
     """A claim's rows: the jobs, then its marker row (always last)."""
     marker = rows[-1]
     jobs = [Job(*r[:CLAIM_JOB_COLUMNS]) for r in rows if r[0] is not None]
-    return Claim(jobs, marker["taken_count"], marker["wait_s"], marker["held_back"])
+    return Claim(
+        jobs,
+        marker["taken_count"],
+        marker["wait_s"],
+        marker["held_back"],
+        bool(marker["key_throttled"]),
+    )
 
 
 def _enqueued(rows: list[asyncpg.Record], n: int) -> list[EnqueueResult]:

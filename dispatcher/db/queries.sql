@@ -155,12 +155,17 @@ WITH grant_ AS MATERIALIZED (
                SELECT i.id, i.key, i.tenant, i.handler, i.handler_version, i.target, i.payload,
                       i.max_attempts, i.traceparent,
                       coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
-                      AS size_bytes
+                      AS size_bytes, i.concurrency_key
                  FROM dispatcher.intents i WHERE i.id = c.id OFFSET 0) z) b
      WHERE b.upto <= $6::bigint OR (b.pos = 1 AND $7::boolean)
 ), keyed AS MATERIALIZED (
     -- what each job's concurrency key may start now (migration 024); the rest stay ready
-    SELECT dispatcher.key_take($1, ARRAY(SELECT id FROM budgeted ORDER BY pos)) AS ids
+    SELECT dispatcher.key_take($1, ARRAY(SELECT id FROM budgeted ORDER BY pos),
+                               ARRAY(SELECT concurrency_key FROM budgeted ORDER BY pos)) AS ids
+), keys_full AS MATERIALIZED (
+    -- keys at their limit as the claim began (the pick skipped their jobs): the claim loop
+    -- looks again soon, and the claim counts as throttled (dispatcher_key_throttled_claims)
+    SELECT dispatcher.key_wait_s() AS wait_s
 ), claimed AS (
     UPDATE dispatcher.job_state s
        SET state = 'running', attempt = s.attempt + 1, lease_owner = $4,
@@ -185,7 +190,8 @@ WITH grant_ AS MATERIALIZED (
       JOIN budgeted i ON i.id = c.id
 )
 SELECT c.*, (SELECT cardinality(ids) FROM keyed)::int AS taken_count, NULL::float8 AS wait_s,
-       NULL::boolean AS held_back, NULL::smallint AS cursor_priority, NULL::text AS cursor_tenant
+       NULL::boolean AS held_back, NULL::smallint AS cursor_priority, NULL::text AS cursor_tenant,
+       NULL::boolean AS key_throttled
   FROM started c
 UNION ALL
 -- the marker row: how many ready jobs the claim took (those picked beyond the memory budget
@@ -196,10 +202,12 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, N
        NULL, (SELECT cardinality(ids) FROM keyed)::int,
        coalesce(dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM claimed)::int,
                                         g.wait_s),
-                dispatcher.key_wait_s($1)),
+                (SELECT wait_s FROM keys_full)),
        (SELECT count(*) FROM candidates) > (SELECT count(*) FROM budgeted),
        -- the cursor: the last tenant served at the last priority reached
-       c.priority, c.tenant
+       c.priority, c.tenant,
+       (SELECT wait_s IS NOT NULL FROM keys_full)
+       OR (SELECT cardinality(ids) FROM keyed) < (SELECT count(*) FROM budgeted)
   FROM grant_ g
   LEFT JOIN (SELECT x.priority, x.tenant FROM candidates x
               WHERE x.id = ANY (ARRAY(SELECT id FROM budgeted))

@@ -36,6 +36,7 @@ class Claimed(NamedTuple):
     eligible: set[int]  # ready for the delivered attempt; those not in `jobs` were held back
     refused: set[int]  # ready, but for a handler version this process cannot run
     wait_s: float | None  # the queue's limits (or its pause) held the claim back this long
+    key_held: int = 0  # of `refused`, those whose concurrency key was at its limit (024)
 
 
 class RelayRepository:
@@ -131,4 +132,5 @@ def claimed_deliveries(rows: list[asyncpg.Record]) -> Claimed:
         set(marker["eligible"]),
         set(marker["refused"]),
         marker["wait_s"],
+        marker["key_held"],
     )

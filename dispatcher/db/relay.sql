@@ -133,12 +133,13 @@ WITH paused AS MATERIALIZED (
                SELECT i.id, i.key, i.tenant, i.handler, i.handler_version, i.target, i.payload,
                       i.max_attempts, i.traceparent,
                       coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
-                      AS size_bytes
+                      AS size_bytes, i.concurrency_key
                  FROM dispatcher.intents i WHERE i.id = g.id OFFSET 0) z) b
      WHERE b.upto <= $7::bigint OR (b.n = 1 AND $8::boolean)
 ), keyed AS MATERIALIZED (
     -- what each job's concurrency key may start now (migration 024)
-    SELECT dispatcher.key_take($1, ARRAY(SELECT id FROM budgeted ORDER BY n)) AS ids
+    SELECT dispatcher.key_take($1, ARRAY(SELECT id FROM budgeted ORDER BY n),
+                               ARRAY(SELECT concurrency_key FROM budgeted ORDER BY n)) AS ids
 ), key_held AS MATERIALIZED (
     -- held back by their keys: refused like a version this process cannot run, so their
     -- deliveries do not hold prefetch places the other keys need; out again in a quarter second
@@ -191,11 +192,13 @@ WITH paused AS MATERIALIZED (
                                  WHERE x.job_id = done.id AND x.leased_until IS NOT NULL
                                 OFFSET 0) r))
 )
-SELECT c.*, NULL::bigint[] AS eligible, NULL::bigint[] AS refused, NULL::float8 AS wait_s
+SELECT c.*, NULL::bigint[] AS eligible, NULL::bigint[] AS refused, NULL::float8 AS wait_s,
+       NULL::integer AS key_held
   FROM claimed c
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        NULL, ARRAY(SELECT id FROM eligible WHERE id NOT IN (SELECT id FROM key_held)),
        ARRAY(SELECT job_id FROM refused),
-       dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM started)::int, g.wait_s)
+       dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM started)::int, g.wait_s),
+       (SELECT count(*) FROM key_held)::int
   FROM grant_ g;

@@ -28,6 +28,8 @@ class Delivery(NamedTuple):
     wait_s: float | None = None
     # the daemon's memory budget held jobs back: claim again once in-flight bytes are freed
     held_back: bool = False
+    # a concurrency key at its limit held jobs back (dispatcher_key_throttled_claims)
+    key_throttled: bool = False
 
 
 class Transport(Protocol):
@@ -73,7 +75,9 @@ class InProcessTransport:
         claim = await self._claims.claim(
             queue, limit, self._capabilities, self._owner, self._lease_s, grant
         )
-        return Delivery(claim.jobs, claim.consumed, claim.wait_s, claim.held_back)
+        return Delivery(
+            claim.jobs, claim.consumed, claim.wait_s, claim.held_back, claim.key_throttled
+        )
 
     async def more_ready(self, queue: str) -> bool:
         return await self._claims.ready_left(queue, self._capabilities)

@@ -12,7 +12,8 @@ import asyncio
 import asyncpg
 import pytest
 
-from dispatcher.db.jobs import JobRepository, Limits
+from dispatcher.db.jobs import JobRepository
+from dispatcher.db.registry import Limits
 from dispatcher.db.relay import RelayRepository
 from dispatcher.model import NewJob
 from tests.db.test_global_limits import CAPABILITIES
@@ -72,11 +73,12 @@ async def test_a_key_at_its_limit_does_not_block_the_others_in_the_same_claim(
     # claim of 10 must reach "b" and "c" at once, not return a's 2 and stop; and the next
     # claims must not pick a's held jobs again and again ahead of the others
     await setup(repo, (None, None, 2), {"t": 510})
-    await repo.pool.execute(
-        "UPDATE dispatcher.job_state SET concurrency_key = CASE"
-        " WHEN id > (SELECT min(id) + 504 FROM dispatcher.job_state) THEN 'c'"
-        " WHEN id > (SELECT min(id) + 499 FROM dispatcher.job_state) THEN 'b' ELSE 'a' END"
-    )
+    for table in ("job_state", "intents"):  # where the doors write a job's key (023)
+        await repo.pool.execute(
+            f"UPDATE dispatcher.{table} SET concurrency_key = CASE"
+            f" WHEN id > (SELECT min(id) + 504 FROM dispatcher.{table}) THEN 'c'"
+            f" WHEN id > (SELECT min(id) + 499 FROM dispatcher.{table}) THEN 'b' ELSE 'a' END"
+        )
     assert len(await claim(repo, 10)) == 2  # a's two: the pick takes the 10 oldest
     assert len(await claim(repo, 10)) == 4  # "a" is at its cap: skipped, b's and c's start
     assert await running_by_key(repo.pool) == {"a": 2, "b": 2, "c": 2}
@@ -96,8 +98,9 @@ async def test_the_key_rate_holds_and_its_held_jobs_start_when_a_token_is_back(
 ) -> None:
     await setup(repo, (5.0, 2, None), {"a": 20, "b": 20})
     assert sorted(await claim(repo, 20)) == ["a", "a", "b", "b"]  # each key's burst
-    jobs, _, wait_s, _ = await repo.claim_limited("default", 20, CAPABILITIES, "d0", 60)
-    assert jobs == [] and wait_s is not None and wait_s <= 0.05  # held: look again soon
+    held = await repo.claim_limited("default", 20, CAPABILITIES, "d0", 60)
+    assert held.jobs == [] and held.wait_s is not None and held.wait_s <= 0.05  # look again soon
+    assert held.key_throttled  # counted per queue (dispatcher_key_throttled_claims)
     await asyncio.sleep(0.25)  # one token per key is back after 0.2 s at 5/s
     assert sorted(await claim(repo, 20)) == ["a", "b"]
 
@@ -142,6 +145,7 @@ async def test_the_rabbitmq_claim_holds_key_limits_and_refuses_held_deliveries(
     a_held = {r["id"] for r in rows if r["concurrency_key"] == "a"} - {j.id for j in claimed.jobs}
     # a's other four go back to the relay (acked here, published again shortly), not held
     assert claimed.refused == a_held and not (claimed.eligible & a_held)
+    assert claimed.key_held == 4
     assert (
         await repo.pool.fetchval(
             "SELECT count(*) FROM dispatcher.outbox WHERE job_id = ANY ($1::bigint[])", list(a_held)

@@ -11,7 +11,8 @@ import asyncio
 import asyncpg
 import pytest
 
-from dispatcher.db.jobs import JobRepository, Limits
+from dispatcher.db.jobs import JobRepository
+from dispatcher.db.registry import Limits
 from dispatcher.model import NewJob
 from tests.db.test_global_limits import CAPABILITIES
 
@@ -90,7 +91,7 @@ async def test_the_queues_of_a_group_share_its_burst(repo: JobRepository) -> Non
         *(claim(repo, q, 15, f"d{i}") for i in range(3) for q in ("a", "b"))
     )
     assert sum(counts) == 20 and await running(repo) == 20
-    jobs, _, wait_s, _ = await repo.claim_limited("a", 10, CAPABILITIES, "d0", 60)
+    jobs, _, wait_s, *_ = await repo.claim_limited("a", 10, CAPABILITIES, "d0", 60)
     assert jobs == [] and wait_s is not None and wait_s > 100  # the group's token is far off
 
 
@@ -112,7 +113,7 @@ async def test_a_queue_keeps_its_own_limits_in_a_group(repo: JobRepository) -> N
 
 async def test_the_better_priority_gets_a_short_budget_first(repo: JobRepository) -> None:
     await setup(repo, (None, None, 10), {"hi": (UNLIMITED, -10, 100), "lo": (UNLIMITED, 10, 100)})
-    jobs, _, wait_s, _ = await repo.claim_limited("lo", 10, CAPABILITIES, "d0", 60)
+    jobs, _, wait_s, *_ = await repo.claim_limited("lo", 10, CAPABILITIES, "d0", 60)
     assert jobs == [] and wait_s is not None and wait_s <= 0.05  # left for "hi": look again soon
     assert await claim(repo, "hi", 10) == 10
     await complete_some(repo, "hi", 10)

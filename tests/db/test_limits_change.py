@@ -99,9 +99,9 @@ async def test_after_lowering_the_burst_the_next_start_waits_one_token_at_most(
         {"default": (3, 3600)}, {"work": ("python", 1)}, limits={"default": (2, 5, None)}
     )
     # the bucket keeps what it had, capped at the new burst: 5 start now, then one per 0.5 s
-    jobs, _, wait_s, _ = await repo.claim_limited("default", 50, CAPABILITIES, "d0", 60)
+    jobs, _, wait_s, *_ = await repo.claim_limited("default", 50, CAPABILITIES, "d0", 60)
     assert len(jobs) == 5 and wait_s is None
-    jobs, _, wait_s, _ = await repo.claim_limited("default", 50, CAPABILITIES, "d0", 60)
+    jobs, _, wait_s, *_ = await repo.claim_limited("default", 50, CAPABILITIES, "d0", 60)
     assert len(jobs) <= 1 and wait_s is not None and wait_s <= 1 / 2 + 1
 
 
@@ -128,9 +128,9 @@ async def test_pause_and_resume_keep_no_stale_limiter_state(repo: JobRepository)
         jobs, *_ = await repo.claim_limited("default", 5, CAPABILITIES, f"d{i % 3}", 60)
         assert jobs == []
     await repo.set_queue_paused("default", False)
-    jobs, _, wait_s, _ = await repo.claim_limited("default", 50, CAPABILITIES, "d0", 60)
+    jobs, _, wait_s, *_ = await repo.claim_limited("default", 50, CAPABILITIES, "d0", 60)
     assert len(jobs) == 5 and wait_s is None  # the full burst at once, and no more
-    jobs, _, wait_s, _ = await repo.claim_limited("default", 50, CAPABILITIES, "d0", 60)
+    jobs, _, wait_s, *_ = await repo.claim_limited("default", 50, CAPABILITIES, "d0", 60)
     assert len(jobs) <= 1 and wait_s is not None and wait_s <= 1 / 10 + 1
 
 

@@ -13,6 +13,7 @@ import json
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
+import aiohttp
 import asyncpg
 import pytest
 from aiohttp import web
@@ -71,6 +72,16 @@ async def enqueue(conn: asyncpg.Connection, target: Target) -> None:
         )
 
 
+async def throttled_claims(daemon: DaemonProcess) -> float:
+    """dispatcher_key_throttled_claims_total of the default queue, from the daemon's /metrics."""
+    async with aiohttp.ClientSession() as s, s.get(f"{daemon.base_url}/metrics") as r:
+        text = await r.text()
+    for line in text.splitlines():
+        if line.startswith('dispatcher_key_throttled_claims_total{queue="default"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def worst_over_rate(starts: list[float]) -> float:
     return max(
         (j - i + 1) - (KEY_BURST + KEY_RATE * (starts[j] - starts[i]))
@@ -95,6 +106,7 @@ async def test_two_daemons_hold_each_accounts_limits_and_no_account_waits_for_an
             timeout_s=60,
             what="every job started",
         )
+        throttled = sum([await throttled_claims(d) for d in pair])
     finally:
         await conn.close()
         await asyncio.gather(*(d.stop() for d in pair), return_exceptions=True)
@@ -103,6 +115,7 @@ async def test_two_daemons_hold_each_accounts_limits_and_no_account_waits_for_an
         assert target.most[account] <= KEY_INFLIGHT, (account, target.most[account])
         assert worst_over_rate(sorted(starts)) <= 1, account
     assert max(target.most.values()) == KEY_INFLIGHT  # the cap was reached: it bound
+    assert throttled > 0  # and the daemons counted it, per queue
     # no head-of-line blocking: the small accounts did not wait behind the big one's backlog
     # (24 jobs at 4/s take ~6 s; each small account's 3 take ~0.5 s at its own rate)
     first = min(min(s) for s in target.starts.values())

@@ -1,21 +1,7 @@
--- The ready jobs a claim of queue `q` takes (claim_ready), in the order it takes them: the
--- lowest priority value first; within one priority, tenants take turns; within a tenant, the
--- earliest due first. Only jobs whose capability (handler:version) is in `caps`. Each row is
--- locked (FOR UPDATE SKIP LOCKED: a concurrent claim takes other jobs).
---
--- Turns: the claim walks the tenants of a priority from where the caller's previous claim
--- stopped (`after_priority`, `after_tenant`: the last tenant it served), in name order,
--- wrapping round to the first, and takes at most `wanted` tenants, an equal share each. So
--- every tenant with ready work is reached, and a tenant waits at most ceil(tenants / wanted)
--- claims of a claimer for its turn, whatever the number of tenants (before, the walk stopped
--- at the first 1,000 names: 'zzz-last' started 7,227th of 11,001 jobs). The walk is one index
--- probe per tenant (jobs_ready_claim), so a claim costs about `wanted` probes, not one per
--- tenant with ready work.
---
--- Strict: a priority's jobs are all taken before the next priority's. Tenants that held fewer
--- than their share leave the rest of the claim to those that filled theirs (another round,
--- a new share each); only when a priority has nothing left that this claim can take does the
--- claim go on to the next priority value.
+-- claim_pick as in migration 023, skipping keys at their limit (`blocked`) at two places: the
+-- tenant walk passes over a tenant whose own name is a blocked key (the default key is the
+-- tenant: one index probe per blocked tenant, however many jobs it holds; its jobs under other
+-- keys wait for its next turn), and the pick within a tenant takes no job of a blocked key.
 CREATE OR REPLACE FUNCTION dispatcher.claim_pick(q text, wanted integer, caps text[],
                                       after_priority integer, after_tenant text)
 RETURNS TABLE (id bigint, pos integer, priority smallint, tenant text, turn integer)
@@ -32,10 +18,12 @@ DECLARE
     got_turns integer[];
     filled    text[];
     rounds    integer;
+    blocked   text[];      -- keys at their limit (migration 024): their jobs are skipped
 BEGIN
     IF wanted < 1 OR EXISTS (SELECT 1 FROM dispatcher.queues x WHERE x.name = q AND x.paused) THEN
         RETURN;  -- a paused queue offers nothing
     END IF;
+    blocked := dispatcher.keys_at_limit(q);
     LOOP
         SELECT min(s.priority) INTO lvl FROM dispatcher.job_state s
          WHERE s.queue = q AND s.state = 'ready' AND (lvl IS NULL OR s.priority > lvl);
@@ -70,8 +58,9 @@ BEGIN
         SELECT array_agg(w.tenant), array_agg(w.n)
           INTO walked, turns
           FROM (SELECT t.tenant, row_number() OVER ()::integer AS n
-                  FROM (SELECT o.tenant FROM onward o
-                        UNION ALL SELECT r.tenant FROM round_ r LIMIT need) t) w;
+                  FROM (SELECT o.tenant FROM onward o WHERE o.tenant <> ALL (blocked)
+                        UNION ALL SELECT r.tenant FROM round_ r WHERE r.tenant <> ALL (blocked)
+                        LIMIT need) t) w;
         rounds := 0;
         LOOP
             share := ceil(need::float8 / cardinality(walked))::integer;
@@ -83,6 +72,8 @@ BEGIN
                          FROM (SELECT s.id, s.due_at FROM dispatcher.job_state s
                                 WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
                                   AND s.tenant = w.tenant AND s.capability = ANY (caps)
+                                  AND (s.concurrency_key IS NULL
+                                       OR s.concurrency_key <> ALL (blocked))
                                   AND s.id <> ALL (taken)
                                 ORDER BY s.due_at, s.id
                                 LIMIT share
