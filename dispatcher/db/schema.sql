@@ -145,6 +145,31 @@ CREATE TABLE dispatcher.jobs (
     concurrency_key text
 );
 
+CREATE TABLE dispatcher.key_limits (
+    queue text NOT NULL,
+    key text NOT NULL,
+    max_inflight integer,
+    rate_per_s double precision,
+    burst integer,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE dispatcher.key_state (
+    queue text NOT NULL,
+    key text NOT NULL,
+    tokens double precision NOT NULL,
+    tokens_at timestamp with time zone DEFAULT now() NOT NULL
+) WITH (fillfactor=50);
+
+CREATE TABLE dispatcher.limit_groups (
+    name text NOT NULL,
+    rate_per_s double precision,
+    burst integer,
+    max_inflight integer,
+    tokens double precision DEFAULT 0 NOT NULL,
+    tokens_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
 CREATE TABLE dispatcher.migrations (
     version integer NOT NULL,
     name text NOT NULL,
@@ -183,7 +208,15 @@ CREATE TABLE dispatcher.queues (
     max_inflight integer,
     tokens double precision DEFAULT 0 NOT NULL,
     tokens_at timestamp with time zone DEFAULT now() NOT NULL,
-    permits_parked integer DEFAULT 0 NOT NULL
+    permits_parked integer DEFAULT 0 NOT NULL,
+    limit_group text,
+    group_priority integer DEFAULT 0 NOT NULL,
+    key_max_inflight integer,
+    key_rate_per_s double precision,
+    key_burst integer,
+    file_settings jsonb DEFAULT '{}'::jsonb NOT NULL,
+    overrides jsonb DEFAULT '{}'::jsonb NOT NULL,
+    overrides_at timestamp with time zone
 );
 
 CREATE TABLE dispatcher.run_receipts (
@@ -287,6 +320,32 @@ ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_pkey PRIMARY KEY (id);
 
 ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_state_check CHECK (state = ANY (ARRAY['scheduled'::text, 'ready'::text, 'running'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text, 'discarded'::text])) NOT VALID NOT VALID;
 
+ALTER TABLE dispatcher.key_limits ADD CONSTRAINT key_limits_burst_min CHECK (burst >= 1);
+
+ALTER TABLE dispatcher.key_limits ADD CONSTRAINT key_limits_key_length CHECK (length(key) >= 1 AND length(key) <= 200);
+
+ALTER TABLE dispatcher.key_limits ADD CONSTRAINT key_limits_limit_something CHECK (max_inflight IS NOT NULL OR rate_per_s IS NOT NULL OR burst IS NOT NULL);
+
+ALTER TABLE dispatcher.key_limits ADD CONSTRAINT key_limits_max_inflight_min CHECK (max_inflight >= 1);
+
+ALTER TABLE dispatcher.key_limits ADD CONSTRAINT key_limits_pkey PRIMARY KEY (queue, key);
+
+ALTER TABLE dispatcher.key_limits ADD CONSTRAINT key_limits_queue_fkey FOREIGN KEY (queue) REFERENCES dispatcher.queues(name) ON DELETE CASCADE;
+
+ALTER TABLE dispatcher.key_limits ADD CONSTRAINT key_limits_rate_positive CHECK (rate_per_s > 0::double precision);
+
+ALTER TABLE dispatcher.key_state ADD CONSTRAINT key_state_pkey PRIMARY KEY (queue, key);
+
+ALTER TABLE dispatcher.limit_groups ADD CONSTRAINT limit_groups_burst_check CHECK (burst >= 1);
+
+ALTER TABLE dispatcher.limit_groups ADD CONSTRAINT limit_groups_max_inflight_check CHECK (max_inflight >= 1);
+
+ALTER TABLE dispatcher.limit_groups ADD CONSTRAINT limit_groups_pkey PRIMARY KEY (name);
+
+ALTER TABLE dispatcher.limit_groups ADD CONSTRAINT limit_groups_rate_needs_a_burst CHECK (rate_per_s IS NULL OR burst IS NOT NULL);
+
+ALTER TABLE dispatcher.limit_groups ADD CONSTRAINT limit_groups_rate_per_s_check CHECK (rate_per_s > 0::double precision);
+
 ALTER TABLE dispatcher.migrations ADD CONSTRAINT migrations_pkey PRIMARY KEY (version);
 
 ALTER TABLE dispatcher.missed_periods ADD CONSTRAINT missed_periods_pkey PRIMARY KEY (schedule, period_start);
@@ -297,15 +356,33 @@ ALTER TABLE dispatcher.outbox ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
 
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_burst_check CHECK (burst >= 1);
 
+ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_file_settings_check CHECK (jsonb_typeof(file_settings) = 'object'::text);
+
+ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_group_priority_range CHECK (group_priority >= '-100'::integer AND group_priority <= 100);
+
+ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_key_burst_min CHECK (key_burst >= 1);
+
+ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_key_max_inflight_min CHECK (key_max_inflight >= 1);
+
+ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_key_rate_needs_a_burst CHECK (key_rate_per_s IS NULL OR key_burst IS NOT NULL);
+
+ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_key_rate_positive CHECK (key_rate_per_s > 0::double precision);
+
+ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_limit_group_exists FOREIGN KEY (limit_group) REFERENCES dispatcher.limit_groups(name) ON DELETE SET NULL;
+
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_max_attempts_check CHECK (max_attempts >= 1);
 
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_max_inflight_check CHECK (max_inflight >= 1);
 
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_max_retry_age_s_check CHECK (max_retry_age_s >= 0);
 
+ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_overrides_check CHECK (jsonb_typeof(overrides) = 'object'::text);
+
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_paused_at CHECK (paused = (paused_at IS NOT NULL));
 
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_pkey PRIMARY KEY (name);
+
+ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_rate_needs_a_burst CHECK (rate_per_s IS NULL OR burst IS NOT NULL);
 
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_rate_per_s_check CHECK (rate_per_s > 0::double precision);
 
@@ -345,6 +422,8 @@ CREATE INDEX jobs_run_key_id ON dispatcher.job_state USING btree (run_key, id) W
 
 CREATE INDEX jobs_run_unfinished ON dispatcher.job_state USING btree (run_key) WHERE ((run_key IS NOT NULL) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text, 'running'::text])));
 
+CREATE INDEX jobs_running_key ON dispatcher.job_state USING btree (queue, concurrency_key) WHERE ((state = 'running'::text) AND (concurrency_key IS NOT NULL));
+
 CREATE INDEX jobs_running_lease ON dispatcher.job_state USING btree (lease_expires_at) WHERE (state = 'running'::text);
 
 CREATE INDEX jobs_running_queue ON dispatcher.job_state USING btree (queue) WHERE (state = 'running'::text);
@@ -361,7 +440,44 @@ CREATE INDEX outbox_relayed_job ON dispatcher.outbox USING btree (job_id) WHERE 
 
 CREATE INDEX outbox_relayed_queue ON dispatcher.outbox USING btree (queue, published_at) WHERE (leased_until IS NOT NULL);
 
+CREATE INDEX queues_limit_group ON dispatcher.queues USING btree (limit_group) WHERE (limit_group IS NOT NULL);
+
 CREATE INDEX runs_unfinished ON dispatcher.runs USING btree (schedule, period_start) WHERE (finished_at IS NULL);
+
+CREATE OR REPLACE FUNCTION dispatcher.apply_queue_settings(q text)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    s jsonb;  -- in force
+    o jsonb;  -- the overrides alone
+BEGIN
+    SELECT file_settings || overrides, overrides INTO s, o FROM dispatcher.queues WHERE name = q;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    UPDATE dispatcher.queues
+       SET rate_per_s = CASE WHEN s ? 'rate_per_s' THEN (s->>'rate_per_s')::float8
+                             ELSE rate_per_s END,
+           burst = CASE WHEN s ? 'burst' THEN (s->>'burst')::integer ELSE burst END,
+           max_inflight = CASE WHEN s ? 'max_inflight' THEN (s->>'max_inflight')::integer
+                               ELSE max_inflight END,
+           -- a lowered burst caps the tokens held, as a new file does (upsert_queue)
+           tokens = least(tokens, CASE WHEN s ? 'burst' THEN (s->>'burst')::float8
+                                       ELSE tokens END),
+           -- every key's limits (024), none unless named; a key rate overridden alone, or
+           -- given without a burst, gets one second's worth (as 024's per-key overrides do)
+           key_max_inflight = (s->>'key_max_inflight')::integer,
+           key_rate_per_s = (s->>'key_rate_per_s')::float8,
+           key_burst = CASE WHEN o ? 'key_rate_per_s' AND NOT o ? 'key_burst'
+                            THEN ceil((o->>'key_rate_per_s')::float8)::integer
+                            ELSE coalesce((s->>'key_burst')::integer,
+                                          ceil((s->>'key_rate_per_s')::float8)::integer)
+                       END
+     WHERE name = q;
+    PERFORM pg_notify('dispatcher_wake', 'limits');
+END
+$function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.claim_grant(q text, wanted integer, OUT granted integer, OUT wait_s double precision)
  RETURNS record
@@ -380,18 +496,20 @@ DECLARE
     minted   integer := 0;
     a_slot   integer;
     held     integer[] := '{}';
+    grp      record;
 BEGIN
     granted := greatest(wanted, 0);
     PERFORM set_config('dispatcher.permit_slot', '', true);  -- for claim_settle: no slot
     SELECT * INTO r FROM dispatcher.queues WHERE name = q;
-    IF NOT FOUND OR (r.rate_per_s IS NULL AND r.max_inflight IS NULL) THEN
+    IF NOT FOUND OR (r.rate_per_s IS NULL AND r.max_inflight IS NULL AND r.limit_group IS NULL)
+    THEN
         RETURN;  -- unlimited: no lock, claims of this queue run in parallel
     END IF;
 
     -- Permits parked in slots no other claim holds: no wait on the queue row. Take from as
     -- many idle slots as needed (fullest first); what the claim does not use goes back to the
-    -- first of them (claim_settle).
-    IF granted > 0 THEN
+    -- first of them (claim_settle). A queue in a limit group parks none (migration 024).
+    IF granted > 0 AND r.limit_group IS NULL THEN
         minted := 0;  -- here: permits taken so far
         LOOP
             SELECT p.slot, p.n INTO a_slot, got FROM dispatcher.claim_permits p
@@ -463,9 +581,16 @@ BEGIN
         END IF;
     END IF;
 
+    -- the group's part (migration 024): a start needs the queue's limits and the group's
+    IF r.limit_group IS NOT NULL AND granted > 0 THEN
+        SELECT * INTO grp FROM dispatcher.group_grant(r.limit_group, q, r.group_priority, granted);
+        granted := grp.granted;
+        wait_s := coalesce(wait_s, grp.wait_s);
+    END IF;
+
     -- park one more claim's worth in each idle empty slot while the headroom allows it
     spare := least(headroom - granted, slots::bigint * wanted)::integer;
-    IF wanted > 0 AND granted = wanted AND spare >= wanted THEN
+    IF wanted > 0 AND granted = wanted AND spare >= wanted AND r.limit_group IS NULL THEN
         INSERT INTO dispatcher.claim_permits (queue, slot)
         SELECT q, s FROM generate_series(0, slots - 1) s
          WHERE NOT EXISTS (SELECT 1 FROM dispatcher.claim_permits p WHERE p.queue = q)
@@ -507,10 +632,12 @@ DECLARE
     got_turns integer[];
     filled    text[];
     rounds    integer;
+    blocked   text[];      -- keys at their limit (migration 024): their jobs are skipped
 BEGIN
     IF wanted < 1 OR EXISTS (SELECT 1 FROM dispatcher.queues x WHERE x.name = q AND x.paused) THEN
         RETURN;  -- a paused queue offers nothing
     END IF;
+    blocked := dispatcher.keys_at_limit(q);
     LOOP
         SELECT min(s.priority) INTO lvl FROM dispatcher.job_state s
          WHERE s.queue = q AND s.state = 'ready' AND (lvl IS NULL OR s.priority > lvl);
@@ -545,8 +672,9 @@ BEGIN
         SELECT array_agg(w.tenant), array_agg(w.n)
           INTO walked, turns
           FROM (SELECT t.tenant, row_number() OVER ()::integer AS n
-                  FROM (SELECT o.tenant FROM onward o
-                        UNION ALL SELECT r.tenant FROM round_ r LIMIT need) t) w;
+                  FROM (SELECT o.tenant FROM onward o WHERE o.tenant <> ALL (blocked)
+                        UNION ALL SELECT r.tenant FROM round_ r WHERE r.tenant <> ALL (blocked)
+                        LIMIT need) t) w;
         rounds := 0;
         LOOP
             share := ceil(need::float8 / cardinality(walked))::integer;
@@ -558,6 +686,8 @@ BEGIN
                          FROM (SELECT s.id, s.due_at FROM dispatcher.job_state s
                                 WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
                                   AND s.tenant = w.tenant AND s.capability = ANY (caps)
+                                  AND (s.concurrency_key IS NULL
+                                       OR s.concurrency_key <> ALL (blocked))
                                   AND s.id <> ALL (taken)
                                 ORDER BY s.due_at, s.id
                                 LIMIT share
@@ -608,9 +738,39 @@ BEGIN
             UPDATE dispatcher.queues
                SET tokens = least(burst, tokens + (granted - started))
              WHERE name = q AND rate_per_s IS NOT NULL;
+            -- the queue row is locked by this claim (a grouped queue never claims on a slot)
+            UPDATE dispatcher.limit_groups g
+               SET tokens = least(g.burst, g.tokens + (granted - started))
+              FROM dispatcher.queues m
+             WHERE m.name = q AND g.name = m.limit_group AND g.rate_per_s IS NOT NULL;
         END IF;
     END IF;
     RETURN wait_s;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.could_start(b dispatcher.queues, cap bigint)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+DECLARE
+    n bigint := greatest(cap, 0);
+BEGIN
+    IF b.rate_per_s IS NOT NULL THEN
+        n := least(n, greatest(floor(least(b.burst, b.tokens + extract(epoch FROM
+                 clock_timestamp() - b.tokens_at) * b.rate_per_s)), 0)::bigint);
+    END IF;
+    IF b.max_inflight IS NOT NULL AND n > 0 THEN
+        n := least(n, b.max_inflight - (SELECT count(*) FROM (
+                 SELECT 1 FROM dispatcher.job_state s
+                  WHERE s.queue = b.name AND s.state = 'running' LIMIT b.max_inflight) j));
+    END IF;
+    IF n > 0 THEN
+        n := (SELECT count(*) FROM (SELECT 1 FROM dispatcher.job_state s
+                                     WHERE s.queue = b.name AND s.state = 'ready' LIMIT n) j);
+    END IF;
+    RETURN greatest(n, 0);
 END
 $function$;
 
@@ -675,16 +835,6 @@ BEGIN
         END IF;
         PERFORM pg_notify('dispatcher_wake', 'ready');
     END IF;
-    RETURN NULL;
-END
-$function$;
-
-CREATE OR REPLACE FUNCTION dispatcher.drop_claim_permits()
- RETURNS trigger
- LANGUAGE plpgsql
-AS $function$
-BEGIN
-    UPDATE dispatcher.claim_permits SET n = 0 WHERE queue = NEW.name AND n > 0;
     RETURN NULL;
 END
 $function$;
@@ -1082,6 +1232,66 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.group_grant(grp text, q text, prio integer, wanted integer, OUT granted integer, OUT wait_s double precision)
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    g        dispatcher.limit_groups;
+    at       timestamptz;
+    avail    float8;
+    headroom bigint := 2147483647;
+    running  bigint;
+    reserved bigint;
+BEGIN
+    granted := wanted;
+    SELECT * INTO g FROM dispatcher.limit_groups WHERE name = grp FOR UPDATE;
+    IF NOT FOUND OR wanted < 1 THEN
+        RETURN;
+    END IF;
+    at := greatest(g.tokens_at, clock_timestamp());
+    IF g.rate_per_s IS NOT NULL THEN
+        avail := least(g.burst, g.tokens + extract(epoch FROM at - g.tokens_at) * g.rate_per_s);
+        headroom := greatest(floor(avail), 0)::bigint;
+    END IF;
+    IF g.max_inflight IS NOT NULL THEN
+        SELECT count(*) INTO running FROM (
+            SELECT 1 FROM dispatcher.job_state s
+             WHERE s.queue = ANY (ARRAY(SELECT m.name FROM dispatcher.queues m
+                                         WHERE m.limit_group = grp))
+               AND s.state = 'running'
+             LIMIT g.max_inflight) j;
+        headroom := least(headroom, greatest(g.max_inflight - running, 0));
+    END IF;
+    SELECT coalesce(sum(dispatcher.could_start(b, headroom)), 0) INTO reserved
+      FROM dispatcher.queues b
+     WHERE b.limit_group = grp AND b.group_priority < prio AND b.name <> q AND NOT b.paused;
+    granted := least(wanted, greatest(headroom - reserved, 0))::integer;
+    IF granted < 1 THEN
+        wait_s := CASE
+            WHEN g.rate_per_s IS NOT NULL AND avail < 1 THEN (1 - avail) / g.rate_per_s
+            WHEN reserved > 0 THEN 0.05  -- better queues take the budget: look again soon
+            ELSE 0.02 END;               -- the group's in-flight cap: as in claim_grant
+    END IF;
+    IF g.rate_per_s IS NOT NULL THEN
+        UPDATE dispatcher.limit_groups SET tokens = avail - granted, tokens_at = at
+         WHERE name = grp;
+    END IF;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.group_limits_changed()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF NEW.rate_per_s IS NOT NULL THEN
+        NEW.tokens := least(NEW.burst, greatest(NEW.tokens, 0));
+    END IF;
+    RETURN NEW;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION dispatcher.intent_bytes()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -1192,6 +1402,178 @@ BEGIN
             dead_letter_of = NEW.dead_letter_of, traceparent = NEW.traceparent,
             priority = NEW.priority, concurrency_key = NEW.concurrency_key
          WHERE id = OLD.id;
+    END IF;
+    RETURN NEW;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.key_bounds(qq dispatcher.queues, OUT min_cap integer, OUT any_rate boolean)
+ RETURNS record
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT least(qq.key_max_inflight, min(o.max_inflight)),
+           qq.key_rate_per_s IS NOT NULL OR bool_or(o.rate_per_s IS NOT NULL)
+      FROM dispatcher.key_limits o WHERE o.queue = qq.name
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.key_limits_of(qq dispatcher.queues, k text, OUT max_inflight integer, OUT rate_per_s double precision, OUT burst integer)
+ RETURNS record
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT coalesce(o.max_inflight, qq.key_max_inflight),
+           coalesce(o.rate_per_s, qq.key_rate_per_s),
+           coalesce(o.burst, CASE WHEN o.rate_per_s IS NOT NULL
+                                  THEN greatest(1, ceil(o.rate_per_s))::integer END,
+                    qq.key_burst)
+      FROM (SELECT 1) one
+      LEFT JOIN dispatcher.key_limits o ON o.queue = qq.name AND o.key = k
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.key_take(q text, ids bigint[], keys text[])
+ RETURNS bigint[]
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    big     CONSTANT bigint := 2147483647;
+    qq      dispatcher.queues;
+    limited text[];
+    caps    integer[];
+    rates   float8[];
+    bursts  integer[];
+    kept    bigint[];
+BEGIN
+    SELECT * INTO qq FROM dispatcher.queues WHERE name = q;
+    IF NOT FOUND OR cardinality(ids) = 0 OR NOT dispatcher.keys_limited(qq) THEN
+        RETURN ids;
+    END IF;
+    -- the limited keys among the jobs, with their limits, once per key
+    SELECT array_agg(d.k ORDER BY d.k), array_agg(l.max_inflight ORDER BY d.k),
+           array_agg(l.rate_per_s ORDER BY d.k), array_agg(l.burst ORDER BY d.k)
+      INTO limited, caps, rates, bursts
+      FROM (SELECT DISTINCT k FROM unnest(keys) k WHERE k IS NOT NULL) d
+     CROSS JOIN LATERAL dispatcher.key_limits_of(qq, d.k) l
+     WHERE l.max_inflight IS NOT NULL OR l.rate_per_s IS NOT NULL;
+    IF limited IS NULL THEN
+        RETURN ids;
+    END IF;
+    INSERT INTO dispatcher.key_state (queue, key, tokens)
+    SELECT q, x.key, coalesce(x.burst, 0) FROM unnest(limited, bursts) AS x(key, burst)
+        ON CONFLICT DO NOTHING;
+    PERFORM 1 FROM dispatcher.key_state
+     WHERE queue = q AND key = ANY (limited) ORDER BY key FOR UPDATE;
+    -- one statement after the lock: each key's room (its bucket's level; its cap less its
+    -- running jobs), the jobs kept (by rank within their key), the tokens taken
+    WITH room AS (
+        SELECT x.key, x.rate, lv.level,
+               least(coalesce(floor(lv.level)::bigint, big),
+                     CASE WHEN x.cap IS NULL THEN big ELSE x.cap - (
+                         SELECT count(*) FROM dispatcher.job_state s
+                          WHERE s.queue = q AND s.state = 'running'
+                            AND s.concurrency_key = x.key) END) AS n
+          FROM unnest(limited, caps, rates, bursts) AS x(key, cap, rate, burst)
+          JOIN dispatcher.key_state k ON k.queue = q AND k.key = x.key
+         CROSS JOIN LATERAL (
+               SELECT least(x.burst, k.tokens + extract(epoch FROM clock_timestamp()
+                                                        - k.tokens_at) * x.rate) AS level) lv
+    ), ranked AS (
+        SELECT u.id, u.pos, r.key, r.n,
+               row_number() OVER (PARTITION BY u.k ORDER BY u.pos) AS rank
+          FROM unnest(ids, keys) WITH ORDINALITY AS u(id, k, pos)
+          LEFT JOIN room r ON r.key = u.k
+    ), taken AS (
+        UPDATE dispatcher.key_state k
+           SET tokens = r.level - t.n, tokens_at = clock_timestamp()
+          FROM (SELECT key, count(*) AS n FROM ranked
+                 WHERE key IS NOT NULL AND rank <= n GROUP BY key) t
+          JOIN room r ON r.key = t.key
+         WHERE k.queue = q AND k.key = t.key AND r.rate IS NOT NULL
+    )
+    SELECT coalesce(array_agg(id ORDER BY pos), '{}') INTO kept
+      FROM ranked WHERE key IS NULL OR rank <= n;
+    RETURN kept;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.key_wait_s()
+ RETURNS double precision
+ LANGUAGE sql
+AS $function$
+    SELECT CASE WHEN current_setting('dispatcher.keys_full', true) = 'true' THEN 0.05 END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.keys_at_limit(q text)
+ RETURNS text[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+DECLARE
+    qq      dispatcher.queues;
+    b       record;
+    running bigint := 0;
+    full_   text[] := '{}';
+BEGIN
+    SELECT * INTO qq FROM dispatcher.queues WHERE name = q;
+    IF NOT FOUND OR NOT dispatcher.keys_limited(qq) THEN
+        RETURN '{}';
+    END IF;
+    b := dispatcher.key_bounds(qq);
+    IF b.min_cap IS NOT NULL AND b.min_cap < coalesce(qq.max_inflight, 2147483647) THEN
+        SELECT count(*) INTO running FROM (
+            SELECT 1 FROM dispatcher.job_state s
+             WHERE s.queue = q AND s.state = 'running' AND s.concurrency_key IS NOT NULL
+             LIMIT b.min_cap) j;
+    END IF;
+    IF running >= b.min_cap THEN
+        full_ := ARRAY(
+            SELECT r.key FROM (
+                SELECT s.concurrency_key AS key, count(*) AS n FROM dispatcher.job_state s
+                 WHERE s.queue = q AND s.state = 'running' AND s.concurrency_key IS NOT NULL
+                 GROUP BY s.concurrency_key HAVING count(*) >= b.min_cap) r
+             CROSS JOIN LATERAL dispatcher.key_limits_of(qq, r.key) l
+             WHERE r.n >= l.max_inflight);
+    END IF;
+    IF b.any_rate THEN
+        full_ := full_ || ARRAY(
+            SELECT k.key FROM dispatcher.key_state k
+             CROSS JOIN LATERAL dispatcher.key_limits_of(qq, k.key) l
+             WHERE k.queue = q AND l.rate_per_s IS NOT NULL
+               AND least(l.burst, k.tokens + extract(epoch FROM clock_timestamp() - k.tokens_at)
+                                  * l.rate_per_s) < 1);
+    END IF;
+    -- for the claim's marker (key_wait_s): whether this claim found keys at their limit
+    PERFORM set_config('dispatcher.keys_full', (cardinality(full_) > 0)::text, true);
+    RETURN full_;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.keys_limited(qq dispatcher.queues)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT qq.key_max_inflight IS NOT NULL OR qq.key_rate_per_s IS NOT NULL
+        OR EXISTS (SELECT 1 FROM dispatcher.key_limits o WHERE o.queue = qq.name)
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.limits_changed()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    dropped bigint;
+BEGIN
+    SELECT coalesce(sum(p.n), 0) INTO dropped FROM (
+        SELECT n FROM dispatcher.claim_permits
+         WHERE queue = NEW.name AND n > 0
+           FOR UPDATE) p;
+    IF dropped > 0 THEN
+        UPDATE dispatcher.claim_permits SET n = 0 WHERE queue = NEW.name AND n > 0;
+    END IF;
+    NEW.permits_parked := 0;
+    IF NEW.rate_per_s IS NOT NULL THEN
+        NEW.tokens := least(NEW.burst, greatest(NEW.tokens, 0) + dropped);
     END IF;
     RETURN NEW;
 END
@@ -1420,4 +1802,6 @@ CREATE TRIGGER jobs_dead_letter_notice AFTER UPDATE OF state ON dispatcher.job_s
 
 CREATE TRIGGER jobs_view_write INSTEAD OF INSERT OR DELETE OR UPDATE ON dispatcher.jobs FOR EACH ROW EXECUTE FUNCTION dispatcher.jobs_view_write();
 
-CREATE TRIGGER queues_limits_changed AFTER UPDATE OF rate_per_s, burst, max_inflight ON dispatcher.queues FOR EACH ROW WHEN (old.rate_per_s IS DISTINCT FROM new.rate_per_s OR old.burst IS DISTINCT FROM new.burst OR old.max_inflight IS DISTINCT FROM new.max_inflight) EXECUTE FUNCTION dispatcher.drop_claim_permits();
+CREATE TRIGGER limit_groups_limits_changed BEFORE UPDATE OF rate_per_s, burst, max_inflight ON dispatcher.limit_groups FOR EACH ROW EXECUTE FUNCTION dispatcher.group_limits_changed();
+
+CREATE TRIGGER queues_limits_changed BEFORE UPDATE OF rate_per_s, burst, max_inflight, limit_group ON dispatcher.queues FOR EACH ROW WHEN (old.rate_per_s IS DISTINCT FROM new.rate_per_s OR old.burst IS DISTINCT FROM new.burst OR old.max_inflight IS DISTINCT FROM new.max_inflight OR old.limit_group IS DISTINCT FROM new.limit_group) EXECUTE FUNCTION dispatcher.limits_changed();

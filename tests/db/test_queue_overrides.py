@@ -76,7 +76,7 @@ async def test_a_raised_limit_holds_for_the_next_claim(repo: JobRepository) -> N
     await repo.enqueue_many([NewJob(key=f"k{i}", handler="work", payload={}) for i in range(60)])
     jobs, *_ = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
     assert len(jobs) == 5
-    jobs, _, wait_s, _ = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
+    jobs, _, wait_s, *_ = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
     assert jobs == [] and wait_s is not None and wait_s > 100
     await store.set_overrides("default", {"rate_per_s": 1000.0, "burst": 30})
     await asyncio.sleep(0.05)  # refills 50 tokens at the new rate, capped by the new burst
