@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import uuid
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import cast
 
@@ -37,6 +38,7 @@ from dispatcher.db.liveness import LivenessLock, liveness_lock
 from dispatcher.db.notifications import WakeListener, check_sessions_stay
 from dispatcher.db.ownership import Role
 from dispatcher.db.pool import PoolSet, connect, wait_for_database
+from dispatcher.db.queue_limits import QueueSettingsRepository
 from dispatcher.db.relay import RelayRepository
 from dispatcher.db.vacuum import vacuum_problems
 from dispatcher.effects.base import Effect
@@ -52,6 +54,8 @@ from dispatcher.engine.completer import Completer
 from dispatcher.engine.due_scan import DueScanner
 from dispatcher.engine.executor import Executor
 from dispatcher.engine.gone_owners import GoneOwners
+from dispatcher.engine.live_settings import INTERVAL_S as LIVE_INTERVAL_S
+from dispatcher.engine.live_settings import LiveSettings
 from dispatcher.engine.pool import LeaseHeartbeat, QueueWorker, WorkerPool
 from dispatcher.engine.pruning import Pruner
 from dispatcher.engine.sampler import MetricsSampler
@@ -65,6 +69,7 @@ from dispatcher.engine.work_poll import (
 from dispatcher.intake.accept import Intake
 from dispatcher.observability import logs
 from dispatcher.observability.tracing import Tracing, current_trace_id
+from dispatcher.operator.queue_limits import file_settings
 from dispatcher.operator.service import Operator
 from dispatcher.relay.transport import InProcessTransport, Transport
 from dispatcher.runtime import sdnotify
@@ -72,6 +77,7 @@ from dispatcher.runtime.diskspace import CHECK_INTERVAL_S, DiskSpace
 from dispatcher.runtime.lifecycle import CallbackService, Service, ServiceGroup, Startable
 from dispatcher.runtime.timing import TimingEngine
 
+LIVE_SETTINGS_JOB = "queue-settings"
 log = logging.getLogger("dispatcher")
 
 SAMPLE_INTERVAL_S = 5.0
@@ -181,6 +187,8 @@ class Daemon:
         self._disk: DiskSpace | None = None  # the embedded database's filesystem
         self._liveness: LivenessLock | None = None  # crash recovery in seconds (recovery.md)
         self._broker: list[Service] = []  # RabbitMQ link and relay (transport = "rabbitmq")
+        # RabbitMQ: a max_inflight changed at run time moves the prefetch and the publish window
+        self._on_max_inflight: Callable[[str, int], Awaitable[None]] | None = None
         self._tls: ServerTls | None = None
         self._http: HttpEffect | None = None  # its signing secrets are reloaded on SIGHUP
         if settings.tls.cert_file is not None and settings.tls.key_file is not None:
@@ -325,7 +333,8 @@ class Daemon:
             scanner=scanner,
         )
         self._liveness = liveness_lock(s, dsn, self.owner, judge, on_gone=scanner.wake)
-        wake.bind(workers, scanner, poller)
+        await self._live_settings(QueueSettingsRepository(pools["engine"]), workers, timing)
+        wake.bind(workers, scanner, poller, settings=lambda: timing.run_now(LIVE_SETTINGS_JOB))
         cron = CronService(pools["engine"], engine, s.schedules, timing=timing, on_enqueued=wake)
         disk = await self._disk_space()
         # one sampler for the gauges and the queue overview (GET /v1/queues), which share its
@@ -366,6 +375,18 @@ class Daemon:
             )
             services.insert(4, listener)  # before the API listener
         return services
+
+    async def _live_settings(
+        self, store: QueueSettingsRepository, workers: WorkerPool, timing: TimingEngine
+    ) -> None:
+        """Record the file's live queue settings, apply the run-time overrides before the first
+        claim, then every second and on each NOTIFY 'limits' (docs/guides/run-windows.md)."""
+        await store.record_file_settings(
+            {q: file_settings(c) for q, c in self.settings.queues.items()}
+        )
+        live = LiveSettings(store, workers.workers, self._on_max_inflight)
+        await live.run_once()
+        timing.every(LIVE_SETTINGS_JOB, LIVE_INTERVAL_S, live.run_once)
 
     def _api(
         self,
@@ -457,6 +478,12 @@ class Daemon:
                 republish_after_s=s.rabbitmq.republish_after_s,
             )
             self._broker = [link, relay]
+
+            async def retune_broker(queue: str, max_inflight: int) -> None:
+                relay.set_max_inflight(queue, max_inflight)
+                await link.set_prefetch(queue, max_inflight)
+
+            self._on_max_inflight = retune_broker
             transport = rabbitmq.RabbitTransport(
                 claims,
                 link,

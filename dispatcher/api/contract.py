@@ -10,6 +10,7 @@ from dispatcher.api.schemas import MAX_BATCH, BatchItem, RescheduleRequest
 from dispatcher.config.settings import NAME_PATTERN
 from dispatcher.intake.requests import DeadLetterRequest, JobRequest
 from dispatcher.model import STATES
+from dispatcher.operator.queue_limits import SettingsChange
 
 PROBLEM = {"$ref": "#/components/schemas/Problem"}
 
@@ -287,6 +288,7 @@ def _operator_schemas() -> dict[str, Any]:
     return {
         "RescheduleRequest": RescheduleRequest.model_json_schema(ref_template=template),
         "DeadLetterRequest": DeadLetterRequest.model_json_schema(ref_template=template),
+        "SettingsChange": SettingsChange.model_json_schema(ref_template=template),
         "BulkResult": {
             "type": "object",
             "required": ["action", "dry_run", "count"],
@@ -323,6 +325,24 @@ def _operator_schemas() -> dict[str, Any]:
                 "on_dead": {
                     "type": ["object", "null"],
                     "description": "where dead letters are reported (the target's origin only)",
+                },
+                "settings": {
+                    "type": "object",
+                    "description": "each live setting (rate_per_s, burst, max_inflight, "
+                    "key_max_inflight, key_rate_per_s, key_burst, windows) in force: value, "
+                    'source ("override", "file" or null) and the file\'s value',
+                },
+                "overrides_at": {**nullable_str, "format": "date-time"},
+                "window_open": {
+                    "type": "boolean",
+                    "description": "the queue may claim by its run windows (always without)",
+                },
+                "window_opens_at": {**nullable_str, "format": "date-time"},
+                "window_closes_at": {**nullable_str, "format": "date-time"},
+                "window_error": {
+                    **nullable_str,
+                    "description": "windows stored past every door that cannot be read "
+                    "(the daemons keep the last good ones)",
                 },
             },
         },

@@ -42,7 +42,8 @@ def operator_problem(exc: OperatorError) -> web.Response:
     422, or 503 with Retry-After."""
     if isinstance(exc, Unavailable):
         return problem(503, exc.detail, headers={"Retry-After": str(RETRY_AFTER_S)})
-    return problem(http_status(exc), exc.detail, **exc.context)
+    named: dict[str, Any] = {"field": exc.field} if isinstance(exc, Invalid) and exc.field else {}
+    return problem(http_status(exc), exc.detail, **named, **exc.context)
 
 
 def acting(request: web.Request) -> tuple[Operator, Actor]:
@@ -142,6 +143,21 @@ async def delete_key_limits(request: web.Request) -> web.Response:
     operator, actor = acting(request)
     name, key = request.match_info["name"], request.match_info["key"]
     return json_response(await operator.clear_key_limits(actor, name, key))
+
+
+async def patch_queue(request: web.Request) -> web.Response:
+    """Change a queue's live settings at run time (a JSON merge patch)."""
+    operator, actor = acting(request)
+    body = await read_json(request)
+    name = request.match_info["name"]
+    return json_response(await operator.change_queue_settings(actor, name, body))
+
+
+async def reset_queue(request: web.Request) -> web.Response:
+    """Remove every run-time override of a queue: the file's settings hold again."""
+    operator, actor = acting(request)
+    name = request.match_info["name"]
+    return json_response(await operator.change_queue_settings(actor, name, None))
 
 
 # schedules --------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ from dispatcher.api.contract import (
 from dispatcher.api.schemas import MAX_BATCH, RescheduleRequest
 from dispatcher.intake.requests import DeadLetterRequest, JobRequest
 from dispatcher.model import STATES
+from dispatcher.operator.queue_limits import SettingsChange
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -307,6 +308,33 @@ OPERATOR_ROUTES = [
         "Put one concurrency key back on its queue's key limits (idempotent)",
         parameters=(QUEUE_NAME, KEY_NAME),
         response=ANY_OBJECT,
+        problems=(401, 404, 503),
+    ),
+    Route(
+        "PATCH",
+        "/v1/queues/{name}",
+        "operate",
+        operate.patch_queue,
+        "Change a queue's limits or run windows at run time",
+        description=(
+            "A JSON merge patch of the live settings: a value sets a run-time override, null "
+            "removes one. Persisted; every daemon honours it within a second; an override "
+            "wins over the configuration file, also after a restart, until reset. 422 names "
+            "the field at fault; nothing changes."
+        ),
+        request=SettingsChange,
+        parameters=(QUEUE_NAME,),
+        response=QUEUE,
+        problems=(401, 404, 422, 503),
+    ),
+    Route(
+        "POST",
+        "/v1/queues/{name}/reset",
+        "operate",
+        operate.reset_queue,
+        "Remove every run-time override of a queue (the file's settings hold again)",
+        parameters=(QUEUE_NAME,),
+        response=QUEUE,
         problems=(401, 404, 503),
     ),
     Route(

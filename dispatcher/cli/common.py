@@ -106,6 +106,14 @@ FIELD_OPTIONS = {
     "from": "--from",
     "to": "--to",
     "period_start": "--period",
+    # queues set (run-time settings: docs/guides/run-windows.md)
+    "rate_per_s": "--rate-per-s",
+    "burst": "--burst",
+    "max_inflight": "--max-inflight",
+    "key_rate_per_s": "--key-rate-per-s",
+    "key_burst": "--key-burst",
+    "key_max_inflight": "--key-max-inflight",
+    "windows": "--window",
 }
 
 

@@ -79,6 +79,30 @@ def format_queues(views: list[dict[str, Any]]) -> str:
         )
         if v["paused"]:
             lines.append(f"{'':<16} paused since {v['paused_at']}")
+        if not v.get("window_open", True):
+            lines.append(f"{'':<16} outside its run windows; opens at {v['window_opens_at']}")
+        overrides = [
+            f"{k} {x['value']} (file {x['file']})"
+            for k, x in v.get("settings", {}).items()
+            if x["source"] == "override"
+        ]
+        if overrides:
+            lines.append(f"{'':<16} run-time overrides: {', '.join(overrides)}")
+    return "\n".join(lines)
+
+
+def format_settings(view: dict[str, Any]) -> str:
+    """Each live setting of a queue view with its source, and the run-window state."""
+    lines = []
+    for key, entry in view.get("settings", {}).items():
+        if entry["source"] is None:
+            continue
+        beside = f" (file: {entry['file']})" if entry["source"] == "override" else ""
+        lines.append(f"  {key:<18} {entry['value']}  [{entry['source']}]{beside}")
+    if view.get("window_open", True):
+        lines.append("  window             open")
+    else:
+        lines.append(f"  window             closed; opens at {view['window_opens_at']}")
     return "\n".join(lines)
 
 

@@ -12,7 +12,13 @@ import sys
 from typing import Any
 
 from dispatcher.cli.common import EXIT_USAGE, database, operate, plain
-from dispatcher.cli.formats import format_job, format_queues, format_schedule, print_jobs
+from dispatcher.cli.formats import (
+    format_job,
+    format_queues,
+    format_schedule,
+    format_settings,
+    print_jobs,
+)
 from dispatcher.config.settings import Settings
 from dispatcher.operator.audit import Actor
 from dispatcher.operator.key_limits import KeyLimits
@@ -139,6 +145,12 @@ def cmd_queues(settings: Settings, args: argparse.Namespace) -> int:
             return 0
         if args.action == "key-limits":
             return await _key_limits(operator, args)
+        if args.action in ("set", "reset"):
+            change = queue_settings_change(args) if args.action == "set" else None
+            view = await operator.change_queue_settings(Actor.cli(), args.name, change)
+            done = f"queue {view['name']}: settings {args.action}\n" + format_settings(view)
+            print(json.dumps(view, indent=2) if args.json else done)
+            return 0
         paused = args.action == "pause"
         view = await operator.set_queue_paused(Actor.cli(), args.name, paused=paused)
         if args.json:
@@ -170,6 +182,20 @@ async def _key_limits(operator: Operator, args: argparse.Namespace) -> int:
         text = f"key {args.key} of queue {args.name}: {shown}"
     print(json.dumps(result, indent=2) if getattr(args, "json", False) else text)
     return 0
+
+
+def queue_settings_change(args: argparse.Namespace) -> dict[str, Any]:
+    """The change `queues set` asks for, as the API's PATCH body (validated by the service)."""
+    from dispatcher.operator.queue_limits import LIVE_SETTINGS
+
+    change: dict[str, Any] = {key: None for key in args.unset}
+    for key in LIVE_SETTINGS:
+        value = getattr(args, key, None)
+        if value is not None:
+            change[key] = value
+    if args.no_windows:
+        change["windows"] = []
+    return change
 
 
 def cmd_schedules(settings: Settings, args: argparse.Namespace) -> int:

@@ -284,6 +284,41 @@ def add_operator_commands(command: Command, jobs_sub: Any) -> None:
     p.add_argument("--rate-per-s", type=float, help="its starts per second")
     p.add_argument("--burst", type=bounded_int(1, 2**31 - 1), help="its starts at once")
     p.add_argument("--reset", action="store_true", help="back to the queue's key limits")
+    queue_settings_parsers(queues_sub)
+
+
+def queue_settings_parsers(queues_sub: Any) -> None:
+    """`queues set` and `queues reset`: run-time overrides of a queue's limits and windows."""
+    from dispatcher.operator.queue_limits import LIVE_SETTINGS
+
+    text = (
+        "change a queue's limits or run windows at run time, on every daemon within a second; "
+        "the change wins over the configuration file until `queues reset`"
+    )
+    p = queues_sub.add_parser("set", help=text, description=text)
+    p.add_argument("name", help="queue name (see `dispatcher queues`)")
+    for option, kind in (("rate-per-s", float), ("burst", int), ("max-inflight", int)):
+        p.add_argument(f"--{option}", type=kind)
+        p.add_argument(f"--key-{option}", type=kind, help="for each concurrency key")
+    p.add_argument(
+        "--window",
+        action="append",
+        dest="windows",
+        metavar="WINDOW",
+        help='run window, e.g. "Mon-Fri 18:00-07:00 Europe/Berlin"; repeat for several',
+    )
+    p.add_argument("--no-windows", action="store_true", help="claim at any time (no windows)")
+    p.add_argument(
+        "--unset",
+        action="append",
+        default=[],
+        choices=LIVE_SETTINGS,
+        help="remove this setting's override (the file's holds again); repeat for several",
+    )
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+    text = "remove every run-time override of a queue: its file settings hold again"
+    p = queues_sub.add_parser("reset", help=text, description=text)
+    p.add_argument("name", help="queue name (see `dispatcher queues`)")
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
 
 

@@ -42,6 +42,8 @@ def apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> set[tuple[str,
         node[leaf] = (
             [v.strip() for v in value.split(",") if v.strip()] if leaf in _LIST_SETTINGS else value
         )
+        if leaf == "windows":  # commas list days inside a window: windows split at ';'
+            node[leaf] = [v.strip() for v in value.split(";") if v.strip()]
         if path == ["api_tokens"]:  # commas may separate scopes: see split_environment
             node[leaf] = split_environment(value)
         from_env.add(tuple(path))

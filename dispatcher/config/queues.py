@@ -1,12 +1,14 @@
-"""The `[queues.NAME]` sections: a queue's limits, retry policy and dead-letter notice."""
+"""The `[queues.NAME]` sections: a queue's limits, run windows, retry policy and dead-letter
+notice."""
 
 from __future__ import annotations
 
 import math
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from dispatcher.config.base import MAX_DURATION_S, PositiveFloat, Strict
+from dispatcher.cron.windows import MAX_WINDOWS, WindowError, parse_windows
 
 
 class DeadLetterNoticeSettings(Strict):
@@ -33,6 +35,18 @@ class QueueSettings(Strict):
     # retry age, it keeps a handler that snoozes without end from running forever.
     max_snoozes: int = Field(1000, ge=0, le=1_000_000)
     on_dead: DeadLetterNoticeSettings | None = None
+    # run windows (dispatcher.cron.windows): claims only while one is open; none: always open
+    windows: list[str] = Field(default_factory=list, max_length=MAX_WINDOWS)
+
+    @field_validator("windows")
+    @classmethod
+    def _windows(cls, value: list[str]) -> list[str]:
+        try:
+            parse_windows(value)
+        except WindowError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
     # a budget shared with other queues ([limit_groups.NAME], config/limits.py); both bind
     limit_group: str | None = None
     group_priority: int = Field(0, ge=-100, le=100)  # within the group: lower goes first

@@ -2,7 +2,8 @@
 
 Every setting has a default. Top-level settings are overridden by `DISPATCHER_<NAME>`; nested
 ones by `DISPATCHER_<SECTION>__<KEY>__<NAME>` (e.g. `DISPATCHER_QUEUES__DEFAULT__RATE_PER_S`).
-List settings take comma-separated values from the environment. A bad value stops the daemon with
+List settings take comma-separated values from the environment (run windows, whose days may
+be a comma list, take semicolon-separated ones). A bad value stops the daemon with
 one line per problem naming the setting, the value and what is allowed.
 
 This module composes the whole: each section has a module of its own (queues, effects,

@@ -17,7 +17,7 @@ from aiohttp import web
 from dispatcher.api.app import authenticate, client_of
 from dispatcher.api.keys import GUESSES, OWN_AUTH, REPO, TOKENS
 from dispatcher.config.tokens import ApiToken
-from dispatcher.console import pages
+from dispatcher.console import pages, queue_page
 from dispatcher.console.series import StartSeries
 from dispatcher.console.session import SessionSigner
 from dispatcher.console.toolkit import (
@@ -162,7 +162,7 @@ def create_console(
     app.router.add_get("/login", login_form)
     app.router.add_post("/login", login)
     app.router.add_post("/logout", logout)
-    for method, path, handler in pages.ROUTES:
+    for method, path, handler in [*queue_page.ROUTES, *pages.ROUTES]:
         app.router.add_route(method, path, handler)
     app.router.add_static("/static/", STATIC, append_version=False)
     return app

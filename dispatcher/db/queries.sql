@@ -570,16 +570,18 @@ UPDATE dispatcher.queues SET on_dead_target = $2::jsonb, on_dead_queue = $3 WHER
 -- name: upsert_queue
 -- Keep the queue registry (defaults the SQL door applies, global limits $4-$6) in step with the
 -- configuration; a new bucket (new queue, or no rate before) starts full, a lowered burst caps
--- the tokens held.
-INSERT INTO dispatcher.queues (name, max_attempts, max_retry_age_s, rate_per_s, burst,
-                               max_inflight, tokens)
+-- the tokens held. A run-time override (migration 025) keeps winning over the file's limit.
+INSERT INTO dispatcher.queues AS q (name, max_attempts, max_retry_age_s, rate_per_s, burst,
+                                    max_inflight, tokens)
 VALUES ($1, $2, $3, $4, $5, $6, coalesce($5, 0))
     ON CONFLICT (name) DO UPDATE
    SET max_attempts = excluded.max_attempts, max_retry_age_s = excluded.max_retry_age_s,
-       rate_per_s = excluded.rate_per_s, burst = excluded.burst,
-       max_inflight = excluded.max_inflight,
-       tokens = CASE WHEN dispatcher.queues.rate_per_s IS NULL THEN excluded.tokens
-                     ELSE least(dispatcher.queues.tokens, excluded.tokens) END;
+       rate_per_s = coalesce((q.overrides->>'rate_per_s')::float8, excluded.rate_per_s),
+       burst = coalesce((q.overrides->>'burst')::integer, excluded.burst),
+       max_inflight = coalesce((q.overrides->>'max_inflight')::integer, excluded.max_inflight),
+       tokens = CASE WHEN q.rate_per_s IS NULL THEN excluded.tokens
+                     ELSE least(q.tokens, coalesce((q.overrides->>'burst')::float8,
+                                                   excluded.tokens)) END;
 
 -- name: ensure_limit_group
 -- A configured limit group exists before a queue names it; its limits are written after the
@@ -593,8 +595,17 @@ UPDATE dispatcher.queues SET limit_group = $2, group_priority = $3 WHERE name = 
 -- name: set_queue_key_limits
 -- Every concurrency key of queue $1 gets these limits ($2 key_rate_per_s, $3 key_burst, $4
 -- key_max_inflight; NULL: none), unless an override (dispatcher.key_limits) says otherwise.
-UPDATE dispatcher.queues SET key_rate_per_s = $2, key_burst = $3, key_max_inflight = $4
- WHERE name = $1;
+-- A run-time override (migration 025) keeps winning over the file's value.
+UPDATE dispatcher.queues q
+   SET key_rate_per_s = CASE WHEN q.overrides ? 'key_rate_per_s'
+                             THEN (q.overrides->>'key_rate_per_s')::float8 ELSE $2 END,
+       key_burst = CASE WHEN q.overrides ? 'key_burst' THEN (q.overrides->>'key_burst')::integer
+                        WHEN q.overrides ? 'key_rate_per_s'
+                        THEN ceil((q.overrides->>'key_rate_per_s')::float8)::integer
+                        ELSE $3 END,
+       key_max_inflight = CASE WHEN q.overrides ? 'key_max_inflight'
+                               THEN (q.overrides->>'key_max_inflight')::integer ELSE $4 END
+ WHERE q.name = $1;
 
 -- name: upsert_limit_group
 -- Keep limit group $1's limits ($2 rate_per_s, $3 burst, $4 max_inflight; NULL: none) as

@@ -222,7 +222,10 @@ CREATE TABLE dispatcher.queues (
     group_priority integer DEFAULT 0 NOT NULL,
     key_max_inflight integer,
     key_rate_per_s double precision,
-    key_burst integer
+    key_burst integer,
+    file_settings jsonb DEFAULT '{}'::jsonb NOT NULL,
+    overrides jsonb DEFAULT '{}'::jsonb NOT NULL,
+    overrides_at timestamp with time zone
 );
 
 CREATE TABLE dispatcher.run_receipts (
@@ -366,6 +369,8 @@ ALTER TABLE dispatcher.outbox ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
 
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_burst_check CHECK (burst >= 1);
 
+ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_file_settings_check CHECK (jsonb_typeof(file_settings) = 'object'::text);
+
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_group_priority_range CHECK (group_priority >= '-100'::integer AND group_priority <= 100);
 
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_key_burst_min CHECK (key_burst >= 1);
@@ -383,6 +388,8 @@ ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_max_attempts_check CHECK (ma
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_max_inflight_check CHECK (max_inflight >= 1);
 
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_max_retry_age_s_check CHECK (max_retry_age_s >= 0);
+
+ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_overrides_check CHECK (jsonb_typeof(overrides) = 'object'::text);
 
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_paused_at CHECK (paused = (paused_at IS NOT NULL));
 
@@ -451,6 +458,41 @@ CREATE INDEX outbox_relayed_queue ON dispatcher.outbox USING btree (queue, publi
 CREATE INDEX queues_limit_group ON dispatcher.queues USING btree (limit_group) WHERE (limit_group IS NOT NULL);
 
 CREATE INDEX runs_unfinished ON dispatcher.runs USING btree (schedule, period_start) WHERE (finished_at IS NULL);
+
+CREATE OR REPLACE FUNCTION dispatcher.apply_queue_settings(q text)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    s jsonb;  -- in force
+    o jsonb;  -- the overrides alone
+BEGIN
+    SELECT file_settings || overrides, overrides INTO s, o FROM dispatcher.queues WHERE name = q;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    UPDATE dispatcher.queues
+       SET rate_per_s = CASE WHEN s ? 'rate_per_s' THEN (s->>'rate_per_s')::float8
+                             ELSE rate_per_s END,
+           burst = CASE WHEN s ? 'burst' THEN (s->>'burst')::integer ELSE burst END,
+           max_inflight = CASE WHEN s ? 'max_inflight' THEN (s->>'max_inflight')::integer
+                               ELSE max_inflight END,
+           -- a lowered burst caps the tokens held, as a new file does (upsert_queue)
+           tokens = least(tokens, CASE WHEN s ? 'burst' THEN (s->>'burst')::float8
+                                       ELSE tokens END),
+           -- every key's limits (024), none unless named; a key rate overridden alone, or
+           -- given without a burst, gets one second's worth (as 024's per-key overrides do)
+           key_max_inflight = (s->>'key_max_inflight')::integer,
+           key_rate_per_s = (s->>'key_rate_per_s')::float8,
+           key_burst = CASE WHEN o ? 'key_rate_per_s' AND NOT o ? 'key_burst'
+                            THEN ceil((o->>'key_rate_per_s')::float8)::integer
+                            ELSE coalesce((s->>'key_burst')::integer,
+                                          ceil((s->>'key_rate_per_s')::float8)::integer)
+                       END
+     WHERE name = q;
+    PERFORM pg_notify('dispatcher_wake', 'limits');
+END
+$function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.claim_grant(q text, wanted integer, OUT granted integer, OUT wait_s double precision)
  RETURNS record

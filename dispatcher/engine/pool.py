@@ -27,6 +27,7 @@ from dispatcher.engine.deadlines import Member, SharedDeadline
 from dispatcher.engine.executor import Executor, InlineBatch
 from dispatcher.engine.limiter import InflightLimit, TokenBucket
 from dispatcher.engine.tally import observe_many
+from dispatcher.engine.windows import RETUNE_S, RunWindows
 from dispatcher.errors import ClaimsStarved
 from dispatcher.model import AttemptKey, Job
 from dispatcher.observability import metrics
@@ -66,6 +67,7 @@ class QueueWorker(Service):
         self.settings = settings
         self.bucket = bucket or TokenBucket(settings.rate_per_s, settings.burst)
         self.inflight = InflightLimit(settings.max_inflight)
+        self.windows = RunWindows(settings.windows)
         # the daemon's memory budget, shared by all its queues (a worker alone: its own)
         self.budget = budget or PayloadBudget(2**62)
         self.running: dict[AttemptKey, asyncio.Task[bool]] = {}
@@ -115,6 +117,10 @@ class QueueWorker(Service):
 
     async def _claim_loop(self) -> None:
         while not self._halt.is_set():
+            closed_s = self.windows.closed_for_s()
+            if closed_s is not None:  # outside every run window: claim nothing
+                await self._pause(min(closed_s, RETUNE_S), wake_on_signal=False)
+                continue
             await self.inflight.wait_for_free_slot_or(self._halt)
             await self._executor.completion_backpressure(self.inflight.limit)
             if self._halt.is_set():
@@ -124,10 +130,13 @@ class QueueWorker(Service):
             if tokens == 0:
                 local_wait_s = self.bucket.seconds_until_available()
                 self._m_limiter_wait.inc(local_wait_s)
-                await self._pause(local_wait_s, wake_on_signal=False)
+                await self._pause(min(local_wait_s, RETUNE_S), wake_on_signal=False)
                 continue
             slots = self.inflight.reserve_up_to(tokens)
             await self._transport.wait_for_work(self.queue, slots)
+            if self.windows.closed_for_s() is not None:  # a window closed while we waited
+                self._return_unused(slots, tokens, 0)
+                continue
             grant = self.budget.grant()
             if grant is None:  # the payloads of jobs in flight fill the memory budget
                 self._return_unused(slots, tokens, 0)

@@ -114,15 +114,25 @@ class Wakeups:
     def __init__(self) -> None:
         self._workers: Callable[[], None] = _nothing
         self._scanner: Callable[[], None] = _nothing
+        self._settings: Callable[[], None] = _nothing
 
-    def bind(self, workers: WorkerPool, scanner: DueScanner, poller: WorkPoller) -> None:
-        self._scanner = scanner.wake
+    def bind(
+        self,
+        workers: WorkerPool,
+        scanner: DueScanner,
+        poller: WorkPoller,
+        settings: Callable[[], None] = _nothing,
+    ) -> None:
+        self._scanner, self._settings = scanner.wake, settings
         # a notice names no queue: past a few queues, one poll finds those with ready work
         # rather than a claim per queue (engine/work_poll.py)
         few = len(workers.workers) <= WAKE_EVERY_QUEUE_UP_TO
         self._workers = workers.wake if few else poller.wake
 
     def __call__(self, reason: str = "") -> None:
+        if reason == "limits":  # a queue's settings changed at run time (migration 025)
+            self._settings()
+            return
         if reason != "scheduled":
             self._workers()
         if reason != "ready":

@@ -55,6 +55,7 @@ class JobRequest(BaseModel):
         if "concurrency_key" in self.model_fields_set and self.concurrency_key is None:
             return ""
         return self.concurrency_key
+
     # when the key already names a job with another request: reject it (409), or replace that
     # job while it is still scheduled: its body and due time (debounce), or its body only
     # (keep_due: throttle); debounce_max_s bounds how far replacements push it past acceptance

@@ -203,6 +203,13 @@ OVERDUE = Gauge(
     ["queue"],
     registry=REGISTRY,
 )
+QUEUE_WINDOW_OPEN = Gauge(
+    "dispatcher_queue_window_open",
+    "1 while the queue may claim by its run windows (always, without windows), else 0: outside"
+    " every window nothing is claimed; due jobs still become ready.",
+    ["queue"],
+    registry=REGISTRY,
+)
 QUEUE_PAUSED = Gauge(
     "dispatcher_queue_paused",
     "1 while an operator has paused the queue (nothing is claimed; intake and the due-scan go"

@@ -3,16 +3,19 @@ bulk redrive and discard of dead letters, the reschedule time rule, and the queu
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
 from dispatcher.config.settings import Settings
 from dispatcher.core import rfc3339
 from dispatcher.db.jobs import JobRepository
+from dispatcher.db.queue_limits import QueueSettingsRow
 from dispatcher.engine.sampler import Sample
 from dispatcher.intake.requests import DeadLetterRequest
 from dispatcher.model import STATES, DeadLetterFilter
+from dispatcher.operator.queue_limits import settings_view
 
 # Dead jobs moved per statement (and per commit): a bulk call over a million dead letters
 # never holds a long transaction, and what it moved stays moved if it is cut off.
@@ -72,11 +75,17 @@ def long_past(due_at: datetime, now: datetime, tolerance_s: float) -> str | None
 
 
 def queue_overview(
-    registry: list[dict[str, Any]], sample: Sample, settings: Settings
+    registry: list[dict[str, Any]],
+    sample: Sample,
+    settings: Settings,
+    live: Mapping[str, QueueSettingsRow] | None = None,
+    now: datetime | None = None,
 ) -> list[dict[str, Any]]:
     """The queues of `registry` (rows of `JobRepository.list_queues`: any daemon's queues) with
     their pause state, jobs per state, oldest ready age and overdue count (from `sample`),
-    limits (this daemon's, where it configures the queue) and where dead letters are reported."""
+    limits (this daemon's, where it configures the queue, with the settings in force from
+    `live` over them), where dead letters are reported, and, from `live`, each live setting
+    with its source and the run-window state at `now`."""
     counts: dict[str, dict[str, int]] = {}
     for queue, state, n in sample.counts:
         counts.setdefault(queue, {})[state] = n
@@ -90,6 +99,11 @@ def queue_overview(
         }
         if configured is not None:
             limits.update(configured.model_dump(exclude={"on_dead"}))
+        stored = (live or {}).get(name)
+        in_force = settings_view(stored, now or datetime.now(UTC)) if stored else {}
+        limits.update(
+            {k: v["value"] for k, v in in_force.get("settings", {}).items() if v["source"]}
+        )
         views.append(
             {
                 "name": name,
@@ -101,6 +115,7 @@ def queue_overview(
                 "overdue": sample.overdue.get(name, 0),
                 "limits": limits,
                 "on_dead": _dead_letter_view(row),
+                **in_force,
             }
         )
     return views

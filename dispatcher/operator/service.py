@@ -22,6 +22,7 @@ from dispatcher.cron.expression import PeriodError
 from dispatcher.cron.service import CronService, UnknownSchedule
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.key_limits import KeyLimitsRepository
+from dispatcher.db.queue_limits import QueueSettingsRepository, QueueSettingsRow
 from dispatcher.db.runs import TriggerFailed
 from dispatcher.engine.sampler import MetricsSampler
 from dispatcher.intake.requests import DeadLetterRequest
@@ -36,6 +37,7 @@ from dispatcher.operator.operations import (
     queue_overview,
     unknown_queue,
 )
+from dispatcher.operator.queue_limits import SettingsChangeError, validate_change
 
 log = logging.getLogger("dispatcher.operator")
 
@@ -159,10 +161,40 @@ class Operator:
 
     # queues -------------------------------------------------------------------------------
     async def queues(self, max_age_s: float = OVERVIEW_MAX_AGE_S) -> list[dict[str, Any]]:
-        """Every queue of the registry with its counts (a sample at most `max_age_s` old)."""
+        """Every queue of the registry with its counts (a sample at most `max_age_s` old) and
+        its live settings with their sources and run-window state."""
         registry = await self.repo.list_queues()  # live: a pause shows at once
         sample = self.sampler.latest(max_age_s) or await self.sampler.sample(max_age_s)
-        return queue_overview(registry, sample, self.settings)
+        return queue_overview(registry, sample, self.settings, await self.live_settings())
+
+    async def live_settings(self) -> dict[str, QueueSettingsRow]:
+        """Every queue's settings from the file and its run-time overrides (migration 025)."""
+        return {row.name: row for row in await QueueSettingsRepository(self.repo.pool).all()}
+
+    async def change_queue_settings(
+        self, actor: Actor, name: str, change: Any | None
+    ) -> dict[str, Any]:
+        """Change queue `name`'s live settings at run time (`change`: a JSON merge patch, null
+        removes one override) or, with None, remove every override; on every daemon within a
+        second. NotFound for an unknown queue, Invalid naming the field; nothing changes."""
+        verb = "reset settings" if change is None else "change settings"
+        with _audited(actor, verb, f"queue {name[:100]!r}"):
+            await self.queue(name)
+            store = QueueSettingsRepository(self.repo.pool)
+            if change is None:
+                row = await store.reset_overrides(name)
+            else:
+                try:
+                    valid = validate_change(change, (await self.live_settings()).get(name))
+                except SettingsChangeError as exc:
+                    raise Invalid(exc.reason, exc.field) from None
+                row = await store.set_overrides(name, valid)
+            if row is None:  # removed from the registry meanwhile
+                raise await self._no_queue(name)
+            log.warning("queue %s settings %s by an operator", name, change or "reset")
+            registry = [q for q in await self.repo.list_queues() if q["name"] == name]
+            sample = self.sampler.latest(OVERVIEW_MAX_AGE_S) or await self.sampler.sample()
+            return queue_overview(registry, sample, self.settings, {name: row})[0]
 
     async def set_queue_paused(self, actor: Actor, name: str, *, paused: bool) -> dict[str, Any]:
         """Pause or resume queue `name` on every daemon of the database (idempotent); its
@@ -175,7 +207,7 @@ class Operator:
             metrics.QUEUE_PAUSED.labels(name).set(1 if paused else 0)
             log.warning("queue %s %s by an operator", name, "paused" if paused else "resumed")
             sample = await self.sampler.sample(max_age_s=OVERVIEW_MAX_AGE_S)
-            return queue_overview([row], sample, self.settings)[0]
+            return queue_overview([row], sample, self.settings, await self.live_settings())[0]
 
     async def set_key_limits(
         self, actor: Actor, queue: str, key: str, limits: KeyLimits

@@ -139,6 +139,8 @@ def acceptable(path: str, body: dict[str, Any]) -> dict[str, Any]:
         if "due_at" in body:
             fixed["due_at"] = "2031-01-01T00:00:00Z"
         return fixed
+    if path == "/v1/queues/{name}" and body.get("windows"):
+        return {"windows": ["daily 00:00-24:00 UTC"]}  # any text the schema allows is no window
     if path == "/v1/schedules/{name}/trigger":
         return {"period_start": (day - timedelta(days=1)).isoformat()}
     if path == "/v1/schedules/{name}/catch-up":

@@ -287,3 +287,36 @@ async def test_readable_at_320_px_and_by_keyboard(
 def screenshot_target() -> Path | None:
     wanted = os.environ.get("CONSOLE_SCREENSHOT")
     return Path(wanted) if wanted else None
+
+
+async def test_change_a_queues_limits_and_window_then_reset(
+    daemon: DaemonProcess, browser: Browser
+) -> None:
+    await browser.sign_in(OPERATOR_TOKEN)
+    await browser.click(await browser.find('a.details[href="/console/queues/default"]'))
+    assert (await browser.text("h1")).startswith("Queue default")
+    assert await browser.text('td[data-source="rate_per_s"]') == "file"
+    assert await browser.text("#window") == "no windows: claims at any time"
+    await browser.type_into("#in-rate_per_s", "25")
+    await browser.type_into("#in-windows", "Mon-Fri 18:00-07:00 Europe/Berlin")
+    await browser.click(await browser.find("#change"))
+    text = await browser.page_text()
+    assert "Change queue default?" in text and "rate_per_s: 1000.0 → 25.0" in text
+    await browser.click(await browser.find("#confirm"))
+    assert "Queue default: settings changed." in await browser.text("#outcome")
+    await browser.click(await browser.link("Queue default"))
+    assert await browser.text('td[data-source="rate_per_s"]') == "override"
+    assert await browser.text('td[data-setting="rate_per_s"]') == "25.0"
+    assert (await browser.text("#window")).startswith(("closed, opens", "open, closes"))
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(f"{daemon.base_url}/v1/queues", headers=AUTH) as r,
+    ):
+        (view,) = [q for q in (await r.json())["queues"] if q["name"] == "default"]
+    assert view["settings"]["rate_per_s"] == {"value": 25.0, "source": "override", "file": 1000.0}
+    await browser.screenshot("queue-page")
+
+    await browser.click(await browser.find("#reset"))
+    assert "rate_per_s: 25.0 → 1000.0 (the file's)" in await browser.page_text()
+    await browser.click(await browser.find("#confirm"))
+    assert "Queue default: settings reset." in await browser.text("#outcome")

@@ -102,3 +102,18 @@ async def test_the_job_page_and_overview_reads_never_scan_jobs(
 ) -> None:
     text = await plan(console_tables, query(name), *args)
     assert_no_job_scan(text)
+
+
+@pytest.mark.parametrize("name", ["ready_priority_mix", "ready_top_tenants"])
+async def test_the_queue_pages_ready_counts_walk_the_ready_claim_index_bounded(
+    console_tables: asyncpg.Pool, name: str
+) -> None:
+    args = (100_000, 10) if name == "ready_top_tenants" else (100_000,)
+    text = await plan(console_tables, query(name), "emails", *args)
+    assert_no_job_scan(text)
+    assert "jobs_ready_claim" in text and "Limit" in text, text
+    rows = await console_tables.fetch(query(name), "emails", *args)
+    ready = await console_tables.fetchval(
+        "SELECT count(*) FROM dispatcher.job_state WHERE queue = 'emails' AND state = 'ready'"
+    )
+    assert sum(r["jobs"] for r in rows) == ready

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "config.connection_budget",
         },
     ),
-    ("cron arithmetic", {"cron.expression"}),
+    ("cron arithmetic", {"cron.expression", "cron.windows"}),
     ("what doors accept, schedules", {"intake.requests", "cron.schedules"}),
     ("configuration and the files shipped with it", {"config", "share"}),
     ("infrastructure", {"db", "observability", "runtime", "healthcheck"}),

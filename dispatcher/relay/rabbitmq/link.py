@@ -47,6 +47,7 @@ class RabbitLink(LoopService):
         # the drain stopped these queues: no consumer for them, and a late delivery goes back
         self._stopped: set[str] = set()
         self._consumers: dict[str, tuple[AbstractChannel, str]] = {}
+        self._receivers: dict[str, Consumer] = {}  # per queue, for a consumer started again
         self._acks: list[Acks] = []
 
     def queue_name(self, queue: str) -> str:
@@ -91,9 +92,10 @@ class RabbitLink(LoopService):
                 raw = await channel.get_underlay_channel()
                 acks = Acks(raw)
                 self._acks.append(acks)
+                self._receivers[queue] = self._receiver(queue, acks)
                 if queue not in self._stopped:
                     ok = await raw.basic_consume(
-                        self.queue_name(queue), self._receiver(queue, acks), no_ack=False
+                        self.queue_name(queue), self._receivers[queue], no_ack=False
                     )
                     assert ok.consumer_tag is not None
                     self._consumers[queue] = (raw, ok.consumer_tag)
@@ -126,6 +128,34 @@ class RabbitLink(LoopService):
             arrived.set()
 
         return on_message
+
+    async def set_prefetch(self, queue: str, prefetch: int) -> None:
+        """Queue `queue`'s max_inflight changed at run time: the broker may hand this daemon
+        that many unacknowledged deliveries. A consumer's prefetch is fixed when it starts, so
+        the consumer starts again on the same channel (deliveries held stay held and are
+        acknowledged there); a later connection uses the new value from the start."""
+        if self.prefetch.get(queue) == prefetch:
+            return
+        self.prefetch[queue] = prefetch
+        consumer = self._consumers.get(queue)
+        if consumer is None or queue in self._stopped:
+            return
+        channel, tag = consumer
+        try:
+            await channel.basic_cancel(tag)
+            await channel.basic_qos(prefetch_count=prefetch)
+            ok = await channel.basic_consume(
+                self.queue_name(queue), self._receivers[queue], no_ack=False
+            )
+        except Exception as exc:  # the connection is going: the next one declares it anew
+            log.warning("queue %s: prefetch not changed on this connection: %s", queue, exc)
+            return
+        assert ok.consumer_tag is not None
+        if queue in self._stopped:  # the drain began meanwhile: no consumer after all
+            with contextlib.suppress(Exception):
+                await channel.basic_cancel(ok.consumer_tag)
+            return
+        self._consumers[queue] = (channel, ok.consumer_tag)
 
     async def stop_consuming(self, queue: str) -> None:
         """The drain began: cancel `queue`'s consumer, so the broker sends nothing more here,

@@ -52,8 +52,14 @@ class OutboxRelay(LoopService):
         self._batch = batch
         self._lease_s = lease_s
         self.windows = {q: math.ceil(publish_ahead * n) for q, n in link.prefetch.items()}
+        self._publish_ahead = publish_ahead
         self._republish_after_s = republish_after_s
         self._sweep_every_s = min(max(republish_after_s / 4, SWEEP_EVERY_MIN_S), SWEEP_EVERY_MAX_S)
+
+    def set_max_inflight(self, queue: str, max_inflight: int) -> None:
+        """A queue's max_inflight changed at run time: publish as far ahead of it as before."""
+        if queue in self.windows:
+            self.windows[queue] = math.ceil(self._publish_ahead * max_inflight)
 
     async def _run(self) -> None:
         sweep_at = time.monotonic() + self._sweep_every_s
