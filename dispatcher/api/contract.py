@@ -100,6 +100,19 @@ SCHEDULE = {
         "paused": {"type": "boolean"},
         "paused_at": {"type": ["string", "null"], "format": "date-time"},
         "next_fire_at": {"type": ["string", "null"], "format": "date-time"},
+        "description": {"type": "string", "description": "the cron expression in words"},
+        "next_fires": {
+            "type": "array",
+            "description": "the next fire times (up to 5): `at` in UTC, `local` in the "
+            "schedule's time zone with its offset",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "at": {"type": "string", "format": "date-time"},
+                    "local": {"type": "string", "format": "date-time"},
+                },
+            },
+        },
         "missed": {"type": "object"},
         "last_run": {"type": ["object", "null"]},
         "on_finished": {"type": ["object", "null"]},

@@ -63,10 +63,13 @@ def env(db_url: str, config: Path | None = None) -> dict[str, str]:
 @pytest.fixture
 async def daemon(db_url: str, tmp_path: Path, target: Target) -> AsyncIterator[DaemonProcess]:
     config = tmp_path / "dispatcher.toml"
-    # an hourly schedule to catch up; the http handler pushes to the test's target
+    # an hourly schedule to catch up and trigger, and a weekday one in Berlin to read; the
+    # http handler pushes to the test's target
     config.write_text(
         '[[schedules]]\nname = "hourly"\ncron = "0 * * * *"\nhandler = "http"\n'
         f'overlap = "allow"\ntarget = {{ url = "{target.url}" }}\n'
+        '[[schedules]]\nname = "berlin"\ncron = "30 6 * * mon-fri"\nhandler = "http"\n'
+        f'timezone = "Europe/Berlin"\nmisfire_grace_s = 0\ntarget = {{ url = "{target.url}" }}\n'
     )
     process = DaemonProcess(env(db_url, config))
     await process.start()
@@ -210,6 +213,36 @@ async def test_catch_up_dry_run_then_catch_up(daemon: DaemonProcess, browser: Br
     # the same range again: nothing left to create
     await browser.get(f"/console/schedules/hourly/catch-up?from={day}T00:00:00Z&to={day}T03:00:00Z")
     assert await browser.text("#would-create") == "0"
+
+
+async def test_schedules_read_in_words_and_trigger_now(
+    daemon: DaemonProcess, browser: Browser
+) -> None:
+    await browser.sign_in(OPERATOR_TOKEN)
+    await browser.get("/console/schedules")
+    berlin = await browser.text("#schedule-berlin")
+    assert "at 06:30, Monday to Friday (Europe/Berlin time)" in berlin, berlin
+    # each next fire on Berlin's wall clock beside the same instant in UTC
+    rows = await browser.finds("#schedule-berlin .next-fires tbody tr")
+    assert len(rows) == 5
+    local, utc = (await browser.call(lambda: rows[0].text)).split()
+    assert local[11:16] == "06:30" and local[19:] in ("+01:00", "+02:00"), local
+    offset = 1 if local.endswith("+01:00") else 2
+    assert utc == f"{local[:10]}T{6 - offset:02d}:30:00Z", (local, utc)
+    # trigger now: the dry run names the period that started last (a past weekday 06:30 in
+    # Berlin: the daemon, started later with no grace, never fired it), then creates its run
+    await browser.click(await browser.find("#trigger-berlin"))
+    assert "creates the run berlin:" in await browser.page_text()
+    await browser.screenshot("trigger-dry-run")
+    await browser.click(await browser.find("#confirm"))
+    outcome = await browser.text("#outcome")
+    assert "run berlin:" in outcome and "created" in outcome, outcome
+    await browser.get("/console/schedules")
+    assert "api" in await browser.text("#schedule-berlin .receipts")
+    # again: the same period, found existing, nothing new
+    await browser.click(await browser.find("#trigger-berlin"))
+    assert "already has its run" in await browser.page_text()
+    await browser.screenshot("schedules")
 
 
 async def test_a_read_only_token_sees_no_action_and_is_refused(
