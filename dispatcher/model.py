@@ -121,6 +121,7 @@ class JobFilter:
     handler: str | None = None
     due_before: datetime | None = None
     due_after: datetime | None = None
+    dead_reason: str | None = None  # also matches discarded jobs, which keep their reason
 
     @property
     def by_due(self) -> bool:

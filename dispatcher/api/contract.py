@@ -136,6 +136,13 @@ LIST_FILTERS = [
         "schema": {"type": "string", "maxLength": 255},
     },
     {
+        "name": "reason",
+        "in": "query",
+        "description": "dead (and discarded) jobs with this dead reason, exact, as the "
+        "dead-letter groups show it; served by the index jobs_dead_reason_id",
+        "schema": {"type": "string", "maxLength": 200},
+    },
+    {
         "name": "run_key",
         "in": "query",
         "description": "units of one cron run, e.g. nightly:2026-05-31T02:00:00Z",

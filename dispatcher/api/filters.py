@@ -12,11 +12,23 @@ from typing import Any
 from dispatcher.api.schemas import idempotency_key, valid_key
 from dispatcher.config.settings import NAME_PATTERN
 from dispatcher.core import rfc3339
+from dispatcher.intake.requests import storable_text
 from dispatcher.model import STATES, JobFilter, ListCursor
 
 # The filters, in the order the API and the CLI document them.
-FILTERS = ("state", "queue", "key", "tenant", "run_key", "handler", "due_before", "due_after")
+FILTERS = (
+    "state",
+    "queue",
+    "key",
+    "tenant",
+    "run_key",
+    "handler",
+    "due_before",
+    "due_after",
+    "reason",
+)
 MAX_TENANT = 255  # as intake accepts it
+MAX_REASON = 200  # as the dead-letter bulk calls accept it
 
 
 class FilterError(ValueError):
@@ -60,7 +72,18 @@ def parse_job_filter(values: Mapping[str, str | None]) -> JobFilter:
         handler=handler,
         due_before=due_before,
         due_after=due_after,
+        dead_reason=_reason(given["reason"]),
     )
+
+
+def _reason(value: str | None) -> str | None:
+    """A dead reason, exact (as the dead-letter page groups them)."""
+    if value is not None and (len(value) > MAX_REASON or (why := storable_text(value))):
+        raise FilterError(
+            f"reason: a dead reason as the dead-letter page shows it, at most {MAX_REASON} "
+            f"characters of text" + ("" if len(value) > MAX_REASON else f" ({why})")
+        )
+    return value
 
 
 def _tenant(value: str | None) -> str | None:

@@ -187,6 +187,9 @@ def _job_commands(command: Command) -> None:
     listing.add_argument("--run-key", help="units of a cron run, e.g. nightly:2026-05-31T02:00:00Z")
     listing.add_argument("--handler", help='"http" or a handler name from the configuration')
     listing.add_argument(
+        "--reason", help="dead and discarded jobs with this dead reason (exact, as listed)"
+    )
+    listing.add_argument(
         "--due-before", metavar="T", help="due before T (exclusive), RFC 3339 with offset"
     )
     listing.add_argument(
