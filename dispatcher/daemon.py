@@ -292,6 +292,7 @@ class Daemon:
             {q: (c.rate_per_s, c.burst, c.max_inflight) for q, c in s.queues.items()},
             due_at_past_tolerance_s=s.due_at_past_tolerance_s,  # for the SQL door (011)
             ready_outbox=s.transport == "rabbitmq",  # the relay publishes outbox rows (015)
+            max_payload_bytes=s.limits.max_payload_bytes,  # for the SQL door (029)
         )
         effects = build_effects(s, engine, self.owner, trace_context=self.tracing is not None)
         self._http = cast(HttpEffect, effects["http"])

@@ -40,17 +40,25 @@ class NewJob:
     run_key: str | None = None
     # W3C trace context the job was accepted in (stored only while tracing is on)
     traceparent: str | None = None
+    # the key's mode when it names a job with another request: "reject" (a conflict),
+    # "replace" (debounce) or "keep_due" (throttle) while that job is still scheduled
+    on_key: str = "reject"
+    debounce_max_s: int | None = None
 
 
 @dataclass(slots=True, frozen=True)
 class EnqueueResult:
-    """What intake made of one item: `created`, `existing` (same request) or `conflict`."""
+    """What intake made of one item: `created`, `existing` (same request), `pruned` (same
+    request; the job finished and was pruned, its key kept in the key ledger: `id` and `state`
+    are the original job's, the times None), `conflict` (another request), and for the key
+    modes `replaced` (the scheduled job now carries this request) or `not_replaced` (the job
+    was already ready, running or finished: unchanged)."""
 
     id: int
     key: str
     state: str
-    due_at: datetime
-    created_at: datetime
+    due_at: datetime | None
+    created_at: datetime | None
     outcome: str
 
 

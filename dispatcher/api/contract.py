@@ -408,6 +408,18 @@ def components() -> dict[str, Any]:
                     "state": {"enum": list(STATES)},
                     "due_at": {"type": "string", "format": "date-time"},
                     "created_at": {"type": "string", "format": "date-time"},
+                    "replaced": {"const": True, "description": "on_key replaced the job"},
+                },
+            },
+            "Pruned": {
+                "type": "object",
+                "required": ["id", "key", "state", "pruned", "detail"],
+                "properties": {
+                    "id": {"type": "integer"},
+                    "key": {"type": "string"},
+                    "state": {"enum": list(STATES)},
+                    "pruned": {"const": True},
+                    "detail": {"type": "string"},
                 },
             },
             **_job_schemas(),

@@ -102,7 +102,14 @@ JOB_ROUTES = [
         "Accept a job (idempotent by Idempotency-Key)",
         parameters=(IDEMPOTENCY_KEY, TRACEPARENT_HEADER),
         request=JobRequest,
-        answers={"202": json_ok(ACCEPTED, "accepted (or the same request replayed)")},
+        answers={
+            "202": json_ok(ACCEPTED, "accepted (or the same request replayed, or replaced)"),
+            "200": json_ok(
+                {"$ref": "#/components/schemas/Pruned"},
+                "the same request replayed after its job was pruned: the original id and "
+                "final state (Idempotent-Replayed: true); nothing runs",
+            ),
+        },
         problems=(400, 401, 409, 413, 422, 503),
     ),
     Route(

@@ -106,6 +106,10 @@ class Job:
     tenant: str | None = None
     max_attempts: int | None = None
     max_retry_age_s: int | None = None
+    # the key's mode when it names a job with another request: "reject" (the daemon's
+    # default), "replace" (debounce, bounded by debounce_max_s) or "keep_due" (throttle)
+    on_key: str | None = None
+    debounce_max_s: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # fields newer than this client
 
 
@@ -136,6 +140,8 @@ def job_body(job: Job) -> dict[str, Any]:
         "tenant": job.tenant,
         "max_attempts": job.max_attempts,
         "max_retry_age_s": job.max_retry_age_s,
+        "on_key": job.on_key,
+        "debounce_max_s": job.debounce_max_s,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     body.update(job.extra)
@@ -282,7 +288,8 @@ class Client(_Base):
 
     def enqueue_many(self, jobs: Sequence[Job]) -> list[dict[str, Any]]:
         """POST /v1/jobs/batch (up to 1,000): one result per job, in order, each with `status`
-        "accepted", "existing", "conflict" or "rejected" (and `error`): not a transaction."""
+        "accepted", "existing" (with `pruned: true` when its job was pruned), "replaced",
+        "not_replaced", "conflict" or "rejected" (and `error`): not a transaction."""
         return list(self.send(batch_call(jobs))["results"])
 
     def get(self, job_id: int) -> JobView:

@@ -69,8 +69,10 @@ class SqlJob:
 @dataclass(frozen=True, slots=True)
 class Enqueued:
     """What `enqueue_many` did with one item, in the items' order. `outcome` is "created",
-    "existing" (the same key and request: the same job) or "conflict" (the key names a job
-    with another request; nothing was enqueued for this item)."""
+    "existing" (the same key and request: the same job), "pruned" (the same key and request
+    as a job that finished and was pruned: its id and final state, nothing enqueued) or
+    "conflict" (the key names a job with another request; nothing was enqueued for this
+    item)."""
 
     id: int
     key: str

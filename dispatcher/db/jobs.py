@@ -73,6 +73,30 @@ class JobRepository(JobReads, JobControl):
         executor = conn if conn is not None else self.pool
         return _enqueued(await executor.fetch(query("enqueue_many"), *args), len(items))
 
+    async def replace_scheduled(self, items: Sequence[NewJob]) -> list[EnqueueResult | None]:
+        """Key modes: replace the scheduled jobs these items' keys name (in one statement);
+        one result per item, in order: None when its job is gone (pruned meanwhile)."""
+        rows = await self.pool.fetch(
+            query("replace_scheduled"),
+            [i.key for i in items],
+            [i.handler for i in items],
+            [i.payload for i in items],
+            [i.due_at for i in items],
+            [i.queue for i in items],
+            [i.tenant for i in items],
+            [i.target for i in items],
+            [i.max_attempts for i in items],
+            [i.max_retry_age_s for i in items],
+            [i.on_key == "keep_due" for i in items],
+            [i.debounce_max_s for i in items],
+        )
+        results: list[EnqueueResult | None] = [None] * len(items)
+        for r in rows:
+            results[r["ord"] - 1] = EnqueueResult(
+                r["id"], r["key"], r["state"], r["due_at"], r["created_at"], r["outcome"]
+            )
+        return results
+
     async def _enqueue_traced(
         self, conn: asyncpg.Connection, items: Sequence[NewJob], args: tuple[list[Any], ...]
     ) -> list[EnqueueResult]:
@@ -273,6 +297,11 @@ class JobRepository(JobReads, JobControl):
         """Delete a batch of old terminal jobs with their attempt history; returns the jobs."""
         return int(await self.pool.fetchval(query("prune_terminal"), state, older_than_s, batch))
 
+    async def prune_keys(self, older_than_s: float, batch: int) -> int:
+        """Forget a batch of key ledger rows older than the key retention; returns how many."""
+        status = await self.pool.execute(query("prune_keys"), older_than_s, batch)
+        return int(status.rsplit(" ", 1)[-1])
+
     async def prune_runs(self, older_than_s: float, batch: int) -> int:
         """Run receipts go only after their units: a receipt never outlives its evidence."""
         status = await self.pool.execute(query("prune_runs"), older_than_s, batch)
@@ -287,16 +316,21 @@ class JobRepository(JobReads, JobControl):
         *,
         due_at_past_tolerance_s: float | None = None,
         ready_outbox: bool = False,
+        max_payload_bytes: int = 256 * 1024,
     ) -> None:
         """Write the configured queues and handlers to the registry; `on_dead` gives each
         queue's dead-letter notification (normalized target, notification queue), `limits` its
         global limits (rate_per_s, burst, max_inflight; a queue left out has none);
         `due_at_past_tolerance_s`, how far past a due time the SQL door still accepts;
-        `ready_outbox`, whether ready jobs get outbox rows (a relay transport: migration 015)."""
+        `ready_outbox`, whether ready jobs get outbox rows (a relay transport: migration 015);
+        `max_payload_bytes`, the largest job the SQL door accepts (migration 029)."""
         async with self.pool.acquire() as conn, conn.transaction():
             if due_at_past_tolerance_s is not None:
                 await conn.execute(
-                    query("sync_intake_settings"), due_at_past_tolerance_s, ready_outbox
+                    query("sync_intake_settings"),
+                    due_at_past_tolerance_s,
+                    ready_outbox,
+                    max_payload_bytes,
                 )
             for name, (max_attempts, max_retry_age_s) in queues.items():
                 rate, burst, inflight = (limits or {}).get(name, (None, None, None))

@@ -18,6 +18,15 @@ SELECT ord, id, key, state, due_at, created_at, outcome
                                         $5::text[], $6::text[], $7::jsonb[], $8::integer[],
                                         $9::integer[], $10::text[]);
 
+-- name: replace_scheduled
+-- Key modes: replace the jobs these items name by key while they are still scheduled
+-- ($10 keep the due time, $11 debounce_max_s); answers "replaced", "not_replaced" or "conflict"
+-- per item it found (dispatcher.replace_scheduled).
+SELECT ord, id, key, state, due_at, created_at, outcome
+  FROM dispatcher.replace_scheduled($1::text[], $2::text[], $3::jsonb[], $4::timestamptz[],
+                                    $5::text[], $6::text[], $7::jsonb[], $8::integer[],
+                                    $9::integer[], $10::boolean[], $11::integer[]);
+
 -- name: set_traceparents
 -- Store the W3C trace context jobs were accepted in ($1 ids, $2 traceparents, in parallel), in
 -- the transaction that created them (tracing only; one index probe per id).
@@ -584,15 +593,19 @@ VALUES ($1, $2, $3, $4, $5, $6, coalesce($5, 0))
 -- Keep the SQL door's past-due tolerance ($1 s) as configured (the database cannot read the
 -- daemon's configuration), and whether ready jobs get outbox rows ($2: a relay transport). A
 -- relay finds a row for every ready job (those that became ready without one get it here); the
--- in-process transport claims from the state rows and leaves no outbox row behind.
+-- in-process transport claims from the state rows and leaves no outbox row behind. $3: the
+-- largest payload and target one job may carry (limits.max_payload_bytes, migration 029).
 WITH settings AS (
-    INSERT INTO dispatcher.intake_settings AS s (due_at_past_tolerance_s, ready_outbox)
-    VALUES ($1, $2)
+    INSERT INTO dispatcher.intake_settings AS s
+           (due_at_past_tolerance_s, ready_outbox, max_payload_bytes)
+    VALUES ($1, $2, $3)
         ON CONFLICT (singleton) DO UPDATE
        SET due_at_past_tolerance_s = excluded.due_at_past_tolerance_s,
-           ready_outbox = excluded.ready_outbox, updated_at = now()
-     WHERE (s.due_at_past_tolerance_s, s.ready_outbox)
-           IS DISTINCT FROM (excluded.due_at_past_tolerance_s, excluded.ready_outbox)
+           ready_outbox = excluded.ready_outbox,
+           max_payload_bytes = excluded.max_payload_bytes, updated_at = now()
+     WHERE (s.due_at_past_tolerance_s, s.ready_outbox, s.max_payload_bytes)
+           IS DISTINCT FROM (excluded.due_at_past_tolerance_s, excluded.ready_outbox,
+                             excluded.max_payload_bytes)
 ), backfilled AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
     SELECT s.id, s.queue, s.tenant, s.capability FROM dispatcher.job_state s
@@ -655,6 +668,8 @@ GROUP BY queue;
 -- name: prune_terminal
 -- Delete up to $3 jobs in terminal state $1 finished more than $2 seconds ago: state row,
 -- intent and attempt history (no foreign key does it: see migration 008); returns how many.
+-- Each key goes to the key ledger (migration 029) in the same statement: a replay finds it
+-- the moment the job is gone.
 WITH doomed AS (
     SELECT id FROM dispatcher.job_state
      WHERE state = $1 AND finished_at < now() - make_interval(secs => $2)
@@ -663,13 +678,34 @@ WITH doomed AS (
        FOR UPDATE SKIP LOCKED
 ), pruned AS (
     DELETE FROM dispatcher.job_state s WHERE s.id = ANY (ARRAY(SELECT id FROM doomed))
-    RETURNING s.id
+    RETURNING s.id, s.state, s.finished_at
 ), intents AS (
     DELETE FROM dispatcher.intents i WHERE i.id = ANY (ARRAY(SELECT id FROM pruned))
+    RETURNING i.id, i.key, i.request_hash
+), ledger AS (
+    INSERT INTO dispatcher.key_ledger AS l (key, request_hash, job_id, state, finished_at)
+    SELECT i.key, i.request_hash, i.id, p.state, p.finished_at
+      FROM intents i JOIN pruned p ON p.id = i.id
+        -- a key can name a second job only if its ledger row was pruned first: newest wins
+        ON CONFLICT (key) DO UPDATE
+       SET request_hash = excluded.request_hash, job_id = excluded.job_id,
+           state = excluded.state, finished_at = excluded.finished_at
 ), history AS (
     DELETE FROM dispatcher.attempts a WHERE a.job_id = ANY (ARRAY(SELECT id FROM pruned))
 )
 SELECT count(*)::int FROM pruned;
+
+-- name: prune_keys
+-- Forget up to $2 keys of the key ledger whose jobs finished more than $1 seconds ago
+-- (retention.keys_s): from then on the key may name new work.
+WITH doomed AS (
+    SELECT key FROM dispatcher.key_ledger
+     WHERE finished_at < now() - make_interval(secs => $1)
+     ORDER BY finished_at
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM dispatcher.key_ledger l USING doomed d WHERE l.key = d.key;
 
 -- name: estimated_jobs
 -- The planner's row estimate of the jobs (pg_class.reltuples of the state table; -1 before any

@@ -65,7 +65,8 @@ CREATE TABLE dispatcher.intake_settings (
     singleton boolean DEFAULT true NOT NULL,
     due_at_past_tolerance_s double precision DEFAULT 300 NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    ready_outbox boolean DEFAULT false NOT NULL
+    ready_outbox boolean DEFAULT false NOT NULL,
+    max_payload_bytes bigint DEFAULT 262144 NOT NULL
 );
 
 CREATE TABLE dispatcher.intents (
@@ -137,6 +138,14 @@ CREATE TABLE dispatcher.jobs (
     finished_at timestamp with time zone,
     dead_letter_of bigint,
     traceparent text
+);
+
+CREATE TABLE dispatcher.key_ledger (
+    key text NOT NULL,
+    request_hash text NOT NULL,
+    job_id bigint NOT NULL,
+    state text NOT NULL,
+    finished_at timestamp with time zone NOT NULL
 );
 
 CREATE TABLE dispatcher.migrations (
@@ -250,6 +259,8 @@ ALTER TABLE dispatcher.instances ADD CONSTRAINT instances_pkey PRIMARY KEY (owne
 
 ALTER TABLE dispatcher.intake_settings ADD CONSTRAINT intake_settings_due_at_past_tolerance_s_check CHECK (due_at_past_tolerance_s >= 0::double precision AND due_at_past_tolerance_s <= 315360000::double precision);
 
+ALTER TABLE dispatcher.intake_settings ADD CONSTRAINT intake_settings_max_payload_bytes_check CHECK (max_payload_bytes >= 1024 AND max_payload_bytes <= 67108864);
+
 ALTER TABLE dispatcher.intake_settings ADD CONSTRAINT intake_settings_pkey PRIMARY KEY (singleton);
 
 ALTER TABLE dispatcher.intake_settings ADD CONSTRAINT intake_settings_singleton_check CHECK (singleton);
@@ -275,6 +286,8 @@ ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_lease_check CHECK ((st
 ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_pkey PRIMARY KEY (id);
 
 ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_state_check CHECK (state = ANY (ARRAY['scheduled'::text, 'ready'::text, 'running'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text, 'discarded'::text])) NOT VALID NOT VALID;
+
+ALTER TABLE dispatcher.key_ledger ADD CONSTRAINT key_ledger_pkey PRIMARY KEY (key);
 
 ALTER TABLE dispatcher.migrations ADD CONSTRAINT migrations_pkey PRIMARY KEY (version);
 
@@ -343,6 +356,8 @@ CREATE INDEX jobs_scheduled_due ON dispatcher.job_state USING btree (due_at) WHE
 CREATE INDEX jobs_tenant_id ON dispatcher.intents USING btree (tenant, id) WHERE (tenant <> ''::text);
 
 CREATE INDEX jobs_terminal ON dispatcher.job_state USING btree (state, queue, finished_at) WHERE (state = ANY (ARRAY['succeeded'::text, 'dead'::text, 'cancelled'::text]));
+
+CREATE INDEX key_ledger_finished_at ON dispatcher.key_ledger USING btree (finished_at);
 
 CREATE INDEX outbox_claim ON dispatcher.outbox USING btree (queue, tenant, id);
 
@@ -609,6 +624,9 @@ DECLARE
     found_id    bigint;
     found_hash  text;
     tolerance_s float8 := dispatcher.due_at_past_tolerance_s();
+    max_bytes   bigint := dispatcher.max_payload_bytes();
+    size        bigint;
+    pruned      record;
 BEGIN
     IF key IS NULL OR length(key) NOT BETWEEN 1 AND 255 OR key ~ '[^ -~]' THEN
         RAISE EXCEPTION 'dispatcher.enqueue: invalid key %', quote_nullable(key)
@@ -629,6 +647,10 @@ BEGIN
     IF payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
         RAISE EXCEPTION 'dispatcher.enqueue: payload must be a JSON object'
             USING ERRCODE = '22023', HINT = 'e.g. jsonb_build_object(''value'', 42)';
+    END IF;
+    size := dispatcher.payload_oversize(payload, target, max_bytes);
+    IF size IS NOT NULL THEN
+        PERFORM dispatcher.refuse_payload(key, size, max_bytes);
     END IF;
     IF (CASE WHEN handler = 'http' THEN jsonb_typeof(target -> 'url') IS DISTINCT FROM 'string'
              ELSE target IS NOT NULL END) THEN
@@ -658,6 +680,16 @@ BEGIN
             ON CONFLICT ON CONSTRAINT jobs_key_key DO NOTHING
         RETURNING j.id INTO new_id;
         IF new_id IS NOT NULL THEN
+            SELECT * INTO pruned FROM dispatcher.take_back_pruned(ARRAY[new_id], ARRAY[key]);
+            IF pruned.job_id IS NOT NULL THEN
+                IF NOT pruned.same THEN
+                    RAISE EXCEPTION 'dispatcher.enqueue: key % named job % (%, since pruned) with a different request',
+                        key, pruned.job_id, pruned.state
+                        USING ERRCODE = '23505',
+                              HINT = 'choose a new key for new work (a key is kept for the daemon''s retention.keys_s after its job is pruned)';
+                END IF;
+                RETURN pruned.job_id;  -- the same request: the job ran, and is not run again
+            END IF;
             new_state := CASE WHEN effective <= now() THEN 'ready' ELSE 'scheduled' END;
             INSERT INTO dispatcher.job_state (id, queue, tenant, capability, state, due_at,
                                               budget_started_at)
@@ -739,6 +771,9 @@ DECLARE
     tolerance_s float8 := dispatcher.due_at_past_tolerance_s();
     bad_item    bigint;
     bad_due     timestamptz;
+    max_bytes   bigint := dispatcher.max_payload_bytes();
+    bad_key     text;
+    bad_size    bigint;
 BEGIN
     -- times out of range are left to the internal door's own refusal (22008)
     SELECT u.o, u.d INTO bad_item, bad_due
@@ -749,6 +784,15 @@ BEGIN
      LIMIT 1;
     IF bad_item IS NOT NULL THEN
         PERFORM dispatcher.refuse_past_due(bad_due, tolerance_s, bad_item);
+    END IF;
+    SELECT u.o, u.k, u.size INTO bad_item, bad_key, bad_size
+      FROM (SELECT u.o, u.k, dispatcher.payload_oversize(u.p, u.tg, max_bytes) AS size
+              FROM unnest(keys, payloads, targets) WITH ORDINALITY AS u(k, p, tg, o)) u
+     WHERE u.size IS NOT NULL
+     ORDER BY u.o
+     LIMIT 1;
+    IF bad_item IS NOT NULL THEN
+        PERFORM dispatcher.refuse_payload(bad_key, bad_size, max_bytes, bad_item);
     END IF;
     RETURN QUERY SELECT * FROM dispatcher.enqueue_many_internal(
         keys, handlers, payloads, due_ats, queues, tenants, targets, max_attempts,
@@ -775,6 +819,7 @@ DECLARE
     any_later  boolean := false;
     bad_item   bigint;
     bad_due    timestamptz;
+    taken      integer;            -- jobs of this round taken back for the key ledger
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -850,7 +895,10 @@ BEGIN
              WHERE outbox AND s.state = 'ready'
         )
         SELECT count(*) INTO created FROM ins_state;
-        IF created = coalesce(cardinality(pending), n) THEN
+        -- after the insert, not before: an insert that waited on a row being pruned proceeds
+        -- only once the pruner committed, its ledger row with it (one probe per job)
+        SELECT count(*) INTO taken FROM dispatcher.take_back_pruned(ids, keys);
+        IF created = coalesce(cardinality(pending), n) AND taken = 0 THEN
             -- every item created: its answer is what was written (created_at = now())
             RETURN QUERY
             SELECT u.o::integer, u.id, u.k,
@@ -867,16 +915,23 @@ BEGIN
                  WHERE (pending IS NULL OR u.o IN (SELECT unnest(pending))) AND u.d > now());
             EXIT;
         END IF;
-        -- Some item was not created: invalid, or its key taken (before this call, by an earlier
-        -- item of it, or by a concurrent transaction). Each item is looked up.
+        -- Some item was not created: invalid, its key taken (before this call, by an earlier
+        -- item of it, or by a concurrent transaction) or kept by the key ledger. Each item is
+        -- looked up: a key without a job, in the ledger.
         IF NOT checked THEN
             PERFORM dispatcher.enqueue_check(keys, handlers, payloads, queues, targets,
                                              max_attempts, max_retry_age_s);
             checked := true;
         END IF;
         results := ARRAY(
-            SELECT ROW(m.o, e.id, m.k, e.state, e.due_at, e.created_at,
+            SELECT ROW(m.o, coalesce(e.id, g.job_id), m.k, coalesce(e.state, g.state), e.due_at,
+                       e.created_at,
                        CASE
+                           WHEN e.id IS NULL AND g.job_id IS NOT NULL THEN
+                               CASE WHEN g.request_hash NOT LIKE 'v2:%' OR g.request_hash
+                                         = dispatcher.request_fingerprint(m.h, m.tg, m.p, m.q,
+                                                                          m.t, m.d, m.ma, m.mra)
+                                    THEN 'pruned' ELSE 'conflict' END
                            WHEN e.id IS NULL THEN 'retry'   -- a concurrent insert not yet visible
                            WHEN e.id = m.id THEN 'created'
                            WHEN e.request_hash = dispatcher.request_fingerprint(
@@ -897,7 +952,10 @@ BEGIN
               -- hash-join a sequential scan of the whole table instead
               LEFT JOIN LATERAL (
                    SELECT x.id, x.state, x.due_at, x.created_at, x.request_hash
-                     FROM dispatcher.jobs x WHERE x.key = m.k OFFSET 0) e ON true);
+                     FROM dispatcher.jobs x WHERE x.key = m.k OFFSET 0) e ON true
+              LEFT JOIN LATERAL (
+                   SELECT l.job_id, l.state, l.request_hash FROM dispatcher.key_ledger l
+                    WHERE e.id IS NULL AND l.key = m.k OFFSET 0) g ON true);
         RETURN QUERY SELECT * FROM unnest(results) r WHERE r.outcome <> 'retry';
         any_ready := any_ready OR EXISTS (
             SELECT 1 FROM unnest(results) r WHERE r.outcome = 'created' AND r.state = 'ready');
@@ -1051,6 +1109,27 @@ CREATE OR REPLACE FUNCTION dispatcher.liveness_namespace()
  IMMUTABLE PARALLEL SAFE
 AS $function$ SELECT 1684632436 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.max_payload_bytes()
+ RETURNS bigint
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    SELECT coalesce((SELECT s.max_payload_bytes FROM dispatcher.intake_settings s), 262144)
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.payload_oversize(payload jsonb, target jsonb, max_bytes bigint)
+ RETURNS bigint
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    SELECT CASE WHEN 6 * (coalesce(pg_column_size(payload), 0)
+                          + coalesce(pg_column_size(target), 0)) + 64 <= max_bytes THEN NULL
+                ELSE nullif(greatest(coalesce(octet_length(payload::text), 0)
+                                     + coalesce(octet_length(target::text), 0), max_bytes),
+                            max_bytes)
+           END
+$function$;
+
 CREATE OR REPLACE FUNCTION dispatcher.ready_outbox()
  RETURNS boolean
  LANGUAGE sql
@@ -1092,6 +1171,75 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.refuse_payload(key text, size bigint, max_bytes bigint, item bigint DEFAULT NULL::bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RAISE EXCEPTION USING
+        MESSAGE = format('dispatcher.enqueue: the payload and target of key %s%s are %s bytes '
+                         'of JSON, over limits.max_payload_bytes (%s)', quote_literal(key),
+                         CASE WHEN item IS NULL THEN '' ELSE format(' (item %s)', item) END,
+                         size, max_bytes),
+        ERRCODE = '54000',
+        HINT = 'store large data elsewhere and pass a reference (the daemon''s '
+               '[limits] max_payload_bytes sets the limit; see dispatcher.intake_settings)';
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.replace_scheduled(keys text[], handlers text[], payloads jsonb[], due_ats timestamp with time zone[], queues text[], tenants text[], targets jsonb[], max_attempts integer[], max_retry_age_s integer[], keep_due boolean[], debounce_max_s integer[])
+ RETURNS SETOF dispatcher.enqueue_result
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    r      record;
+    job    record;
+    due    timestamptz;
+    woken  boolean := false;
+BEGIN
+    FOR r IN SELECT u.*, coalesce(u.q, 'default') AS qn, coalesce(u.t, '') AS tn
+               FROM unnest(keys, handlers, payloads, due_ats, queues, tenants, targets,
+                           max_attempts, max_retry_age_s, keep_due, debounce_max_s)
+                    WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, kd, dm, o)
+    LOOP
+        SELECT i.id, i.handler, i.queue, i.tenant, i.created_at, s.state, s.due_at
+          INTO job
+          FROM dispatcher.intents i JOIN dispatcher.job_state s ON s.id = i.id
+         WHERE i.key = r.k
+           FOR UPDATE OF s;
+        IF job.id IS NULL THEN
+            CONTINUE;  -- pruned or gone meanwhile: the caller answers it as it was
+        END IF;
+        IF (job.handler, job.queue, job.tenant) IS DISTINCT FROM (r.h, r.qn, r.tn) THEN
+            RETURN NEXT ROW(r.o::integer, job.id, r.k, job.state, job.due_at, job.created_at,
+                            'conflict')::dispatcher.enqueue_result;
+        ELSIF job.state <> 'scheduled' THEN
+            RETURN NEXT ROW(r.o::integer, job.id, r.k, job.state, job.due_at, job.created_at,
+                            'not_replaced')::dispatcher.enqueue_result;
+        ELSE
+            due := CASE WHEN r.kd THEN job.due_at
+                        ELSE least(greatest(coalesce(r.d, now()), now()),
+                                   job.created_at + make_interval(secs => r.dm))
+                   END;
+            due := coalesce(due, greatest(coalesce(r.d, now()), now()));
+            UPDATE dispatcher.intents
+               SET payload = r.p, target = r.tg,
+                   request_hash = dispatcher.request_fingerprint(r.h, r.tg, r.p, r.qn, r.tn,
+                                                                 r.d, r.ma, r.mra)
+             WHERE id = job.id;
+            UPDATE dispatcher.job_state SET due_at = due, budget_started_at = due
+             WHERE id = job.id;
+            woken := woken OR due <> job.due_at;
+            RETURN NEXT ROW(r.o::integer, job.id, r.k, 'scheduled', due, job.created_at,
+                            'replaced')::dispatcher.enqueue_result;
+        END IF;
+    END LOOP;
+    IF woken THEN
+        PERFORM pg_notify('dispatcher_wake', 'scheduled');  -- the due-scan's next time moved
+    END IF;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION dispatcher.request_fingerprint(handler text, target jsonb, payload jsonb, queue text, tenant text, requested_due_at timestamp with time zone, max_attempts integer, max_retry_age_s integer)
  RETURNS text
  LANGUAGE sql
@@ -1128,6 +1276,34 @@ AS $function$
          + (CASE WHEN pg_column_compression(target) IS NULL
                  THEN coalesce(pg_column_size(target), 0)
                  ELSE octet_length(target::text) END)::bigint
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.take_back_pruned(ids bigint[], keys text[])
+ RETURNS TABLE(ord integer, id bigint, job_id bigint, state text, same boolean)
+ LANGUAGE sql
+AS $function$
+    WITH hit AS (
+        SELECT u.o::integer AS ord, u.id, l.job_id, l.state,
+               l.request_hash = i.request_hash OR l.request_hash NOT LIKE 'v2:%' AS same
+          FROM unnest(ids, keys) WITH ORDINALITY AS u(id, k, o)
+          -- one index probe of the ledger per job, and of the intent only for a key found
+          -- there (OFFSET 0: joined, the planner may hash a scan of either table instead;
+          -- measured: one probe per key costs less than one = ANY (keys) scan)
+          CROSS JOIN LATERAL (
+                SELECT x.job_id, x.state, x.request_hash FROM dispatcher.key_ledger x
+                 WHERE x.key = u.k OFFSET 0) l
+          CROSS JOIN LATERAL (
+                SELECT y.request_hash FROM dispatcher.intents y WHERE y.id = u.id OFFSET 0) i
+    -- = ANY (ARRAY(...)): index probes for the (usually no) ids; IN (SELECT ...) may be
+    -- planned as a hash join over a scan of the whole table, on every call
+    ), outbox AS (
+        DELETE FROM dispatcher.outbox o WHERE o.job_id = ANY (ARRAY(SELECT h.id FROM hit h))
+    ), states AS (
+        DELETE FROM dispatcher.job_state s WHERE s.id = ANY (ARRAY(SELECT h.id FROM hit h))
+    ), intents AS (
+        DELETE FROM dispatcher.intents i WHERE i.id = ANY (ARRAY(SELECT h.id FROM hit h))
+    )
+    SELECT h.ord, h.id, h.job_id, h.state, h.same FROM hit h
 $function$;
 
 CREATE TRIGGER intents_size_bytes BEFORE INSERT OR UPDATE OF payload, target ON dispatcher.intents FOR EACH ROW EXECUTE FUNCTION dispatcher.intent_bytes();

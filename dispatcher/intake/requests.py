@@ -6,7 +6,7 @@ field. The API's own request types (batches, reschedule) live in `dispatcher.api
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -33,6 +33,11 @@ class JobRequest(BaseModel):
     # strict: a JSON integer only, not "5", 5.0 or true
     max_attempts: Annotated[int, Field(ge=1, le=1000, strict=True)] | None = None
     max_retry_age_s: Annotated[int, Field(ge=0, le=10 * 365 * 86400, strict=True)] | None = None
+    # when the key already names a job with another request: reject it (409), or replace that
+    # job while it is still scheduled: its body and due time (debounce), or its body only
+    # (keep_due: throttle); debounce_max_s bounds how far replacements push it past acceptance
+    on_key: Literal["reject", "replace", "keep_due"] = "reject"
+    debounce_max_s: Annotated[int, Field(ge=0, le=10 * 365 * 86400, strict=True)] | None = None
 
     @field_validator("due_at", mode="before")
     @classmethod
@@ -43,6 +48,15 @@ class JobRequest(BaseModel):
     @classmethod
     def _in_range(cls, value: datetime | None) -> datetime | None:
         return due_in_range(value)
+
+    @model_validator(mode="after")
+    def _debounce_with_replace(self) -> JobRequest:
+        if self.debounce_max_s is not None and self.on_key != "replace":
+            raise ValueError(
+                'debounce_max_s: only with "on_key": "replace" (keep_due never moves the due '
+                "time; reject never replaces)"
+            )
+        return self
 
 
 def optional_time(value: Any) -> datetime | None:

@@ -1,13 +1,13 @@
-"""dispatcher.client over HTTP against a real daemon (in-process, real PostgreSQL, real HTTP on
-loopback): both clients enqueue one and many with idempotency keys, read, list, cancel, retry;
-a database outage (a proxy the test cuts) answers 503 + Retry-After, which the client waits out
-and then succeeds with the same key, creating one job."""
+"""dispatcher.client over HTTP against a real daemon (a child process; in process where a test
+builds its settings around a proxy or a target; real PostgreSQL, real HTTP on loopback): both
+clients enqueue one and many with idempotency keys, read, list, cancel, retry; a database outage
+(a proxy the test cuts) answers 503 + Retry-After, which the client waits out and then succeeds
+with the same key, creating one job."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -25,7 +25,7 @@ from dispatcher.client import (
 )
 from dispatcher.client.http import parse_retry_after
 from tests.harness import (
-    RunningDaemon,
+    DaemonHandle,
     Target,
     free_port,
     make_settings,
@@ -41,13 +41,12 @@ LATER = datetime.now(UTC) + timedelta(days=1)
 
 
 @pytest.fixture
-async def daemon(db_url: str) -> AsyncIterator[RunningDaemon]:
-    async with running_daemon(make_settings(db_url, api_tokens=[TOKEN])) as running:
-        yield running
+def daemon_env() -> dict[str, str]:
+    return {"DISPATCHER_API_TOKENS": TOKEN}
 
 
 async def test_the_async_client_enqueues_reads_lists_cancels_and_retries(
-    daemon: RunningDaemon,
+    daemon: DaemonHandle,
 ) -> None:
     async with AsyncClient(daemon.base_url, token=TOKEN) as client:
         target = {"url": "https://hooks.example.com/a"}
@@ -91,7 +90,7 @@ async def test_the_async_client_enqueues_reads_lists_cancels_and_retries(
 
 
 async def test_the_sync_client_does_the_same_over_the_standard_library(
-    daemon: RunningDaemon,
+    daemon: DaemonHandle,
 ) -> None:
     def use() -> None:
         client = Client(daemon.base_url, token=TOKEN)

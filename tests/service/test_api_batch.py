@@ -13,12 +13,8 @@ from aiohttp import ClientResponse
 from tests.harness import stored_job
 from tests.service.intake_app import Api, http_job, problem, serve_api
 
-
-@pytest.fixture(autouse=True)
-async def relay_transport(api: Api) -> None:
-    """Run as a RabbitMQ daemon leaves the database: ready jobs get the outbox rows these tests
-    count (in process there are none: tests/db/test_sql_door.py)."""
-    await api.repo.pool.execute("UPDATE dispatcher.intake_settings SET ready_outbox = true")
+# run as a RabbitMQ daemon leaves the database: ready jobs get the outbox rows looked at here
+pytestmark = pytest.mark.usefixtures("relay_transport")
 
 
 def item(key: Any, **fields: Any) -> dict[str, Any]:

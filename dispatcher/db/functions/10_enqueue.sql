@@ -2,7 +2,9 @@
 -- change: the same checks and idempotency rules as enqueue_many, without its batch machinery.
 -- It refuses a due time out of range or long past; the retry budget starts at
 -- greatest(due, now()); it writes the intent and its state row (and an outbox row while a
--- relay reads them), and wakes the listeners.
+-- relay reads them), and wakes the listeners. It refuses a payload and target over
+-- limits.max_payload_bytes (54000), and answers a key the key ledger holds with the pruned
+-- job's id (or a conflict) instead of creating a job (migration 029).
 CREATE OR REPLACE FUNCTION dispatcher.enqueue(
     key             text,
     handler         text,
@@ -27,6 +29,9 @@ DECLARE
     found_id    bigint;
     found_hash  text;
     tolerance_s float8 := dispatcher.due_at_past_tolerance_s();
+    max_bytes   bigint := dispatcher.max_payload_bytes();
+    size        bigint;
+    pruned      record;
 BEGIN
     IF key IS NULL OR length(key) NOT BETWEEN 1 AND 255 OR key ~ '[^ -~]' THEN
         RAISE EXCEPTION 'dispatcher.enqueue: invalid key %', quote_nullable(key)
@@ -47,6 +52,10 @@ BEGIN
     IF payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
         RAISE EXCEPTION 'dispatcher.enqueue: payload must be a JSON object'
             USING ERRCODE = '22023', HINT = 'e.g. jsonb_build_object(''value'', 42)';
+    END IF;
+    size := dispatcher.payload_oversize(payload, target, max_bytes);
+    IF size IS NOT NULL THEN
+        PERFORM dispatcher.refuse_payload(key, size, max_bytes);
     END IF;
     IF (CASE WHEN handler = 'http' THEN jsonb_typeof(target -> 'url') IS DISTINCT FROM 'string'
              ELSE target IS NOT NULL END) THEN
@@ -76,6 +85,16 @@ BEGIN
             ON CONFLICT ON CONSTRAINT jobs_key_key DO NOTHING
         RETURNING j.id INTO new_id;
         IF new_id IS NOT NULL THEN
+            SELECT * INTO pruned FROM dispatcher.take_back_pruned(ARRAY[new_id], ARRAY[key]);
+            IF pruned.job_id IS NOT NULL THEN
+                IF NOT pruned.same THEN
+                    RAISE EXCEPTION 'dispatcher.enqueue: key % named job % (%, since pruned) with a different request',
+                        key, pruned.job_id, pruned.state
+                        USING ERRCODE = '23505',
+                              HINT = 'choose a new key for new work (a key is kept for the daemon''s retention.keys_s after its job is pruned)';
+                END IF;
+                RETURN pruned.job_id;  -- the same request: the job ran, and is not run again
+            END IF;
             new_state := CASE WHEN effective <= now() THEN 'ready' ELSE 'scheduled' END;
             INSERT INTO dispatcher.job_state (id, queue, tenant, capability, state, due_at,
                                               budget_started_at)

@@ -1,6 +1,9 @@
 -- The daemon's door for batches (HTTP intake, cron units): every item checked, the valid
 -- ones inserted (ON CONFLICT on the key), each item classified (created, existing, conflict),
 -- in one statement. It does not check the past-due tolerance: HTTP intake does, per item.
+-- A key the key ledger holds (its job was pruned: migration 029) creates nothing: the job
+-- written for it is taken back, and the item answers "pruned" (the same request: the original
+-- id and final state, no times) or "conflict".
 -- Applications call dispatcher.enqueue_many, which checks the tolerance first.
 CREATE OR REPLACE FUNCTION dispatcher.enqueue_many_internal(
     keys            text[],
@@ -32,6 +35,7 @@ DECLARE
     any_later  boolean := false;
     bad_item   bigint;
     bad_due    timestamptz;
+    taken      integer;            -- jobs of this round taken back for the key ledger
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -107,7 +111,10 @@ BEGIN
              WHERE outbox AND s.state = 'ready'
         )
         SELECT count(*) INTO created FROM ins_state;
-        IF created = coalesce(cardinality(pending), n) THEN
+        -- after the insert, not before: an insert that waited on a row being pruned proceeds
+        -- only once the pruner committed, its ledger row with it (one probe per job)
+        SELECT count(*) INTO taken FROM dispatcher.take_back_pruned(ids, keys);
+        IF created = coalesce(cardinality(pending), n) AND taken = 0 THEN
             -- every item created: its answer is what was written (created_at = now())
             RETURN QUERY
             SELECT u.o::integer, u.id, u.k,
@@ -124,16 +131,23 @@ BEGIN
                  WHERE (pending IS NULL OR u.o IN (SELECT unnest(pending))) AND u.d > now());
             EXIT;
         END IF;
-        -- Some item was not created: invalid, or its key taken (before this call, by an earlier
-        -- item of it, or by a concurrent transaction). Each item is looked up.
+        -- Some item was not created: invalid, its key taken (before this call, by an earlier
+        -- item of it, or by a concurrent transaction) or kept by the key ledger. Each item is
+        -- looked up: a key without a job, in the ledger.
         IF NOT checked THEN
             PERFORM dispatcher.enqueue_check(keys, handlers, payloads, queues, targets,
                                              max_attempts, max_retry_age_s);
             checked := true;
         END IF;
         results := ARRAY(
-            SELECT ROW(m.o, e.id, m.k, e.state, e.due_at, e.created_at,
+            SELECT ROW(m.o, coalesce(e.id, g.job_id), m.k, coalesce(e.state, g.state), e.due_at,
+                       e.created_at,
                        CASE
+                           WHEN e.id IS NULL AND g.job_id IS NOT NULL THEN
+                               CASE WHEN g.request_hash NOT LIKE 'v2:%' OR g.request_hash
+                                         = dispatcher.request_fingerprint(m.h, m.tg, m.p, m.q,
+                                                                          m.t, m.d, m.ma, m.mra)
+                                    THEN 'pruned' ELSE 'conflict' END
                            WHEN e.id IS NULL THEN 'retry'   -- a concurrent insert not yet visible
                            WHEN e.id = m.id THEN 'created'
                            WHEN e.request_hash = dispatcher.request_fingerprint(
@@ -154,7 +168,10 @@ BEGIN
               -- hash-join a sequential scan of the whole table instead
               LEFT JOIN LATERAL (
                    SELECT x.id, x.state, x.due_at, x.created_at, x.request_hash
-                     FROM dispatcher.jobs x WHERE x.key = m.k OFFSET 0) e ON true);
+                     FROM dispatcher.jobs x WHERE x.key = m.k OFFSET 0) e ON true
+              LEFT JOIN LATERAL (
+                   SELECT l.job_id, l.state, l.request_hash FROM dispatcher.key_ledger l
+                    WHERE e.id IS NULL AND l.key = m.k OFFSET 0) g ON true);
         RETURN QUERY SELECT * FROM unnest(results) r WHERE r.outcome <> 'retry';
         any_ready := any_ready OR EXISTS (
             SELECT 1 FROM unnest(results) r WHERE r.outcome = 'created' AND r.state = 'ready');
