@@ -124,11 +124,22 @@ async def test_sign_in_retry_and_redrive_dead_jobs(
     assert "signed in as ops" in await browser.page_text()
     await until_text(browser, "#queues td[data-f=dead]", "2")
     await browser.screenshot("overview", also=screenshot_target())
+    # the count is a link to the jobs it counts
+    await browser.click(await browser.find("#queues td[data-f=dead] a"))
+    listed = await browser.page_text()
+    assert "grant-1" in listed and "grant-2" in listed, listed
 
     await browser.click(await browser.link("Dead letters"))
     groups = await browser.text("#dead-groups tbody")
     assert "default" in groups and "http_4xx" in groups and "2" in groups
     await browser.screenshot("dead-letters")
+    # the group's List link keeps the reason, and lists the group
+    listing = await browser.link("List")
+    assert "reason=http_4xx" in await browser.call(listing.get_attribute, "href")
+    await browser.click(listing)
+    listed = await browser.page_text()
+    assert "grant-1" in listed and "grant-2" in listed, listed
+    await browser.click(await browser.link("Dead letters"))
 
     target.fixed["fixed"] = True  # type: ignore[attr-defined]
     # one job retried from its row...
