@@ -133,6 +133,7 @@ class JobFilter:
     due_before: datetime | None = None
     due_after: datetime | None = None
     priority: int | None = None
+    dead_reason: str | None = None  # also matches discarded jobs, which keep their reason
 
     @property
     def by_due(self) -> bool:

@@ -101,6 +101,19 @@ SCHEDULE = {
         "paused": {"type": "boolean"},
         "paused_at": {"type": ["string", "null"], "format": "date-time"},
         "next_fire_at": {"type": ["string", "null"], "format": "date-time"},
+        "description": {"type": "string", "description": "the cron expression in words"},
+        "next_fires": {
+            "type": "array",
+            "description": "the next fire times (up to 5): `at` in UTC, `local` in the "
+            "schedule's time zone with its offset",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "at": {"type": "string", "format": "date-time"},
+                    "local": {"type": "string", "format": "date-time"},
+                },
+            },
+        },
         "missed": {"type": "object"},
         "last_run": {"type": ["object", "null"]},
         "on_finished": {"type": ["object", "null"]},
@@ -128,6 +141,13 @@ LIST_FILTERS = [
         "in": "query",
         "description": "jobs of this priority (-100 to 100; lower runs first)",
         "schema": {"type": "integer", "minimum": -100, "maximum": 100},
+    },
+    {
+        "name": "reason",
+        "in": "query",
+        "description": "dead (and discarded) jobs with this dead reason, exact, as the "
+        "dead-letter groups show it; served by the index jobs_dead_reason_id",
+        "schema": {"type": "string", "maxLength": 200},
     },
     {
         "name": "run_key",

@@ -12,6 +12,7 @@ from typing import Any
 from dispatcher.api.schemas import idempotency_key, valid_key
 from dispatcher.config.settings import NAME_PATTERN
 from dispatcher.core import rfc3339
+from dispatcher.intake.requests import storable_text
 from dispatcher.model import STATES, JobFilter, ListCursor
 
 # The filters, in the order the API and the CLI document them.
@@ -25,9 +26,11 @@ FILTERS = (
     "due_before",
     "due_after",
     "priority",
+    "reason",
 )
 PRIORITY = re.compile(r"-?[0-9]{1,3}\Z")
 MAX_TENANT = 255  # as intake accepts it
+MAX_REASON = 200  # as the dead-letter bulk calls accept it
 
 
 class FilterError(ValueError):
@@ -72,6 +75,7 @@ def parse_job_filter(values: Mapping[str, str | None]) -> JobFilter:
         due_before=due_before,
         due_after=due_after,
         priority=_priority(given["priority"]),
+        dead_reason=_reason(given["reason"]),
     )
 
 
@@ -81,6 +85,16 @@ def _priority(value: str | None) -> int | None:
     if not PRIORITY.match(value) or not -100 <= int(value) <= 100:
         raise FilterError("priority: an integer from -100 to 100, e.g. -10")
     return int(value)
+
+
+def _reason(value: str | None) -> str | None:
+    """A dead reason, exact (as the dead-letter page groups them)."""
+    if value is not None and (len(value) > MAX_REASON or (why := storable_text(value))):
+        raise FilterError(
+            f"reason: a dead reason as the dead-letter page shows it, at most {MAX_REASON} "
+            f"characters of text" + ("" if len(value) > MAX_REASON else f" ({why})")
+        )
+    return value
 
 
 def _tenant(value: str | None) -> str | None:

@@ -111,6 +111,8 @@ def format_schedule(entry: dict[str, Any]) -> str:
         f"{entry.get('name')}  cron={entry.get('cron')!r} tz={entry.get('timezone')} "
         f"enabled={entry.get('enabled')} next={entry.get('next_fire_at')}"
     ]
+    if entry.get("description"):
+        lines.append(f"  fires {entry['description']} ({entry.get('timezone')} time)")
     if entry.get("paused"):
         lines.append(
             f"  PAUSED since {entry.get('paused_at')} (resume: dispatcher schedules resume "

@@ -188,6 +188,9 @@ def _job_commands(command: Command) -> None:
     listing.add_argument("--handler", help='"http" or a handler name from the configuration')
     listing.add_argument("--priority", help="jobs of this priority (-100 to 100)")
     listing.add_argument(
+        "--reason", help="dead and discarded jobs with this dead reason (exact, as listed)"
+    )
+    listing.add_argument(
         "--due-before", metavar="T", help="due before T (exclusive), RFC 3339 with offset"
     )
     listing.add_argument(

@@ -302,7 +302,7 @@ class Client(_Base):
         return dict(self.send(Call("GET", f"/v1/jobs/{int(job_id)}")))
 
     def list_jobs(self, *, limit: int = 50, cursor: str | None = None, **filters: Any) -> Page:
-        """One page of GET /v1/jobs; filters: state, queue, key, tenant, run_key, handler,
+        """One page of GET /v1/jobs; filters: state, queue, key, tenant, run_key, handler, reason,
         due_before, due_after (datetimes or RFC 3339), priority."""
         data = self.send(list_call(_filters(**filters), limit, cursor))
         return Page(list(data["items"]), data.get("next_cursor"))

@@ -6,6 +6,7 @@ shows the outcome. The service's refusals become error pages in the toolkit's mi
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from aiohttp import web
 from pydantic import ValidationError
@@ -231,11 +232,52 @@ async def catch_up_act(request: web.Request) -> web.StreamResponse:
     )
 
 
+@operate
+async def trigger_confirm(request: web.Request) -> web.StreamResponse:
+    """The dry run of triggering one period (by default the latest that has started: "trigger
+    now"), then its form."""
+    name = request.match_info["name"]
+    operator, actor = acting(request)
+    period = str(request.query.get("period_start", ""))
+    plan = await operator.trigger(actor, name, period, dry_run=True)
+    start = plan["period_start"]
+    if plan["outcome"] == "existing":
+        effect = f"the period {start} already has its run {plan['run_key']}; nothing new is created"
+    else:
+        units = "" if plan["units"] is None else f" with {plan['units']} units"
+        effect = f"creates the run {plan['run_key']}{units}, ready now"
+    return confirm(
+        request,
+        title=f"Trigger {name}?",
+        lines=[f"Dry run: {effect}.", "Triggering a period again never runs it twice."],
+        action=f"{PREFIX}/schedules/{name}/trigger",
+        button=f"Trigger {name} for {start}",
+        back=f"{PREFIX}/schedules",
+        fields={"period_start": start},
+    )
+
+
+@operate
+async def trigger_act(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["name"]
+    operator, actor = acting(request)
+    period = str((await request.post()).get("period_start", ""))
+    run = await operator.trigger(actor, name, period)
+    return done(
+        request,
+        f"Trigger of {name} for {run['period_start']}: run {run['run_key']} {run['outcome']}.",
+        [
+            (f"{PREFIX}/schedules", "Schedules"),
+            (f"{PREFIX}/jobs?{urlencode({'run_key': run['run_key']})}", "Its jobs"),
+        ],
+    )
+
+
 def schedule_action_named(request: web.Request) -> tuple[str, str]:
     name, action = request.match_info["name"], request.match_info["action"]
     api_of(request)[OPERATOR].schedule(name)
     if action not in ("pause", "resume"):
-        raise Problem(404, "Schedule actions are pause, resume and catch-up.")
+        raise Problem(404, "Schedule actions are pause, resume, trigger and catch-up.")
     return name, action
 
 

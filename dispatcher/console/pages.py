@@ -298,6 +298,8 @@ ROUTES: list[Route] = [
     ("GET", "/schedules", schedules),
     ("GET", "/schedules/{name}/catch-up", actions.catch_up_confirm),
     ("POST", "/schedules/{name}/catch-up", actions.catch_up_act),
+    ("GET", "/schedules/{name}/trigger", actions.trigger_confirm),
+    ("POST", "/schedules/{name}/trigger", actions.trigger_act),
     ("GET", "/schedules/{name}/{action}", actions.schedule_confirm),
     ("POST", "/schedules/{name}/{action}", actions.schedule_act),
 ]

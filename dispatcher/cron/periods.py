@@ -14,7 +14,8 @@ from itertools import islice
 from typing import Any
 
 from dispatcher.core import rfc3339
-from dispatcher.cron.expression import EARLIEST_INSTANT, PeriodError
+from dispatcher.cron.describe import describe
+from dispatcher.cron.expression import EARLIEST_INSTANT, CronSchedule, PeriodError
 from dispatcher.cron.schedules import ScheduleSettings
 from dispatcher.db.runs import MissedPeriod, RunReceipt, ScheduleState
 
@@ -146,10 +147,13 @@ def status_entry(
 ) -> dict[str, Any]:
     """The operator view of one schedule (GET /v1/schedules, the console, the CLI)."""
     paused = state is not None and state.paused
-    next_fire = s.schedule().next_after(now) if s.enabled and not paused else None
+    schedule = s.schedule()
+    next_fires = _next_fires(schedule, now) if s.enabled and not paused else []
+    next_fire = next_fires[0]["at"] if next_fires else None
     return {
         "name": s.name,
         "cron": s.cron,
+        "description": describe(schedule),
         "timezone": s.timezone,
         "enabled": s.enabled,
         "paused": paused,
@@ -160,7 +164,10 @@ def status_entry(
         "misfire_grace_s": s.misfire_grace_s,
         "fanout": s.describe_fanout(),
         "on_finished": None if s.on_finished is None else s.on_finished.model_dump(),
-        "next_fire_at": None if next_fire is None else rfc3339.format(next_fire),
+        "next_fire_at": next_fire,
+        "next_fires": next_fires,
+        # the period a "trigger now" runs: the latest that has started
+        "current_period": _formatted(schedule.latest_at_or_before(now)),
         "last_run": None if latest is None else latest.to_json(),
         "queued_runs": queued_runs,
         "missed": {
@@ -172,3 +179,24 @@ def status_entry(
             "catch_up": missed.hint,
         },
     }
+
+
+# How many upcoming fire times the status lists (each in UTC and in the schedule's zone).
+NEXT_FIRES_SHOWN = 5
+
+
+def _next_fires(schedule: CronSchedule, now: datetime) -> list[dict[str, str]]:
+    """The next fire times after `now`: `at` in UTC, `local` the same instant on the
+    schedule's wall clock with its offset (a schedule in Europe/Berlin reads in Berlin time)."""
+    fires: list[dict[str, str]] = []
+    instant: datetime | None = now
+    while instant is not None and len(fires) < NEXT_FIRES_SHOWN:
+        instant = schedule.next_after(instant)
+        if instant is not None:
+            local = instant.astimezone(schedule.zone).isoformat(timespec="seconds")
+            fires.append({"at": rfc3339.format(instant), "local": local})
+    return fires
+
+
+def _formatted(instant: datetime | None) -> str | None:
+    return None if instant is None else rfc3339.format(instant)

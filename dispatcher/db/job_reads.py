@@ -54,7 +54,7 @@ class JobReads:
         target, result or progress, which may each be near the body limit); newest first, or
         earliest due first for a due window (`JobFilter.by_due`)."""
         f = filters
-        common = (f.key, f.tenant, f.run_key, f.handler, f.due_before, f.due_after)
+        common = (f.key, f.tenant, f.run_key, f.handler, f.due_before, f.due_after, f.dead_reason)
         if f.by_due:
             after_due = cursor.due_at if cursor is not None else None
             after_id = cursor.id if cursor is not None else None

@@ -384,8 +384,9 @@ SELECT id, attempt, owner, started_at, finished_at, outcome, reason, http_status
 -- A summary only: payload, target, result and progress may be near the body limit each, and
 -- 8 lists of 1,000 whole rows took the daemon to 1.5 GB. The full job is one GET away.
 -- Filters: $1 state, $2 queue, $3 before id, $5 key, $6 tenant, $7 run key, $8 handler,
--- $9 due before (exclusive), $10 due after (inclusive), $11 priority (exact; migration 023's
--- jobs_priority_id holds the jobs off the default 0); a due window is better served by
+-- $9 due before (exclusive), $10 due after (inclusive), $11 dead reason (jobs_dead_reason_id,
+-- migration 031), $12 priority (exact; migration 023's jobs_priority_id holds the jobs off the
+-- default 0); a due window is better served by
 -- list_jobs_by_due, which the repository uses for it. Every `$n IS NULL OR ...` folds away
 -- when the statement is planned with its values, as the pools always do
 -- (plan_cache_mode = force_custom_plan), so each filter given reaches its index (migration 009;
@@ -399,25 +400,27 @@ SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, star
    AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant = $6)
    AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler = $8)
    AND ($9::timestamptz IS NULL OR due_at < $9) AND ($10::timestamptz IS NULL OR due_at >= $10)
-   AND ($11::integer IS NULL OR priority = $11)
+   AND ($11::text IS NULL OR dead_reason = $11)
+   AND ($12::integer IS NULL OR priority = $12)
  ORDER BY id DESC
  LIMIT $4;
 
 -- name: list_jobs_by_due
 -- Operator listing of a due window, earliest due first, keyset-paginated by (due_at, id) after
--- ($3, $11): an id order would sort the whole window or walk the table by id (3 s at 10 million
+-- ($3, $12): an id order would sort the whole window or walk the table by id (3 s at 10 million
 -- rows for a month's window) where jobs_due_at_id walks forward from the window's start.
--- Same filters as list_jobs ($4 is the limit, $12 the priority).
+-- Same filters as list_jobs ($4 is the limit, $11 the dead reason, $13 the priority).
 SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, started_at,
        finished_at, dead_reason, left(last_error, 500) AS last_error, run_key, priority,
        concurrency_key
   FROM dispatcher.jobs
  WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
-   AND ($3::timestamptz IS NULL OR (due_at, id) > ($3, $11::bigint))
+   AND ($3::timestamptz IS NULL OR (due_at, id) > ($3, $12::bigint))
    AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant = $6)
    AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler = $8)
    AND ($9::timestamptz IS NULL OR due_at < $9) AND ($10::timestamptz IS NULL OR due_at >= $10)
-   AND ($12::integer IS NULL OR priority = $12)
+   AND ($11::text IS NULL OR dead_reason = $11)
+   AND ($13::integer IS NULL OR priority = $13)
  ORDER BY due_at, id
  LIMIT $4;
 

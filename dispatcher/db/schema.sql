@@ -421,6 +421,8 @@ ALTER TABLE dispatcher.schedule_state ADD CONSTRAINT schedule_state_pkey PRIMARY
 
 CREATE INDEX console_sessions_expiry ON dispatcher.console_sessions USING btree (expires_at);
 
+CREATE INDEX jobs_dead_reason_id ON dispatcher.job_state USING btree (dead_reason, id) WHERE (dead_reason IS NOT NULL);
+
 CREATE INDEX jobs_discarded ON dispatcher.job_state USING btree (finished_at) WHERE (state = 'discarded'::text);
 
 CREATE INDEX jobs_due_at_id ON dispatcher.job_state USING btree (due_at, id);

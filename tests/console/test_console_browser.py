@@ -51,10 +51,13 @@ async def target() -> AsyncIterator[Target]:
 @pytest.fixture
 def daemon_env(tmp_path: Path, target: Target) -> dict[str, str]:
     config = tmp_path / "dispatcher.toml"
-    # an hourly schedule to catch up; the http handler pushes to the test's target
+    # an hourly schedule to catch up and trigger, and a weekday one in Berlin to read; the
+    # http handler pushes to the test's target
     config.write_text(
         '[[schedules]]\nname = "hourly"\ncron = "0 * * * *"\nhandler = "http"\n'
         f'overlap = "allow"\ntarget = {{ url = "{target.url}" }}\n'
+        '[[schedules]]\nname = "berlin"\ncron = "30 6 * * mon-fri"\nhandler = "http"\n'
+        f'timezone = "Europe/Berlin"\nmisfire_grace_s = 0\ntarget = {{ url = "{target.url}" }}\n'
     )
     return {
         "DISPATCHER_API_TOKENS": TOKENS_ENV,
@@ -121,11 +124,22 @@ async def test_sign_in_retry_and_redrive_dead_jobs(
     assert "signed in as ops" in await browser.page_text()
     await until_text(browser, "#queues td[data-f=dead]", "2")
     await browser.screenshot("overview", also=screenshot_target())
+    # the count is a link to the jobs it counts
+    await browser.click(await browser.find("#queues td[data-f=dead] a"))
+    listed = await browser.page_text()
+    assert "grant-1" in listed and "grant-2" in listed, listed
 
     await browser.click(await browser.link("Dead letters"))
     groups = await browser.text("#dead-groups tbody")
     assert "default" in groups and "http_4xx" in groups and "2" in groups
     await browser.screenshot("dead-letters")
+    # the group's List link keeps the reason, and lists the group
+    listing = await browser.link("List")
+    assert "reason=http_4xx" in await browser.call(listing.get_attribute, "href")
+    await browser.click(listing)
+    listed = await browser.page_text()
+    assert "grant-1" in listed and "grant-2" in listed, listed
+    await browser.click(await browser.link("Dead letters"))
 
     target.fixed["fixed"] = True  # type: ignore[attr-defined]
     # one job retried from its row...
@@ -197,6 +211,36 @@ async def test_catch_up_dry_run_then_catch_up(daemon: DaemonProcess, browser: Br
     # the same range again: nothing left to create
     await browser.get(f"/console/schedules/hourly/catch-up?from={day}T00:00:00Z&to={day}T03:00:00Z")
     assert await browser.text("#would-create") == "0"
+
+
+async def test_schedules_read_in_words_and_trigger_now(
+    daemon: DaemonProcess, browser: Browser
+) -> None:
+    await browser.sign_in(OPERATOR_TOKEN)
+    await browser.get("/console/schedules")
+    berlin = await browser.text("#schedule-berlin")
+    assert "at 06:30, Monday to Friday (Europe/Berlin time)" in berlin, berlin
+    # each next fire on Berlin's wall clock beside the same instant in UTC
+    rows = await browser.finds("#schedule-berlin .next-fires tbody tr")
+    assert len(rows) == 5
+    local, utc = (await browser.call(lambda: rows[0].text)).split()
+    assert local[11:16] == "06:30" and local[19:] in ("+01:00", "+02:00"), local
+    offset = 1 if local.endswith("+01:00") else 2
+    assert utc == f"{local[:10]}T{6 - offset:02d}:30:00Z", (local, utc)
+    # trigger now: the dry run names the period that started last (a past weekday 06:30 in
+    # Berlin: the daemon, started later with no grace, never fired it), then creates its run
+    await browser.click(await browser.find("#trigger-berlin"))
+    assert "creates the run berlin:" in await browser.page_text()
+    await browser.screenshot("trigger-dry-run")
+    await browser.click(await browser.find("#confirm"))
+    outcome = await browser.text("#outcome")
+    assert "run berlin:" in outcome and "created" in outcome, outcome
+    await browser.get("/console/schedules")
+    assert "api" in await browser.text("#schedule-berlin .receipts")
+    # again: the same period, found existing, nothing new
+    await browser.click(await browser.find("#trigger-berlin"))
+    assert "already has its run" in await browser.page_text()
+    await browser.screenshot("schedules")
 
 
 async def test_a_read_only_token_sees_no_action_and_is_refused(

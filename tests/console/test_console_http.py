@@ -296,3 +296,55 @@ async def test_the_live_numbers_follow_a_pause(daemon: DaemonHandle, db_url: str
             assert r.status == 200
         async with client.get(daemon.base_url + "/console/live.json") as r:
             assert (await r.json())["queues"]["default"]["paused"] == "paused"
+
+
+async def runs_of(db_url: str, schedule: str) -> int:
+    conn = await asyncpg.connect(db_url)
+    try:
+        n = await conn.fetchval(
+            "SELECT count(*) FROM dispatcher.runs WHERE schedule = $1", schedule
+        )
+        return int(n)
+    finally:
+        await conn.close()
+
+
+async def test_a_trigger_with_a_bad_period_is_refused_and_creates_nothing(db_url: str) -> None:
+    schedule = {
+        "name": "weekdays",
+        "cron": "30 6 * * mon-fri",
+        "timezone": "Europe/Berlin",
+        "handler": "http",
+        "misfire_grace_s": 0,
+        "target": {"url": "http://127.0.0.1:9/"},
+    }
+    settings = make_settings(db_url, api_tokens=TOKENS, schedules=[schedule])
+    async with running_daemon(settings) as d, session() as client:
+        await sign_in(client, d.base_url, OPERATOR_TOKEN)
+        base = f"{d.base_url}/console/schedules/weekdays/trigger"
+        _, html, _ = await page(client, d.base_url + "/console/schedules")
+        csrf = form_token(html)
+        # not a time; not a period start of the schedule (07:30 Berlin); empty
+        for period in ("yesterday", "2026-06-01T05:30:00Z", ""):
+            status, html, _ = await page(client, f"{base}?period_start={period}")
+            assert status == 422 and "period_start" in html, (period, status, html[:500])
+            async with client.post(base, data={"csrf": csrf, "period_start": period}) as r:
+                assert r.status == 422, (period, r.status)
+        status, _, _ = await page(client, d.base_url + "/console/schedules/nope/trigger")
+        assert status == 404
+        assert await runs_of(db_url, "weekdays") == 0
+        # the API's status of the same schedule: in words, next fires in Berlin and UTC
+        async with d.session.get(
+            f"{d.base_url}/v1/schedules", headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+        ) as r:
+            (view,) = (await r.json())["schedules"]
+        assert view["description"] == "at 06:30, Monday to Friday"
+        first = view["next_fires"][0]
+        assert first["at"] == view["next_fire_at"] and first["local"][11:16] == "06:30"
+        # a good period is created once: 2026-06-01 is a Monday, 06:30 Berlin is 04:30Z
+        period = "2026-06-01T04:30:00Z"
+        async with client.post(base, data={"csrf": csrf, "period_start": period}) as r:
+            assert r.status == 200 and "created" in await r.text()
+        async with client.post(base, data={"csrf": csrf, "period_start": period}) as r:
+            assert r.status == 200 and "existing" in await r.text()
+        assert await runs_of(db_url, "weekdays") == 1

@@ -191,14 +191,16 @@ async def listed_table(module_pools: NewPool) -> asyncpg.Pool:
     await pool.execute(f"""
         INSERT INTO dispatcher.jobs (key, request_hash, queue, tenant, handler, payload, state,
                due_at, max_attempts, max_retry_age_s, budget_started_at, run_key, finished_at,
-               priority)
+               priority, dead_reason)
         SELECT 'k-' || g, md5(g::text), 'default',
                CASE WHEN g % 2 = 0 THEN 't-' || (g % 1000) ELSE '' END,
                CASE WHEN g % 1000 = 0 THEN 'rare' ELSE 'noop' END,
                '{{}}'::jsonb, CASE WHEN g % 50 = 0 THEN 'dead' ELSE 'succeeded' END,
                due, 10, 86400, due,
                CASE WHEN g % 5 = 0 THEN 'nightly:' || (g / 500) END, due,
-               CASE WHEN g % 400 = 0 THEN -5 ELSE 0 END
+               CASE WHEN g % 400 = 0 THEN -5 ELSE 0 END,
+               CASE WHEN g % 50 <> 0 THEN NULL WHEN g % 1000 = 0 THEN 'HTTP 410 Gone'
+                    ELSE 'max_attempts' END
           FROM generate_series(1, {LIST_ROWS}) g,
                LATERAL (SELECT timestamptz '2025-01-01' + g * interval '13 minutes' AS due) d""")
     await pool.execute("ANALYZE dispatcher.intents, dispatcher.job_state")
@@ -209,7 +211,7 @@ def list_args(statement: str, cursor: object = None, **filters: object) -> tuple
     """The parameters of list_jobs or list_jobs_by_due, in their order (as the repository)."""
     f = {k: datetime.fromisoformat(str(v)) if "due" in k else v for k, v in filters.items()}
     common = tuple(f.get(k) for k in ("key", "tenant", "run_key", "handler"))
-    common += (f.get("due_before"), f.get("due_after"))
+    common += (f.get("due_before"), f.get("due_after"), f.get("reason"))
     if statement == "list_jobs_by_due":
         after_due, after_id = cursor if isinstance(cursor, tuple) else (None, None)
         after_due = None if after_due is None else datetime.fromisoformat(after_due)
@@ -239,6 +241,13 @@ BY_DUE = {"due_after": WINDOW[0], "due_before": WINDOW[1]}
         ("list_jobs", {"priority": -5}, "jobs_priority_id"),  # migration 023
         ("list_jobs", {"handler": "rare"}, "jobs_handler_id"),
         ("list_jobs", {"handler": "rare", "state": "dead", "cursor": 30_000}, "jobs_handler_id"),
+        ("list_jobs", {"reason": "HTTP 410 Gone"}, "jobs_dead_reason_id"),
+        (
+            "list_jobs",
+            {"reason": "HTTP 410 Gone", "state": "dead", "queue": "default"},
+            "jobs_dead_reason_id",
+        ),
+        ("list_jobs", {"reason": "HTTP 410 Gone", "cursor": 30_000}, "jobs_dead_reason_id"),
         ("list_jobs_by_due", BY_DUE, "jobs_due_at_id"),
         ("list_jobs_by_due", {"due_after": WINDOW[0]}, "jobs_due_at_id"),
         ("list_jobs_by_due", {"due_before": WINDOW[1]}, "jobs_due_at_id"),

@@ -207,6 +207,8 @@ BAD = [
     ({"handler": "h" * 64}, "handler:"),
     ({"run_key": "r\x00"}, "run_key:"),
     ({"run_key": "r" * 256}, "run_key:"),
+    ({"reason": "r" * 201}, "reason: a dead reason"),
+    ({"reason": "a\x00b"}, "reason: a dead reason"),
     ({"state": "gone"}, "state: must be one of"),
     ({"queue": "q\x00"}, "queue:"),
     ({"tenat": "acme"}, "tenat: not a parameter"),
@@ -269,6 +271,7 @@ async def test_cli_list_takes_the_same_filters(listing: Listing, tmp_path: Path)
         (["--handler", "Bad Name"], 'dispatcher: --handler: "http" or a handler name'),
         (["--key", "clé"], "dispatcher: --key: an idempotency key"),
         (["--run-key", "r" * 256], "dispatcher: --run-key: a run key"),
+        (["--reason", "r" * 201], "dispatcher: --reason: a dead reason"),
     ],
 )
 async def test_cli_bad_filters_are_usage_errors(

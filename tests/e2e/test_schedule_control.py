@@ -195,6 +195,7 @@ async def test_the_cli_pauses_what_the_running_daemon_honours_and_dry_runs_creat
         assert listing.code == 0, listing.stderr
         assert "  PAUSED since " in listing.stdout
         assert "dispatcher schedules resume nightly" in listing.stdout
+        assert "  fires at 02:00, every day (UTC time)" in listing.stdout
 
         period = nightly_before(datetime.now(UTC))
         window = ["--from", rfc3339(period - timedelta(days=1)), "--to", rfc3339(period)]

@@ -17,7 +17,8 @@
       if (!queue) { continue; }
       var value = queue[cell.getAttribute("data-f")];
       if (value === undefined) { continue; }
-      cell.textContent = String(value);
+      // a count is a link to its list: keep the link, change its text
+      (cell.firstElementChild || cell).textContent = String(value);
       if (cell.getAttribute("data-f") === "paused") {
         cell.className = value === "paused" ? "paused" : "";
       }
