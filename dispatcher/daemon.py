@@ -17,7 +17,6 @@ import signal
 import socket
 import uuid
 from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
 from typing import cast
 
 from aiohttp import web
@@ -25,22 +24,18 @@ from aiohttp import web
 from dispatcher.api.app import create_app, create_metrics_app
 from dispatcher.api.listener import HttpListener, check_can_listen
 from dispatcher.api.tls import ServerTls
-from dispatcher.config.settings import Settings, mask_url
+from dispatcher.config.settings import Settings
 from dispatcher.console import web as console
 from dispatcher.console.series import StartSeries
 from dispatcher.cron.service import CronService
 from dispatcher.db import schema
-from dispatcher.db.capacity import check_capacity
 from dispatcher.db.claims import ClaimConnections
-from dispatcher.db.embedded import EmbeddedPostgres
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.liveness import LivenessLock, liveness_lock
-from dispatcher.db.notifications import WakeListener, check_sessions_stay
-from dispatcher.db.ownership import Role
-from dispatcher.db.pool import PoolSet, connect, wait_for_database
+from dispatcher.db.notifications import WakeListener
+from dispatcher.db.pool import PoolSet
 from dispatcher.db.queue_limits import QueueSettingsRepository
 from dispatcher.db.relay import RelayRepository
-from dispatcher.db.vacuum import vacuum_problems
 from dispatcher.effects.base import Effect
 from dispatcher.effects.http import HttpEffect, dead_letter_target
 from dispatcher.effects.registry import (
@@ -67,14 +62,14 @@ from dispatcher.engine.work_poll import (
     poll_interval_s,
 )
 from dispatcher.intake.accept import Intake
-from dispatcher.observability import logs
-from dispatcher.observability.tracing import Tracing, current_trace_id
+from dispatcher.observability.tracing import Tracing
 from dispatcher.operator.queue_limits import file_settings
 from dispatcher.operator.service import Operator
 from dispatcher.relay.transport import InProcessTransport, Transport
 from dispatcher.runtime import sdnotify
+from dispatcher.runtime.database import Database, tracing_service
 from dispatcher.runtime.diskspace import CHECK_INTERVAL_S, DiskSpace
-from dispatcher.runtime.lifecycle import CallbackService, Service, ServiceGroup, Startable
+from dispatcher.runtime.lifecycle import Service, ServiceGroup, Startable
 from dispatcher.runtime.timing import TimingEngine
 
 LIVE_SETTINGS_JOB = "queue-settings"
@@ -87,87 +82,6 @@ def instance_owner(settings: Settings) -> str:
     """A lease owner unique to this process: readable host/pid plus a random suffix."""
     name = settings.instance_name or socket.gethostname()
     return f"{name}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-async def resolve_database(
-    settings: Settings, stack: AsyncExitStack, role: Role = "daemon", *, create: bool = True
-) -> str:
-    """The configured URL, or the embedded server's: a daemon owns it (starts it now, stops it
-    at exit); a command attaches to a running daemon's, or owns it for its own short life.
-    `create=False`: an embedded database that does not exist yet is refused, not created."""
-    if settings.database_url is not None:
-        url = settings.database_url.get_secret_value()
-        if role == "daemon":
-            log.info("using the external PostgreSQL at %s (database_url)", mask_url(url))
-        return url
-    embedded = EmbeddedPostgres(
-        settings.state_dir,
-        role=role,
-        bin_dir=settings.embedded_postgres_bin,
-        wait_s=settings.database_wait_s,
-        create=create,
-    )
-    dsn = await asyncio.to_thread(embedded.start)
-    stack.callback(embedded.stop)
-    return dsn
-
-
-async def prepare_schema(dsn: str, settings: Settings) -> None:
-    if settings.database.wakeups == "listen" and settings.database_url is not None:
-        await check_sessions_stay(dsn)  # LISTEN behind a transaction pooler hears nothing
-    conn = await connect(dsn, pooled=settings.database.pooled)
-    try:
-        if settings.auto_migrate:  # waits, saying so, while a restore loads the database
-            await schema.migrate(conn, wait_s=settings.database_wait_s)
-        else:
-            await schema.check_current(conn)
-        for problem in await vacuum_problems(conn):
-            log.warning(problem)
-        await check_capacity(conn, settings.connection_budget())
-    finally:
-        await conn.close()
-
-
-class Database(Service):
-    """The configured database, or the embedded server (started first, stopped last); start-up
-    waits for it to accept connections, then migrates (or checks) the schema."""
-
-    name = "database"
-    stop_timeout_s = 30.0
-
-    def __init__(self, settings: Settings):
-        self._settings = settings
-        self._stack = AsyncExitStack()
-        self.dsn = ""
-
-    async def start(self) -> None:
-        try:
-            self.dsn = await resolve_database(self._settings, self._stack)
-            await wait_for_database(self.dsn, timeout_s=self._settings.database_wait_s)
-            await prepare_schema(self.dsn, self._settings)
-        except BaseException:
-            await self._stack.aclose()
-            raise
-
-    async def stop(self) -> None:
-        await self._stack.aclose()
-
-
-def tracing_service(tracing: Tracing | None) -> Service:
-    """Says where spans go and puts trace ids on log lines; at stop, exports what is buffered
-    (off: does nothing)."""
-
-    async def start() -> None:
-        if tracing is not None:
-            logs.with_trace_ids(current_trace_id)
-            log.info("tracing on: spans go to %s", tracing.about)
-
-    async def stop() -> None:
-        if tracing is not None:  # the exporter's own timeout bounds this
-            logs.with_trace_ids(None)
-            await asyncio.to_thread(tracing.close)
-
-    return CallbackService("tracing", start, stop)
 
 
 class Daemon:
@@ -285,11 +199,10 @@ class Daemon:
         log.info("database connections at most %s", budget.describe())
         return PoolSet(dsn, budget, pooled=self.settings.database.pooled)
 
-    async def services(self, dsn: str, pools: PoolSet) -> list[Startable]:
-        """Every service after the database, in start order (they stop in reverse)."""
+    async def _sync_registry(self, engine: JobRepository) -> None:
+        """The configured queues, limits, handlers and the SQL door's settings, written to the
+        database (the SQL door and every daemon's claims read them there)."""
         s = self.settings
-        repo = self._repo = JobRepository(pools["api"])
-        engine = JobRepository(pools["engine"])
         await engine.sync_registry(
             {q: (c.max_attempts, c.max_retry_age_s) for q, c in s.queues.items()},
             {n: (h.kind, h.version) for n, h in s.handlers.items()},
@@ -305,6 +218,13 @@ class Daemon:
             membership={q: (c.limit_group, c.group_priority) for q, c in s.queues.items()},
             key_limits={q: c.key_limits() for q, c in s.queues.items()},  # per key (024)
         )
+
+    async def services(self, dsn: str, pools: PoolSet) -> list[Startable]:
+        """Every service after the database, in start order (they stop in reverse)."""
+        s = self.settings
+        repo = self._repo = JobRepository(pools["api"])
+        engine = JobRepository(pools["engine"])
+        await self._sync_registry(engine)
         effects = build_effects(s, engine, self.owner, trace_context=self.tracing is not None)
         self._http = cast(HttpEffect, effects["http"])
         log_handler_concurrency(s, effects)

@@ -31,10 +31,10 @@ async def database(
     looked, so a command run from the wrong directory never leaves an empty database behind."""
     from contextlib import AsyncExitStack
 
-    from dispatcher.daemon import resolve_database
     from dispatcher.db import schema
     from dispatcher.db.pool import create_pool, wait_for_database
     from dispatcher.errors import SchemaMismatch
+    from dispatcher.runtime.database import resolve_database
 
     async with AsyncExitStack() as stack:
         dsn = await resolve_database(settings, stack, role="command", create=create)

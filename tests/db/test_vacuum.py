@@ -7,8 +7,8 @@ import logging
 import asyncpg
 import pytest
 
-from dispatcher.daemon import prepare_schema
 from dispatcher.db.vacuum import vacuum_problems
+from dispatcher.runtime.database import prepare_schema
 from tests.harness import make_settings
 
 
