@@ -41,6 +41,21 @@ _SNOOZE = query("snooze_job")
 CLAIM_JOB_COLUMNS = 16
 
 
+def item_columns(items: Sequence[NewJob]) -> tuple[list[Any], ...]:
+    """The columns every enqueue statement takes first, one array per field, in item order."""
+    return (
+        [i.key for i in items],
+        [i.handler for i in items],
+        [i.payload for i in items],
+        [i.due_at for i in items],
+        [i.queue for i in items],
+        [i.tenant for i in items],
+        [i.target for i in items],
+        [i.max_attempts for i in items],
+        [i.max_retry_age_s for i in items],
+    )
+
+
 class JobRepository(JobReads, JobControl):
     """All reads and writes of jobs and the outbox. The database clock decides every time.
     The doors' reads are in `JobReads` (db/job_reads.py), operator control in `JobControl`
@@ -56,15 +71,7 @@ class JobRepository(JobReads, JobControl):
         self, items: Sequence[NewJob], conn: asyncpg.Connection | None = None
     ) -> list[EnqueueResult]:
         args = (
-            [i.key for i in items],
-            [i.handler for i in items],
-            [i.payload for i in items],
-            [i.due_at for i in items],
-            [i.queue for i in items],
-            [i.tenant for i in items],
-            [i.target for i in items],
-            [i.max_attempts for i in items],
-            [i.max_retry_age_s for i in items],
+            *item_columns(items),
             [i.run_key for i in items],
             [i.priority for i in items],
             [i.concurrency_key for i in items],
@@ -82,15 +89,7 @@ class JobRepository(JobReads, JobControl):
         one result per item, in order: None when its job is gone (pruned meanwhile)."""
         rows = await self.pool.fetch(
             query("replace_scheduled"),
-            [i.key for i in items],
-            [i.handler for i in items],
-            [i.payload for i in items],
-            [i.due_at for i in items],
-            [i.queue for i in items],
-            [i.tenant for i in items],
-            [i.target for i in items],
-            [i.max_attempts for i in items],
-            [i.max_retry_age_s for i in items],
+            *item_columns(items),
             [i.on_key == "keep_due" for i in items],
             [i.debounce_max_s for i in items],
         )
