@@ -72,10 +72,12 @@ class Job:
     progress: dict[str, Any] | None
     run_key: str | None
     due_to_start_s: float
-    # the claim builds a Job from its row's first 16 columns, in this order (claim_ready)
+    # the claim builds a Job from its row's first 17 columns, in this order (claim_ready)
     traceparent: str | None = None
     # its payload and target bytes, as the memory budget counts them (migration 020)
     size_bytes: int = 0
+    # its own deadline (migration 030): at most its handler's, which applies when None
+    timeout_s: float | None = None
 
     @property
     def log_fields(self) -> dict[str, Any]:

@@ -37,7 +37,7 @@ _COMPLETE = query("complete_succeeded")
 _RECORD_FAILURE = query("record_failure")
 # claim_ready and claim_delivered return a Job's fields first, in the dataclass's order
 # (tests/db/test_traceparent.py)
-CLAIM_JOB_COLUMNS = 16
+CLAIM_JOB_COLUMNS = 17
 
 # Only waiting jobs can be rescheduled; a look that raced a claim or the scan is retried.
 RESCHEDULABLE = ("scheduled", "ready")
@@ -101,6 +101,12 @@ class JobRepository:
     async def scan_due(self, batch: int) -> int:
         moved: int = await self.pool.fetchval(query("scan_due"), batch)
         return moved
+
+    async def expire_unstarted(self, batch: int) -> dict[str, int]:
+        """End up to `batch` scheduled or ready jobs past their time to live (`dead`,
+        `expired`); how many per queue."""
+        rows = await self.pool.fetch(query("expire_unstarted"), batch)
+        return {r["queue"]: r["n"] for r in rows}
 
     async def seconds_to_next_due(self) -> float | None:
         seconds: float | None = await self.pool.fetchval(query("seconds_to_next_due"))
@@ -500,13 +506,16 @@ class Claim(NamedTuple):
     consumed: int  # outbox rows taken (ready jobs, in process)
     wait_s: float | None  # the global limits held the claim back: a token is free after this
     held_back: bool  # the memory budget left picked jobs ready: claim again once bytes free
+    expired: int = 0  # ready jobs it ended `dead` (expired) instead of starting (migration 030)
 
 
 def claimed_rows(rows: list[asyncpg.Record]) -> Claim:
     """A claim's rows: the jobs, then its marker row (always last)."""
     marker = rows[-1]
     jobs = [Job(*r[:CLAIM_JOB_COLUMNS]) for r in rows if r[0] is not None]
-    return Claim(jobs, marker["taken_count"], marker["wait_s"], marker["held_back"])
+    return Claim(
+        jobs, marker["taken_count"], marker["wait_s"], marker["held_back"], marker["expired_count"]
+    )
 
 
 def _enqueued(rows: list[asyncpg.Record], n: int) -> list[EnqueueResult]:

@@ -28,9 +28,11 @@ UPDATE dispatcher.intents i SET traceparent = t.traceparent
 -- name: scan_due
 -- Move due scheduled jobs to ready (with their outbox rows when a relay needs them: see
 -- migration 015), in one statement; returns how many moved.
+-- A job past its time to live is not moved: expire_unstarted ends it (migration 030).
 WITH due AS (
     SELECT id FROM dispatcher.job_state
      WHERE state = 'scheduled' AND due_at <= now()
+       AND (expires_at IS NULL OR expires_at > now())
      ORDER BY due_at
      LIMIT $1
        FOR UPDATE SKIP LOCKED
@@ -43,6 +45,26 @@ WITH due AS (
     SELECT id, queue, tenant, capability FROM moved WHERE dispatcher.ready_outbox()
 )
 SELECT count(*)::int FROM moved;
+
+-- name: expire_unstarted
+-- End up to $1 scheduled or ready jobs whose time to live passed before an attempt started:
+-- `dead` with reason `expired` (migration 030; only the few rows with a TTL are in the index).
+-- Their outbox rows, if a relay wrote any, are dropped by the consumer's claim (no longer
+-- ready). Returns how many per queue, for the dead-letter counter.
+WITH expired AS (
+    SELECT id FROM dispatcher.job_state
+     WHERE expires_at <= now() AND state IN ('scheduled', 'ready')
+     ORDER BY expires_at
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+), ended AS (
+    UPDATE dispatcher.job_state s
+       SET state = 'dead', dead_reason = 'expired', finished_at = now(),
+           last_error = 'expired at ' || s.expires_at || ' before an attempt started'
+     WHERE s.id = ANY (ARRAY(SELECT id FROM expired))
+    RETURNING s.queue
+)
+SELECT queue, count(*)::int AS n FROM ended GROUP BY queue;
 
 -- name: seconds_to_next_due
 -- How long until the earliest scheduled job is due (NULL when none is waiting).
@@ -184,7 +206,7 @@ WITH RECURSIVE grant_ AS MATERIALIZED (
           FROM candidates c
          CROSS JOIN LATERAL (
                SELECT i.id, i.key, i.tenant, i.handler, i.handler_version, i.target, i.payload,
-                      i.max_attempts, i.traceparent,
+                      i.max_attempts, i.traceparent, i.timeout_s,
                       coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
                       AS size_bytes
                  FROM dispatcher.intents i WHERE i.id = c.id OFFSET 0) z) b
@@ -194,7 +216,15 @@ WITH RECURSIVE grant_ AS MATERIALIZED (
        SET state = 'running', attempt = s.attempt + 1, lease_owner = $4,
            lease_expires_at = now() + make_interval(secs => $5), started_at = now()
      WHERE s.id = ANY (ARRAY(SELECT id FROM budgeted))  -- locked above: still ready
+       AND (s.expires_at IS NULL OR s.expires_at > now())
     RETURNING s.id, s.queue, s.attempt, s.due_at, s.progress, s.run_key
+), expired AS (
+    -- ready when the scan moved it, past its time to live now: never started (migration 030)
+    UPDATE dispatcher.job_state s
+       SET state = 'dead', dead_reason = 'expired', finished_at = now(),
+           last_error = 'expired at ' || s.expires_at || ' before an attempt started'
+     WHERE s.id = ANY (ARRAY(SELECT id FROM budgeted)) AND s.expires_at <= now()
+    RETURNING s.id
 ), started AS (
     SELECT c.id, i.key, c.queue, i.tenant, i.handler, i.handler_version, i.target, i.payload,
            c.attempt, i.max_attempts,
@@ -208,21 +238,24 @@ WITH RECURSIVE grant_ AS MATERIALIZED (
            CASE WHEN c.due_at <@ dispatcher.due_at_range()
                 THEN extract(epoch FROM now() - c.due_at) ELSE 0 END::float8 AS due_to_start_s,
            i.traceparent,
-           i.size_bytes  -- the 16th column, last of those `Job` is built from by position
+           i.size_bytes,
+           i.timeout_s  -- the 17th column, last of those `Job` is built from by position
       FROM claimed c
       JOIN budgeted i ON i.id = c.id
 )
 SELECT c.*, (SELECT count(*) FROM budgeted)::int AS taken_count, NULL::float8 AS wait_s,
-       NULL::boolean AS held_back
+       NULL::boolean AS held_back, NULL::int AS expired_count
   FROM started c
 UNION ALL
 -- the marker row: how many ready jobs the claim took (those picked beyond the memory budget
 -- are left ready, unlocked at commit), the limiter's wait, and whether the memory budget held
--- picked jobs back (then, and only then, the claim loop waits for bytes to be freed)
+-- picked jobs back (then, and only then, the claim loop waits for bytes to be freed), and how
+-- many it ended expired
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, (SELECT count(*) FROM budgeted)::int,
+       NULL, NULL, (SELECT count(*) FROM budgeted)::int,
        dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM claimed)::int, g.wait_s),
-       (SELECT count(*) FROM candidates) > (SELECT count(*) FROM budgeted)
+       (SELECT count(*) FROM candidates) > (SELECT count(*) FROM budgeted),
+       (SELECT count(*) FROM expired)::int
   FROM grant_ g;
 
 -- name: complete_succeeded

@@ -155,7 +155,7 @@ WITH paused AS MATERIALIZED (
                  ORDER BY pos LIMIT (SELECT granted FROM grant_)) g
          CROSS JOIN LATERAL (
                SELECT i.id, i.key, i.tenant, i.handler, i.handler_version, i.target, i.payload,
-                      i.max_attempts, i.traceparent,
+                      i.max_attempts, i.traceparent, i.timeout_s,
                       coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
                       AS size_bytes
                  FROM dispatcher.intents i WHERE i.id = g.id OFFSET 0) z) b
@@ -177,7 +177,16 @@ WITH paused AS MATERIALIZED (
        -- (migration 015), testing every entry against the id array (1.4 s for 1,000 ids among
        -- 20,000 ready jobs), where the primary key takes one probe per id
        AND CASE WHEN s.state = 'ready' THEN true ELSE false END
+       AND (s.expires_at IS NULL OR s.expires_at > now())
     RETURNING s.id, s.queue, s.attempt, s.due_at, s.progress, s.run_key
+), expired AS (
+    -- delivered in time, past its time to live now: ended, never started (migration 030)
+    UPDATE dispatcher.job_state s
+       SET state = 'dead', dead_reason = 'expired', finished_at = now(),
+           last_error = 'expired at ' || s.expires_at || ' before an attempt started'
+     WHERE s.id = ANY (ARRAY(SELECT id FROM budgeted))
+       AND CASE WHEN s.state = 'ready' THEN true ELSE false END AND s.expires_at <= now()
+    RETURNING s.id
 ), claimed AS (
     SELECT c.id, i.key, c.queue, i.tenant, i.handler, i.handler_version, i.target, i.payload,
            c.attempt, i.max_attempts,
@@ -187,7 +196,8 @@ WITH paused AS MATERIALIZED (
            CASE WHEN c.due_at <@ dispatcher.due_at_range()
                 THEN extract(epoch FROM now() - c.due_at) ELSE 0 END::float8 AS due_to_start_s,
            i.traceparent,
-           i.size_bytes  -- the 16th column, as in claim_ready
+           i.size_bytes,
+           i.timeout_s  -- the 17th column, as in claim_ready
       FROM started c
       JOIN budgeted i ON i.id = c.id
 ), consumed AS (
@@ -197,6 +207,7 @@ WITH paused AS MATERIALIZED (
      WHERE o.id = ANY (ARRAY(
            SELECT r.id
              FROM (SELECT id FROM started
+                   UNION ALL SELECT id FROM expired
                    UNION ALL SELECT id FROM ready WHERE NOT capability = ANY ($6::text[])
                    UNION ALL SELECT id FROM delivered WHERE state <> 'ready') done
             CROSS JOIN LATERAL (SELECT x.id FROM dispatcher.outbox x
@@ -207,6 +218,9 @@ SELECT c.*, NULL::bigint[] AS eligible, NULL::bigint[] AS refused, NULL::float8 
   FROM claimed c
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, ARRAY(SELECT id FROM eligible), ARRAY(SELECT job_id FROM refused),
+       NULL, NULL,
+       -- an expired job is done with, not held back: its delivery is acknowledged
+       ARRAY(SELECT id FROM eligible EXCEPT SELECT id FROM expired),
+       ARRAY(SELECT job_id FROM refused),
        dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM started)::int, g.wait_s)
   FROM grant_ g;

@@ -53,7 +53,8 @@ CREATE TABLE dispatcher.function_files (
 CREATE TABLE dispatcher.handlers (
     name text NOT NULL,
     kind text NOT NULL,
-    current_version integer DEFAULT 1 NOT NULL
+    current_version integer DEFAULT 1 NOT NULL,
+    max_timeout_s double precision
 );
 
 CREATE TABLE dispatcher.instances (
@@ -84,7 +85,11 @@ CREATE TABLE dispatcher.intents (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     dead_letter_of bigint,
     traceparent text,
-    size_bytes bigint
+    size_bytes bigint,
+    timeout_s double precision,
+    on_success jsonb,
+    on_failure jsonb,
+    callback_of bigint
 );
 
 CREATE TABLE dispatcher.job_state (
@@ -105,7 +110,9 @@ CREATE TABLE dispatcher.job_state (
     last_error text,
     dead_reason text,
     started_at timestamp with time zone,
-    finished_at timestamp with time zone
+    finished_at timestamp with time zone,
+    expires_at timestamp with time zone,
+    has_callback boolean DEFAULT false NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_analyze_scale_factor=0.02);
 
 CREATE TABLE dispatcher.jobs (
@@ -254,6 +261,8 @@ ALTER TABLE dispatcher.intake_settings ADD CONSTRAINT intake_settings_pkey PRIMA
 
 ALTER TABLE dispatcher.intake_settings ADD CONSTRAINT intake_settings_singleton_check CHECK (singleton);
 
+ALTER TABLE dispatcher.intents ADD CONSTRAINT intents_timeout_s_positive CHECK (timeout_s > 0::double precision AND timeout_s < 'Infinity'::double precision);
+
 ALTER TABLE dispatcher.intents ADD CONSTRAINT jobs_key_check CHECK (length(key) >= 1 AND length(key) <= 255);
 
 ALTER TABLE dispatcher.intents ADD CONSTRAINT jobs_key_key UNIQUE (key);
@@ -269,6 +278,8 @@ ALTER TABLE dispatcher.intents ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
 ALTER TABLE dispatcher.intents ADD CONSTRAINT jobs_traceparent_w3c CHECK (traceparent ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]$'::text) NOT VALID NOT VALID;
 
 ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_due_at_in_range CHECK (due_at <@ dispatcher.due_at_range()) NOT VALID NOT VALID;
+
+ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_expires_at_range CHECK (expires_at <@ dispatcher.due_at_range());
 
 ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_lease_check CHECK ((state = 'running'::text) = (lease_owner IS NOT NULL)) NOT VALID NOT VALID;
 
@@ -319,6 +330,8 @@ ALTER TABLE dispatcher.schedule_state ADD CONSTRAINT schedule_state_paused_at CH
 ALTER TABLE dispatcher.schedule_state ADD CONSTRAINT schedule_state_pkey PRIMARY KEY (schedule);
 
 CREATE INDEX console_sessions_expiry ON dispatcher.console_sessions USING btree (expires_at);
+
+CREATE INDEX job_state_expiring ON dispatcher.job_state USING btree (expires_at) WHERE ((expires_at IS NOT NULL) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text])));
 
 CREATE INDEX jobs_discarded ON dispatcher.job_state USING btree (finished_at) WHERE (state = 'discarded'::text);
 
@@ -930,6 +943,69 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.job_callback()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    i        dispatcher.intents;
+    q        dispatcher.queues;
+    target   jsonb;
+    version  integer;
+    ended_at timestamptz := coalesce(NEW.finished_at, now());
+    excerpt  text;
+    status   integer;
+    body     jsonb;
+    cb_key   text;
+    new_id   bigint;
+BEGIN
+    SELECT * INTO i FROM dispatcher.intents WHERE id = NEW.id;
+    target := CASE NEW.state WHEN 'succeeded' THEN i.on_success ELSE i.on_failure END;
+    IF target IS NULL OR i.callback_of IS NOT NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO q FROM dispatcher.queues WHERE name = NEW.queue;
+    SELECT h.current_version INTO version FROM dispatcher.handlers h WHERE h.name = 'http';
+    -- the last attempt's history row (written by the same statement as the ending, or none when
+    -- the job expired before any attempt)
+    SELECT a.excerpt, a.http_status INTO excerpt, status FROM dispatcher.attempts a
+     WHERE a.job_id = NEW.id ORDER BY a.id DESC LIMIT 1;
+    cb_key := format('callback:%s:%s:%s', NEW.id, NEW.state,
+                     to_char(ended_at AT TIME ZONE 'UTC', 'YYYYMMDD"T"HH24MISS.US"Z"'));
+    body := jsonb_build_object(
+        'type', 'job.' || NEW.state,
+        'timestamp', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'data', jsonb_build_object(
+            'id', NEW.id, 'key', i.key, 'queue', NEW.queue, 'tenant', nullif(NEW.tenant, ''),
+            'state', NEW.state, 'attempts', NEW.attempt, 'dead_reason', NEW.dead_reason,
+            'last_error', NEW.last_error, 'http_status', status, 'excerpt', excerpt,
+            'result', CASE WHEN NEW.state = 'succeeded' THEN NEW.result END,
+            'ended_at', to_char(ended_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')));
+    INSERT INTO dispatcher.intents AS n
+           (key, request_hash, queue, tenant, handler, handler_version, target, payload,
+            max_attempts, max_retry_age_s, callback_of)
+    VALUES (cb_key,
+            dispatcher.request_fingerprint('http', target, body, NEW.queue, NEW.tenant, NULL,
+                                           NULL, NULL),
+            NEW.queue, NEW.tenant, 'http', coalesce(version, 1), target, body,
+            coalesce(q.max_attempts, 10), coalesce(q.max_retry_age_s, 86400), NEW.id)
+        ON CONFLICT (key) DO NOTHING
+    RETURNING n.id INTO new_id;
+    IF new_id IS NOT NULL THEN
+        INSERT INTO dispatcher.job_state (id, queue, tenant, capability, state, due_at,
+                                          budget_started_at)
+        VALUES (new_id, NEW.queue, NEW.tenant, 'http:' || coalesce(version, 1), 'ready', now(),
+                now());
+        IF dispatcher.ready_outbox() THEN
+            INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
+            VALUES (new_id, NEW.queue, NEW.tenant, 'http:' || coalesce(version, 1));
+        END IF;
+        PERFORM pg_notify('dispatcher_wake', 'ready');
+    END IF;
+    RETURN NULL;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION dispatcher.jobs_view_write()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -1129,6 +1205,8 @@ AS $function$
 $function$;
 
 CREATE TRIGGER intents_size_bytes BEFORE INSERT OR UPDATE OF payload, target ON dispatcher.intents FOR EACH ROW EXECUTE FUNCTION dispatcher.intent_bytes();
+
+CREATE TRIGGER job_state_callback AFTER UPDATE OF state ON dispatcher.job_state FOR EACH ROW WHEN (new.has_callback AND (new.state = ANY (ARRAY['succeeded'::text, 'dead'::text])) AND old.state IS DISTINCT FROM new.state) EXECUTE FUNCTION dispatcher.job_callback();
 
 CREATE TRIGGER jobs_dead_letter_notice AFTER UPDATE OF state ON dispatcher.job_state FOR EACH ROW WHEN (new.state = 'dead'::text AND old.state IS DISTINCT FROM 'dead'::text) EXECUTE FUNCTION dispatcher.dead_letter_notice();
 
