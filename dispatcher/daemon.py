@@ -300,6 +300,8 @@ class Daemon:
             {q: (c.rate_per_s, c.burst, c.max_inflight) for q, c in s.queues.items()},
             due_at_past_tolerance_s=s.due_at_past_tolerance_s,  # for the SQL door (011)
             ready_outbox=s.transport == "rabbitmq",  # the relay publishes outbox rows (015)
+            # a job's own deadline is at most its handler's: the SQL door checks it (030)
+            max_timeout_s={n: h.timeout_s for n, h in s.handlers.items()},
         )
         effects = build_effects(s, engine, self.owner, trace_context=self.tracing is not None)
         log_handler_concurrency(s, effects)

@@ -438,12 +438,15 @@ class JobRepository:
         *,
         due_at_past_tolerance_s: float | None = None,
         ready_outbox: bool = False,
+        max_timeout_s: dict[str, float] | None = None,
     ) -> None:
         """Write the configured queues and handlers to the registry; `on_dead` gives each
         queue's dead-letter notification (normalized target, notification queue), `limits` its
         global limits (rate_per_s, burst, max_inflight; a queue left out has none);
         `due_at_past_tolerance_s`, how far past a due time the SQL door still accepts;
-        `ready_outbox`, whether ready jobs get outbox rows (a relay transport: migration 015)."""
+        `ready_outbox`, whether ready jobs get outbox rows (a relay transport: migration 015);
+        `max_timeout_s`, the longest deadline a job of each handler may ask for (migration 030;
+        a handler left out keeps what it had)."""
         async with self.pool.acquire() as conn, conn.transaction():
             if due_at_past_tolerance_s is not None:
                 await conn.execute(
@@ -463,7 +466,8 @@ class JobRepository:
             for name, (target, notice_queue) in (on_dead or {}).items():
                 await conn.execute(query("sync_queue_on_dead"), name, target, notice_queue)
             for name, (kind, version) in handlers.items():
-                await conn.execute(query("upsert_handler"), name, kind, version)
+                limit_s = (max_timeout_s or {}).get(name)
+                await conn.execute(query("upsert_handler"), name, kind, version, limit_s)
 
     async def lock_running(self, conn: asyncpg.Connection, job: Job, owner: str) -> bool:
         """Inside a transaction: lock the job if this owner still holds its lease."""

@@ -287,12 +287,15 @@ SELECT id, attempt FROM done;
 -- attempts and retry age allow, else 'dead'; a permanent failure ($4, reason $7) or a cancel
 -- request ends it at once. Past the retry age, the reason is 'retry_after_beyond_age' when the
 -- delay the target itself asked for ($8 s, its Retry-After; NULL: none) reaches past it, else
--- 'max_retry_age'. $9, $10: HTTP status and latency (s) for the history row.
+-- 'max_retry_age'. A retry that would be due at or after the job's time to live could never
+-- start: 'expired' at once. $9, $10: HTTP status and latency (s) for the history row.
 WITH failed AS (
     SELECT j.id,
            CASE WHEN j.cancel_requested THEN NULL
                 WHEN $4::boolean THEN $7::text
                 WHEN j.attempt >= i.max_attempts THEN 'max_attempts'
+                -- a retry due after the job's time to live could never start (migration 030)
+                WHEN now() + make_interval(secs => $5) >= j.expires_at THEN 'expired'
                 WHEN now() + make_interval(secs => $5) > j.budget_started_at
                                                          + make_interval(secs => i.max_retry_age_s)
                 THEN CASE WHEN now() + make_interval(secs => $8::float8)
@@ -635,10 +638,13 @@ SELECT 1;
 
 -- name: upsert_handler
 -- Register a handler; the current version only moves forward, so old and new releases agree.
-INSERT INTO dispatcher.handlers (name, kind, current_version) VALUES ($1, $2, $3)
+-- $4: the longest deadline a job may ask for (migration 030; NULL keeps the one stored).
+INSERT INTO dispatcher.handlers (name, kind, current_version, max_timeout_s)
+VALUES ($1, $2, $3, $4::float8)
     ON CONFLICT (name) DO UPDATE
    SET kind = excluded.kind,
-       current_version = greatest(dispatcher.handlers.current_version, excluded.current_version);
+       current_version = greatest(dispatcher.handlers.current_version, excluded.current_version),
+       max_timeout_s = coalesce(excluded.max_timeout_s, dispatcher.handlers.max_timeout_s);
 
 -- name: count_by_state
 -- Jobs per queue and state, for metrics and the status view.

@@ -144,6 +144,26 @@ async def test_the_consumers_claim_acknowledges_an_expired_delivery_without_star
     assert await repo.pool.fetchval("SELECT count(*) FROM dispatcher.outbox") == 0
 
 
+async def test_a_retry_that_would_start_after_the_ttl_ends_the_job_expired_at_once(
+    registry: JobRepository,
+) -> None:
+    repo = registry
+    soon = await enqueue(repo, "soon", max_attempts=5)
+    later = await enqueue(repo, "later", max_attempts=5)
+    await repo.pool.execute(
+        "UPDATE dispatcher.job_state SET expires_at = now() + interval '30 s' WHERE id = $1", soon
+    )
+    await repo.pool.execute(
+        "UPDATE dispatcher.job_state SET expires_at = now() + interval '1 h' WHERE id = $1", later
+    )
+    jobs = {j.key: j for j in await claim(repo)}
+    for key in ("soon", "later"):
+        outcome = await repo.record_failure(
+            jobs[key], OWNER, permanent=False, delay_s=60, error="HTTP 503", reason="transient"
+        )
+        assert outcome == {"soon": ("dead", "expired"), "later": ("scheduled", None)}[key]
+
+
 async def test_a_ttl_must_be_a_finite_time(registry: JobRepository) -> None:
     repo = registry
     job = await enqueue(repo, "k")
@@ -164,6 +184,18 @@ async def test_the_claim_carries_the_jobs_own_deadline(registry: JobRepository) 
     jobs = {j.id: j for j in await claim(repo)}
     assert jobs[own].timeout_s == 2.5
     assert [j.timeout_s for j in jobs.values() if j.id != own] == [None]
+
+
+async def test_the_registry_keeps_each_handlers_longest_deadline(repo: JobRepository) -> None:
+    handlers = {"work": ("python", 1), "sweep": ("sql", 1)}
+    await repo.sync_registry({"default": (2, 3600)}, handlers, max_timeout_s={"work": 30.0})
+    await repo.sync_registry({"default": (2, 3600)}, handlers)  # a caller without: kept
+    rows = await repo.pool.fetch("SELECT name, max_timeout_s FROM dispatcher.handlers")
+    assert {r["name"]: r["max_timeout_s"] for r in rows} == {
+        "http": None,
+        "work": 30.0,
+        "sweep": None,
+    }
 
 
 # --- callbacks ------------------------------------------------------------------------------
