@@ -18,6 +18,7 @@ import socket
 import uuid
 from collections.abc import Callable
 from contextlib import AsyncExitStack
+from typing import cast
 
 from aiohttp import web
 
@@ -195,15 +196,20 @@ class Daemon:
         self._liveness: LivenessLock | None = None  # crash recovery in seconds (recovery.md)
         self._broker: list[Service] = []  # RabbitMQ link and relay (transport = "rabbitmq")
         self._tls: ServerTls | None = None
+        self._http: HttpEffect | None = None  # its signing secrets are reloaded on SIGHUP
         if settings.tls.cert_file is not None and settings.tls.key_file is not None:
             self._tls = ServerTls(settings.tls.cert_file, settings.tls.key_file)
 
     def reload(self) -> None:
-        """SIGHUP: load the TLS certificate again (after a renewal); the listener stays up."""
-        if self._tls is None:
-            log.info("SIGHUP: nothing to reload (no TLS configured)")
-        else:
+        """SIGHUP: load the TLS certificate again (after a renewal) and the signing secrets
+        (after a rotation); the listeners stay up, the pushes in flight go on."""
+        secrets_file = self.settings.http.signing_secret_file
+        if self._tls is None and secrets_file is None:
+            log.info("SIGHUP: nothing to reload (no TLS, no http.signing_secret_file)")
+        if self._tls is not None:
             self._tls.reload()
+        if secrets_file is not None and self._http is not None:
+            self._http.reload_secrets()
 
     def request_stop(self) -> None:
         if self.stop_requested.is_set():
@@ -304,6 +310,7 @@ class Daemon:
             max_timeout_s={n: h.timeout_s for n, h in s.handlers.items()},
         )
         effects = build_effects(s, engine, self.owner, trace_context=self.tracing is not None)
+        self._http = cast(HttpEffect, effects["http"])
         log_handler_concurrency(s, effects)
         completer = Completer(engine, self.owner)
         wake = Wakeups()

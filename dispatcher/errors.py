@@ -1,6 +1,10 @@
-"""The exception tree. Handlers raise `RetryLater` or `Reject` on purpose; the rest are ours."""
+"""The exception tree. Handlers raise `RetryLater`, `Snooze` or `Reject` on purpose; the rest are
+ours."""
 
 from __future__ import annotations
+
+import math
+from datetime import datetime
 
 
 class DispatcherError(Exception):
@@ -72,3 +76,28 @@ class Reject(JobControl):
         self.reason = reason
         self.code = code
         self.http_status = http_status
+
+
+class Snooze(JobControl):
+    """Run the job again later without spending an attempt (a poll that found nothing yet, a
+    resource not ready): after `delay_s` seconds, or at `until` (a datetime with its offset).
+    A handler raises it or returns it; a transactional handler's writes roll back, as nothing
+    completed. Bounded like a retry: a snooze ending past the job's retry age
+    (`max_retry_age_s`) makes the job dead as `snoozed_past_retry_age`, and so does one more
+    than its queue's `max_snoozes` (`max_snoozes`)."""
+
+    def __init__(
+        self, delay_s: float | None = None, *, until: datetime | None = None, reason: str = ""
+    ):
+        if (delay_s is None) == (until is None):
+            raise ValueError("Snooze needs delay_s (seconds) or until (a datetime), one of them")
+        if delay_s is not None and (
+            isinstance(delay_s, bool) or not isinstance(delay_s, int | float) or math.isnan(delay_s)
+        ):
+            raise ValueError(f"Snooze delay_s must be a number of seconds, not {delay_s!r}")
+        if until is not None and (until.tzinfo is None or until.utcoffset() is None):
+            raise ValueError("Snooze until must carry its UTC offset (e.g. datetime.now(UTC))")
+        super().__init__(reason or "snoozed")
+        self.delay_s = delay_s
+        self.until = until
+        self.reason = reason or "snoozed"

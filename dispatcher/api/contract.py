@@ -51,7 +51,15 @@ TRACEPARENT_HEADER = {
     "schema": {"type": "string"},
 }
 ATTEMPT = {"$ref": "#/components/schemas/Attempt"}
-ATTEMPT_OUTCOMES = ("succeeded", "retried", "dead", "cancelled", "lease_expired", "released")
+ATTEMPT_OUTCOMES = (
+    "succeeded",
+    "retried",
+    "dead",
+    "cancelled",
+    "lease_expired",
+    "released",
+    "snoozed",
+)
 SCHEDULE_NAME = {
     "name": "name",
     "in": "path",

@@ -161,9 +161,9 @@ JOB_ROUTES = [
         "The job's attempt history, newest first",
         description=(
             "One item per attempt that ended: succeeded, retried, dead, cancelled, "
-            "lease_expired (its worker vanished) or released (handed back by a graceful drain; "
-            "not counted, so the next attempt has the same number). Rows go when the job is "
-            "pruned."
+            "lease_expired (its worker vanished), released (handed back by a graceful drain) "
+            "or snoozed (its python handler asked to run again later); the last two are not "
+            "counted, so the next attempt has the same number. Rows go when the job is pruned."
         ),
         parameters=(JOB_ID, LIMIT, {"name": "cursor", "in": "query", "schema": {"type": "string"}}),
         response=ATTEMPT_PAGE,

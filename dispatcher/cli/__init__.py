@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dispatcher.cli import operate, system
 from dispatcher.cli.common import EXIT_BROKEN_PIPE, EXIT_FAILURE, EXIT_USAGE, refusal
 from dispatcher.cli.parser import build_parser
+from dispatcher.config import secret_rotation
 from dispatcher.config.settings import Settings, load_settings
 from dispatcher.errors import DispatcherError
 from dispatcher.observability import logs
@@ -34,6 +35,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "backup": system.cmd_backup,
     "restore": system.cmd_restore,
     "console": system.cmd_console,
+    "signing-secret": secret_rotation.cmd_signing_secret,
 }
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dispatcher import __version__
+from dispatcher.config import secret_rotation
 from dispatcher.console import admin as console_admin
 from dispatcher.model import STATES
 
@@ -166,6 +167,9 @@ def _backup_commands(command: Command) -> None:
     )
     restore.add_argument("file", metavar="FILE", help="archive written by dispatcher backup")
     console_admin.add_commands(command("console", "the web console: list and revoke sessions"))
+    secret_rotation.add_command(
+        command("signing-secret", "webhook signing secrets: list them, rotate the primary")
+    )
     restore.add_argument(
         "--force", action="store_true", help="drop the existing dispatcher schema and replace it"
     )

@@ -4,7 +4,9 @@ The daemon signs every push with `http.signing_secret` (https://www.standardwebh
 `webhook-signature: v1,<base64 HMAC-SHA256 of "id.timestamp.body">`. A receiver checks it
 against the exact body bytes and refuses a timestamp far from its clock (replay). Several
 secrets may be given, so a secret can be rotated without a moment where pushes are refused:
-give the receiver the new and the old one, switch the daemon, then drop the old one.
+give the receiver the new and the old one, switch the daemon, then drop the old one. While the
+daemon itself rotates (`dispatcher signing-secret rotate`), each push carries one signature per
+secret in use, and knowing any one of them is enough.
 
     verifier = WebhookVerifier(["whsec_new...", "whsec_old..."])
     payload = verifier.verify(headers, body)      # any framework; raises InvalidSignature

@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from dispatcher.config.base import MAX_DURATION_S, Strict
-from dispatcher.config.signing_secret import decode_secret
+from dispatcher.config.signing_secret import SigningSecret, parse_secrets
 
 
 class HandlerSettings(Strict):
@@ -71,8 +71,13 @@ class HandlerSettings(Strict):
 class HttpSettings(Strict):
     """The HTTP push effect."""
 
+    # Standard Webhooks secrets: one per line of the file (dispatcher.config.signing_secret
+    # has the format), or `;`-separated entries inline; the first is the primary.
     signing_secret: SecretStr | None = None
     signing_secret_file: Path | None = None
+    # How long `dispatcher signing-secret rotate` keeps signing with the old primary beside
+    # the new one: receivers have this long to switch to the new secret.
+    signing_secret_overlap_s: float = Field(86_400.0, ge=0, le=MAX_DURATION_S)
     default_timeout_s: float = Field(30.0, gt=0, le=MAX_DURATION_S)
     max_timeout_s: float = Field(900.0, gt=0, le=MAX_DURATION_S)
     max_connections: int = Field(100, ge=1)
@@ -85,10 +90,12 @@ class HttpSettings(Strict):
     @classmethod
     def _secret_format(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None:
-            try:
-                decode_secret(value.get_secret_value())
-            except ValueError:
-                raise ValueError(
-                    "a signing secret is 'whsec_' followed by base64 (Standard Webhooks)"
-                ) from None
+            inline_secrets(value)  # ValueError naming the entry, never the secret
         return value
+
+
+def inline_secrets(value: SecretStr) -> list[SigningSecret]:
+    """The secrets of the inline `http.signing_secret`: the file's format, with entries
+    separated by `;` (an environment variable holds one line)."""
+    text = value.get_secret_value().replace(";", "\n")
+    return parse_secrets(text, "http.signing_secret", unit="entry")

@@ -26,4 +26,8 @@ class QueueSettings(Strict):
     backoff_base_s: float = Field(1.0, gt=0, le=MAX_DURATION_S)
     backoff_cap_s: float = Field(3600.0, gt=0, le=MAX_DURATION_S)
     claim_batch: int = Field(500, ge=1, le=10_000)
+    # Snoozes (a handler's "run me again later", which spends no attempt) one job may take
+    # since its attempt budget started; one more makes it dead as `max_snoozes`. With the
+    # retry age, it keeps a handler that snoozes without end from running forever.
+    max_snoozes: int = Field(1000, ge=0, le=1_000_000)
     on_dead: DeadLetterNoticeSettings | None = None

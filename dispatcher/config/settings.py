@@ -38,7 +38,7 @@ from dispatcher.config.base import (
     read_secret_lines,
 )
 from dispatcher.config.connection_budget import ConnectionBudget
-from dispatcher.config.effects import HandlerSettings, HttpSettings
+from dispatcher.config.effects import HandlerSettings, HttpSettings, inline_secrets
 from dispatcher.config.environment import ENV_PREFIX, apply_env, describe
 from dispatcher.config.listeners import (
     MIN_TOKEN_CHARS,
@@ -50,7 +50,7 @@ from dispatcher.config.listeners import (
 from dispatcher.config.queues import DeadLetterNoticeSettings, QueueSettings
 from dispatcher.config.rabbitmq import RabbitSettings
 from dispatcher.config.retention import RetentionSettings
-from dispatcher.config.signing_secret import decode_secret
+from dispatcher.config.signing_secret import SigningSecret, parse_secrets
 from dispatcher.config.tokens import ApiToken, check_distinct, parse_file, parse_list
 from dispatcher.cron.schedules import ScheduleSettings
 from dispatcher.errors import ConfigError
@@ -282,15 +282,12 @@ class Settings(Strict):
             )
 
     def _check_signing_secret(self) -> None:
-        secret = self.signing_secret()  # reads signing_secret_file now, not at start of the effect
-        if secret is not None and self.http.signing_secret_file is not None:
-            try:
-                decode_secret(secret)
-            except ValueError:
-                raise ValueError(
-                    "http.signing_secret_file: the secret is 'whsec_' followed by base64 "
-                    "(Standard Webhooks)"
-                ) from None
+        if self.http.signing_secret is not None and self.http.signing_secret_file is not None:
+            raise ValueError(
+                "set http.signing_secret or http.signing_secret_file, not both "
+                "(DISPATCHER_HTTP__SIGNING_SECRET, DISPATCHER_HTTP__SIGNING_SECRET_FILE)"
+            )
+        self.signing_secrets()  # reads signing_secret_file now, not at start of the effect
 
     def all_api_tokens(self) -> list[str]:
         return [t.secret for t in self.api_token_entries()]
@@ -311,12 +308,24 @@ class Settings(Strict):
         return entries
 
     def signing_secret(self) -> str | None:
+        """The primary signing secret, or None (pushes go unsigned)."""
+        found = self.signing_secrets()
+        return found[0].secret if found else None
+
+    def signing_secrets(self) -> list[SigningSecret]:
+        """Every signing secret, the primary first (reads signing_secret_file now: SIGHUP
+        reloads it); ValueError names the file and line, never a secret."""
         if self.http.signing_secret is not None:
-            return self.http.signing_secret.get_secret_value()
-        if self.http.signing_secret_file is not None:
-            lines = read_secret_lines(self.http.signing_secret_file, "http.signing_secret_file")
-            return lines[0] if lines else None
-        return None
+            return inline_secrets(self.http.signing_secret)
+        path = self.http.signing_secret_file
+        if path is None:
+            return []
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            where = "http.signing_secret_file"
+            raise ValueError(f"{where}: cannot read {path}: {exc.strerror}") from None
+        return parse_secrets(text, f"http.signing_secret_file {path}")
 
     def public_view(self) -> dict[str, Any]:
         """The effective configuration with every secret masked (for `check-config`)."""
@@ -327,6 +336,8 @@ class Settings(Strict):
             view["rabbitmq"]["url"] = mask_url(self.rabbitmq.url.get_secret_value())
         # names, scopes and where each token is configured; the tokens stay masked
         view["api_token_scopes"] = [t.public_view() for t in self.api_token_entries()]
+        # the signing secrets in use, as fingerprints with their ends (never the secrets)
+        view["signing_secrets"] = [s.describe() for s in self.signing_secrets()]
         return view
 
 

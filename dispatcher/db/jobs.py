@@ -35,6 +35,7 @@ from dispatcher.model import (
 _CLAIM = query("claim_ready")
 _COMPLETE = query("complete_succeeded")
 _RECORD_FAILURE = query("record_failure")
+_SNOOZE = query("snooze_job")
 # claim_ready and claim_delivered return a Job's fields first, in the dataclass's order
 # (tests/db/test_traceparent.py)
 CLAIM_JOB_COLUMNS = 17
@@ -224,6 +225,34 @@ class JobRepository:
             retry_after_s,
             http_status,
             latency_s,
+        )
+        return (row["state"], row["dead_reason"]) if row else None
+
+    async def snooze(
+        self,
+        job: Job,
+        owner: str,
+        *,
+        delay_s: float,
+        until: datetime | None,
+        reason: str,
+        max_snoozes: int,
+        latency_s: float | None = None,
+    ) -> tuple[str, str | None] | None:
+        """Put the job back to `scheduled` at `until` (or in `delay_s`) without spending its
+        attempt (the handler snoozed it), bounded by its retry age and `max_snoozes` (past
+        either, it is dead); returns its new state and dead reason, or None when the lease
+        was not ours."""
+        row = await self.pool.fetchrow(
+            _SNOOZE,
+            job.id,
+            job.attempt,
+            owner,
+            delay_s,
+            storable_text(reason, ERROR_CHARS),
+            max_snoozes,
+            latency_s,
+            until,
         )
         return (row["state"], row["dead_reason"]) if row else None
 

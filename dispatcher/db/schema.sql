@@ -231,7 +231,7 @@ CREATE TABLE dispatcher.schedule_state (
     paused_at timestamp with time zone
 );
 
-ALTER TABLE dispatcher.attempts ADD CONSTRAINT attempts_outcome_check CHECK (outcome = ANY (ARRAY['succeeded'::text, 'retried'::text, 'dead'::text, 'cancelled'::text, 'lease_expired'::text, 'released'::text]));
+ALTER TABLE dispatcher.attempts ADD CONSTRAINT attempts_outcome_check CHECK (outcome = ANY (ARRAY['succeeded'::text, 'retried'::text, 'dead'::text, 'cancelled'::text, 'lease_expired'::text, 'released'::text, 'snoozed'::text]));
 
 ALTER TABLE dispatcher.attempts ADD CONSTRAINT attempts_pkey PRIMARY KEY (job_id, id);
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import re
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
@@ -29,14 +30,17 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from dispatcher.config.settings import Settings
+from dispatcher.config.signing_secret import SigningSecret
 from dispatcher.effects.base import Delivered
 from dispatcher.effects.httpclient import HttpClient, HttpClientError, Origin
-from dispatcher.effects.signing import Signer
+from dispatcher.effects.signing import SignerSet
 from dispatcher.effects.ssrf import GuardedResolver, TargetPolicy, TargetRefused
 from dispatcher.errors import ConfigError, Reject, RetryLater
 from dispatcher.model import Job
 from dispatcher.observability.metrics import HTTP_RESPONSES
 from dispatcher.observability.tracing import TRACEPARENT, current_traceparent
+
+log = logging.getLogger("dispatcher.http")
 
 METHODS = ("POST", "PUT", "PATCH")
 TARGET_KEYS = ("url", "method", "headers", "timeout_s")
@@ -49,6 +53,9 @@ MAX_TARGET_HEADERS = 32
 MAX_HEADER_VALUE_CHARS = 8192
 MAX_URL_CHARS = 4096
 MAX_LOCATION_CHARS = 512
+# The response header a target stops retrying with (`Dispatcher-Retry: abort`), as Svix's
+# `webhook-delivery: abort-message`: the job is dead at once, whatever the status.
+RETRY_CONTROL = "Dispatcher-Retry"
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _SIGNED_INTEGER = re.compile(r"^-?[0-9]+\Z")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -122,9 +129,9 @@ class HttpEffect:
         self._settings = settings
         self._trace_context = trace_context  # send the current span as traceparent
         self._policy = TargetPolicy.from_settings(settings)
-        self._secret = settings.signing_secret()
-        # fails at start, not on the first job
-        self._signer = Signer(self._secret) if self._secret is not None else None
+        # read and checked now, not on the first job; SIGHUP replaces them (use_secrets)
+        self._signers: SignerSet | None = None
+        self.use_secrets(settings.signing_secrets())
         self._ssl_context = ssl_context
         self._clock = clock
         self._client: HttpClient | None = None
@@ -134,6 +141,23 @@ class HttpEffect:
         # normalized and prepared targets, by the stored target's content (see _target_key)
         self._prepared: OrderedDict[Hashable, _Prepared | Reject] = OrderedDict()
         self._counters: dict[tuple[str, str], Any] = {}
+
+    def use_secrets(self, secrets: Sequence[SigningSecret]) -> None:
+        """Sign from now on with `secrets` (the primary first; none: unsigned), as the
+        configuration read them at start or a SIGHUP read them again."""
+        self._signers = SignerSet(secrets) if secrets else None
+
+    def reload_secrets(self) -> None:
+        """SIGHUP: read `http.signing_secret_file` again. A file that cannot be used changes
+        nothing (the secrets in use keep signing) and is logged, naming its line."""
+        try:
+            secrets = self._settings.signing_secrets()
+        except ValueError as exc:  # names the file and line, never a secret
+            log.error("SIGHUP: %s; the signing secrets in use stay", exc)
+            return
+        self.use_secrets(secrets)
+        described = ", ".join(s.describe() for s in secrets)
+        log.info("SIGHUP: signing secrets reloaded: %s", described)
 
     async def start(self) -> None:
         if self._client is not None:
@@ -228,15 +252,16 @@ class HttpEffect:
         key = job.key
         if "\r" in key or "\n" in key:  # what aiohttp refused too: a header injection
             raise ValueError("the job key holds a line break; it cannot be a header value")
-        timestamp = int(self._clock())
+        now = self._clock()
+        timestamp = int(now)
         encoded_key = key.encode()
         parts = [
             target.head,
             b"Idempotency-Key: %s\r\nwebhook-id: %s\r\nwebhook-timestamp: %d\r\n"
             % (encoded_key, encoded_key, timestamp),
         ]
-        if self._signer is not None:
-            signature = self._signer.signature_bytes(encoded_key, timestamp, body)
+        if self._signers is not None:
+            signature = self._signers.signature_bytes(encoded_key, timestamp, body, now)
             parts.append(b"webhook-signature: %s\r\n" % signature)
         traceparent = target.traceparent
         if self._trace_context and (current := current_traceparent()) is not None:
@@ -388,14 +413,22 @@ def _excerpt(data: bytes, limit: int) -> str:
 def classify(status: int, headers: Mapping[str, str], excerpt: str, now: float) -> Delivered:
     """Success summary for 2xx; otherwise raise RetryLater or Reject with the status and body.
 
-    `Retry-After` is read on every 429 and 503 (rate limited: the queue's backoff when it is
-    absent or unreadable) and on any other 3xx or 5xx that sends it. It is honoured without a
-    cap of its own: the job's retry age bounds it (record_failure decides)."""
+    A target stops the retries of its job with `Dispatcher-Retry: abort` on any other status:
+    the job is dead at once as `receiver_abort`. `Retry-After` is read on every status that is
+    retried (408, 429, 5xx, an unexpected one) and on a 3xx: on 429 and 503 it is a rate limit
+    (the queue's backoff when it is absent or unreadable). It is honoured without a cap of its
+    own: the job's retry age bounds it (record_failure decides)."""
     if 200 <= status < 300:
         return Delivered({"status": status}, http_status=status, excerpt=excerpt)
     reason = f"HTTP {status}" + (f": {excerpt}" if excerpt else "")
+    if headers.get(RETRY_CONTROL, "").strip().lower() == "abort":
+        raise Reject(
+            f"the target answered {RETRY_CONTROL}: abort with {reason}",
+            code="receiver_abort",
+            http_status=status,
+        )
     retry_after_s = None
-    if status == 429 or 300 <= status < 400 or 500 <= status < 600:
+    if not (400 <= status < 500) or status in (408, 429):
         retry_after_s = parse_retry_after(headers.get("Retry-After"), now)
     asked = retry_after_s is not None
     if 300 <= status < 400:
@@ -422,7 +455,7 @@ def classify(status: int, headers: Mapping[str, str], excerpt: str, now: float) 
         raise RetryLater(reason, retry_after_s, retry_after=asked, http_status=status)
     if 400 <= status < 500:
         raise Reject(reason, code="http_4xx", http_status=status)
-    raise RetryLater(f"unexpected {reason}", http_status=status)
+    raise RetryLater(f"unexpected {reason}", retry_after_s, retry_after=asked, http_status=status)
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:

@@ -3,6 +3,7 @@
 A transactional handler (the default) gets `ctx.connection`, the connection of the transaction
 that also records the job's completion: its database writes and `succeeded` commit together or
 not at all, so a redelivery after a crash finds either nothing done or everything done.
+A handler that raises or returns `Snooze` runs again later without spending an attempt.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
 from dispatcher.config.settings import HandlerSettings, Settings
 from dispatcher.db.jobs import JobRepository
 from dispatcher.effects.base import CompleteInTransaction, complete_or_abort, leased_transaction
-from dispatcher.errors import ConfigError, Reject, RetryLater
+from dispatcher.errors import ConfigError, Reject, RetryLater, Snooze
 from dispatcher.model import Job
 
 Handler = Callable[[Job, "HandlerContext"], Awaitable[Any]]
@@ -36,6 +38,13 @@ class HandlerContext:
     @staticmethod
     def retry_later(reason: str, delay_s: float | None = None) -> NoReturn:
         raise RetryLater(reason, delay_s)
+
+    @staticmethod
+    def snooze(
+        delay_s: float | None = None, *, until: datetime | None = None, reason: str = ""
+    ) -> NoReturn:
+        """Run again later without spending an attempt (dispatcher.errors.Snooze)."""
+        raise Snooze(delay_s, until=until, reason=reason)
 
     @staticmethod
     def reject(reason: str) -> NoReturn:
@@ -112,5 +121,7 @@ class PythonEffect:
             return await self._handler(job, self._shared_context)
         async with leased_transaction(conn, self._repo, job, self._owner):
             result = await self._handler(job, HandlerContext(conn, self.name))
+            if isinstance(result, Snooze):  # nothing completed: the handler's writes roll back
+                raise result
             await complete_or_abort(complete, conn, job, result)
             return result

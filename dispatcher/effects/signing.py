@@ -2,6 +2,8 @@
 
 A receiver verifies `webhook-signature` against `webhook-id`, `webhook-timestamp` and the exact
 body bytes with the shared secret, and rejects stale timestamps, which stops forgery and replay.
+With several secrets in use (a rotation's overlap), every push carries one signature per secret,
+separated by spaces, the primary's first; a receiver accepts any one it can verify.
 """
 
 from __future__ import annotations
@@ -9,8 +11,10 @@ from __future__ import annotations
 import binascii
 import hashlib
 import hmac
+import math
+from collections.abc import Sequence
 
-from dispatcher.config.signing_secret import decode_secret
+from dispatcher.config.signing_secret import SigningSecret, decode_secret
 
 
 def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
@@ -36,6 +40,38 @@ class Signer:
         mac = self._keyed.copy()
         mac.update(b"%s.%d.%s" % (msg_id, timestamp, body))
         return b"v1," + binascii.b2a_base64(mac.digest(), newline=False)
+
+
+class SignerSet:
+    """Signs with every secret in use: the primary (first, never ending), then each other one
+    until its not-after. An ended secret leaves the set at the first signature after its end,
+    by the clock the caller passes, so an overlap ends on time whether or not the file was
+    reloaded. Checking that costs one comparison per signature."""
+
+    __slots__ = ("_entries", "_next_end", "_signers")
+
+    def __init__(self, secrets: Sequence[SigningSecret]):
+        if not secrets:
+            raise ValueError("a SignerSet needs at least the primary secret")
+        self._entries = [
+            (Signer(s.secret), s.not_after.timestamp() if s.not_after else math.inf)
+            for s in secrets
+        ]
+        self._signers: list[Signer] = []
+        self._next_end = -math.inf  # the first signature computes what is in use
+
+    def signature_bytes(self, msg_id: bytes, timestamp: int, body: bytes, now: float) -> bytes:
+        """The `webhook-signature` value: `v1,<sig>` per secret in use, space-separated."""
+        if now > self._next_end:
+            self._in_use(now)
+        if len(self._signers) == 1:
+            return self._signers[0].signature_bytes(msg_id, timestamp, body)
+        return b" ".join(s.signature_bytes(msg_id, timestamp, body) for s in self._signers)
+
+    def _in_use(self, now: float) -> None:
+        self._entries = [(signer, end) for signer, end in self._entries if now <= end]
+        self._signers = [signer for signer, _ in self._entries]
+        self._next_end = min(end for _, end in self._entries)
 
 
 def webhook_headers(secret: str | None, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:

@@ -19,7 +19,7 @@ from dispatcher.effects.base import Effect, LeaseLost
 from dispatcher.effects.python import PythonEffect
 from dispatcher.engine.completer import Completer
 from dispatcher.engine.retry import backoff_s
-from dispatcher.errors import Reject, RetryLater
+from dispatcher.errors import Reject, RetryLater, Snooze
 from dispatcher.model import Job
 from dispatcher.observability import metrics
 from dispatcher.observability.tracing import Tracing
@@ -137,6 +137,8 @@ class Executor:
         try:
             waiting = context.run(coro.send, None)
         except StopIteration as finished:
+            if isinstance(finished.value, Snooze):  # returned, not raised: the same request
+                return _raise(finished.value), started, context
             fault_point("after_effect")
             done.jobs.append(job)
             done.results.append(finished.value)
@@ -234,6 +236,8 @@ class Executor:
                     result = await self._run_in_transaction(effect, job, started)
                 else:  # no frame of its own: this is every no-op and http job
                     result = await effect.run(job, self._complete_in_bound)
+                if isinstance(result, Snooze):  # a handler may return its snooze, not raise it
+                    raise result
             except asyncio.CancelledError:
                 # a timeout, unless a drain cancelled the attempt as well
                 task = asyncio.current_task()
@@ -246,6 +250,8 @@ class Executor:
                 job.payload = {}
         except RetryLater as exc:
             return await self._retry_later(job, exc, time.perf_counter() - started)
+        except Snooze as exc:
+            return await self._snooze(job, exc, time.perf_counter() - started)
         except Reject as exc:
             return await self._fail(
                 job,
@@ -332,6 +338,37 @@ class Executor:
             http_status=failure.http_status,
             latency_s=failure.latency_s,
         )
+        return self._ended(job, outcome, reason, error, delay_s)
+
+    async def _snooze(self, job: Job, request: Snooze, latency_s: float) -> str:
+        """Put the job back to wait without spending its attempt (the handler snoozed it);
+        return the outcome: snoozed, or dead, cancelled, lease_lost as for a failure."""
+        delay_s = _clamped(request.delay_s or 0.0)
+        outcome = await self._repo.snooze(
+            job,
+            self._owner,
+            delay_s=delay_s,
+            until=request.until,
+            reason=request.reason,
+            max_snoozes=self._settings.max_snoozes,
+            latency_s=latency_s,
+        )
+        if outcome is not None and outcome[0] == "scheduled":
+            metrics.SNOOZES.labels(self.queue).inc()
+            self._on_rescheduled()
+            log.info("snoozed: %s", request.reason, extra=job.log_fields)
+            return "snoozed"
+        return self._ended(job, outcome, "snoozed", request.reason, delay_s)
+
+    def _ended(
+        self,
+        job: Job,
+        outcome: tuple[str, str | None] | None,
+        reason: str,
+        error: str,
+        delay_s: float,
+    ) -> str:
+        """Count and log what a failed (or snoozed) attempt's write made of the job."""
         if outcome is None:
             self._m_lease_lost.inc()
             return "lease_lost"

@@ -54,6 +54,12 @@ RETRIES = Counter(
     ["queue", "reason"],
     registry=REGISTRY,
 )
+SNOOZES = Counter(
+    "dispatcher_snoozes",
+    "Attempts whose handler asked to run again later without spending an attempt (Snooze).",
+    ["queue"],
+    registry=REGISTRY,
+)
 DEAD_LETTERS = Counter(
     "dispatcher_dead_letters",
     "Jobs moved to dead, by reason.",

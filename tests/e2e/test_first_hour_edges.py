@@ -39,6 +39,7 @@ POSITIONALS = {
     "cancel": ["1"],
     "reschedule": ["1", "--at", "now"],
     "revoke": ["--all"],
+    "trigger": ["nightly", "--period", "2030-01-01T00:00:00Z"],
 }
 
 
