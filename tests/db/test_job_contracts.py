@@ -164,6 +164,22 @@ async def test_a_retry_that_would_start_after_the_ttl_ends_the_job_expired_at_on
         assert outcome == {"soon": ("dead", "expired"), "later": ("scheduled", None)}[key]
 
 
+async def test_a_snooze_that_would_wake_after_the_ttl_ends_the_job_expired(
+    registry: JobRepository,
+) -> None:
+    repo = registry
+    job_id = await enqueue(repo, "snoozer")
+    await repo.pool.execute(
+        "UPDATE dispatcher.job_state SET expires_at = now() + interval '30 s' WHERE id = $1",
+        job_id,
+    )
+    [job] = await claim(repo)
+    outcome = await repo.snooze(
+        job, OWNER, delay_s=60, until=None, reason="not yet", max_snoozes=10
+    )
+    assert outcome == ("dead", "expired")
+
+
 async def test_a_ttl_must_be_a_finite_time(registry: JobRepository) -> None:
     repo = registry
     job = await enqueue(repo, "k")
