@@ -40,6 +40,20 @@ class NewJob:
     run_key: str | None = None
     # W3C trace context the job was accepted in (stored only while tracing is on)
     traceparent: str | None = None
+    # per-job contracts (migration 030): its own deadline, its time to live, its callbacks
+    timeout_s: float | None = None
+    expires_at: datetime | None = None
+    on_success: dict[str, Any] | None = None
+    on_failure: dict[str, Any] | None = None
+
+    @property
+    def has_contract(self) -> bool:
+        return not (
+            self.timeout_s is None
+            and self.expires_at is None
+            and self.on_success is None
+            and self.on_failure is None
+        )
 
 
 @dataclass(slots=True, frozen=True)

@@ -106,6 +106,11 @@ class Job:
     tenant: str | None = None
     max_attempts: int | None = None
     max_retry_age_s: int | None = None
+    # per-job contracts (docs/guides/deadlines.md, docs/guides/callbacks.md)
+    timeout_s: float | None = None
+    expires_at: datetime | str | None = None
+    on_success: dict[str, Any] | None = None
+    on_failure: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # fields newer than this client
 
 
@@ -123,23 +128,30 @@ class Call:
 
 def job_body(job: Job) -> dict[str, Any]:
     body: dict[str, Any] = {"handler": job.handler, "payload": job.payload or {}}
-    due = job.due_at
-    if isinstance(due, datetime):
-        try:
-            due = rfc3339.format(due)
-        except rfc3339.TimeError as exc:
-            raise ValueError(f"due_at needs a timezone (e.g. datetime.now(UTC)): {exc}") from None
     optional = {
         "target": job.target,
-        "due_at": due,
+        "due_at": _time("due_at", job.due_at),
         "queue": job.queue,
         "tenant": job.tenant,
         "max_attempts": job.max_attempts,
         "max_retry_age_s": job.max_retry_age_s,
+        "timeout_s": job.timeout_s,
+        "expires_at": _time("expires_at", job.expires_at),
+        "on_success": job.on_success,
+        "on_failure": job.on_failure,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     body.update(job.extra)
     return body
+
+
+def _time(name: str, value: datetime | str | None) -> str | None:
+    if not isinstance(value, datetime):
+        return value
+    try:
+        return rfc3339.format(value)
+    except rfc3339.TimeError as exc:
+        raise ValueError(f"{name} needs a timezone (e.g. datetime.now(UTC)): {exc}") from None
 
 
 def enqueue_call(job: Job) -> Call:

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple, cast
 
 import asyncpg
 
+from dispatcher.db import contracts
 from dispatcher.db.outcomes import (
     ERROR_CHARS,
     EXCERPT_CHARS,
@@ -72,13 +73,19 @@ class JobRepository:
             [i.max_retry_age_s for i in items],
             [i.run_key for i in items],
         )
-        if any(i.traceparent is not None for i in items):  # only while tracing is on
+        # tracing on, or a job with a contract: more to write in the same transaction
+        if any(i.traceparent is not None or i.has_contract for i in items):
             if conn is not None:
-                return await self._enqueue_traced(conn, items, args)
-            async with self.pool.acquire() as own:
-                return await self._enqueue_traced(own, items, args)
-        executor = conn if conn is not None else self.pool
-        return _enqueued(await executor.fetch(query("enqueue_many"), *args), len(items))
+                results = await self._enqueue_traced(conn, items, args)
+            else:
+                async with self.pool.acquire() as own:
+                    results = await self._enqueue_traced(own, items, args)
+        else:
+            executor = conn if conn is not None else self.pool
+            results = _enqueued(await executor.fetch(query("enqueue_many"), *args), len(items))
+        if any(r.outcome == "existing" for r in results):
+            return await contracts.replayed(conn or self.pool, items, results)
+        return results
 
     async def _enqueue_traced(
         self, conn: asyncpg.Connection, items: Sequence[NewJob], args: tuple[list[Any], ...]
@@ -88,14 +95,16 @@ class JobRepository:
         job keeps the context it was created in)."""
         async with conn.transaction():
             results = _enqueued(await conn.fetch(query("enqueue_many"), *args), len(items))
-            created = [
-                (result.id, item.traceparent)
+            made = [
+                (result.id, item)
                 for item, result in zip(items, results, strict=True)
-                if result.outcome == "created" and item.traceparent is not None
+                if result.outcome == "created"
             ]
-            if created:
-                ids, traceparents = zip(*created, strict=True)
+            traced = [(i, item.traceparent) for i, item in made if item.traceparent is not None]
+            if traced:
+                ids, traceparents = zip(*traced, strict=True)
                 await conn.execute(query("set_traceparents"), list(ids), list(traceparents))
+            await contracts.store(conn, [(i, item) for i, item in made if item.has_contract])
         return results
 
     # scanning and rescue ------------------------------------------------------------------

@@ -25,6 +25,32 @@ UPDATE dispatcher.intents i SET traceparent = t.traceparent
   FROM unnest($1::bigint[], $2::text[]) AS t(id, traceparent)
  WHERE i.id = ANY ($1::bigint[]) AND i.id = t.id;
 
+-- name: set_contracts
+-- Store the per-job contracts of jobs just created ($1 ids; in parallel: $2 timeout_s, $3
+-- expires_at, $4 on_success and $5 on_failure as JSON text), in the transaction that created
+-- them, so no claim or ending ever sees a job without its contract (migration 030). One index
+-- probe per id in each table.
+WITH c AS (
+    SELECT * FROM unnest($1::bigint[], $2::float8[], $3::timestamptz[], $4::text[], $5::text[])
+        AS c(id, timeout_s, expires_at, on_success, on_failure)
+), intent AS (
+    UPDATE dispatcher.intents i
+       SET timeout_s = c.timeout_s, on_success = c.on_success::jsonb,
+           on_failure = c.on_failure::jsonb
+      FROM c WHERE i.id = ANY ($1::bigint[]) AND i.id = c.id
+)
+UPDATE dispatcher.job_state s
+   SET expires_at = c.expires_at,
+       has_callback = c.on_success IS NOT NULL OR c.on_failure IS NOT NULL
+  FROM c WHERE s.id = ANY ($1::bigint[]) AND s.id = c.id;
+
+-- name: job_contracts
+-- The stored contracts of jobs a replayed request found ($1 ids): the same key with another
+-- contract is another request (409), as with another body.
+SELECT i.id, i.timeout_s, s.expires_at, i.on_success, i.on_failure
+  FROM dispatcher.intents i JOIN dispatcher.job_state s ON s.id = i.id
+ WHERE i.id = ANY ($1::bigint[]);
+
 -- name: scan_due
 -- Move due scheduled jobs to ready (with their outbox rows when a relay needs them: see
 -- migration 015), in one statement; returns how many moved.
