@@ -10,7 +10,6 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from dispatcher.config.base import MAX_DURATION_S
 from dispatcher.core import rfc3339
 from dispatcher.cron.expression import EARLIEST_INSTANT, LATEST_INSTANT
 
@@ -35,7 +34,7 @@ class JobRequest(BaseModel):
     max_attempts: Annotated[int, Field(ge=1, le=1000, strict=True)] | None = None
     max_retry_age_s: Annotated[int, Field(ge=0, le=10 * 365 * 86400, strict=True)] | None = None
     # per-job contracts (docs/guides/deadlines.md, docs/guides/callbacks.md; migration 030)
-    timeout_s: Annotated[float, Field(gt=0, le=MAX_DURATION_S)] | None = Field(
+    timeout_s: Annotated[float, Field(gt=0, le=10 * 365 * 86400)] | None = Field(
         None, description="this job's deadline per attempt, at most its handler's timeout_s"
     )
     expires_at: datetime | None = Field(
