@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import uuid
-from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import cast
 
@@ -34,8 +33,8 @@ from dispatcher.db.capacity import check_capacity
 from dispatcher.db.claims import ClaimConnections
 from dispatcher.db.embedded import EmbeddedPostgres
 from dispatcher.db.jobs import JobRepository
-from dispatcher.db.liveness import LivenessLock
-from dispatcher.db.notifications import WakeListener
+from dispatcher.db.liveness import LivenessLock, liveness_lock
+from dispatcher.db.notifications import WakeListener, check_sessions_stay
 from dispatcher.db.ownership import Role
 from dispatcher.db.pool import PoolSet, connect, wait_for_database
 from dispatcher.db.relay import RelayRepository
@@ -56,6 +55,13 @@ from dispatcher.engine.gone_owners import GoneOwners
 from dispatcher.engine.pool import LeaseHeartbeat, QueueWorker, WorkerPool
 from dispatcher.engine.pruning import Pruner
 from dispatcher.engine.sampler import MetricsSampler
+from dispatcher.engine.work_poll import (
+    CLAIM_LOOP_IDLE_S,
+    DUE_SCAN_IDLE_S,
+    Wakeups,
+    WorkPoller,
+    poll_interval_s,
+)
 from dispatcher.intake.accept import Intake
 from dispatcher.observability import logs
 from dispatcher.observability.tracing import Tracing, current_trace_id
@@ -101,7 +107,9 @@ async def resolve_database(
 
 
 async def prepare_schema(dsn: str, settings: Settings) -> None:
-    conn = await connect(dsn)
+    if settings.database.wakeups == "listen" and settings.database_url is not None:
+        await check_sessions_stay(dsn)  # LISTEN behind a transaction pooler hears nothing
+    conn = await connect(dsn, pooled=settings.database.pooled)
     try:
         if settings.auto_migrate:  # waits, saying so, while a restore loads the database
             await schema.migrate(conn, wait_s=settings.database_wait_s)
@@ -154,28 +162,6 @@ def tracing_service(tracing: Tracing | None) -> Service:
             await asyncio.to_thread(tracing.close)
 
     return CallbackService("tracing", start, stop)
-
-
-def _nothing() -> None:
-    return None
-
-
-class Wakeups:
-    """Wakes whom a change concerns: workers for ready work, the scan for new due times.
-    Bound once both exist; a wake-up before that is harmless (both look on start)."""
-
-    def __init__(self) -> None:
-        self._workers: Callable[[], None] = _nothing
-        self._scanner: Callable[[], None] = _nothing
-
-    def bind(self, workers: WorkerPool, scanner: DueScanner) -> None:
-        self._workers, self._scanner = workers.wake, scanner.wake
-
-    def __call__(self, reason: str = "") -> None:
-        if reason != "scheduled":
-            self._workers()
-        if reason != "ready":
-            self._scanner()
 
 
 class Daemon:
@@ -289,7 +275,7 @@ class Daemon:
     def _pools(self, dsn: str) -> PoolSet:
         budget = self.settings.connection_budget()  # whatever the number of queues
         log.info("database connections at most %s", budget.describe())
-        return PoolSet(dsn, budget)
+        return PoolSet(dsn, budget, pooled=self.settings.database.pooled)
 
     async def services(self, dsn: str, pools: PoolSet) -> list[Startable]:
         """Every service after the database, in start order (they stop in reverse)."""
@@ -323,12 +309,21 @@ class Daemon:
             engine,
             timing,
             batch=s.scan_batch,
-            interval_s=s.scan_interval_s,
-            on_ready=workers.wake,
+            interval_s=max(s.scan_interval_s, DUE_SCAN_IDLE_S),  # the work poll looks before
+            on_ready=lambda: wake("ready"),  # as a notice: the work poll first with many queues
             gone_owners=judge.confirmed,
         )
-        self._liveness = LivenessLock(dsn, self.owner, judge, on_gone=scanner.wake)
-        wake.bind(workers, scanner)
+        poller = WorkPoller(
+            engine,
+            timing,
+            queues=list(s.queues),
+            capabilities=capabilities(s),
+            interval_s=poll_interval_s(s),
+            wake_queue=lambda queue: workers.workers[queue].wake(),
+            scanner=scanner,
+        )
+        self._liveness = liveness_lock(s, dsn, self.owner, judge, on_gone=scanner.wake)
+        wake.bind(workers, scanner, poller)
         cron = CronService(pools["engine"], engine, s.schedules, timing=timing, on_enqueued=wake)
         disk = await self._disk_space()
         # one sampler for the gauges and the queue overview (GET /v1/queues), which share its
@@ -337,7 +332,8 @@ class Daemon:
         api = self._api(repo, wake, disk, sampler, cron)
         services: list[Startable] = [
             tracing_service(self.tracing),  # stops after every other service: spans flushed
-            self._liveness,  # before the first claim, released after the last lease
+            # before the first claim, released after the last lease
+            *([self._liveness] if self._liveness else []),
             effect_service(effects),
             completer,
             HttpListener(
@@ -351,7 +347,8 @@ class Daemon:
             claims,  # handed back once every claim loop has stopped
             workers,
             scanner,
-            WakeListener(dsn, wake),
+            poller,
+            *([WakeListener(dsn, wake)] if s.database.wakeups == "listen" else []),
             cron,
             sdnotify.Watchdog(),
         ]
@@ -483,7 +480,7 @@ class Daemon:
 
         budget = PayloadBudget(s.max_inflight_payload_bytes)  # one for all queues
         workers = [
-            QueueWorker(q, qs, transport, executor(q), idle_poll_s=s.scan_interval_s, budget=budget)
+            QueueWorker(q, qs, transport, executor(q), idle_poll_s=CLAIM_LOOP_IDLE_S, budget=budget)
             for q, qs in s.queues.items()
         ]
         return WorkerPool(

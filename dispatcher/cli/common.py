@@ -39,7 +39,9 @@ async def database(
     async with AsyncExitStack() as stack:
         dsn = await resolve_database(settings, stack, role="command", create=create)
         await wait_for_database(dsn, timeout_s=15)
-        pool = await create_pool(dsn, size=2, application_name="dispatcher-cli")
+        pool = await create_pool(
+            dsn, size=2, application_name="dispatcher-cli", pooled=settings.database.pooled
+        )
         stack.push_async_callback(pool.close)
         if check_schema:
             async with pool.acquire() as conn:

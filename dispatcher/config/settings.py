@@ -38,6 +38,7 @@ from dispatcher.config.base import (
     read_secret_lines,
 )
 from dispatcher.config.connection_budget import ConnectionBudget
+from dispatcher.config.database import DatabaseSettings
 from dispatcher.config.effects import HandlerSettings, HttpSettings, inline_secrets
 from dispatcher.config.environment import ENV_PREFIX, apply_env, describe
 from dispatcher.config.listeners import (
@@ -60,6 +61,7 @@ __all__ = [
     "MAX_DURATION_S",
     "MIN_TOKEN_CHARS",
     "NAME_PATTERN",
+    "DatabaseSettings",
     "DeadLetterNoticeSettings",
     "HandlerSettings",
     "HttpSettings",
@@ -112,6 +114,8 @@ class Settings(Strict):
     # After the drain: how long cancelled attempts get to end, and the lease hand-back to run.
     hard_stop_timeout_s: float = Field(10.0, gt=0, le=300)
     auto_migrate: bool = True
+    # How wake-ups reach the daemon: LISTEN/NOTIFY, or a poll through a transaction pooler.
+    database: DatabaseSettings = DatabaseSettings()
     # How long start-up waits for an unreachable database (with backoff) before giving up.
     database_wait_s: float = Field(60.0, ge=0, le=MAX_DURATION_S)
     body_limit_bytes: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024)

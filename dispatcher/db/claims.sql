@@ -7,3 +7,24 @@ SELECT true FROM dispatcher.job_state s
  WHERE s.queue = $1 AND s.state = 'ready' AND s.capability = ANY ($2::text[])
  ORDER BY s.queue, s.tenant, s.id
  LIMIT 1;
+
+-- name: poll_work
+-- The one look an idle daemon takes per poll: which of queues $1 (not paused) have a ready job
+-- this daemon can run ($2 = handler:version list), how long until the earliest scheduled job
+-- is due (NULL: none waiting; as seconds_to_next_due), and whether a lease has expired. One
+-- index probe each (jobs_ready_claim in its order, jobs_scheduled_due, jobs_running_lease), in
+-- place of one claim per queue and the due-scan's statements every second.
+SELECT array(
+         SELECT q FROM unnest($1::text[]) q
+          WHERE EXISTS (SELECT 1 FROM dispatcher.job_state s
+                         WHERE s.queue = q AND s.state = 'ready'
+                           AND s.capability = ANY ($2::text[])
+                         ORDER BY s.queue, s.tenant, s.id LIMIT 1)
+            AND NOT EXISTS (SELECT 1 FROM dispatcher.queues r WHERE r.name = q AND r.paused)
+       ) AS ready,
+       (SELECT CASE WHEN min(due_at) IS NULL THEN NULL
+                    ELSE greatest(0, extract(epoch FROM min(due_at)) - extract(epoch FROM now()))
+               END::float8
+          FROM dispatcher.job_state WHERE state = 'scheduled') AS next_due_s,
+       EXISTS (SELECT 1 FROM dispatcher.job_state
+                WHERE state = 'running' AND lease_expires_at < now()) AS lease_expired;

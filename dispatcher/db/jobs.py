@@ -10,6 +10,8 @@ from typing import Any, NamedTuple, cast
 import asyncpg
 
 from dispatcher.db import contracts
+from dispatcher.db.job_control import JobControl
+from dispatcher.db.job_reads import JobReads
 from dispatcher.db.outcomes import (
     ERROR_CHARS,
     EXCERPT_CHARS,
@@ -24,11 +26,8 @@ from dispatcher.model import (
     UNBOUNDED,
     AttemptKey,
     ByteGrant,
-    DeadLetterFilter,
     EnqueueResult,
     Job,
-    JobFilter,
-    ListCursor,
     NewJob,
 )
 
@@ -41,17 +40,11 @@ _SNOOZE = query("snooze_job")
 # (tests/db/test_traceparent.py)
 CLAIM_JOB_COLUMNS = 17
 
-# Only waiting jobs can be rescheduled; a look that raced a claim or the scan is retried.
-RESCHEDULABLE = ("scheduled", "ready")
-RESCHEDULE_ROUNDS = 5
 
-
-class _MovedMeanwhile(Exception):
-    """The job left the state a reschedule saw before its move (internal: roll back, retry)."""
-
-
-class JobRepository:
-    """All reads and writes of jobs and the outbox. The database clock decides every time."""
+class JobRepository(JobReads, JobControl):
+    """All reads and writes of jobs and the outbox. The database clock decides every time.
+    The doors' reads are in `JobReads` (db/job_reads.py), operator control in `JobControl`
+    (db/job_control.py); this class adds intake, the scan, rescue, the hot path and upkeep."""
 
     def __init__(self, pool: asyncpg.Pool):
         self.pool = pool
@@ -121,6 +114,11 @@ class JobRepository:
     async def seconds_to_next_due(self) -> float | None:
         seconds: float | None = await self.pool.fetchval(query("seconds_to_next_due"))
         return seconds
+
+    async def poll_work(self, queues: Sequence[str], capabilities: list[str]) -> WorkSeen:
+        """One look for work (db/claims.sql `poll_work`): ready queues, next due, expiry."""
+        row = await self.pool.fetchrow(query("poll_work"), list(queues), capabilities)
+        return WorkSeen(list(row["ready"]), row["next_due_s"], row["lease_expired"])
 
     async def rescue_expired_leases(self, batch: int) -> dict[str, int]:
         """Rescue expired leases only; jobs per new state."""
@@ -286,178 +284,6 @@ class JobRepository:
         ids, numbers = _split(attempts)
         return int(await self.pool.fetchval(query("release_leases"), ids, numbers, owner))
 
-    # status and operators (DatabaseUnavailable when the database cannot be reached) ---------
-    @translate_unavailable
-    async def get(self, job_id: int) -> dict[str, Any] | None:
-        row = await self.pool.fetchrow(query("get_job"), job_id)
-        return dict(row) if row else None
-
-    @translate_unavailable
-    async def get_page(self, job_id: int, shown_bytes: int) -> dict[str, Any] | None:
-        """One job for a page that shows it: `get`'s columns, the payload whole when it is at
-        most `shown_bytes` (else its first `shown_bytes` characters, `payload_excerpt`), its
-        size (`payload_bytes`), and the target when it is at most `shown_bytes`."""
-        row = await self.pool.fetchrow(query("get_job_page"), job_id, shown_bytes)
-        return dict(row) if row else None
-
-    @translate_unavailable
-    async def attempts(
-        self, job_id: int, *, before_id: int | None = None, limit: int = 100
-    ) -> list[dict[str, Any]]:
-        """The attempt history of one job, newest first (`before_id`: the page after the
-        history row with that id). Empty for an unknown job as for one never attempted."""
-        rows = await self.pool.fetch(query("list_attempts"), job_id, before_id, limit)
-        return [dict(r) for r in rows]
-
-    @translate_unavailable
-    async def get_by_key(self, key: str) -> dict[str, Any] | None:
-        row = await self.pool.fetchrow(query("get_job_by_key"), key)
-        return dict(row) if row else None
-
-    @translate_unavailable
-    async def list_summaries(
-        self, filters: JobFilter, *, cursor: ListCursor | None, limit: int
-    ) -> list[dict[str, Any]]:
-        """The columns of a list view, with `last_error` cut to 500 characters (never payload,
-        target, result or progress, which may each be near the body limit); newest first, or
-        earliest due first for a due window (`JobFilter.by_due`)."""
-        f = filters
-        common = (f.key, f.tenant, f.run_key, f.handler, f.due_before, f.due_after)
-        if f.by_due:
-            after_due = cursor.due_at if cursor is not None else None
-            after_id = cursor.id if cursor is not None else None
-            rows = await self.pool.fetch(
-                query("list_jobs_by_due"), f.state, f.queue, after_due, limit, *common, after_id
-            )
-        else:
-            before_id = cursor.id if cursor is not None else None
-            rows = await self.pool.fetch(
-                query("list_jobs"), f.state, f.queue, before_id, limit, *common
-            )
-        return [dict(r) for r in rows]
-
-    @translate_unavailable
-    async def retry(self, job_id: int) -> dict[str, Any] | None:
-        row = await self.pool.fetchrow(query("retry_job"), job_id)
-        if row:
-            await self.pool.execute("SELECT pg_notify('dispatcher_wake', 'ready')")
-        return dict(row) if row else None
-
-    @translate_unavailable
-    async def cancel(self, job_id: int) -> dict[str, Any] | None:
-        row = await self.pool.fetchrow(query("cancel_job"), job_id)
-        return dict(row) if row else None
-
-    # dead letters, reschedule and paused queues (operator control) -------------------------
-    @translate_unavailable
-    async def discard(self, job_id: int) -> dict[str, Any] | None:
-        """Discard a dead job; None when the job is not dead (or does not exist)."""
-        row = await self.pool.fetchrow(query("discard_job"), job_id)
-        return dict(row) if row else None
-
-    @translate_unavailable
-    async def move_dead(
-        self, to_state: str, found: DeadLetterFilter, limit: int, fence: datetime
-    ) -> int:
-        """One batch of a bulk redrive (`to_state` "ready") or discard ("discarded"): up to
-        `limit` dead jobs that match and died at or before `fence`; returns how many moved."""
-        f = found
-        args = (limit, f.queue, f.dead_reason, f.tenant, f.dead_since, f.dead_before, fence)
-        moved: int = await self.pool.fetchval(query("move_dead"), *args, to_state)
-        if moved and to_state == "ready":
-            await self.pool.execute("SELECT pg_notify('dispatcher_wake', 'ready')")
-        return moved
-
-    @translate_unavailable
-    async def count_dead(self, found: DeadLetterFilter, limit: int | None, fence: datetime) -> int:
-        """How many dead jobs `move_dead` would take (at most `limit`); changes nothing."""
-        f = found
-        args = (limit, f.queue, f.dead_reason, f.tenant, f.dead_since, f.dead_before, fence)
-        return int(await self.pool.fetchval(query("count_dead"), *args))
-
-    @translate_unavailable
-    async def now(self) -> datetime:
-        """The database clock."""
-        return await self.pool.fetchval(query("now"))  # type: ignore[no-any-return]
-
-    @translate_unavailable
-    async def reschedule(self, job_id: int, due_at: datetime | None) -> dict[str, Any] | str | None:
-        """Move a scheduled or ready job to `due_at` (None: now). Returns the job after the move,
-        or the state that forbids it, or None for an unknown job. A job a worker claims (or the
-        scan moves) between the look and the move is looked at again."""
-        for _ in range(RESCHEDULE_ROUNDS):
-            try:
-                async with self.pool.acquire() as conn, conn.transaction():
-                    return await self._reschedule_in(conn, job_id, due_at)
-            except _MovedMeanwhile:
-                continue
-        current = await self.get(job_id)
-        return None if current is None else str(current["state"])
-
-    async def _reschedule_in(
-        self, conn: asyncpg.Connection, job_id: int, due_at: datetime | None
-    ) -> dict[str, Any] | str | None:
-        seen = await conn.fetchrow(query("job_placement"), job_id)
-        if seen is None:
-            return None
-        state = str(seen["state"])
-        if state not in RESCHEDULABLE:
-            return state
-        if state == "ready":
-            await conn.execute(
-                query("withdraw_outbox_row"), job_id, seen["queue"], seen["tenant"], due_at
-            )
-        row = await conn.fetchrow(query("reschedule_job"), job_id, due_at, state)
-        if row is None:
-            raise _MovedMeanwhile  # roll back the withdrawal and look again
-        await conn.execute("SELECT pg_notify('dispatcher_wake', $1)", row["state"])
-        return dict(row)
-
-    @translate_unavailable
-    async def list_queues(self) -> list[dict[str, Any]]:
-        """The queue registry (every queue any daemon on this database configured)."""
-        return [dict(r) for r in await self.pool.fetch(query("list_queues"))]
-
-    @translate_unavailable
-    async def dead_letter_groups(self, per_queue: int) -> list[dict[str, Any]]:
-        """Dead letters by queue and reason among each queue's newest `per_queue` (the
-        console): `n`, `newest`, `oldest` per group, the most recent group first."""
-        return [dict(r) for r in await self.pool.fetch(query("dead_letter_groups"), per_queue)]
-
-    @translate_unavailable
-    async def set_queue_paused(self, name: str, paused: bool) -> dict[str, Any] | None:
-        """Pause or resume a queue (None: no such queue). A resume wakes the workers of every
-        daemon on the database (NOTIFY, sent at commit)."""
-        async with self.pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(query("set_queue_paused"), name, paused)
-            if row is not None and not paused:
-                await conn.execute("SELECT pg_notify('dispatcher_wake', 'ready')")
-        return dict(row) if row else None
-
-    @translate_unavailable  # also read by the queue overview (GET /v1/queues)
-    async def estimated_jobs(self) -> float:
-        return await self.pool.fetchval(query("estimated_jobs")) or 0.0
-
-    @translate_unavailable  # also read by the queue overview (GET /v1/queues)
-    async def estimate_by_state(self, total: float) -> list[tuple[str, str, int]]:
-        rows = await self.pool.fetch(query("estimate_by_state"), total)
-        return [(r["queue"], r["state"], r["n"]) for r in rows]
-
-    @translate_unavailable  # also read by the queue overview (GET /v1/queues)
-    async def counts_by_state(self) -> list[tuple[str, str, int]]:
-        rows = await self.pool.fetch(query("count_by_state"))
-        return [(r["queue"], r["state"], r["n"]) for r in rows]
-
-    @translate_unavailable  # also read by the queue overview (GET /v1/queues)
-    async def oldest_ready_age(self) -> dict[str, float]:
-        rows = await self.pool.fetch(query("oldest_ready_age"))
-        return {r["queue"]: r["age_s"] for r in rows}
-
-    @translate_unavailable  # also read by the queue overview (GET /v1/queues)
-    async def count_overdue(self, overdue_after_s: float) -> dict[str, int]:
-        rows = await self.pool.fetch(query("count_overdue"), overdue_after_s)
-        return {r["queue"]: r["n"] for r in rows}
-
     async def prune_terminal(self, state: str, older_than_s: float, batch: int) -> int:
         """Delete a batch of old terminal jobs with their attempt history; returns the jobs."""
         return int(await self.pool.fetchval(query("prune_terminal"), state, older_than_s, batch))
@@ -539,6 +365,14 @@ async def claim_on(
         _CLAIM, queue, limit, capabilities, owner, lease_s, grant.bytes, grant.alone
     )
     return claimed_rows(rows)
+
+
+class WorkSeen(NamedTuple):
+    """What one poll for work saw."""
+
+    ready: list[str]  # the queues with a ready job this daemon can run (not paused)
+    next_due_s: float | None  # until the earliest scheduled job is due; None: none waiting
+    lease_expired: bool  # a running job's lease has expired: the due-scan rescues it
 
 
 class Claim(NamedTuple):

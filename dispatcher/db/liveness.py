@@ -23,6 +23,7 @@ from typing import Protocol
 
 import asyncpg
 
+from dispatcher.config.settings import Settings
 from dispatcher.db.pool import RECONNECT_ERRORS
 from dispatcher.db.queries import query
 from dispatcher.errors import DispatcherError
@@ -201,3 +202,19 @@ class LivenessLock(Service):
         self._lost_at = None
         metrics.LIVENESS_LOCK_HELD.set(1)
         self._judge.lock_taken()
+
+
+def liveness_lock(
+    settings: Settings, dsn: str, owner: str, judge: Judge, on_gone: Callable[[], None]
+) -> LivenessLock | None:
+    """The liveness lock needs a session of its own, which a transaction pooler never gives:
+    with `wakeups = "poll"` there is none, and a dead daemon's jobs wait for their leases."""
+    if settings.database.wakeups == "poll":
+        log.warning(
+            "database.wakeups = poll: no liveness lock (it needs a session of its own); the "
+            "running jobs of a daemon that dies are rescued when their leases expire, "
+            "lease_s = %.0f s (docs/pooling.md)",
+            settings.lease_s,
+        )
+        return None
+    return LivenessLock(dsn, owner, judge, on_gone=on_gone)

@@ -1,4 +1,6 @@
-"""LISTEN for wake-ups from other instances and from the SQL door (channel `dispatcher_wake`)."""
+"""LISTEN for wake-ups from other instances and from the SQL door (channel `dispatcher_wake`),
+and the start-up check that the database URL keeps a session, without which LISTEN hears
+nothing (docs/pooling.md)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,40 @@ from collections.abc import Callable
 
 import asyncpg
 
-from dispatcher.db.pool import RECONNECT_ERRORS
+from dispatcher.db.pool import POOLER_FIX, RECONNECT_ERRORS, PoolerError
 from dispatcher.runtime.lifecycle import LoopService
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "dispatcher_wake"
+CHECK_TIMEOUT_S = 2.0
+
+
+async def check_sessions_stay(dsn: str) -> None:
+    """Raise PoolerError when consecutive statements of one connection may run in different
+    server sessions. One connection reads its backend pid; a second one opens a transaction,
+    which a transaction pooler serves with the server session just freed (PgBouncer hands out
+    the most recently used); the first reads its pid again. A direct connection or a
+    session-mode pool gives the same pid; a transaction pooler another one, or none until the
+    transaction ends (a pool of one server session). No statement cache: a named prepared
+    statement would itself fail behind such a pooler."""
+    options = {"application_name": "dispatcher:session-check"}
+    first = await asyncpg.connect(dsn, statement_cache_size=0, server_settings=options)
+    second = await asyncpg.connect(dsn, statement_cache_size=0, server_settings=options)
+    try:
+        pid = await first.fetchval("SELECT pg_backend_pid()")
+        async with second.transaction():
+            await second.fetchval("SELECT pg_backend_pid()")
+            try:
+                async with asyncio.timeout(CHECK_TIMEOUT_S):
+                    again = await first.fetchval("SELECT pg_backend_pid()")
+            except TimeoutError:
+                again = None
+        if again != pid:
+            raise PoolerError(POOLER_FIX)
+    finally:
+        for conn in (first, second):
+            conn.terminate()
 
 
 class WakeListener(LoopService):

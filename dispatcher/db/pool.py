@@ -7,14 +7,14 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import asyncpg
 
 from dispatcher.config.connection_budget import ConnectionBudget
 from dispatcher.config.settings import mask_url
 from dispatcher.core import jsoncodec
-from dispatcher.errors import DatabaseUnavailable
+from dispatcher.errors import DatabaseUnavailable, DispatcherError
 from dispatcher.observability import metrics
 from dispatcher.runtime.lifecycle import Service
 
@@ -107,31 +107,95 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         )
 
 
+POOLER_FIX = (
+    "database_url goes through a pooler that moves statements between server sessions "
+    "(PgBouncer pool_mode=transaction or statement, Supavisor's transaction port): LISTEN "
+    'there never hears a wake-up. Set database.wakeups = "poll" '
+    "(DISPATCHER_DATABASE__WAKEUPS=poll), or point DISPATCHER_DATABASE_URL at PostgreSQL or "
+    "a session-mode pool (docs/pooling.md)"
+)
+
+
+STARTUP_FIX = (
+    "the server refused the session settings sent at connection start, as PgBouncer does: "
+    'behind a transaction pooler set database.wakeups = "poll" '
+    "(DISPATCHER_DATABASE__WAKEUPS=poll); behind a session-mode PgBouncer add them to its "
+    "ignore_startup_parameters (docs/pooling.md)"
+)
+
+
+class PoolerError(DispatcherError):
+    """The database URL goes through a pooler the configured mode cannot use."""
+
+
+# What each connection of a daemon asks of its server session. Behind a transaction pooler
+# (database.wakeups = "poll") it may ask nothing: PgBouncer refuses any startup parameter it does
+# not track ("unsupported startup parameter: plan_cache_mode"), and a named prepared statement
+# lives on one server session while the next transaction may run on another (PgBouncer before
+# 1.21 keeps no prepared statements at all). Without the statement cache, asyncpg sends every
+# statement, and `prepare()`, as the unnamed statement, planned with its parameters each time.
+SESSION_SETTINGS = {
+    # Batch statements take arrays of 1 to 2,000 items; a cached generic plan assumes
+    # ~10 and turns them quadratic, so always plan with the actual parameters.
+    "plan_cache_mode": "force_custom_plan",
+    # Claims on a large table cross the JIT cost threshold; compiling took 17 ms of a
+    # 30 ms claim of 1,000 jobs. Short statements never win that back.
+    "jit": "off",
+}
+
+
+def session_options(application_name: str, *, pooled: bool) -> dict[str, Any]:
+    """asyncpg's connection options: the session settings, or (`pooled`) none of them and no
+    statement cache; application_name is one a pooler passes on."""
+    if pooled:
+        return {
+            "server_settings": {"application_name": application_name},
+            "statement_cache_size": 0,
+        }
+    return {"server_settings": {"application_name": application_name, **SESSION_SETTINGS}}
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Release without the reset query: see `create_pool`."""
+
+
 async def create_pool(
-    dsn: str, *, size: int, application_name: str = "dispatcher", min_size: int = 2
+    dsn: str,
+    *,
+    size: int,
+    application_name: str = "dispatcher",
+    min_size: int = 2,
+    pooled: bool = False,
+    reset_sessions: bool = True,
 ) -> asyncpg.Pool:
-    pool = await asyncpg.create_pool(
-        dsn,
-        min_size=min(min_size, size),
-        max_size=size,
-        init=_init_connection,
-        server_settings={
-            "application_name": application_name,
-            # Batch statements take arrays of 1 to 2,000 items; a cached generic plan assumes
-            # ~10 and turns them quadratic, so always plan with the actual parameters.
-            "plan_cache_mode": "force_custom_plan",
-            # Claims on a large table cross the JIT cost threshold; compiling took 17 ms of a
-            # 30 ms claim of 1,000 jobs. Short statements never win that back.
-            "jit": "off",
-        },
-        command_timeout=60,
-    )
+    """`reset_sessions=False` for pools that run only the daemon's own statements, which leave
+    no session state (no LISTEN, SET, cursor or session lock): a release then sends no
+    `SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL` (asyncpg still rolls
+    back an open transaction). That query was half the statements of an idle daemon
+    (tests/bench/bench_idle.py) and a round trip after every pooled statement. Pools that lend
+    connections to handlers' code keep it."""
+    try:
+        pool = await asyncpg.create_pool(
+            dsn,
+            min_size=min(min_size, size),
+            max_size=size,
+            init=_init_connection,
+            command_timeout=60,
+            reset=None if reset_sessions else _keep_session,
+            **session_options(application_name, pooled=pooled),
+        )
+    except asyncpg.ProtocolViolationError as exc:  # PgBouncer: the session settings
+        if "unsupported startup parameter" not in str(exc):
+            raise
+        raise PoolerError(f"{exc}: {STARTUP_FIX}") from None
     assert pool is not None
     return pool
 
 
-async def connect(dsn: str) -> asyncpg.Connection:
-    conn = await asyncpg.connect(dsn, server_settings={"application_name": "dispatcher"})
+async def connect(dsn: str, *, pooled: bool = False) -> asyncpg.Connection:
+    """One connection for start-up and commands: no session settings; `pooled`: no cache."""
+    cache = {"statement_cache_size": 0} if pooled else {}
+    conn = await asyncpg.connect(dsn, server_settings={"application_name": "dispatcher"}, **cache)
     await _init_connection(conn)
     return conn
 
@@ -184,9 +248,10 @@ class PoolSet(Service):
 
     name = "database-pools"
 
-    def __init__(self, dsn: str, budget: ConnectionBudget):
+    def __init__(self, dsn: str, budget: ConnectionBudget, *, pooled: bool = False):
         self._dsn = dsn
         self.budget = budget
+        self._pooled = pooled  # behind a transaction pooler: no session state (docs/pooling.md)
         self._sizes = {
             "api": budget.api,
             "engine": budget.engine,
@@ -208,6 +273,8 @@ class PoolSet(Service):
                 size=size,
                 application_name=f"dispatcher:{kind}",
                 min_size=0 if kind in ("claims", "handlers") else 2,
+                pooled=self._pooled,
+                reset_sessions=kind == "handlers",  # handlers' code may leave session state
             )
 
     async def stop(self) -> None:

@@ -24,6 +24,7 @@ page in flight (rolled back); the next attempt starts after the last committed c
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
@@ -35,6 +36,10 @@ from dispatcher.db.jobs import JobRepository
 from dispatcher.effects.base import CompleteInTransaction, complete_or_abort, leased_transaction
 from dispatcher.errors import Reject
 from dispatcher.model import Job
+
+# One page: the rows it touched and the job's progress after it.
+Page = tuple[int, dict[str, Any]]
+PageRunner = Callable[[Any, Job, dict[str, Any]], Awaitable[Page]]
 
 
 class SqlEffect:
@@ -77,46 +82,49 @@ class SqlEffect:
             ) from None
 
     async def run(self, job: Job, complete: CompleteInTransaction, conn: Any = None) -> Any:
+        """Page until a page touches fewer than `page_size` rows: each page commits with the
+        job's progress, the last with the completion (the module docstring says why)."""
+        page: PageRunner
         if self._cursor is not None:
-            return await self._run_by_cursor(job, complete, conn)
-        progress = dict(job.progress or {"pages": 0, "rows": 0})
-        args: list[Any] | None = None
+            progress = {"cursor": None, "pages": 0, "rows": 0, **(job.progress or {})}
+            page = self._cursor_page
+        else:
+            progress = dict(job.progress or {"pages": 0, "rows": 0})
+            page = self._statement_pages(job)
         while True:
             async with leased_transaction(conn, self._repo, job, self._owner):
-                statement = await conn.prepare(self._statement)
-                if args is None:
-                    types = [t.name for t in statement.get_parameters()]
-                    args = self.arguments(job.payload, types)
-                status = await _execute(statement, args)
-                affected = _affected_rows(status)
-                progress = {"pages": progress["pages"] + 1, "rows": progress["rows"] + affected}
-                if affected < self._page_size:
-                    fault_point("sql_before_complete")
-                    await complete_or_abort(complete, conn, job, progress)
-                    return progress
-                await self._repo.save_progress(conn, job, self._owner, progress)
-            fault_point("sql_after_page")
-
-    async def _run_by_cursor(self, job: Job, complete: CompleteInTransaction, conn: Any) -> Any:
-        progress = {"cursor": None, "pages": 0, "rows": 0, **(job.progress or {})}
-        while True:
-            async with leased_transaction(conn, self._repo, job, self._owner):
-                statement = await self._prepare_paged(conn)
-                types = [t.name for t in statement.get_parameters()]
-                args = self.arguments(job.payload, types, progress["cursor"])
-                rows, last = await statement.fetchrow(*args)
-                cursor = self._next_cursor(rows, last, progress["cursor"])
-                progress = {
-                    "cursor": cursor,
-                    "pages": progress["pages"] + 1,
-                    "rows": progress["rows"] + rows,
-                }
+                rows, progress = await page(conn, job, progress)
                 if rows < self._page_size:
                     fault_point("sql_before_complete")
                     await complete_or_abort(complete, conn, job, progress)
                     return progress
                 await self._repo.save_progress(conn, job, self._owner, progress)
             fault_point("sql_after_page")
+
+    def _statement_pages(self, job: Job) -> PageRunner:
+        """Pages that run the statement as it is; its arguments are bound once."""
+        args: list[Any] | None = None
+
+        async def page(conn: Any, job: Job, progress: dict[str, Any]) -> Page:
+            nonlocal args
+            statement = await conn.prepare(self._statement)
+            if args is None:
+                types = [t.name for t in statement.get_parameters()]
+                args = self.arguments(job.payload, types)
+            affected = _affected_rows(await _execute(statement, args))
+            return affected, {"pages": progress["pages"] + 1, "rows": progress["rows"] + affected}
+
+        return page
+
+    async def _cursor_page(self, conn: Any, job: Job, progress: dict[str, Any]) -> Page:
+        """One page from the last committed cursor; the progress records the next one."""
+        statement = await self._prepare_paged(conn)
+        types = [t.name for t in statement.get_parameters()]
+        args = self.arguments(job.payload, types, progress["cursor"])
+        rows, last = await statement.fetchrow(*args)
+        cursor = self._next_cursor(rows, last, progress["cursor"])
+        pages = progress["pages"] + 1
+        return rows, {"cursor": cursor, "pages": pages, "rows": progress["rows"] + rows}
 
     async def _prepare_paged(self, conn: Any) -> Any:
         try:

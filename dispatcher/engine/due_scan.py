@@ -57,6 +57,13 @@ class DueScanner(Service):
     def wake(self) -> None:
         self._timing.run_now(self.name)
 
+    def wake_in(self, seconds: float) -> None:
+        """A round no later than `seconds` from now (a job falls due then)."""
+        if seconds <= 0:
+            self.wake()
+        else:
+            self._timing.run_by(self.name, datetime.now(UTC) + timedelta(seconds=seconds))
+
     async def run_once(self) -> int:
         """Move every due job (in batches) and rescue expired leases; return jobs made ready."""
         moved = 0

@@ -67,6 +67,8 @@ async def plan(pool: asyncpg.Pool, statement: str, *args: object) -> str:
         ("move_dead", (1000, "default", "http_4xx", "t-1", FENCE, FENCE, FENCE, "discarded")),
         ("count_dead", (None, None, None, None, None, None, FENCE)),
         ("count_dead", (1000, "default", None, None, FENCE, None, FENCE)),
+        # the work poll, every second of every daemon (engine/work_poll.py), over 50 queues
+        ("poll_work", ([f"q{i:02d}" for i in range(49)] + ["default"], ["noop:1", "http:1"])),
         # tracing: the trace context of a created batch
         ("set_traceparents", (list(range(1, 1001)), [f"00-{'1' * 32}-{'2' * 16}-01"] * 1000)),
     ],

@@ -1,0 +1,109 @@
+"""The jobs repository's reads for the doors and the metrics: one job, its attempt history,
+list pages, the queue registry and per-queue counts. Every one translates an unreachable
+database into DatabaseUnavailable."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from dispatcher.db.pool import translate_unavailable
+from dispatcher.db.queries import query
+from dispatcher.model import JobFilter, ListCursor
+
+
+class JobReads:
+    """Reads of jobs and queues; changes nothing."""
+
+    pool: asyncpg.Pool
+
+    @translate_unavailable
+    async def get(self, job_id: int) -> dict[str, Any] | None:
+        row = await self.pool.fetchrow(query("get_job"), job_id)
+        return dict(row) if row else None
+
+    @translate_unavailable
+    async def get_page(self, job_id: int, shown_bytes: int) -> dict[str, Any] | None:
+        """One job for a page that shows it: `get`'s columns, the payload whole when it is at
+        most `shown_bytes` (else its first `shown_bytes` characters, `payload_excerpt`), its
+        size (`payload_bytes`), and the target when it is at most `shown_bytes`."""
+        row = await self.pool.fetchrow(query("get_job_page"), job_id, shown_bytes)
+        return dict(row) if row else None
+
+    @translate_unavailable
+    async def attempts(
+        self, job_id: int, *, before_id: int | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """The attempt history of one job, newest first (`before_id`: the page after the
+        history row with that id). Empty for an unknown job as for one never attempted."""
+        rows = await self.pool.fetch(query("list_attempts"), job_id, before_id, limit)
+        return [dict(r) for r in rows]
+
+    @translate_unavailable
+    async def get_by_key(self, key: str) -> dict[str, Any] | None:
+        row = await self.pool.fetchrow(query("get_job_by_key"), key)
+        return dict(row) if row else None
+
+    @translate_unavailable
+    async def list_summaries(
+        self, filters: JobFilter, *, cursor: ListCursor | None, limit: int
+    ) -> list[dict[str, Any]]:
+        """The columns of a list view, with `last_error` cut to 500 characters (never payload,
+        target, result or progress, which may each be near the body limit); newest first, or
+        earliest due first for a due window (`JobFilter.by_due`)."""
+        f = filters
+        common = (f.key, f.tenant, f.run_key, f.handler, f.due_before, f.due_after)
+        if f.by_due:
+            after_due = cursor.due_at if cursor is not None else None
+            after_id = cursor.id if cursor is not None else None
+            rows = await self.pool.fetch(
+                query("list_jobs_by_due"), f.state, f.queue, after_due, limit, *common, after_id
+            )
+        else:
+            before_id = cursor.id if cursor is not None else None
+            rows = await self.pool.fetch(
+                query("list_jobs"), f.state, f.queue, before_id, limit, *common
+            )
+        return [dict(r) for r in rows]
+
+    @translate_unavailable
+    async def now(self) -> datetime:
+        """The database clock."""
+        return await self.pool.fetchval(query("now"))  # type: ignore[no-any-return]
+
+    @translate_unavailable
+    async def list_queues(self) -> list[dict[str, Any]]:
+        """The queue registry (every queue any daemon on this database configured)."""
+        return [dict(r) for r in await self.pool.fetch(query("list_queues"))]
+
+    @translate_unavailable
+    async def dead_letter_groups(self, per_queue: int) -> list[dict[str, Any]]:
+        """Dead letters by queue and reason among each queue's newest `per_queue` (the
+        console): `n`, `newest`, `oldest` per group, the most recent group first."""
+        return [dict(r) for r in await self.pool.fetch(query("dead_letter_groups"), per_queue)]
+
+    @translate_unavailable  # also read by the queue overview (GET /v1/queues)
+    async def estimated_jobs(self) -> float:
+        return await self.pool.fetchval(query("estimated_jobs")) or 0.0
+
+    @translate_unavailable  # also read by the queue overview (GET /v1/queues)
+    async def estimate_by_state(self, total: float) -> list[tuple[str, str, int]]:
+        rows = await self.pool.fetch(query("estimate_by_state"), total)
+        return [(r["queue"], r["state"], r["n"]) for r in rows]
+
+    @translate_unavailable  # also read by the queue overview (GET /v1/queues)
+    async def counts_by_state(self) -> list[tuple[str, str, int]]:
+        rows = await self.pool.fetch(query("count_by_state"))
+        return [(r["queue"], r["state"], r["n"]) for r in rows]
+
+    @translate_unavailable  # also read by the queue overview (GET /v1/queues)
+    async def oldest_ready_age(self) -> dict[str, float]:
+        rows = await self.pool.fetch(query("oldest_ready_age"))
+        return {r["queue"]: r["age_s"] for r in rows}
+
+    @translate_unavailable  # also read by the queue overview (GET /v1/queues)
+    async def count_overdue(self, overdue_after_s: float) -> dict[str, int]:
+        rows = await self.pool.fetch(query("count_overdue"), overdue_after_s)
+        return {r["queue"]: r["n"] for r in rows}
