@@ -372,7 +372,9 @@ class WorkSeen(NamedTuple):
 
     ready: list[str]  # the queues with a ready job this daemon can run (not paused)
     next_due_s: float | None  # until the earliest scheduled job is due; None: none waiting
-    lease_expired: bool  # a running job's lease has expired: the due-scan rescues it
+    # a running job's lease has expired (the due-scan rescues it), or a waiting job's time to
+    # live passed (the due-scan ends it)
+    lease_expired: bool
 
 
 class Claim(NamedTuple):
