@@ -33,6 +33,7 @@ class Claimed(NamedTuple):
     eligible: set[int]  # ready for the delivered attempt; those not in `jobs` were held back
     refused: set[int]  # ready, but for a handler version this process cannot run
     wait_s: float | None  # the queue's limits (or its pause) held the claim back this long
+    expired: int = 0  # delivered in time, past their TTL when claimed: ended, not started
 
 
 class RelayRepository:
@@ -111,4 +112,5 @@ def claimed_deliveries(rows: list[asyncpg.Record]) -> Claimed:
         set(marker["eligible"]),
         set(marker["refused"]),
         marker["wait_s"],
+        marker["expired_count"],
     )

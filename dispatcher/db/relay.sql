@@ -137,21 +137,21 @@ WITH paused AS MATERIALIZED (
 ), delivered AS MATERIALIZED (
     -- one primary-key probe per delivery (OFFSET 0: a join let the planner hash a scan of
     -- every state row)
-    SELECT k.id, k.tenant, k.capability, k.state, d.pos,
+    SELECT k.id, k.tenant, k.capability, k.state, d.pos, k.expires_at,
            k.state = 'ready' AND k.attempt = d.attempt AS ready
       FROM unnest($2::bigint[], $3::integer[]) WITH ORDINALITY AS d(id, attempt, pos)
      CROSS JOIN LATERAL (SELECT k.* FROM dispatcher.job_state k
                           WHERE k.id = d.id AND k.queue = $1 OFFSET 0) k
 ), ready AS MATERIALIZED (
-    SELECT id, tenant, capability, pos FROM delivered WHERE ready
+    SELECT id, tenant, capability, pos, expires_at FROM delivered WHERE ready
 ), eligible AS MATERIALIZED (
-    SELECT id, pos FROM ready WHERE capability = ANY ($6::text[])
+    SELECT id, pos, expires_at FROM ready WHERE capability = ANY ($6::text[])
 ), budgeted AS MATERIALIZED (
     -- one primary-key probe of the intents per job granted, for its size and for what the
     -- claimed job carries (read once, as in claim_ready)
     SELECT b.* FROM (
-        SELECT g.n, z.*, sum(z.size_bytes) OVER (ORDER BY g.n) AS upto
-          FROM (SELECT id, row_number() OVER (ORDER BY pos) AS n FROM eligible
+        SELECT g.n, g.expires_at AS ttl, z.*, sum(z.size_bytes) OVER (ORDER BY g.n) AS upto
+          FROM (SELECT id, expires_at, row_number() OVER (ORDER BY pos) AS n FROM eligible
                  ORDER BY pos LIMIT (SELECT granted FROM grant_)) g
          CROSS JOIN LATERAL (
                SELECT i.id, i.key, i.tenant, i.handler, i.handler_version, i.target, i.payload,
@@ -171,21 +171,21 @@ WITH paused AS MATERIALIZED (
            lease_expires_at = now() + make_interval(secs => $5), started_at = now()
      -- in delivery order when the limits grant fewer: the consumer hands over what it held
      -- back first (by id, a held job lost to every newer delivery of an older burst)
-     WHERE s.id = ANY (ARRAY(SELECT id FROM budgeted))
+     -- its TTL as read above (set once, at intake): no probe for it (migration 030)
+     WHERE s.id = ANY (ARRAY(SELECT id FROM budgeted WHERE ttl IS NULL OR ttl > now()))
        -- re-checked when a concurrent claim got there first; written so that no index of ready
        -- rows matches it: with stale statistics the planner walked all of jobs_ready_claim
        -- (migration 015), testing every entry against the id array (1.4 s for 1,000 ids among
        -- 20,000 ready jobs), where the primary key takes one probe per id
        AND CASE WHEN s.state = 'ready' THEN true ELSE false END
-       AND (s.expires_at IS NULL OR s.expires_at > now())
     RETURNING s.id, s.queue, s.attempt, s.due_at, s.progress, s.run_key
 ), expired AS (
     -- delivered in time, past its time to live now: ended, never started (migration 030)
     UPDATE dispatcher.job_state s
        SET state = 'dead', dead_reason = 'expired', finished_at = now(),
            last_error = 'expired at ' || s.expires_at || ' before an attempt started'
-     WHERE s.id = ANY (ARRAY(SELECT id FROM budgeted))
-       AND CASE WHEN s.state = 'ready' THEN true ELSE false END AND s.expires_at <= now()
+     WHERE s.id = ANY (ARRAY(SELECT id FROM budgeted WHERE ttl <= now()))
+       AND CASE WHEN s.state = 'ready' THEN true ELSE false END
     RETURNING s.id
 ), claimed AS (
     SELECT c.id, i.key, c.queue, i.tenant, i.handler, i.handler_version, i.target, i.payload,
@@ -214,7 +214,8 @@ WITH paused AS MATERIALIZED (
                                  WHERE x.job_id = done.id AND x.leased_until IS NOT NULL
                                 OFFSET 0) r))
 )
-SELECT c.*, NULL::bigint[] AS eligible, NULL::bigint[] AS refused, NULL::float8 AS wait_s
+SELECT c.*, NULL::bigint[] AS eligible, NULL::bigint[] AS refused, NULL::float8 AS wait_s,
+       NULL::int AS expired_count
   FROM claimed c
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
@@ -222,5 +223,6 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, N
        -- an expired job is done with, not held back: its delivery is acknowledged
        ARRAY(SELECT id FROM eligible EXCEPT SELECT id FROM expired),
        ARRAY(SELECT job_id FROM refused),
-       dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM started)::int, g.wait_s)
+       dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM started)::int, g.wait_s),
+       (SELECT count(*) FROM expired)::int
   FROM grant_ g;

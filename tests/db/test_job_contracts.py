@@ -140,6 +140,7 @@ async def test_the_consumers_claim_acknowledges_an_expired_delivery_without_star
     claimed = await relay.claim_delivered("default", [(late, 0), (fresh, 0)], CAPABILITIES, "d", 60)
     assert [j.id for j in claimed.jobs] == [fresh]
     assert claimed.eligible == {fresh}  # not held back: its message is acknowledged
+    assert claimed.expired == 1
     assert await state_of(repo, late) == ("dead", "expired")
     assert await repo.pool.fetchval("SELECT count(*) FROM dispatcher.outbox") == 0
 
