@@ -294,6 +294,10 @@ class Daemon:
             ready_outbox=s.transport == "rabbitmq",  # the relay publishes outbox rows (015)
             # a job's own deadline is at most its handler's: the SQL door checks it (030)
             max_timeout_s={n: h.timeout_s for n, h in s.handlers.items()},
+            max_payload_bytes=s.limits.max_payload_bytes,  # for the SQL door (029)
+            groups={g: c.limits() for g, c in s.limit_groups.items()},  # shared budgets (024)
+            membership={q: (c.limit_group, c.group_priority) for q, c in s.queues.items()},
+            key_limits={q: c.key_limits() for q, c in s.queues.items()},  # per key (024)
         )
         effects = build_effects(s, engine, self.owner, trace_context=self.tracing is not None)
         self._http = cast(HttpEffect, effects["http"])

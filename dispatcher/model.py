@@ -40,6 +40,13 @@ class NewJob:
     run_key: str | None = None
     # W3C trace context the job was accepted in (stored only while tracing is on)
     traceparent: str | None = None
+    priority: int = 0  # -100..100, lower runs first
+    # the key per-key limits count by: None = the default (the tenant), "" = no key
+    concurrency_key: str | None = None
+    # the key's mode when it names a job with another request: "reject" (a conflict),
+    # "replace" (debounce) or "keep_due" (throttle) while that job is still scheduled
+    on_key: str = "reject"
+    debounce_max_s: int | None = None
     # per-job contracts (migration 030): its own deadline, its time to live, its callbacks
     timeout_s: float | None = None
     expires_at: datetime | None = None
@@ -58,13 +65,17 @@ class NewJob:
 
 @dataclass(slots=True, frozen=True)
 class EnqueueResult:
-    """What intake made of one item: `created`, `existing` (same request) or `conflict`."""
+    """What intake made of one item: `created`, `existing` (same request), `pruned` (same
+    request; the job finished and was pruned, its key kept in the key ledger: `id` and `state`
+    are the original job's, the times None), `conflict` (another request), and for the key
+    modes `replaced` (the scheduled job now carries this request) or `not_replaced` (the job
+    was already ready, running or finished: unchanged)."""
 
     id: int
     key: str
     state: str
-    due_at: datetime
-    created_at: datetime
+    due_at: datetime | None
+    created_at: datetime | None
     outcome: str
 
 
@@ -137,6 +148,7 @@ class JobFilter:
     handler: str | None = None
     due_before: datetime | None = None
     due_after: datetime | None = None
+    priority: int | None = None
 
     @property
     def by_due(self) -> bool:

@@ -18,6 +18,17 @@ import pytest
 from dispatcher.db import schema
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import connect, create_pool
+from tests.harness.fixtures import (  # noqa: F401 (fixtures: the one definition of each)
+    daemon,
+    daemon_env,
+    daemon_in_process,
+    module_daemon,
+    module_daemon_env,
+    module_db_url,
+    registry,
+    relay_transport,
+    spawn,
+)
 from tests.service.intake_app import Api, serve_api
 from tests.suite import (  # noqa: F401 (hooks: the quick default, --full, --with; docs/running-tests.md)
     pytest_addoption,
@@ -125,7 +136,9 @@ async def empty_db_url(server_url: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def api(pool: asyncpg.Pool) -> AsyncIterator[Api]:
-    """The HTTP API as the daemon builds it, on a real loopback socket (service/intake_app.py)."""
-    async with serve_api(pool) as served:
+async def api(pool: asyncpg.Pool, request: pytest.FixtureRequest) -> AsyncIterator[Api]:
+    """The HTTP API as the daemon builds it, on a real loopback socket (service/intake_app.py);
+    with the `relay_transport` fixture, as a daemon with a relay transport builds it."""
+    relayed = "relay_transport" in request.fixturenames
+    async with serve_api(pool, ready_outbox=relayed) as served:
         yield served

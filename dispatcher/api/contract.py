@@ -123,6 +123,12 @@ LIST_FILTERS = [
         "schema": {"type": "string", "maxLength": 255},
     },
     {
+        "name": "priority",
+        "in": "query",
+        "description": "jobs of this priority (-100 to 100; lower runs first)",
+        "schema": {"type": "integer", "minimum": -100, "maximum": 100},
+    },
+    {
         "name": "run_key",
         "in": "query",
         "description": "units of one cron run, e.g. nightly:2026-05-31T02:00:00Z",
@@ -245,6 +251,34 @@ CATCH_UP_REQUEST = {
     },
 }
 ANY_OBJECT = {"type": "object"}
+KEY_NAME = {
+    "name": "key",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+    "description": "a concurrency key (a job's concurrency_key; by default its tenant)",
+}
+_OPTIONAL_INT = {"type": ["integer", "null"], "minimum": 1}
+KEY_LIMITS = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "max_inflight": {**_OPTIONAL_INT, "maximum": 100_000},
+        "rate_per_s": {"type": ["number", "null"], "exclusiveMinimum": 0},
+        "burst": _OPTIONAL_INT,
+    },
+}
+KEY_OVERRIDE = {
+    "type": "object",
+    "properties": {
+        "queue": {"type": "string"},
+        "key": {"type": "string"},
+        "max_inflight": {"type": ["integer", "null"]},
+        "rate_per_s": {"type": ["number", "null"]},
+        "burst": {"type": ["integer", "null"]},
+        "updated_at": {"type": "string", "format": "date-time"},
+    },
+}
 
 
 def _operator_schemas() -> dict[str, Any]:
@@ -337,6 +371,8 @@ def _job_schemas() -> dict[str, Any]:
                 "finished_at": nullable_str,
                 "last_error": nullable_str,
                 "dead_reason": nullable_str,
+                "priority": {"type": "integer", "minimum": -100, "maximum": 100},
+                "concurrency_key": nullable_str,
                 "tenant": nullable_str,
                 "handler": {"type": "string"},
                 "run_key": nullable_str,
@@ -388,6 +424,18 @@ def components() -> dict[str, Any]:
                     "state": {"enum": list(STATES)},
                     "due_at": {"type": "string", "format": "date-time"},
                     "created_at": {"type": "string", "format": "date-time"},
+                    "replaced": {"const": True, "description": "on_key replaced the job"},
+                },
+            },
+            "Pruned": {
+                "type": "object",
+                "required": ["id", "key", "state", "pruned", "detail"],
+                "properties": {
+                    "id": {"type": "integer"},
+                    "key": {"type": "string"},
+                    "state": {"enum": list(STATES)},
+                    "pruned": {"const": True},
+                    "detail": {"type": "string"},
                 },
             },
             **_job_schemas(),

@@ -15,7 +15,18 @@ from dispatcher.core import rfc3339
 from dispatcher.model import STATES, JobFilter, ListCursor
 
 # The filters, in the order the API and the CLI document them.
-FILTERS = ("state", "queue", "key", "tenant", "run_key", "handler", "due_before", "due_after")
+FILTERS = (
+    "state",
+    "queue",
+    "key",
+    "tenant",
+    "run_key",
+    "handler",
+    "due_before",
+    "due_after",
+    "priority",
+)
+PRIORITY = re.compile(r"-?[0-9]{1,3}\Z")
 MAX_TENANT = 255  # as intake accepts it
 
 
@@ -60,7 +71,16 @@ def parse_job_filter(values: Mapping[str, str | None]) -> JobFilter:
         handler=handler,
         due_before=due_before,
         due_after=due_after,
+        priority=_priority(given["priority"]),
     )
+
+
+def _priority(value: str | None) -> int | None:
+    if value is None:
+        return None
+    if not PRIORITY.match(value) or not -100 <= int(value) <= 100:
+        raise FilterError("priority: an integer from -100 to 100, e.g. -10")
+    return int(value)
 
 
 def _tenant(value: str | None) -> str | None:

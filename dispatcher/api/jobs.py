@@ -57,6 +57,14 @@ async def post_job(request: web.Request) -> web.Response:
     (result,) = await request.app[INTAKE].accept([(key, job)], traceparent(request))
     if isinstance(result, Rejected):
         raise Problem(result.status, result.detail)
+    if result.outcome == "not_replaced":
+        raise Problem(
+            409,
+            f"Idempotency-Key {key!r} names job {result.id}, which is {result.state}: "
+            f"on_key {job.on_key!r} replaces only a scheduled job, so it was not changed",
+            job_id=result.id,
+            state=result.state,
+        )
     if result.outcome == "conflict":
         raise Problem(
             409,
@@ -65,9 +73,15 @@ async def post_job(request: web.Request) -> web.Response:
             job_id=result.id,
         )
     headers = {"Location": f"/v1/jobs/{result.id}"}
+    if result.outcome == "pruned":  # the job is gone: nothing is accepted, nothing runs
+        headers = {"Idempotent-Replayed": "true"}
+        return json_response(accepted_view(result), status=200, headers=headers)
     if result.outcome == "existing":
         headers["Idempotent-Replayed"] = "true"
-    return json_response(accepted_view(result), status=202, headers=headers)
+    view = accepted_view(result)
+    if result.outcome == "replaced":
+        view["replaced"] = True
+    return json_response(view, status=202, headers=headers)
 
 
 async def post_batch(request: web.Request) -> web.Response:
@@ -119,6 +133,17 @@ def batch_result(index: int, outcome: EnqueueResult | Rejected) -> dict[str, Any
             "id": outcome.id,
             "error": "key already names a job with a different request",
         }
+    if outcome.outcome == "not_replaced":
+        return {
+            "index": index,
+            "status": "not_replaced",
+            "id": outcome.id,
+            "state": outcome.state,
+            "error": f"job is {outcome.state}: only a scheduled job is replaced",
+        }
+    if outcome.outcome == "replaced":
+        return {"index": index, "status": "replaced", **accepted_view(outcome)}
+    # "pruned" answers as "existing", with `pruned: true` and no times (accepted_view)
     status = "accepted" if outcome.outcome == "created" else "existing"
     return {"index": index, "status": status, **accepted_view(outcome)}
 

@@ -23,6 +23,7 @@ from dispatcher.api.views import job_view
 from dispatcher.intake.requests import DeadLetterRequest
 from dispatcher.operator.audit import Actor
 from dispatcher.operator.errors import Conflict, Invalid, NotFound, OperatorError, Unavailable
+from dispatcher.operator.key_limits import KeyLimits
 from dispatcher.operator.service import Operator
 
 # What a client is told to wait when the database cannot be reached (503 + Retry-After).
@@ -112,6 +113,35 @@ async def resume_queue(request: web.Request) -> web.Response:
     operator, actor = acting(request)
     name = request.match_info["name"]
     return json_response(await operator.set_queue_paused(actor, name, paused=False))
+
+
+KEY_LIMIT_FIELDS: dict[str, tuple[type, ...]] = {
+    "max_inflight": (int,),
+    "rate_per_s": (int, float),
+    "burst": (int,),
+}
+
+
+async def put_key_limits(request: web.Request) -> web.Response:
+    """One concurrency key's own limits (body: any of max_inflight, rate_per_s, burst)."""
+    operator, actor = acting(request)
+    data = await read_json(request)
+    if not isinstance(data, dict) or not set(data) <= set(KEY_LIMIT_FIELDS):
+        raise Problem(422, 'body must be {"max_inflight": N, "rate_per_s": R, "burst": B} (any)')
+    for field, kind in KEY_LIMIT_FIELDS.items():
+        value = data.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            raise Problem(422, f"{field}: must be a number")
+    limits = KeyLimits(data.get("max_inflight"), data.get("rate_per_s"), data.get("burst"))
+    name, key = request.match_info["name"], request.match_info["key"]
+    return json_response(await operator.set_key_limits(actor, name, key, limits))
+
+
+async def delete_key_limits(request: web.Request) -> web.Response:
+    """The key goes back to its queue's key limits (idempotent)."""
+    operator, actor = acting(request)
+    name, key = request.match_info["name"], request.match_info["key"]
+    return json_response(await operator.clear_key_limits(actor, name, key))
 
 
 # schedules --------------------------------------------------------------------------------

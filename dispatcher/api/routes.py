@@ -33,6 +33,9 @@ from dispatcher.api.contract import (
     JOB,
     JOB_ID,
     JOB_LIST,
+    KEY_LIMITS,
+    KEY_NAME,
+    KEY_OVERRIDE,
     LIMIT,
     LIST_FILTERS,
     QUEUE,
@@ -102,7 +105,14 @@ JOB_ROUTES = [
         "Accept a job (idempotent by Idempotency-Key)",
         parameters=(IDEMPOTENCY_KEY, TRACEPARENT_HEADER),
         request=JobRequest,
-        answers={"202": json_ok(ACCEPTED, "accepted (or the same request replayed)")},
+        answers={
+            "202": json_ok(ACCEPTED, "accepted (or the same request replayed, or replaced)"),
+            "200": json_ok(
+                {"$ref": "#/components/schemas/Pruned"},
+                "the same request replayed after its job was pruned: the original id and "
+                "final state (Idempotent-Replayed: true); nothing runs",
+            ),
+        },
         problems=(400, 401, 409, 413, 422, 503),
     ),
     Route(
@@ -272,6 +282,31 @@ OPERATOR_ROUTES = [
         "Resume a paused queue (idempotent); its backlog starts at once",
         parameters=(QUEUE_NAME,),
         response=QUEUE,
+        problems=(401, 404, 503),
+    ),
+    Route(
+        "PUT",
+        "/v1/queues/{name}/keys/{key}",
+        "operate",
+        operate.put_key_limits,
+        "Give one concurrency key of a queue its own limits (persisted)",
+        description=(
+            "Any of max_inflight, rate_per_s, burst; a field left out takes the queue's key "
+            "setting for this key. Every daemon's next claim honours it; a restart keeps it."
+        ),
+        parameters=(QUEUE_NAME, KEY_NAME),
+        request=KEY_LIMITS,
+        response=KEY_OVERRIDE,
+        problems=(400, 401, 404, 422, 503),
+    ),
+    Route(
+        "DELETE",
+        "/v1/queues/{name}/keys/{key}",
+        "operate",
+        operate.delete_key_limits,
+        "Put one concurrency key back on its queue's key limits (idempotent)",
+        parameters=(QUEUE_NAME, KEY_NAME),
+        response=ANY_OBJECT,
         problems=(401, 404, 503),
     ),
     Route(

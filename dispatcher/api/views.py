@@ -11,6 +11,15 @@ from dispatcher.model import EnqueueResult
 
 
 def accepted_view(result: EnqueueResult) -> dict[str, Any]:
+    if result.due_at is None or result.created_at is None:  # pruned: only the ledger remains
+        return {
+            "id": result.id,
+            "key": result.key,
+            "state": result.state,
+            "pruned": True,
+            "detail": f"job {result.id} ended {result.state} and was pruned; its key is kept "
+            "for retention.keys_s, so the same request is not run again",
+        }
     return {
         "id": result.id,
         "key": result.key,
@@ -41,6 +50,8 @@ def summary_view(row: dict[str, Any]) -> dict[str, Any]:
         "last_error": row["last_error"],
         "dead_reason": row["dead_reason"],
         "run_key": row["run_key"],
+        "priority": row["priority"],
+        "concurrency_key": row["concurrency_key"],
     }
 
 

@@ -15,6 +15,7 @@ from dispatcher.cli.common import EXIT_USAGE, database, operate, plain
 from dispatcher.cli.formats import format_job, format_queues, format_schedule, print_jobs
 from dispatcher.config.settings import Settings
 from dispatcher.operator.audit import Actor
+from dispatcher.operator.key_limits import KeyLimits
 from dispatcher.operator.service import Operator
 
 # the CLI spelling of the bulk filters (DeadLetterRequest fields)
@@ -136,6 +137,8 @@ def cmd_queues(settings: Settings, args: argparse.Namespace) -> int:
             views = await operator.queues(max_age_s=0.0)
             print(json.dumps({"queues": views}, indent=2) if args.json else format_queues(views))
             return 0
+        if args.action == "key-limits":
+            return await _key_limits(operator, args)
         paused = args.action == "pause"
         view = await operator.set_queue_paused(Actor.cli(), args.name, paused=paused)
         if args.json:
@@ -148,6 +151,25 @@ def cmd_queues(settings: Settings, args: argparse.Namespace) -> int:
         return 0
 
     return operate(settings, run)
+
+
+async def _key_limits(operator: Operator, args: argparse.Namespace) -> int:
+    """`queues key-limits NAME KEY`: set one key's own limits, or --reset them."""
+    if args.reset:
+        result = await operator.clear_key_limits(Actor.cli(), args.name, args.key)
+        said = "back on" if result["had_override"] else "already on"
+        text = f"key {args.key} of queue {args.name}: {said} the queue's key limits"
+    else:
+        limits = KeyLimits(args.max_inflight, args.rate_per_s, args.burst)
+        result = await operator.set_key_limits(Actor.cli(), args.name, args.key, limits)
+        shown = ", ".join(
+            f"{field} {result[field]}"
+            for field in ("max_inflight", "rate_per_s", "burst")
+            if result[field] is not None
+        )
+        text = f"key {args.key} of queue {args.name}: {shown}"
+    print(json.dumps(result, indent=2) if getattr(args, "json", False) else text)
+    return 0
 
 
 def cmd_schedules(settings: Settings, args: argparse.Namespace) -> int:

@@ -186,6 +186,7 @@ def _job_commands(command: Command) -> None:
     listing.add_argument("--tenant", help="jobs of this tenant")
     listing.add_argument("--run-key", help="units of a cron run, e.g. nightly:2026-05-31T02:00:00Z")
     listing.add_argument("--handler", help='"http" or a handler name from the configuration')
+    listing.add_argument("--priority", help="jobs of this priority (-100 to 100)")
     listing.add_argument(
         "--due-before", metavar="T", help="due before T (exclusive), RFC 3339 with offset"
     )
@@ -270,6 +271,20 @@ def add_operator_commands(command: Command, jobs_sub: Any) -> None:
         p = queues_sub.add_parser(action, help=help_text, description=help_text)
         p.add_argument("name", help="queue name (see `dispatcher queues`)")
         p.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+    key_help = (
+        "give one concurrency key of a queue its own limits (persisted; every daemon's next "
+        "claim honours them), or --reset it to the queue's key limits"
+    )
+    p = queues_sub.add_parser("key-limits", help=key_help, description=key_help)
+    p.add_argument("name", help="queue name (see `dispatcher queues`)")
+    p.add_argument(
+        "key", help="the concurrency key (a job's concurrency_key; by default its tenant)"
+    )
+    p.add_argument("--max-inflight", type=bounded_int(1, 100_000), help="its jobs running at once")
+    p.add_argument("--rate-per-s", type=float, help="its starts per second")
+    p.add_argument("--burst", type=bounded_int(1, 2**31 - 1), help="its starts at once")
+    p.add_argument("--reset", action="store_true", help="back to the queue's key limits")
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
 
 
 def dead_letter_options(p: argparse.ArgumentParser) -> None:

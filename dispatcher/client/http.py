@@ -111,6 +111,12 @@ class Job:
     expires_at: datetime | str | None = None
     on_success: dict[str, Any] | None = None
     on_failure: dict[str, Any] | None = None
+    priority: int | None = None  # -100..100, lower runs first (None: the daemon's 0)
+    concurrency_key: str | None = None  # None: the tenant; "": no key (sent as null)
+    # the key's mode when it names a job with another request: "reject" (the daemon's
+    # default), "replace" (debounce, bounded by debounce_max_s) or "keep_due" (throttle)
+    on_key: str | None = None
+    debounce_max_s: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # fields newer than this client
 
 
@@ -139,8 +145,14 @@ def job_body(job: Job) -> dict[str, Any]:
         "expires_at": _time("expires_at", job.expires_at),
         "on_success": job.on_success,
         "on_failure": job.on_failure,
+        "priority": job.priority,
+        "concurrency_key": job.concurrency_key,
+        "on_key": job.on_key,
+        "debounce_max_s": job.debounce_max_s,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
+    if job.concurrency_key == "":
+        body["concurrency_key"] = None  # no key (omitted would mean the tenant)
     body.update(job.extra)
     return body
 
@@ -294,7 +306,8 @@ class Client(_Base):
 
     def enqueue_many(self, jobs: Sequence[Job]) -> list[dict[str, Any]]:
         """POST /v1/jobs/batch (up to 1,000): one result per job, in order, each with `status`
-        "accepted", "existing", "conflict" or "rejected" (and `error`): not a transaction."""
+        "accepted", "existing" (with `pruned: true` when its job was pruned), "replaced",
+        "not_replaced", "conflict" or "rejected" (and `error`): not a transaction."""
         return list(self.send(batch_call(jobs))["results"])
 
     def get(self, job_id: int) -> JobView:
@@ -302,7 +315,7 @@ class Client(_Base):
 
     def list_jobs(self, *, limit: int = 50, cursor: str | None = None, **filters: Any) -> Page:
         """One page of GET /v1/jobs; filters: state, queue, key, tenant, run_key, handler,
-        due_before, due_after (datetimes or RFC 3339)."""
+        due_before, due_after (datetimes or RFC 3339), priority."""
         data = self.send(list_call(_filters(**filters), limit, cursor))
         return Page(list(data["items"]), data.get("next_cursor"))
 

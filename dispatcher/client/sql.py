@@ -33,7 +33,8 @@ SELECT dispatcher.enqueue(
     due_at => CAST(CAST(:due_at AS text) AS timestamptz), queue => :queue, tenant => :tenant,
     target => CAST(CAST(:target AS text) AS jsonb),
     max_attempts => CAST(CAST(:max_attempts AS text) AS integer),
-    max_retry_age_s => CAST(CAST(:max_retry_age_s AS text) AS integer))
+    max_retry_age_s => CAST(CAST(:max_retry_age_s AS text) AS integer),
+    priority => CAST(CAST(:priority AS text) AS integer), concurrency_key => :concurrency_key)
 """
 
 _ENQUEUE_MANY = """
@@ -44,7 +45,9 @@ SELECT r.id, r.key, r.state, r.outcome FROM dispatcher.enqueue_many(
     queues => CAST(:queues AS text[]), tenants => CAST(:tenants AS text[]),
     targets => CAST(CAST(:targets AS text[]) AS jsonb[]),
     max_attempts => CAST(CAST(:max_attempts AS text[]) AS integer[]),
-    max_retry_age_s => CAST(CAST(:max_retry_age_s AS text[]) AS integer[])) r
+    max_retry_age_s => CAST(CAST(:max_retry_age_s AS text[]) AS integer[]),
+    priorities => CAST(CAST(:priority AS text[]) AS integer[]),
+    concurrency_keys => CAST(:concurrency_key AS text[])) r
 ORDER BY r.ord
 """
 
@@ -53,7 +56,9 @@ _PARAM = re.compile(r"(?<![:\w]):(\w+)")
 
 @dataclass(frozen=True, slots=True)
 class SqlJob:
-    """One job for `enqueue_many`: the arguments of `enqueue`. `due_at` None means now."""
+    """One job for `enqueue_many`: the arguments of `enqueue`. `due_at` None means now;
+    `priority` -100..100, lower runs first (None: 0); `concurrency_key` None means the tenant,
+    "" no key."""
 
     key: str
     handler: str
@@ -64,13 +69,17 @@ class SqlJob:
     target: dict[str, Any] | None = None
     max_attempts: int | None = None
     max_retry_age_s: int | None = None
+    priority: int | None = None
+    concurrency_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Enqueued:
     """What `enqueue_many` did with one item, in the items' order. `outcome` is "created",
-    "existing" (the same key and request: the same job) or "conflict" (the key names a job
-    with another request; nothing was enqueued for this item)."""
+    "existing" (the same key and request: the same job), "pruned" (the same key and request
+    as a job that finished and was pruned: its id and final state, nothing enqueued) or
+    "conflict" (the key names a job with another request; nothing was enqueued for this
+    item)."""
 
     id: int
     key: str
@@ -90,15 +99,28 @@ async def enqueue(
     target: dict[str, Any] | None = None,
     max_attempts: int | None = None,
     max_retry_age_s: int | None = None,
+    priority: int | None = None,
+    concurrency_key: str | None = None,
 ) -> int:
     """Enqueue one job on `conn` (inside its current transaction, if any); return the job id.
 
     The same key with the same request returns the existing job's id; `due_at` omitted means
     now, and one more than the daemon's `due_at_past_tolerance_s` ago is refused (22023).
-    `target` is required for handler "http" and refused for the others.
+    `target` is required for handler "http" and refused for the others. `priority` and
+    `concurrency_key` as in `SqlJob`.
     """
     job = SqlJob(
-        key, handler, payload, due_at, queue, tenant, target, max_attempts, max_retry_age_s
+        key,
+        handler,
+        payload,
+        due_at,
+        queue,
+        tenant,
+        target,
+        max_attempts,
+        max_retry_age_s,
+        priority,
+        concurrency_key,
     )
     row = await _fetch_async(conn, _ENQUEUE, _one(job))
     return int(row[0][0])
@@ -123,10 +145,22 @@ def enqueue_sync(
     target: dict[str, Any] | None = None,
     max_attempts: int | None = None,
     max_retry_age_s: int | None = None,
+    priority: int | None = None,
+    concurrency_key: str | None = None,
 ) -> int:
     """`enqueue` for a psycopg 3 `Connection` or a SQLAlchemy `Session` / `Connection`."""
     job = SqlJob(
-        key, handler, payload, due_at, queue, tenant, target, max_attempts, max_retry_age_s
+        key,
+        handler,
+        payload,
+        due_at,
+        queue,
+        tenant,
+        target,
+        max_attempts,
+        max_retry_age_s,
+        priority,
+        concurrency_key,
     )
     return int(_fetch_sync(conn, _ENQUEUE, _one(job))[0][0])
 
@@ -166,6 +200,8 @@ def _one(job: SqlJob) -> dict[str, Any]:
         "target": _json(job.target),
         "max_attempts": _text(job.max_attempts),
         "max_retry_age_s": _text(job.max_retry_age_s),
+        "priority": _text(job.priority),
+        "concurrency_key": job.concurrency_key,
     }
 
 
@@ -183,6 +219,8 @@ def _many(jobs: Sequence[SqlJob]) -> dict[str, list[str | None] | None]:
         ("target", "targets"),
         ("max_attempts", "max_attempts"),
         ("max_retry_age_s", "max_retry_age_s"),
+        ("priority", "priority"),
+        ("concurrency_key", "concurrency_key"),
     ):
         values = [row[name] for row in rows]
         columns[plural] = values if any(v is not None for v in values) else None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+import math
+
+from pydantic import Field, model_validator
 
 from dispatcher.config.base import MAX_DURATION_S, PositiveFloat, Strict
 
@@ -31,3 +33,24 @@ class QueueSettings(Strict):
     # retry age, it keeps a handler that snoozes without end from running forever.
     max_snoozes: int = Field(1000, ge=0, le=1_000_000)
     on_dead: DeadLetterNoticeSettings | None = None
+    # a budget shared with other queues ([limit_groups.NAME], config/limits.py); both bind
+    limit_group: str | None = None
+    group_priority: int = Field(0, ge=-100, le=100)  # within the group: lower goes first
+    # every concurrency key of the queue gets these (unset: no limit), all daemons together
+    key_max_inflight: int | None = Field(None, ge=1, le=100_000)
+    key_rate_per_s: float | None = Field(None, gt=0)
+    key_burst: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _key_burst_needs_a_rate(self) -> QueueSettings:
+        if self.key_burst is not None and self.key_rate_per_s is None:
+            raise ValueError("key_burst is the burst of key_rate_per_s: set key_rate_per_s too")
+        return self
+
+    def key_limits(self) -> tuple[float | None, int | None, int | None]:
+        """(key_rate_per_s, key_burst, key_max_inflight) as the registry stores them; a rate
+        without a burst gets one second's worth."""
+        burst = self.key_burst
+        if self.key_rate_per_s is not None and burst is None:
+            burst = max(1, math.ceil(self.key_rate_per_s))
+        return self.key_rate_per_s, burst, self.key_max_inflight

@@ -41,6 +41,8 @@ from dispatcher.config.connection_budget import ConnectionBudget
 from dispatcher.config.database import DatabaseSettings
 from dispatcher.config.effects import HandlerSettings, HttpSettings, inline_secrets
 from dispatcher.config.environment import ENV_PREFIX, apply_env, describe
+from dispatcher.config.intake_limits import IntakeLimits
+from dispatcher.config.limits import LimitGroupSettings, check_limit_groups
 from dispatcher.config.listeners import (
     MIN_TOKEN_CHARS,
     TlsSettings,
@@ -53,6 +55,7 @@ from dispatcher.config.rabbitmq import RabbitSettings
 from dispatcher.config.retention import RetentionSettings
 from dispatcher.config.signing_secret import SigningSecret, parse_secrets
 from dispatcher.config.tokens import ApiToken, check_distinct, parse_file, parse_list
+from dispatcher.core.payload_size import oversize
 from dispatcher.cron.schedules import ScheduleSettings
 from dispatcher.errors import ConfigError
 
@@ -65,6 +68,7 @@ __all__ = [
     "DeadLetterNoticeSettings",
     "HandlerSettings",
     "HttpSettings",
+    "IntakeLimits",
     "PositiveFloat",
     "QueueSettings",
     "RabbitSettings",
@@ -157,6 +161,7 @@ class Settings(Strict):
     log_format: Literal["auto", "json", "text"] = "auto"
     instance_name: str | None = None
     queues: dict[str, QueueSettings] = {"default": QueueSettings()}
+    limit_groups: dict[str, LimitGroupSettings] = {}
     handlers: dict[str, HandlerSettings] = {}
     http: HttpSettings = HttpSettings()
     tls: TlsSettings = TlsSettings()
@@ -164,6 +169,7 @@ class Settings(Strict):
     # explicit yes (e.g. TLS ends at a proxy on the same host or a private network).
     allow_plain_http_tokens: bool = False
     retention: RetentionSettings = RetentionSettings()
+    limits: IntakeLimits = IntakeLimits()
     # A job due longer ago than this and not terminal counts as overdue (the correctness SLI).
     overdue_after_s: float = Field(300.0, gt=0, le=MAX_DURATION_S)
     schedules: list[ScheduleSettings] = []
@@ -206,7 +212,12 @@ class Settings(Strict):
         # Jobs without a queue go to "default"; it exists even when only others are configured.
         return value if "default" in value else {"default": QueueSettings(), **value}
 
-    @field_validator("queues", "handlers")
+    @model_validator(mode="after")
+    def _limit_groups_known(self) -> Settings:
+        check_limit_groups(self.limit_groups, self.queues)
+        return self
+
+    @field_validator("queues", "handlers", "limit_groups")
     @classmethod
     def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
         for name in value:
@@ -235,6 +246,28 @@ class Settings(Strict):
                 raise ValueError(
                     f'{where}: on_finished handler {follow.handler!r} is neither "http" nor in '
                     "[handlers]"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _jobs_fit_payload_limit(self) -> Settings:
+        """What the configuration itself enqueues (schedule units and follow-ups, dead-letter
+        notices) obeys the same per-job limit as every door."""
+        limit = self.limits.max_payload_bytes
+        jobs: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = []
+        for schedule in self.schedules:
+            where = f"schedule {schedule.name!r}"
+            jobs.append((f"{where}: params and target", schedule.params, schedule.target))
+            if (follow := schedule.on_finished) is not None:
+                jobs.append((f"{where}: on_finished", follow.payload, follow.target))
+        for name, queue in self.queues.items():
+            if queue.on_dead is not None:
+                jobs.append((f"queue {name!r}: on_dead url", {}, {"url": queue.on_dead.url}))
+        for where, payload, target in jobs:
+            if (size := oversize(payload, target, limit)) is not None:
+                raise ValueError(
+                    f"{where} are {size} bytes of JSON, over limits.max_payload_bytes "
+                    f"({limit}): make them smaller or raise [limits] max_payload_bytes"
                 )
         return self
 

@@ -9,6 +9,9 @@ handler = "expire_sessions"      # "http" (then `target` is required) or a [hand
 params = { page_hint = 1 }       # base payload of every unit
 fanout = { ranges = 16, key_space = [0, 65536] }   # or { tenants = [...] } or { sql = "..." }
 queue = "maintenance"
+priority = 50                    # -100..100, lower runs first (default 0): after other work
+concurrency_key = "cleanup"      # per-key limits count by it (default: each unit's tenant;
+                                 # "" for none)
 overlap = "skip"                 # allow | skip | queue, when the previous run is unfinished
 misfire_grace_s = 300            # a fire this late still counts as on time
 on_finished = { handler = "report", payload = { channel = "ops" } }   # optional, see below
@@ -226,7 +229,17 @@ class ScheduleSettings(_Strict):
     overlap: Literal["allow", "skip", "queue"] = "skip"
     max_attempts: int | None = Field(None, ge=1)
     max_retry_age_s: int | None = Field(None, ge=0)
+    priority: int = Field(0, ge=-100, le=100, strict=True)
+    # None: each unit's tenant (none without one); "": no key (TOML has no null)
+    concurrency_key: str | None = Field(None, max_length=200)
     on_finished: FollowUp | None = None
+
+    @field_validator("concurrency_key")
+    @classmethod
+    def _key(cls, value: str | None) -> str | None:
+        if value is not None and "\x00" in value:
+            raise ValueError("concurrency_key may not contain U+0000 (NUL)")
+        return value
 
     @field_validator("timezone")
     @classmethod
@@ -313,6 +326,8 @@ class ScheduleSettings(_Strict):
                 max_attempts=self.max_attempts,
                 max_retry_age_s=self.max_retry_age_s,
                 run_key=run,
+                priority=self.priority,
+                concurrency_key=self.concurrency_key,
             )
             for unit in units
         ]
@@ -342,6 +357,8 @@ class ScheduleSettings(_Strict):
             payload=payload,
             queue=follow.queue or self.queue,
             target=follow.target,
+            priority=self.priority,
+            concurrency_key=self.concurrency_key,
         )
 
     def describe_fanout(self) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import asyncpg
 
-from dispatcher.db.jobs import Claim, claim_on
+from dispatcher.db.jobs import Claim, ClaimCursors, claim_on
 from dispatcher.db.pool import is_unavailable, translate_unavailable
 from dispatcher.db.queries import query
 from dispatcher.db.relay import Claimed, claim_delivered_on
@@ -68,6 +68,7 @@ class ClaimConnections(Service):
         self._problem: str | None = None
         self._since = 0.0
         self._refused_until = 0.0
+        self._cursors = ClaimCursors()
 
     def problem(self) -> str | None:
         return self._problem
@@ -84,7 +85,9 @@ class ClaimConnections(Service):
     ) -> Claim:
         """As `JobRepository.claim_limited`."""
         async with self._borrow() as conn:
-            return await claim_on(conn, queue, limit, capabilities, owner, lease_s, grant)
+            return await claim_on(
+                conn, queue, limit, capabilities, owner, lease_s, grant, self._cursors
+            )
 
     @translate_unavailable
     async def ready_left(self, queue: str, capabilities: list[str]) -> bool:

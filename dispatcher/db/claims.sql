@@ -5,7 +5,7 @@
 -- index's order, so stale statistics (every job ready) never make it a sequential scan.
 SELECT true FROM dispatcher.job_state s
  WHERE s.queue = $1 AND s.state = 'ready' AND s.capability = ANY ($2::text[])
- ORDER BY s.queue, s.tenant, s.id
+ ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id  -- jobs_ready_claim (migration 023)
  LIMIT 1;
 
 -- name: poll_work
@@ -20,7 +20,7 @@ SELECT array(
           WHERE EXISTS (SELECT 1 FROM dispatcher.job_state s
                          WHERE s.queue = q AND s.state = 'ready'
                            AND s.capability = ANY ($2::text[])
-                         ORDER BY s.queue, s.tenant, s.id LIMIT 1)
+                         ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id LIMIT 1)
             AND NOT EXISTS (SELECT 1 FROM dispatcher.queues r WHERE r.name = q AND r.paused)
        ) AS ready,
        (SELECT CASE WHEN min(due_at) IS NULL THEN NULL

@@ -90,7 +90,12 @@ class JobControl:
             return state
         if state == "ready":
             await conn.execute(
-                query("withdraw_outbox_row"), job_id, seen["queue"], seen["tenant"], due_at
+                query("withdraw_outbox_row"),
+                job_id,
+                seen["queue"],
+                seen["tenant"],
+                due_at,
+                seen["priority"],
             )
         row = await conn.fetchrow(query("reschedule_job"), job_id, due_at, state)
         if row is None:

@@ -59,12 +59,19 @@ class JobReads:
             after_due = cursor.due_at if cursor is not None else None
             after_id = cursor.id if cursor is not None else None
             rows = await self.pool.fetch(
-                query("list_jobs_by_due"), f.state, f.queue, after_due, limit, *common, after_id
+                query("list_jobs_by_due"),
+                f.state,
+                f.queue,
+                after_due,
+                limit,
+                *common,
+                after_id,
+                f.priority,
             )
         else:
             before_id = cursor.id if cursor is not None else None
             rows = await self.pool.fetch(
-                query("list_jobs"), f.state, f.queue, before_id, limit, *common
+                query("list_jobs"), f.state, f.queue, before_id, limit, *common, f.priority
             )
         return [dict(r) for r in rows]
 

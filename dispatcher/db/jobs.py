@@ -22,6 +22,7 @@ from dispatcher.db.outcomes import (
 )
 from dispatcher.db.pool import translate_unavailable
 from dispatcher.db.queries import query
+from dispatcher.db.registry import sync_registry
 from dispatcher.model import (
     UNBOUNDED,
     AttemptKey,
@@ -48,6 +49,7 @@ class JobRepository(JobReads, JobControl):
 
     def __init__(self, pool: asyncpg.Pool):
         self.pool = pool
+        self._cursors = ClaimCursors()
 
     # intake -------------------------------------------------------------------------------
     @translate_unavailable
@@ -65,6 +67,8 @@ class JobRepository(JobReads, JobControl):
             [i.max_attempts for i in items],
             [i.max_retry_age_s for i in items],
             [i.run_key for i in items],
+            [i.priority for i in items],
+            [i.concurrency_key for i in items],
         )
         # tracing on, or a job with a contract: more to write in the same transaction
         if any(i.traceparent is not None or i.has_contract for i in items):
@@ -78,6 +82,30 @@ class JobRepository(JobReads, JobControl):
             results = _enqueued(await executor.fetch(query("enqueue_many"), *args), len(items))
         if any(r.outcome == "existing" for r in results):
             return await contracts.replayed(conn or self.pool, items, results)
+        return results
+
+    async def replace_scheduled(self, items: Sequence[NewJob]) -> list[EnqueueResult | None]:
+        """Key modes: replace the scheduled jobs these items' keys name (in one statement);
+        one result per item, in order: None when its job is gone (pruned meanwhile)."""
+        rows = await self.pool.fetch(
+            query("replace_scheduled"),
+            [i.key for i in items],
+            [i.handler for i in items],
+            [i.payload for i in items],
+            [i.due_at for i in items],
+            [i.queue for i in items],
+            [i.tenant for i in items],
+            [i.target for i in items],
+            [i.max_attempts for i in items],
+            [i.max_retry_age_s for i in items],
+            [i.on_key == "keep_due" for i in items],
+            [i.debounce_max_s for i in items],
+        )
+        results: list[EnqueueResult | None] = [None] * len(items)
+        for r in rows:
+            results[r["ord"] - 1] = EnqueueResult(
+                r["id"], r["key"], r["state"], r["due_at"], r["created_at"], r["outcome"]
+            )
         return results
 
     async def _enqueue_traced(
@@ -159,7 +187,9 @@ class JobRepository(JobReads, JobControl):
     ) -> Claim:
         """Claim up to `limit` jobs within the queue's global limits and the bytes of `grant`
         (the last row of the claim is always its marker)."""
-        return await claim_on(self.pool, queue, limit, capabilities, owner, lease_s, grant)
+        return await claim_on(
+            self.pool, queue, limit, capabilities, owner, lease_s, grant, self._cursors
+        )
 
     async def complete(
         self,
@@ -288,50 +318,19 @@ class JobRepository(JobReads, JobControl):
         """Delete a batch of old terminal jobs with their attempt history; returns the jobs."""
         return int(await self.pool.fetchval(query("prune_terminal"), state, older_than_s, batch))
 
+    async def prune_keys(self, older_than_s: float, batch: int) -> int:
+        """Forget a batch of key ledger rows older than the key retention; returns how many."""
+        status = await self.pool.execute(query("prune_keys"), older_than_s, batch)
+        return int(status.rsplit(" ", 1)[-1])
+
     async def prune_runs(self, older_than_s: float, batch: int) -> int:
         """Run receipts go only after their units: a receipt never outlives its evidence."""
         status = await self.pool.execute(query("prune_runs"), older_than_s, batch)
         return int(status.rsplit(" ", 1)[-1])
 
-    async def sync_registry(
-        self,
-        queues: dict[str, tuple[int, int]],
-        handlers: dict[str, tuple[str, int]],
-        on_dead: dict[str, tuple[dict[str, Any] | None, str | None]] | None = None,
-        limits: dict[str, tuple[float | None, int | None, int | None]] | None = None,
-        *,
-        due_at_past_tolerance_s: float | None = None,
-        ready_outbox: bool = False,
-        max_timeout_s: dict[str, float] | None = None,
-    ) -> None:
-        """Write the configured queues and handlers to the registry; `on_dead` gives each
-        queue's dead-letter notification (normalized target, notification queue), `limits` its
-        global limits (rate_per_s, burst, max_inflight; a queue left out has none);
-        `due_at_past_tolerance_s`, how far past a due time the SQL door still accepts;
-        `ready_outbox`, whether ready jobs get outbox rows (a relay transport: migration 015);
-        `max_timeout_s`, the longest deadline a job of each handler may ask for (migration 030;
-        a handler left out keeps what it had)."""
-        async with self.pool.acquire() as conn, conn.transaction():
-            if due_at_past_tolerance_s is not None:
-                await conn.execute(
-                    query("sync_intake_settings"), due_at_past_tolerance_s, ready_outbox
-                )
-            for name, (max_attempts, max_retry_age_s) in queues.items():
-                rate, burst, inflight = (limits or {}).get(name, (None, None, None))
-                await conn.execute(
-                    query("upsert_queue"),
-                    name,
-                    max_attempts,
-                    max_retry_age_s,
-                    rate,
-                    burst if rate is not None else None,
-                    inflight,
-                )
-            for name, (target, notice_queue) in (on_dead or {}).items():
-                await conn.execute(query("sync_queue_on_dead"), name, target, notice_queue)
-            for name, (kind, version) in handlers.items():
-                limit_s = (max_timeout_s or {}).get(name)
-                await conn.execute(query("upsert_handler"), name, kind, version, limit_s)
+    async def sync_registry(self, *args: Any, **kwargs: Any) -> None:
+        """`db.registry.sync_registry` on this repository's pool."""
+        await sync_registry(self.pool, *args, **kwargs)
 
     async def lock_running(self, conn: asyncpg.Connection, job: Job, owner: str) -> bool:
         """Inside a transaction: lock the job if this owner still holds its lease."""
@@ -359,12 +358,32 @@ async def claim_on(
     owner: str,
     lease_s: float,
     grant: ByteGrant,
+    cursors: ClaimCursors | None = None,
 ) -> Claim:
-    """`claim_ready` on a pool or on a connection a claim loop borrowed (db/claims.py)."""
+    """`claim_ready` on a pool or on a connection a claim loop borrowed (db/claims.py). With
+    `cursors`, the tenants' turns go on from where the previous claim of `queue` stopped."""
+    after = cursors.get(queue) if cursors is not None else None
     rows = await db.fetch(
-        _CLAIM, queue, limit, capabilities, owner, lease_s, grant.bytes, grant.alone
+        _CLAIM,
+        queue,
+        limit,
+        capabilities,
+        owner,
+        lease_s,
+        grant.bytes,
+        grant.alone,
+        after[0] if after else None,
+        after[1] if after else None,
     )
+    marker = rows[-1]
+    if cursors is not None and marker["cursor_priority"] is not None:
+        cursors[queue] = (marker["cursor_priority"], marker["cursor_tenant"])
     return claimed_rows(rows)
+
+
+class ClaimCursors(dict[str, tuple[int, str]]):
+    """Per queue, the (priority, tenant) a claimer served last: its next claim's tenant walk
+    starts after it, so tenants take turns across claims (migration 023, claim_pick)."""
 
 
 class WorkSeen(NamedTuple):
@@ -385,6 +404,7 @@ class Claim(NamedTuple):
     wait_s: float | None  # the global limits held the claim back: a token is free after this
     held_back: bool  # the memory budget left picked jobs ready: claim again once bytes free
     expired: int = 0  # ready jobs it ended `dead` (expired) instead of starting (migration 030)
+    key_throttled: bool = False  # a concurrency key at its limit held jobs back (migration 024)
 
 
 def claimed_rows(rows: list[asyncpg.Record]) -> Claim:
@@ -392,7 +412,12 @@ def claimed_rows(rows: list[asyncpg.Record]) -> Claim:
     marker = rows[-1]
     jobs = [Job(*r[:CLAIM_JOB_COLUMNS]) for r in rows if r[0] is not None]
     return Claim(
-        jobs, marker["taken_count"], marker["wait_s"], marker["held_back"], marker["expired_count"]
+        jobs,
+        marker["taken_count"],
+        marker["wait_s"],
+        marker["held_back"],
+        marker["expired_count"],
+        bool(marker["key_throttled"]),
     )
 
 

@@ -12,11 +12,21 @@
 
 -- name: enqueue_many
 -- Accept a batch of intents: the SQL door's checks, except the past-due tolerance, which HTTP
--- intake checks per item (a bad item must not reject its batch). See migration 011.
+-- intake checks per item (a bad item must not reject its batch). See migration 011. Each
+-- item's priority ($11) and concurrency key ($12: NULL = the tenant, '' = none), migration 023.
 SELECT ord, id, key, state, due_at, created_at, outcome
   FROM dispatcher.enqueue_many_internal($1::text[], $2::text[], $3::jsonb[], $4::timestamptz[],
                                         $5::text[], $6::text[], $7::jsonb[], $8::integer[],
-                                        $9::integer[], $10::text[]);
+                                        $9::integer[], $10::text[], $11::integer[], $12::text[]);
+
+-- name: replace_scheduled
+-- Key modes: replace the jobs these items name by key while they are still scheduled
+-- ($10 keep the due time, $11 debounce_max_s); answers "replaced", "not_replaced" or "conflict"
+-- per item it found (dispatcher.replace_scheduled).
+SELECT ord, id, key, state, due_at, created_at, outcome
+  FROM dispatcher.replace_scheduled($1::text[], $2::text[], $3::jsonb[], $4::timestamptz[],
+                                    $5::text[], $6::text[], $7::jsonb[], $8::integer[],
+                                    $9::integer[], $10::boolean[], $11::integer[]);
 
 -- name: set_traceparents
 -- Store the W3C trace context jobs were accepted in ($1 ids, $2 traceparents, in parallel), in
@@ -65,10 +75,10 @@ WITH due AS (
 ), moved AS (
     UPDATE dispatcher.job_state s SET state = 'ready'
      WHERE s.id = ANY (ARRAY(SELECT id FROM due))
-    RETURNING s.id, s.queue, s.tenant, s.capability
+    RETURNING s.id, s.queue, s.tenant, s.capability, s.priority
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, capability FROM moved WHERE dispatcher.ready_outbox()
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT id, queue, tenant, capability, priority FROM moved WHERE dispatcher.ready_outbox()
 )
 SELECT count(*)::int FROM moved;
 
@@ -148,10 +158,10 @@ WITH expired AS (
       FROM limits l
      WHERE s.id = l.id AND s.id = ANY (ARRAY(SELECT id FROM limits))
     RETURNING s.id, s.state, s.queue, s.tenant, s.capability, s.attempt, s.started_at,
-              s.dead_reason, s.last_error, l.lease_owner, l.why
+              s.dead_reason, s.last_error, l.lease_owner, l.why, s.priority
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, capability FROM rescued
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT id, queue, tenant, capability, priority FROM rescued
      WHERE state = 'ready' AND dispatcher.ready_outbox()
 ), history AS (
     INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome,
@@ -169,58 +179,26 @@ WITH expired AS (
 SELECT state, why, count(*)::int AS n FROM rescued GROUP BY state, why;
 
 -- name: claim_ready
--- Claim up to $2 ready jobs of queue $1 that this worker can run ($3 = handler:version list),
--- fairly across tenants, and lease them to owner $4 for $5 seconds. Fairness: every tenant with
--- ready work offers its oldest jobs; jobs are taken by rank within their tenant (all first
--- jobs, then all second jobs, ...), ties broken at random, so a tenant with 10,000 ready jobs
--- and one with 1 get equal shares of each claim. One statement takes a ready job straight to
--- running (no outbox row to read or delete, migration 015). The queue's global limits
--- (migration 013) grant how many may start; the last row, always present, gives back what the
--- claim did not use and carries the seconds until a token is free (NULL: none missing).
--- The tenant walk (jobs_ready_claim, in (tenant, id) order) also finds each tenant's first ready
--- job, and the walk of a tenant's ready jobs starts there (`s.id >= t.first_id`): where the
--- statistics say every job is ready (a drain: a table of due jobs, analyzed before the daemon
--- starts) the planner walks that tenant's jobs on the primary key, and from id 1 it stepped
--- over every job claimed before, so each claim of a drain was slower than the last (the 20th
--- of 1,000 stepped over 19,000 claimed rows first; tests/db/test_claim_plan.py).
+-- Claim up to $2 ready jobs of queue $1 that this worker can run ($3 = handler:version list)
+-- and lease them to owner $4 for $5 seconds: the lowest priority value first; within one
+-- priority, tenants take turns from where this claimer's previous claim stopped ($8 priority,
+-- $9 tenant: the marker row's cursor; NULL at first), so every tenant is reached whatever their
+-- number; within a tenant, the earliest due first (dispatcher.claim_pick, migration 023). One
+-- statement takes a ready job straight to running (no outbox row to read or delete, migration
+-- 015). The queue's global limits (migration 013) grant how many may start; the last row,
+-- always present, gives back what the claim did not use and carries the seconds until a token
+-- is free (NULL: none missing).
 -- The daemon's memory budget (migration 020): of the jobs picked, the claim takes the longest
 -- prefix whose payload and target bytes fit in $6; with $7 (the daemon holds nothing else) the
--- first job is taken whatever its size, alone if it does not fit.
-WITH RECURSIVE grant_ AS MATERIALIZED (
+-- first job is taken whatever its size.
+WITH grant_ AS MATERIALIZED (
     SELECT granted, wait_s FROM dispatcher.claim_grant($1, $2)
-), tenants AS (
-    (SELECT s.tenant, s.id FROM dispatcher.job_state s
-      WHERE s.queue = $1 AND s.state = 'ready' ORDER BY s.tenant, s.id LIMIT 1)
-    UNION ALL
-    SELECT n.tenant, n.id
-      FROM tenants t
-     CROSS JOIN LATERAL (SELECT s.tenant, s.id FROM dispatcher.job_state s
-                          WHERE s.queue = $1 AND s.state = 'ready' AND s.tenant > t.tenant
-                          ORDER BY s.tenant, s.id LIMIT 1) n
-), tenant_list AS MATERIALIZED (
-    -- A paused queue offers no tenant, so nothing is claimed: one primary-key probe of the
-    -- queue registry per claim batch (an init plan, checked before the tenant walk runs).
-    SELECT tenant, id AS first_id FROM tenants
-     WHERE NOT EXISTS (SELECT 1 FROM dispatcher.queues q WHERE q.name = $1 AND q.paused)
-     LIMIT 1000
-), per_tenant AS (
-    SELECT ceil((SELECT granted FROM grant_)::float8
-                / greatest(1, (SELECT count(*) FROM tenant_list)))::int AS n
-), candidates AS (
-    SELECT c.id, c.expires_at, row_number() OVER (ORDER BY c.rank, random()) AS pos
-      FROM tenant_list t
-     CROSS JOIN LATERAL (
-           SELECT l.id, l.expires_at, row_number() OVER (ORDER BY l.id) AS rank
-             FROM (SELECT s.id, s.expires_at FROM dispatcher.job_state s
-                    WHERE s.queue = $1 AND s.tenant = t.tenant AND s.state = 'ready'
-                      AND s.capability = ANY ($3::text[])
-                      AND s.id >= t.first_id
-                    ORDER BY s.id
-                    LIMIT (SELECT n FROM per_tenant)
-                      FOR UPDATE SKIP LOCKED) l
-           ) c
-     ORDER BY pos
-     LIMIT (SELECT granted FROM grant_)
+), candidates AS MATERIALIZED (
+    -- a paused queue offers nothing (claim_pick looks first)
+    SELECT p.id, p.pos, p.priority, p.tenant, p.turn
+      FROM grant_ g
+     CROSS JOIN LATERAL dispatcher.claim_pick($1, g.granted, $3::text[], $8::integer,
+                                              $9::text) p
 ), budgeted AS MATERIALIZED (
     -- The one primary-key probe of the intents per candidate, for its size (migration 020)
     -- and for what the claimed job carries (a payload stays a TOAST pointer until it is
@@ -228,30 +206,40 @@ WITH RECURSIVE grant_ AS MATERIALIZED (
     -- of 1,000 no-op jobs among 20,000 26 % slower than before migration 020 (median 44 ->
     -- 56 ms, 2 loaded cores); read once, 6 % (47 ms).
     SELECT b.* FROM (
-        SELECT c.pos, c.expires_at AS ttl, z.*, sum(z.size_bytes) OVER (ORDER BY c.pos) AS upto
+        SELECT c.pos, z.*, sum(z.size_bytes) OVER (ORDER BY c.pos) AS upto
           FROM candidates c
          CROSS JOIN LATERAL (
                SELECT i.id, i.key, i.tenant, i.handler, i.handler_version, i.target, i.payload,
                       i.max_attempts, i.traceparent, i.timeout_s,
                       coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
-                      AS size_bytes
+                      AS size_bytes, i.concurrency_key
                  FROM dispatcher.intents i WHERE i.id = c.id OFFSET 0) z) b
      WHERE b.upto <= $6::bigint OR (b.pos = 1 AND $7::boolean)
+), keyed AS MATERIALIZED (
+    -- what each job's concurrency key may start now (migration 024); the rest stay ready
+    SELECT dispatcher.key_take($1, ARRAY(SELECT id FROM budgeted ORDER BY pos),
+                               ARRAY(SELECT concurrency_key FROM budgeted ORDER BY pos)) AS ids
+), keys_full AS MATERIALIZED (
+    -- keys at their limit as the claim began (the pick skipped their jobs): the claim loop
+    -- looks again soon, and the claim counts as throttled (dispatcher_key_throttled_claims)
+    SELECT dispatcher.key_wait_s() AS wait_s
 ), claimed AS (
+    -- A job whose time to live passed after the scan moved it is ended here instead of
+    -- started (`dead`, `expired`; migration 030): the same update, so no row is read twice.
     UPDATE dispatcher.job_state s
-       SET state = 'running', attempt = s.attempt + 1, lease_owner = $4,
-           lease_expires_at = now() + make_interval(secs => $5), started_at = now()
-     -- locked above: still ready; its TTL as read then (set once, at intake), so a claim
-     -- without expired jobs probes nothing more (migration 030)
-     WHERE s.id = ANY (ARRAY(SELECT id FROM budgeted WHERE ttl IS NULL OR ttl > now()))
-    RETURNING s.id, s.queue, s.attempt, s.due_at, s.progress, s.run_key
-), expired AS (
-    -- ready when the scan moved it, past its time to live now: never started (migration 030)
-    UPDATE dispatcher.job_state s
-       SET state = 'dead', dead_reason = 'expired', finished_at = now(),
-           last_error = 'expired at ' || s.expires_at || ' before an attempt started'
-     WHERE s.id = ANY (ARRAY(SELECT id FROM budgeted WHERE ttl <= now()))
-    RETURNING s.id
+       SET state = CASE WHEN s.expires_at <= now() THEN 'dead' ELSE 'running' END,
+           attempt = CASE WHEN s.expires_at <= now() THEN s.attempt ELSE s.attempt + 1 END,
+           lease_owner = CASE WHEN s.expires_at <= now() THEN NULL ELSE $4 END,
+           lease_expires_at = CASE WHEN s.expires_at <= now() THEN NULL
+                                   ELSE now() + make_interval(secs => $5) END,
+           started_at = CASE WHEN s.expires_at <= now() THEN s.started_at ELSE now() END,
+           dead_reason = CASE WHEN s.expires_at <= now() THEN 'expired' ELSE s.dead_reason END,
+           finished_at = CASE WHEN s.expires_at <= now() THEN now() ELSE s.finished_at END,
+           last_error = CASE WHEN s.expires_at <= now()
+                             THEN 'expired at ' || s.expires_at || ' before an attempt started'
+                             ELSE s.last_error END
+     WHERE s.id = ANY ((SELECT ids FROM keyed)::bigint[])  -- locked above: still ready
+    RETURNING s.id, s.queue, s.attempt, s.due_at, s.progress, s.run_key, s.state
 ), started AS (
     SELECT c.id, i.key, c.queue, i.tenant, i.handler, i.handler_version, i.target, i.payload,
            c.attempt, i.max_attempts,
@@ -269,21 +257,33 @@ WITH RECURSIVE grant_ AS MATERIALIZED (
            i.timeout_s  -- the 17th column, last of those `Job` is built from by position
       FROM claimed c
       JOIN budgeted i ON i.id = c.id
+     WHERE c.state = 'running'
 )
-SELECT c.*, (SELECT count(*) FROM budgeted)::int AS taken_count, NULL::float8 AS wait_s,
-       NULL::boolean AS held_back, NULL::int AS expired_count
+SELECT c.*, (SELECT cardinality(ids) FROM keyed)::int AS taken_count, NULL::float8 AS wait_s,
+       NULL::boolean AS held_back, NULL::smallint AS cursor_priority, NULL::text AS cursor_tenant,
+       NULL::boolean AS key_throttled, NULL::int AS expired_count
   FROM started c
 UNION ALL
 -- the marker row: how many ready jobs the claim took (those picked beyond the memory budget
 -- are left ready, unlocked at commit), the limiter's wait, and whether the memory budget held
--- picked jobs back (then, and only then, the claim loop waits for bytes to be freed), and how
--- many it ended expired
+-- picked jobs back (then, and only then, the claim loop waits for bytes to be freed); keys at
+-- their limit (migration 024) make the loop look again soon, as their slots free; and how many
+-- it ended expired
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, (SELECT count(*) FROM budgeted)::int,
-       dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM claimed)::int, g.wait_s),
+       NULL, NULL, (SELECT cardinality(ids) FROM keyed)::int,
+       coalesce(dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM started)::int,
+                                        g.wait_s),
+                (SELECT wait_s FROM keys_full)),
        (SELECT count(*) FROM candidates) > (SELECT count(*) FROM budgeted),
-       (SELECT count(*) FROM expired)::int
-  FROM grant_ g;
+       -- the cursor: the last tenant served at the last priority reached
+       c.priority, c.tenant,
+       (SELECT wait_s IS NOT NULL FROM keys_full)
+       OR (SELECT cardinality(ids) FROM keyed) < (SELECT count(*) FROM budgeted),
+       (SELECT count(*) FROM claimed WHERE state = 'dead')::int  -- ended expired (030)
+  FROM grant_ g
+  LEFT JOIN (SELECT x.priority, x.tenant FROM candidates x
+              WHERE x.id = ANY (ARRAY(SELECT id FROM budgeted))
+              ORDER BY x.priority DESC, x.turn DESC LIMIT 1) c ON true;
 
 -- name: complete_succeeded
 -- Record successful attempts and their history rows in one statement; only the current lease
@@ -380,10 +380,11 @@ WITH released AS (
        AND CASE WHEN s.state = 'running' THEN true ELSE false END
        AND (s.id, s.attempt) IN (SELECT * FROM unnest($1::bigint[], $2::integer[]))
     -- RETURNING sees the decremented number; a running job's attempt is always >= 1
-    RETURNING s.id, s.queue, s.tenant, s.capability, s.attempt + 1 AS ran_as, s.started_at
+    RETURNING s.id, s.queue, s.tenant, s.capability, s.attempt + 1 AS ran_as, s.started_at,
+              s.priority
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, capability FROM released WHERE dispatcher.ready_outbox()
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT id, queue, tenant, capability, priority FROM released WHERE dispatcher.ready_outbox()
 ), history AS (
     INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome)
     SELECT id, ran_as, $3, started_at, now(), 'released' FROM released
@@ -404,7 +405,7 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent
+       traceparent, priority, concurrency_key
   FROM dispatcher.jobs WHERE id = $1;
 
 -- name: get_job_by_key
@@ -413,7 +414,7 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent
+       traceparent, priority, concurrency_key
   FROM dispatcher.jobs WHERE key = $1;
 
 -- name: get_job_page
@@ -425,7 +426,7 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        CASE WHEN octet_length(target::text) <= $2 THEN target END AS target, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent,
+       traceparent, priority, concurrency_key,
        p.bytes AS payload_bytes,
        CASE WHEN p.bytes <= $2 THEN payload END AS payload,
        CASE WHEN p.bytes > $2 THEN left(p.text, $2) END AS payload_excerpt
@@ -449,19 +450,22 @@ SELECT id, attempt, owner, started_at, finished_at, outcome, reason, http_status
 -- A summary only: payload, target, result and progress may be near the body limit each, and
 -- 8 lists of 1,000 whole rows took the daemon to 1.5 GB. The full job is one GET away.
 -- Filters: $1 state, $2 queue, $3 before id, $5 key, $6 tenant, $7 run key, $8 handler,
--- $9 due before (exclusive), $10 due after (inclusive); a due window is better served by
+-- $9 due before (exclusive), $10 due after (inclusive), $11 priority (exact; migration 023's
+-- jobs_priority_id holds the jobs off the default 0); a due window is better served by
 -- list_jobs_by_due, which the repository uses for it. Every `$n IS NULL OR ...` folds away
 -- when the statement is planned with its values, as the pools always do
 -- (plan_cache_mode = force_custom_plan), so each filter given reaches its index (migration 009;
 -- tests/db/test_plans.py). A generic plan would keep the ORs and could use no index at all.
 SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, started_at,
-       finished_at, dead_reason, left(last_error, 500) AS last_error, run_key
+       finished_at, dead_reason, left(last_error, 500) AS last_error, run_key, priority,
+       concurrency_key
   FROM dispatcher.jobs
  WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
    AND ($3::bigint IS NULL OR id < $3)
    AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant = $6)
    AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler = $8)
    AND ($9::timestamptz IS NULL OR due_at < $9) AND ($10::timestamptz IS NULL OR due_at >= $10)
+   AND ($11::integer IS NULL OR priority = $11)
  ORDER BY id DESC
  LIMIT $4;
 
@@ -469,15 +473,17 @@ SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, star
 -- Operator listing of a due window, earliest due first, keyset-paginated by (due_at, id) after
 -- ($3, $11): an id order would sort the whole window or walk the table by id (3 s at 10 million
 -- rows for a month's window) where jobs_due_at_id walks forward from the window's start.
--- Same filters as list_jobs ($4 is the limit).
+-- Same filters as list_jobs ($4 is the limit, $12 the priority).
 SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, started_at,
-       finished_at, dead_reason, left(last_error, 500) AS last_error, run_key
+       finished_at, dead_reason, left(last_error, 500) AS last_error, run_key, priority,
+       concurrency_key
   FROM dispatcher.jobs
  WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
    AND ($3::timestamptz IS NULL OR (due_at, id) > ($3, $11::bigint))
    AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant = $6)
    AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler = $8)
    AND ($9::timestamptz IS NULL OR due_at < $9) AND ($10::timestamptz IS NULL OR due_at >= $10)
+   AND ($12::integer IS NULL OR priority = $12)
  ORDER BY due_at, id
  LIMIT $4;
 
@@ -491,15 +497,15 @@ WITH retried AS (
      WHERE j.id = $1 AND j.state IN ('dead', 'cancelled', 'discarded')
     RETURNING j.*
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, handler || ':' || handler_version FROM retried
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT id, queue, tenant, handler || ':' || handler_version, priority FROM retried
      WHERE dispatcher.ready_outbox()
 )
 SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent
+       traceparent, priority, concurrency_key
   FROM retried;
 
 -- name: cancel_job
@@ -521,7 +527,7 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent
+       traceparent, priority, concurrency_key
   FROM cancelled;
 
 -- name: discard_job
@@ -531,7 +537,7 @@ RETURNING id, key, request_hash, queue, tenant, handler, handler_version,
           target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
           budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
           last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-          traceparent;
+          traceparent, priority, concurrency_key;
 
 -- name: move_dead
 -- Bulk redrive ($8 = 'ready': like a retry, with a fresh attempt budget and an outbox row) or
@@ -557,10 +563,10 @@ WITH picked AS (
            dead_reason = CASE WHEN $8 = 'ready' THEN NULL ELSE j.dead_reason END,
            cancel_requested = false
      WHERE j.id = ANY (ARRAY(SELECT id FROM picked)) AND j.state = 'dead'
-    RETURNING j.id, j.state, j.queue, j.tenant, j.handler, j.handler_version
+    RETURNING j.id, j.state, j.queue, j.tenant, j.handler, j.handler_version, j.priority
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, handler || ':' || handler_version FROM moved
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT id, queue, tenant, handler || ':' || handler_version, priority FROM moved
      WHERE state = 'ready' AND dispatcher.ready_outbox()
 )
 SELECT count(*)::int FROM moved;
@@ -580,14 +586,15 @@ SELECT count(*)::int FROM (
 
 -- name: job_placement
 -- Reschedule, first step: the state of job $1 and where its outbox row would be (no lock).
-SELECT state, queue, tenant FROM dispatcher.jobs WHERE id = $1;
+SELECT state, queue, tenant, priority FROM dispatcher.jobs WHERE id = $1;
 
 -- name: withdraw_outbox_row
 -- Reschedule of ready job $1 to a time $4 later than now: withdraw its outbox row first ($2
--- queue and $3 tenant reach it by the claim index), so the outbox lock is taken before the job
--- row's, in the order a claim takes them (never a deadlock with a claim in flight).
+-- queue, $5 priority and $3 tenant reach it by the claim index), so the outbox lock is taken
+-- before the job row's, in the order a claim takes them (never a deadlock with a claim in
+-- flight).
 DELETE FROM dispatcher.outbox
- WHERE queue = $2 AND tenant = $3 AND job_id = $1 AND $4::timestamptz > now();
+ WHERE queue = $2 AND priority = $5 AND tenant = $3 AND job_id = $1 AND $4::timestamptz > now();
 
 -- name: reschedule_job
 -- Move job $1, seen in state $3, to due time $2 (NULL = now): `scheduled` when later than now,
@@ -603,8 +610,8 @@ WITH moved AS (
      WHERE j.id = $1 AND j.state = $3
     RETURNING j.*
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT id, queue, tenant, handler || ':' || handler_version FROM moved
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT id, queue, tenant, handler || ':' || handler_version, priority FROM moved
      WHERE state = 'ready' AND $3 = 'scheduled' AND dispatcher.ready_outbox()
 )
 SELECT * FROM moved;
@@ -640,22 +647,59 @@ VALUES ($1, $2, $3, $4, $5, $6, coalesce($5, 0))
        tokens = CASE WHEN dispatcher.queues.rate_per_s IS NULL THEN excluded.tokens
                      ELSE least(dispatcher.queues.tokens, excluded.tokens) END;
 
+-- name: ensure_limit_group
+-- A configured limit group exists before a queue names it; its limits are written after the
+-- queues (upsert_limit_group), so the sync takes group rows after queue rows, as claims do.
+INSERT INTO dispatcher.limit_groups (name) VALUES ($1) ON CONFLICT (name) DO NOTHING;
+
+-- name: set_queue_group
+-- Queue $1 shares limit group $2 (NULL: none) with priority $3 within it (lower goes first).
+UPDATE dispatcher.queues SET limit_group = $2, group_priority = $3 WHERE name = $1;
+
+-- name: set_queue_key_limits
+-- Every concurrency key of queue $1 gets these limits ($2 key_rate_per_s, $3 key_burst, $4
+-- key_max_inflight; NULL: none), unless an override (dispatcher.key_limits) says otherwise.
+UPDATE dispatcher.queues SET key_rate_per_s = $2, key_burst = $3, key_max_inflight = $4
+ WHERE name = $1;
+
+-- name: upsert_limit_group
+-- Keep limit group $1's limits ($2 rate_per_s, $3 burst, $4 max_inflight; NULL: none) as
+-- configured; a new bucket starts full, a lowered burst caps it (the group's trigger).
+INSERT INTO dispatcher.limit_groups AS g (name, rate_per_s, burst, max_inflight, tokens)
+VALUES ($1, $2, $3, $4, coalesce($3, 0))
+    ON CONFLICT (name) DO UPDATE
+   SET rate_per_s = excluded.rate_per_s, burst = excluded.burst,
+       max_inflight = excluded.max_inflight,
+       tokens = CASE WHEN g.rate_per_s IS NULL THEN excluded.tokens ELSE g.tokens END
+ WHERE (g.rate_per_s, g.burst, g.max_inflight)
+       IS DISTINCT FROM (excluded.rate_per_s, excluded.burst, excluded.max_inflight);
+
+-- name: drop_unconfigured_limit_groups
+-- Groups no longer configured ($1: the configured names); their queues were moved out already.
+DELETE FROM dispatcher.limit_groups g
+ WHERE g.name <> ALL ($1::text[])
+   AND NOT EXISTS (SELECT 1 FROM dispatcher.queues q WHERE q.limit_group = g.name);
+
 -- name: sync_intake_settings
 -- Keep the SQL door's past-due tolerance ($1 s) as configured (the database cannot read the
 -- daemon's configuration), and whether ready jobs get outbox rows ($2: a relay transport). A
 -- relay finds a row for every ready job (those that became ready without one get it here); the
--- in-process transport claims from the state rows and leaves no outbox row behind.
+-- in-process transport claims from the state rows and leaves no outbox row behind. $3: the
+-- largest payload and target one job may carry (limits.max_payload_bytes, migration 029).
 WITH settings AS (
-    INSERT INTO dispatcher.intake_settings AS s (due_at_past_tolerance_s, ready_outbox)
-    VALUES ($1, $2)
+    INSERT INTO dispatcher.intake_settings AS s
+           (due_at_past_tolerance_s, ready_outbox, max_payload_bytes)
+    VALUES ($1, $2, $3)
         ON CONFLICT (singleton) DO UPDATE
        SET due_at_past_tolerance_s = excluded.due_at_past_tolerance_s,
-           ready_outbox = excluded.ready_outbox, updated_at = now()
-     WHERE (s.due_at_past_tolerance_s, s.ready_outbox)
-           IS DISTINCT FROM (excluded.due_at_past_tolerance_s, excluded.ready_outbox)
+           ready_outbox = excluded.ready_outbox,
+           max_payload_bytes = excluded.max_payload_bytes, updated_at = now()
+     WHERE (s.due_at_past_tolerance_s, s.ready_outbox, s.max_payload_bytes)
+           IS DISTINCT FROM (excluded.due_at_past_tolerance_s, excluded.ready_outbox,
+                             excluded.max_payload_bytes)
 ), backfilled AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-    SELECT s.id, s.queue, s.tenant, s.capability FROM dispatcher.job_state s
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+    SELECT s.id, s.queue, s.tenant, s.capability, s.priority FROM dispatcher.job_state s
      WHERE $2 AND s.state = 'ready'
        AND NOT EXISTS (SELECT 1 FROM dispatcher.outbox o WHERE o.job_id = s.id)
 ), dropped AS (
@@ -718,6 +762,8 @@ GROUP BY queue;
 -- name: prune_terminal
 -- Delete up to $3 jobs in terminal state $1 finished more than $2 seconds ago: state row,
 -- intent and attempt history (no foreign key does it: see migration 008); returns how many.
+-- Each key goes to the key ledger (migration 029) in the same statement: a replay finds it
+-- the moment the job is gone.
 WITH doomed AS (
     SELECT id FROM dispatcher.job_state
      WHERE state = $1 AND finished_at < now() - make_interval(secs => $2)
@@ -726,13 +772,34 @@ WITH doomed AS (
        FOR UPDATE SKIP LOCKED
 ), pruned AS (
     DELETE FROM dispatcher.job_state s WHERE s.id = ANY (ARRAY(SELECT id FROM doomed))
-    RETURNING s.id
+    RETURNING s.id, s.state, s.finished_at
 ), intents AS (
     DELETE FROM dispatcher.intents i WHERE i.id = ANY (ARRAY(SELECT id FROM pruned))
+    RETURNING i.id, i.key, i.request_hash
+), ledger AS (
+    INSERT INTO dispatcher.key_ledger AS l (key, request_hash, job_id, state, finished_at)
+    SELECT i.key, i.request_hash, i.id, p.state, p.finished_at
+      FROM intents i JOIN pruned p ON p.id = i.id
+        -- a key can name a second job only if its ledger row was pruned first: newest wins
+        ON CONFLICT (key) DO UPDATE
+       SET request_hash = excluded.request_hash, job_id = excluded.job_id,
+           state = excluded.state, finished_at = excluded.finished_at
 ), history AS (
     DELETE FROM dispatcher.attempts a WHERE a.job_id = ANY (ARRAY(SELECT id FROM pruned))
 )
 SELECT count(*)::int FROM pruned;
+
+-- name: prune_keys
+-- Forget up to $2 keys of the key ledger whose jobs finished more than $1 seconds ago
+-- (retention.keys_s): from then on the key may name new work.
+WITH doomed AS (
+    SELECT key FROM dispatcher.key_ledger
+     WHERE finished_at < now() - make_interval(secs => $1)
+     ORDER BY finished_at
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM dispatcher.key_ledger l USING doomed d WHERE l.key = d.key;
 
 -- name: estimated_jobs
 -- The planner's row estimate of the jobs (pg_class.reltuples of the state table; -1 before any

@@ -26,6 +26,9 @@ class OutboxLease(NamedTuple):
     key: str
     attempt: int  # the attempt the job is ready to start after (the consumer's fence)
     age_s: float  # since the row was written (commit -> lease)
+    priority: int = 0  # where the row stands in its queue's turns (the relay's next cursor)
+    tenant: str = ""
+    turn: int = 0
 
 
 class Claimed(NamedTuple):
@@ -34,6 +37,7 @@ class Claimed(NamedTuple):
     refused: set[int]  # ready, but for a handler version this process cannot run
     wait_s: float | None  # the queue's limits (or its pause) held the claim back this long
     expired: int = 0  # delivered in time, past their TTL when claimed: ended, not started
+    key_held: int = 0  # of `refused`, those whose concurrency key was at its limit (024)
 
 
 class RelayRepository:
@@ -41,16 +45,33 @@ class RelayRepository:
 
     def __init__(self, pool: asyncpg.Pool):
         self.pool = pool
+        # per queue, the (priority, tenant) leased last: the next lease's turns start after it
+        self._cursors: dict[str, tuple[int, str]] = {}
 
     async def lease_outbox(
         self, windows: dict[str, int], batch: int, lease_s: float
     ) -> list[OutboxLease]:
         """Lease up to `batch` unpublished rows, each queue at most its window ahead of its
-        consumers, fairly across tenants."""
+        consumers, by priority, then tenants in turn; in the order to publish them."""
+        queues = list(windows)
+        after = [self._cursors.get(q) for q in queues]
         rows = await self.pool.fetch(
-            _LEASE_OUTBOX, list(windows), list(windows.values()), lease_s, batch
+            _LEASE_OUTBOX,
+            queues,
+            list(windows.values()),
+            lease_s,
+            batch,
+            [a[0] if a else None for a in after],
+            [a[1] if a else None for a in after],
         )
-        return [OutboxLease(*r) for r in rows]
+        leases = [OutboxLease(*r) for r in rows]
+        last: dict[str, OutboxLease] = {}
+        for lease in leases:  # the last tenant served, at the last priority reached
+            seen = last.get(lease.queue)
+            if seen is None or (lease.priority, lease.turn) > (seen.priority, seen.turn):
+                last[lease.queue] = lease
+        self._cursors.update({q: (r.priority, r.tenant) for q, r in last.items()})
+        return leases
 
     async def mark_published(self, ids: list[int]) -> None:
         await self.pool.execute(_MARK_PUBLISHED, ids)
@@ -113,4 +134,5 @@ def claimed_deliveries(rows: list[asyncpg.Record]) -> Claimed:
         set(marker["refused"]),
         marker["wait_s"],
         marker["expired_count"],
+        marker["key_held"],
     )

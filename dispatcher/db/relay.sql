@@ -11,56 +11,30 @@
 -- name: lease_outbox
 -- Relay: lease for $3 seconds up to $4 unpublished rows nobody holds, of the queues $1, each at
 -- most $2 (its window) ahead of its consumers: the window less its rows published (or being
--- published: leased) and not yet claimed. Within a queue, fairly across tenants as claim_ready
--- does (every tenant's oldest rows first, ties at random), so one tenant's burst does not fill
--- the window ahead of another's job. Each row with what its message carries (the job's key
--- and the attempt it is ready after).
+-- published: leased) and not yet claimed. Within a queue, in the order claim_ready takes ready
+-- jobs (dispatcher.relay_pick, migration 023): the lowest priority value first, tenants in turn
+-- from where this relay's previous lease of the queue stopped ($5 priorities, $6 tenants, one
+-- per queue, NULL at first), the oldest row first; so one tenant's burst does not fill the
+-- window ahead of another's job, and an urgent job waits behind at most a window. Each row with
+-- what its message carries (the job's key and the attempt it is ready after), in the order to
+-- publish them, and where it stands in its queue's turns (the relay's next cursor).
 WITH windows AS MATERIALIZED (
-    SELECT w.queue,
+    SELECT w.queue, w.after_priority, w.after_tenant,
            least($4::integer, greatest(0, w.size - (
                SELECT count(*) FROM (
                    SELECT 1 FROM dispatcher.outbox o
                     WHERE o.queue = w.queue AND o.leased_until IS NOT NULL
                       AND (o.published_at IS NOT NULL OR o.leased_until > now())
                     LIMIT w.size) p)))::integer AS take
-      FROM unnest($1::text[], $2::integer[]) AS w(queue, size)
-), tenants AS MATERIALIZED (
-    SELECT w.queue, w.take, t.tenant, count(*) OVER (PARTITION BY w.queue) AS n_tenants
+      FROM unnest($1::text[], $2::integer[], $5::integer[], $6::text[])
+           AS w(queue, size, after_priority, after_tenant)
+), picked AS MATERIALIZED (
+    SELECT p.id, p.pos, p.priority, p.tenant, p.turn
       FROM windows w
-     CROSS JOIN LATERAL (
-           WITH RECURSIVE walk AS (
-               (SELECT o.tenant FROM dispatcher.outbox o
-                 WHERE o.queue = w.queue ORDER BY o.tenant LIMIT 1)
-               UNION ALL
-               SELECT (SELECT o.tenant FROM dispatcher.outbox o
-                        WHERE o.queue = w.queue AND o.tenant > walk.tenant
-                        ORDER BY o.tenant LIMIT 1)
-                 FROM walk
-                WHERE walk.tenant IS NOT NULL
-           )
-           SELECT walk.tenant FROM walk WHERE walk.tenant IS NOT NULL LIMIT 1000
-          ) t
+     CROSS JOIN LATERAL dispatcher.relay_pick(w.queue, w.take, w.after_priority,
+                                              w.after_tenant) p
      WHERE w.take > 0
-), candidates AS (
-    SELECT t.queue, t.take, c.id, c.rank
-      FROM tenants t
-     CROSS JOIN LATERAL (
-           SELECT l.id, row_number() OVER (ORDER BY l.id) AS rank
-             FROM (SELECT o.id FROM dispatcher.outbox o
-                    WHERE o.queue = t.queue AND o.tenant = t.tenant
-                      AND o.published_at IS NULL
-                      AND (o.leased_until IS NULL OR o.leased_until < now())
-                    ORDER BY o.id
-                    LIMIT ceil(t.take::float8 / t.n_tenants)::integer
-                      FOR UPDATE SKIP LOCKED) l
-          ) c
-), picked AS (
-    SELECT r.id FROM (
-        SELECT c.id, c.take,
-               row_number() OVER (PARTITION BY c.queue ORDER BY c.rank, random()) AS n
-          FROM candidates c) r
-     WHERE r.n <= r.take
-     ORDER BY r.n
+     ORDER BY p.pos
      LIMIT $4
 ), leased AS (
     UPDATE dispatcher.outbox o SET leased_until = now() + make_interval(secs => $3)
@@ -68,10 +42,12 @@ WITH windows AS MATERIALIZED (
     RETURNING o.id, o.job_id, o.queue, o.created_at
 )
 SELECT l.id, l.job_id, l.queue, i.key, s.attempt,
-       extract(epoch FROM now() - l.created_at)::float8 AS age_s
+       extract(epoch FROM now() - l.created_at)::float8 AS age_s, p.priority, p.tenant, p.turn
   FROM leased l
+  JOIN picked p ON p.id = l.id
   JOIN dispatcher.job_state s ON s.id = l.job_id
-  JOIN dispatcher.intents i ON i.id = l.job_id;
+  JOIN dispatcher.intents i ON i.id = l.job_id
+ ORDER BY p.pos, l.queue;
 
 -- name: mark_published
 -- Relay: the broker confirmed the messages of these rows ($1 ids); a claim deletes them.
@@ -137,13 +113,13 @@ WITH paused AS MATERIALIZED (
 ), delivered AS MATERIALIZED (
     -- one primary-key probe per delivery (OFFSET 0: a join let the planner hash a scan of
     -- every state row)
-    SELECT k.id, k.tenant, k.capability, k.state, d.pos, k.expires_at,
+    SELECT k.id, k.tenant, k.capability, k.state, d.pos, k.priority, k.expires_at,
            k.state = 'ready' AND k.attempt = d.attempt AS ready
       FROM unnest($2::bigint[], $3::integer[]) WITH ORDINALITY AS d(id, attempt, pos)
      CROSS JOIN LATERAL (SELECT k.* FROM dispatcher.job_state k
                           WHERE k.id = d.id AND k.queue = $1 OFFSET 0) k
 ), ready AS MATERIALIZED (
-    SELECT id, tenant, capability, pos, expires_at FROM delivered WHERE ready
+    SELECT id, tenant, capability, pos, priority, expires_at FROM delivered WHERE ready
 ), eligible AS MATERIALIZED (
     SELECT id, pos, expires_at FROM ready WHERE capability = ANY ($6::text[])
 ), budgeted AS MATERIALIZED (
@@ -157,13 +133,28 @@ WITH paused AS MATERIALIZED (
                SELECT i.id, i.key, i.tenant, i.handler, i.handler_version, i.target, i.payload,
                       i.max_attempts, i.traceparent, i.timeout_s,
                       coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
-                      AS size_bytes
+                      AS size_bytes, i.concurrency_key
                  FROM dispatcher.intents i WHERE i.id = g.id OFFSET 0) z) b
      WHERE b.upto <= $7::bigint OR (b.n = 1 AND $8::boolean)
+), keyed AS MATERIALIZED (
+    -- what each job's concurrency key may start now (migration 024)
+    -- (a job past its TTL takes no key: it is ended, not started)
+    SELECT dispatcher.key_take($1, ARRAY(SELECT id FROM budgeted
+                                          WHERE ttl IS NULL OR ttl > now() ORDER BY n),
+                               ARRAY(SELECT concurrency_key FROM budgeted
+                                      WHERE ttl IS NULL OR ttl > now() ORDER BY n)) AS ids
+), key_held AS MATERIALIZED (
+    -- held back by their keys: refused like a version this process cannot run, so their
+    -- deliveries do not hold prefetch places the other keys need; out again in a quarter second
+    SELECT r.id, r.tenant, r.capability, r.priority FROM ready r
+     WHERE r.id = ANY (ARRAY(SELECT id FROM budgeted WHERE ttl IS NULL OR ttl > now()))
+       AND NOT r.id = ANY ((SELECT ids FROM keyed)::bigint[])
 ), refused AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, leased_until)
-    SELECT id, $1, tenant, capability, now() + interval '1 second'
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, leased_until, priority)
+    SELECT id, $1, tenant, capability, now() + interval '1 second', priority
       FROM ready WHERE NOT capability = ANY ($6::text[])
+    UNION ALL
+    SELECT id, $1, tenant, capability, now() + interval '0.25 second', priority FROM key_held
     RETURNING job_id
 ), started AS (
     UPDATE dispatcher.job_state s
@@ -172,7 +163,9 @@ WITH paused AS MATERIALIZED (
      -- in delivery order when the limits grant fewer: the consumer hands over what it held
      -- back first (by id, a held job lost to every newer delivery of an older burst)
      -- its TTL as read above (set once, at intake): no probe for it (migration 030)
-     WHERE s.id = ANY (ARRAY(SELECT id FROM budgeted WHERE ttl IS NULL OR ttl > now()))
+     WHERE s.id = ANY (ARRAY(SELECT id FROM budgeted
+                          WHERE id = ANY ((SELECT ids FROM keyed)::bigint[])
+                            AND (ttl IS NULL OR ttl > now())))
        -- re-checked when a concurrent claim got there first; written so that no index of ready
        -- rows matches it: with stale statistics the planner walked all of jobs_ready_claim
        -- (migration 015), testing every entry against the id array (1.4 s for 1,000 ids among
@@ -209,20 +202,23 @@ WITH paused AS MATERIALIZED (
              FROM (SELECT id FROM started
                    UNION ALL SELECT id FROM expired
                    UNION ALL SELECT id FROM ready WHERE NOT capability = ANY ($6::text[])
+                   UNION ALL SELECT id FROM key_held
                    UNION ALL SELECT id FROM delivered WHERE state <> 'ready') done
             CROSS JOIN LATERAL (SELECT x.id FROM dispatcher.outbox x
                                  WHERE x.job_id = done.id AND x.leased_until IS NOT NULL
                                 OFFSET 0) r))
 )
 SELECT c.*, NULL::bigint[] AS eligible, NULL::bigint[] AS refused, NULL::float8 AS wait_s,
-       NULL::int AS expired_count
+       NULL::integer AS key_held, NULL::int AS expired_count
   FROM claimed c
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        NULL, NULL,
        -- an expired job is done with, not held back: its delivery is acknowledged
-       ARRAY(SELECT id FROM eligible EXCEPT SELECT id FROM expired),
+       ARRAY(SELECT id FROM eligible
+              WHERE id NOT IN (SELECT id FROM key_held) AND id NOT IN (SELECT id FROM expired)),
        ARRAY(SELECT job_id FROM refused),
        dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM started)::int, g.wait_s),
+       (SELECT count(*) FROM key_held)::int,
        (SELECT count(*) FROM expired)::int
   FROM grant_ g;

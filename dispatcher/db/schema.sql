@@ -66,7 +66,8 @@ CREATE TABLE dispatcher.intake_settings (
     singleton boolean DEFAULT true NOT NULL,
     due_at_past_tolerance_s double precision DEFAULT 300 NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    ready_outbox boolean DEFAULT false NOT NULL
+    ready_outbox boolean DEFAULT false NOT NULL,
+    max_payload_bytes bigint DEFAULT 262144 NOT NULL
 );
 
 CREATE TABLE dispatcher.intents (
@@ -86,6 +87,8 @@ CREATE TABLE dispatcher.intents (
     dead_letter_of bigint,
     traceparent text,
     size_bytes bigint,
+    priority smallint DEFAULT 0 NOT NULL,
+    concurrency_key text,
     timeout_s double precision,
     on_success jsonb,
     on_failure jsonb,
@@ -111,6 +114,8 @@ CREATE TABLE dispatcher.job_state (
     dead_reason text,
     started_at timestamp with time zone,
     finished_at timestamp with time zone,
+    priority smallint DEFAULT 0 NOT NULL,
+    concurrency_key text,
     expires_at timestamp with time zone,
     has_callback boolean DEFAULT false NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_analyze_scale_factor=0.02);
@@ -143,7 +148,42 @@ CREATE TABLE dispatcher.jobs (
     started_at timestamp with time zone,
     finished_at timestamp with time zone,
     dead_letter_of bigint,
-    traceparent text
+    traceparent text,
+    priority smallint DEFAULT 0,
+    concurrency_key text
+);
+
+CREATE TABLE dispatcher.key_ledger (
+    key text NOT NULL,
+    request_hash text NOT NULL,
+    job_id bigint NOT NULL,
+    state text NOT NULL,
+    finished_at timestamp with time zone NOT NULL
+);
+
+CREATE TABLE dispatcher.key_limits (
+    queue text NOT NULL,
+    key text NOT NULL,
+    max_inflight integer,
+    rate_per_s double precision,
+    burst integer,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE dispatcher.key_state (
+    queue text NOT NULL,
+    key text NOT NULL,
+    tokens double precision NOT NULL,
+    tokens_at timestamp with time zone DEFAULT now() NOT NULL
+) WITH (fillfactor=50);
+
+CREATE TABLE dispatcher.limit_groups (
+    name text NOT NULL,
+    rate_per_s double precision,
+    burst integer,
+    max_inflight integer,
+    tokens double precision DEFAULT 0 NOT NULL,
+    tokens_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
 CREATE TABLE dispatcher.migrations (
@@ -167,7 +207,8 @@ CREATE TABLE dispatcher.outbox (
     capability text NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     leased_until timestamp with time zone,
-    published_at timestamp with time zone
+    published_at timestamp with time zone,
+    priority smallint DEFAULT 0 NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=5000);
 
 CREATE TABLE dispatcher.queues (
@@ -183,7 +224,12 @@ CREATE TABLE dispatcher.queues (
     max_inflight integer,
     tokens double precision DEFAULT 0 NOT NULL,
     tokens_at timestamp with time zone DEFAULT now() NOT NULL,
-    permits_parked integer DEFAULT 0 NOT NULL
+    permits_parked integer DEFAULT 0 NOT NULL,
+    limit_group text,
+    group_priority integer DEFAULT 0 NOT NULL,
+    key_max_inflight integer,
+    key_rate_per_s double precision,
+    key_burst integer
 );
 
 CREATE TABLE dispatcher.run_receipts (
@@ -257,9 +303,15 @@ ALTER TABLE dispatcher.instances ADD CONSTRAINT instances_pkey PRIMARY KEY (owne
 
 ALTER TABLE dispatcher.intake_settings ADD CONSTRAINT intake_settings_due_at_past_tolerance_s_check CHECK (due_at_past_tolerance_s >= 0::double precision AND due_at_past_tolerance_s <= 315360000::double precision);
 
+ALTER TABLE dispatcher.intake_settings ADD CONSTRAINT intake_settings_max_payload_bytes_check CHECK (max_payload_bytes >= 1024 AND max_payload_bytes <= 67108864);
+
 ALTER TABLE dispatcher.intake_settings ADD CONSTRAINT intake_settings_pkey PRIMARY KEY (singleton);
 
 ALTER TABLE dispatcher.intake_settings ADD CONSTRAINT intake_settings_singleton_check CHECK (singleton);
+
+ALTER TABLE dispatcher.intents ADD CONSTRAINT intents_concurrency_key_length CHECK (length(concurrency_key) >= 1 AND length(concurrency_key) <= 200) NOT VALID NOT VALID;
+
+ALTER TABLE dispatcher.intents ADD CONSTRAINT intents_priority_range CHECK (priority >= '-100'::integer AND priority <= 100) NOT VALID NOT VALID;
 
 ALTER TABLE dispatcher.intents ADD CONSTRAINT intents_timeout_s_positive CHECK (timeout_s > 0::double precision AND timeout_s < 'Infinity'::double precision);
 
@@ -287,6 +339,34 @@ ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_pkey PRIMARY KEY (id);
 
 ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_state_check CHECK (state = ANY (ARRAY['scheduled'::text, 'ready'::text, 'running'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text, 'discarded'::text])) NOT VALID NOT VALID;
 
+ALTER TABLE dispatcher.key_ledger ADD CONSTRAINT key_ledger_pkey PRIMARY KEY (key);
+
+ALTER TABLE dispatcher.key_limits ADD CONSTRAINT key_limits_burst_min CHECK (burst >= 1);
+
+ALTER TABLE dispatcher.key_limits ADD CONSTRAINT key_limits_key_length CHECK (length(key) >= 1 AND length(key) <= 200);
+
+ALTER TABLE dispatcher.key_limits ADD CONSTRAINT key_limits_limit_something CHECK (max_inflight IS NOT NULL OR rate_per_s IS NOT NULL OR burst IS NOT NULL);
+
+ALTER TABLE dispatcher.key_limits ADD CONSTRAINT key_limits_max_inflight_min CHECK (max_inflight >= 1);
+
+ALTER TABLE dispatcher.key_limits ADD CONSTRAINT key_limits_pkey PRIMARY KEY (queue, key);
+
+ALTER TABLE dispatcher.key_limits ADD CONSTRAINT key_limits_queue_fkey FOREIGN KEY (queue) REFERENCES dispatcher.queues(name) ON DELETE CASCADE;
+
+ALTER TABLE dispatcher.key_limits ADD CONSTRAINT key_limits_rate_positive CHECK (rate_per_s > 0::double precision);
+
+ALTER TABLE dispatcher.key_state ADD CONSTRAINT key_state_pkey PRIMARY KEY (queue, key);
+
+ALTER TABLE dispatcher.limit_groups ADD CONSTRAINT limit_groups_burst_check CHECK (burst >= 1);
+
+ALTER TABLE dispatcher.limit_groups ADD CONSTRAINT limit_groups_max_inflight_check CHECK (max_inflight >= 1);
+
+ALTER TABLE dispatcher.limit_groups ADD CONSTRAINT limit_groups_pkey PRIMARY KEY (name);
+
+ALTER TABLE dispatcher.limit_groups ADD CONSTRAINT limit_groups_rate_needs_a_burst CHECK (rate_per_s IS NULL OR burst IS NOT NULL);
+
+ALTER TABLE dispatcher.limit_groups ADD CONSTRAINT limit_groups_rate_per_s_check CHECK (rate_per_s > 0::double precision);
+
 ALTER TABLE dispatcher.migrations ADD CONSTRAINT migrations_pkey PRIMARY KEY (version);
 
 ALTER TABLE dispatcher.missed_periods ADD CONSTRAINT missed_periods_pkey PRIMARY KEY (schedule, period_start);
@@ -297,6 +377,18 @@ ALTER TABLE dispatcher.outbox ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
 
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_burst_check CHECK (burst >= 1);
 
+ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_group_priority_range CHECK (group_priority >= '-100'::integer AND group_priority <= 100);
+
+ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_key_burst_min CHECK (key_burst >= 1);
+
+ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_key_max_inflight_min CHECK (key_max_inflight >= 1);
+
+ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_key_rate_needs_a_burst CHECK (key_rate_per_s IS NULL OR key_burst IS NOT NULL);
+
+ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_key_rate_positive CHECK (key_rate_per_s > 0::double precision);
+
+ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_limit_group_exists FOREIGN KEY (limit_group) REFERENCES dispatcher.limit_groups(name) ON DELETE SET NULL;
+
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_max_attempts_check CHECK (max_attempts >= 1);
 
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_max_inflight_check CHECK (max_inflight >= 1);
@@ -306,6 +398,8 @@ ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_max_retry_age_s_check CHECK 
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_paused_at CHECK (paused = (paused_at IS NOT NULL));
 
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_pkey PRIMARY KEY (name);
+
+ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_rate_needs_a_burst CHECK (rate_per_s IS NULL OR burst IS NOT NULL);
 
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_rate_per_s_check CHECK (rate_per_s > 0::double precision);
 
@@ -339,11 +433,15 @@ CREATE INDEX jobs_due_at_id ON dispatcher.job_state USING btree (due_at, id);
 
 CREATE INDEX jobs_handler_id ON dispatcher.intents USING btree (handler, id);
 
-CREATE INDEX jobs_ready_claim ON dispatcher.job_state USING btree (queue, tenant, id) WHERE (state = 'ready'::text);
+CREATE INDEX jobs_priority_id ON dispatcher.job_state USING btree (priority, id) WHERE (priority <> 0);
+
+CREATE INDEX jobs_ready_claim ON dispatcher.job_state USING btree (queue, priority, tenant, due_at, id) WHERE (state = 'ready'::text);
 
 CREATE INDEX jobs_run_key_id ON dispatcher.job_state USING btree (run_key, id) WHERE (run_key IS NOT NULL);
 
 CREATE INDEX jobs_run_unfinished ON dispatcher.job_state USING btree (run_key) WHERE ((run_key IS NOT NULL) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text, 'running'::text])));
+
+CREATE INDEX jobs_running_key ON dispatcher.job_state USING btree (queue, concurrency_key) WHERE ((state = 'running'::text) AND (concurrency_key IS NOT NULL));
 
 CREATE INDEX jobs_running_lease ON dispatcher.job_state USING btree (lease_expires_at) WHERE (state = 'running'::text);
 
@@ -355,11 +453,15 @@ CREATE INDEX jobs_tenant_id ON dispatcher.intents USING btree (tenant, id) WHERE
 
 CREATE INDEX jobs_terminal ON dispatcher.job_state USING btree (state, queue, finished_at) WHERE (state = ANY (ARRAY['succeeded'::text, 'dead'::text, 'cancelled'::text]));
 
-CREATE INDEX outbox_claim ON dispatcher.outbox USING btree (queue, tenant, id);
+CREATE INDEX key_ledger_finished_at ON dispatcher.key_ledger USING btree (finished_at);
+
+CREATE INDEX outbox_claim ON dispatcher.outbox USING btree (queue, priority, tenant, id);
 
 CREATE INDEX outbox_relayed_job ON dispatcher.outbox USING btree (job_id) WHERE (leased_until IS NOT NULL);
 
 CREATE INDEX outbox_relayed_queue ON dispatcher.outbox USING btree (queue, published_at) WHERE (leased_until IS NOT NULL);
+
+CREATE INDEX queues_limit_group ON dispatcher.queues USING btree (limit_group) WHERE (limit_group IS NOT NULL);
 
 CREATE INDEX runs_unfinished ON dispatcher.runs USING btree (schedule, period_start) WHERE (finished_at IS NULL);
 
@@ -380,18 +482,20 @@ DECLARE
     minted   integer := 0;
     a_slot   integer;
     held     integer[] := '{}';
+    grp      record;
 BEGIN
     granted := greatest(wanted, 0);
     PERFORM set_config('dispatcher.permit_slot', '', true);  -- for claim_settle: no slot
     SELECT * INTO r FROM dispatcher.queues WHERE name = q;
-    IF NOT FOUND OR (r.rate_per_s IS NULL AND r.max_inflight IS NULL) THEN
+    IF NOT FOUND OR (r.rate_per_s IS NULL AND r.max_inflight IS NULL AND r.limit_group IS NULL)
+    THEN
         RETURN;  -- unlimited: no lock, claims of this queue run in parallel
     END IF;
 
     -- Permits parked in slots no other claim holds: no wait on the queue row. Take from as
     -- many idle slots as needed (fullest first); what the claim does not use goes back to the
-    -- first of them (claim_settle).
-    IF granted > 0 THEN
+    -- first of them (claim_settle). A queue in a limit group parks none (migration 024).
+    IF granted > 0 AND r.limit_group IS NULL THEN
         minted := 0;  -- here: permits taken so far
         LOOP
             SELECT p.slot, p.n INTO a_slot, got FROM dispatcher.claim_permits p
@@ -463,9 +567,16 @@ BEGIN
         END IF;
     END IF;
 
+    -- the group's part (migration 024): a start needs the queue's limits and the group's
+    IF r.limit_group IS NOT NULL AND granted > 0 THEN
+        SELECT * INTO grp FROM dispatcher.group_grant(r.limit_group, q, r.group_priority, granted);
+        granted := grp.granted;
+        wait_s := coalesce(wait_s, grp.wait_s);
+    END IF;
+
     -- park one more claim's worth in each idle empty slot while the headroom allows it
     spare := least(headroom - granted, slots::bigint * wanted)::integer;
-    IF wanted > 0 AND granted = wanted AND spare >= wanted THEN
+    IF wanted > 0 AND granted = wanted AND spare >= wanted AND r.limit_group IS NULL THEN
         INSERT INTO dispatcher.claim_permits (queue, slot)
         SELECT q, s FROM generate_series(0, slots - 1) s
          WHERE NOT EXISTS (SELECT 1 FROM dispatcher.claim_permits p WHERE p.queue = q)
@@ -491,6 +602,113 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.claim_pick(q text, wanted integer, caps text[], after_priority integer, after_tenant text)
+ RETURNS TABLE(id bigint, pos integer, priority smallint, tenant text, turn integer)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    lvl     smallint;
+    need      integer := wanted;
+    taken     bigint[] := '{}';
+    walked    text[];      -- the tenants of this round, in turn order
+    turns     integer[];   -- their turns (positions in the walk from the cursor)
+    share     integer;
+    got_ids   bigint[];
+    got_names text[];
+    got_turns integer[];
+    filled    text[];
+    rounds    integer;
+    blocked   text[];      -- keys at their limit (per-key limits, migration 024): skipped
+BEGIN
+    IF wanted < 1 OR EXISTS (SELECT 1 FROM dispatcher.queues x WHERE x.name = q AND x.paused) THEN
+        RETURN;  -- a paused queue offers nothing
+    END IF;
+    blocked := dispatcher.keys_at_limit(q);
+    LOOP
+        SELECT min(s.priority) INTO lvl FROM dispatcher.job_state s
+         WHERE s.queue = q AND s.state = 'ready' AND (lvl IS NULL OR s.priority > lvl);
+        EXIT WHEN lvl IS NULL;
+        -- the walk: the tenants after the cursor, then from the first name round to it
+        WITH RECURSIVE onward AS (
+            (SELECT s.tenant FROM dispatcher.job_state s
+              WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
+                AND (lvl IS DISTINCT FROM after_priority OR s.tenant > after_tenant)
+              ORDER BY s.tenant LIMIT 1)
+            UNION ALL
+            SELECT n.tenant FROM onward o
+             CROSS JOIN LATERAL (
+                   SELECT s.tenant FROM dispatcher.job_state s
+                    WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
+                      AND s.tenant > o.tenant
+                    ORDER BY s.tenant LIMIT 1) n
+        ), round_ AS (
+            (SELECT s.tenant FROM dispatcher.job_state s
+              WHERE lvl = after_priority AND s.queue = q AND s.state = 'ready'
+                AND s.priority = lvl AND s.tenant <= after_tenant
+              ORDER BY s.tenant LIMIT 1)
+            UNION ALL
+            SELECT n.tenant FROM round_ o
+             CROSS JOIN LATERAL (
+                   SELECT s.tenant FROM dispatcher.job_state s
+                    WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
+                      AND s.tenant > o.tenant AND s.tenant <= after_tenant
+                    ORDER BY s.tenant LIMIT 1) n
+        )
+        -- read lazily: the walk stops after `need` tenants (the append reads `onward` first)
+        SELECT array_agg(w.tenant), array_agg(w.n)
+          INTO walked, turns
+          FROM (SELECT t.tenant, row_number() OVER ()::integer AS n
+                  FROM (SELECT o.tenant FROM onward o WHERE o.tenant <> ALL (blocked)
+                        UNION ALL SELECT r.tenant FROM round_ r WHERE r.tenant <> ALL (blocked)
+                        LIMIT need) t) w;
+        rounds := 0;
+        LOOP
+            share := ceil(need::float8 / cardinality(walked))::integer;
+            WITH picked AS (
+                SELECT c.id, w.tenant, w.turn, c.rank
+                  FROM unnest(walked, turns) AS w(tenant, turn)
+                 CROSS JOIN LATERAL (
+                       SELECT l.id, row_number() OVER (ORDER BY l.due_at, l.id) AS rank
+                         FROM (SELECT s.id, s.due_at FROM dispatcher.job_state s
+                                WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
+                                  AND s.tenant = w.tenant AND s.capability = ANY (caps)
+                                  AND (s.concurrency_key IS NULL
+                                       OR s.concurrency_key <> ALL (blocked))
+                                  AND s.id <> ALL (taken)
+                                ORDER BY s.due_at, s.id
+                                LIMIT share
+                                  FOR UPDATE SKIP LOCKED) l) c
+            ), ordered AS (
+                SELECT p.* FROM picked p ORDER BY p.rank, p.turn LIMIT need
+            )
+            SELECT coalesce(array_agg(o.id ORDER BY o.rank, o.turn), '{}'),
+                   array_agg(o.tenant ORDER BY o.rank, o.turn),
+                   array_agg(o.turn ORDER BY o.rank, o.turn),
+                   (SELECT array_agg(f.tenant ORDER BY f.turn) FROM (
+                        SELECT p.tenant, p.turn FROM picked p GROUP BY p.tenant, p.turn
+                        HAVING count(*) = share) f)
+              INTO got_ids, got_names, got_turns, filled
+              FROM ordered o;
+            RETURN QUERY
+            SELECT g.id, (wanted - need + g.n)::integer, lvl, g.tenant, g.turn
+              FROM unnest(got_ids, got_names, got_turns) WITH ORDINALITY AS g(id, tenant, turn, n);
+            need := need - cardinality(got_ids);
+            taken := taken || got_ids;
+            IF need <= 0 THEN
+                RETURN;
+            END IF;
+            rounds := rounds + 1;
+            -- this priority is done for this claim when no tenant filled its share
+            EXIT WHEN filled IS NULL OR rounds >= 8;
+            walked := filled;
+            turns := ARRAY(SELECT u.turn FROM unnest(got_names, got_turns) AS u(tenant, turn)
+                            WHERE u.tenant = ANY (filled) GROUP BY u.tenant, u.turn
+                            ORDER BY u.turn);
+        END LOOP;
+    END LOOP;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION dispatcher.claim_settle(q text, granted integer, started integer, wait_s double precision)
  RETURNS double precision
  LANGUAGE plpgsql
@@ -506,9 +724,39 @@ BEGIN
             UPDATE dispatcher.queues
                SET tokens = least(burst, tokens + (granted - started))
              WHERE name = q AND rate_per_s IS NOT NULL;
+            -- the queue row is locked by this claim (a grouped queue never claims on a slot)
+            UPDATE dispatcher.limit_groups g
+               SET tokens = least(g.burst, g.tokens + (granted - started))
+              FROM dispatcher.queues m
+             WHERE m.name = q AND g.name = m.limit_group AND g.rate_per_s IS NOT NULL;
         END IF;
     END IF;
     RETURN wait_s;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.could_start(b dispatcher.queues, cap bigint)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+DECLARE
+    n bigint := greatest(cap, 0);
+BEGIN
+    IF b.rate_per_s IS NOT NULL THEN
+        n := least(n, greatest(floor(least(b.burst, b.tokens + extract(epoch FROM
+                 clock_timestamp() - b.tokens_at) * b.rate_per_s)), 0)::bigint);
+    END IF;
+    IF b.max_inflight IS NOT NULL AND n > 0 THEN
+        n := least(n, b.max_inflight - (SELECT count(*) FROM (
+                 SELECT 1 FROM dispatcher.job_state s
+                  WHERE s.queue = b.name AND s.state = 'running' LIMIT b.max_inflight) j));
+    END IF;
+    IF n > 0 THEN
+        n := (SELECT count(*) FROM (SELECT 1 FROM dispatcher.job_state s
+                                     WHERE s.queue = b.name AND s.state = 'ready' LIMIT n) j);
+    END IF;
+    RETURN greatest(n, 0);
 END
 $function$;
 
@@ -577,16 +825,6 @@ BEGIN
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION dispatcher.drop_claim_permits()
- RETURNS trigger
- LANGUAGE plpgsql
-AS $function$
-BEGIN
-    UPDATE dispatcher.claim_permits SET n = 0 WHERE queue = NEW.name AND n > 0;
-    RETURN NULL;
-END
-$function$;
-
 CREATE OR REPLACE FUNCTION dispatcher.due_at_past_tolerance_s()
  RETURNS double precision
  LANGUAGE sql
@@ -603,7 +841,15 @@ AS $function$
     SELECT tstzrange('2000-01-01 00:00:00+00', '9999-12-31 23:59:59+00', '[]')
 $function$;
 
-CREATE OR REPLACE FUNCTION dispatcher.enqueue(key text, handler text, payload jsonb DEFAULT '{}'::jsonb, due_at timestamp with time zone DEFAULT NULL::timestamp with time zone, queue text DEFAULT NULL::text, tenant text DEFAULT NULL::text, target jsonb DEFAULT NULL::jsonb, max_attempts integer DEFAULT NULL::integer, max_retry_age_s integer DEFAULT NULL::integer)
+CREATE OR REPLACE FUNCTION dispatcher.effective_concurrency_key(requested text, tenant text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT CASE WHEN requested IS NULL THEN nullif(tenant, '') ELSE nullif(requested, '') END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.enqueue(key text, handler text, payload jsonb DEFAULT '{}'::jsonb, due_at timestamp with time zone DEFAULT NULL::timestamp with time zone, queue text DEFAULT NULL::text, tenant text DEFAULT NULL::text, target jsonb DEFAULT NULL::jsonb, max_attempts integer DEFAULT NULL::integer, max_retry_age_s integer DEFAULT NULL::integer, priority integer DEFAULT NULL::integer, concurrency_key text DEFAULT NULL::text)
  RETURNS bigint
  LANGUAGE plpgsql
 AS $function$
@@ -620,6 +866,11 @@ DECLARE
     found_id    bigint;
     found_hash  text;
     tolerance_s float8 := dispatcher.due_at_past_tolerance_s();
+    prio        integer := coalesce(priority, 0);
+    ckey        text := dispatcher.effective_concurrency_key(concurrency_key, coalesce(tenant, ''));
+    max_bytes   bigint := dispatcher.max_payload_bytes();
+    size        bigint;
+    pruned      record;
 BEGIN
     IF key IS NULL OR length(key) NOT BETWEEN 1 AND 255 OR key ~ '[^ -~]' THEN
         RAISE EXCEPTION 'dispatcher.enqueue: invalid key %', quote_nullable(key)
@@ -641,6 +892,10 @@ BEGIN
         RAISE EXCEPTION 'dispatcher.enqueue: payload must be a JSON object'
             USING ERRCODE = '22023', HINT = 'e.g. jsonb_build_object(''value'', 42)';
     END IF;
+    size := dispatcher.payload_oversize(payload, target, max_bytes);
+    IF size IS NOT NULL THEN
+        PERFORM dispatcher.refuse_payload(key, size, max_bytes);
+    END IF;
     IF (CASE WHEN handler = 'http' THEN jsonb_typeof(target -> 'url') IS DISTINCT FROM 'string'
              ELSE target IS NOT NULL END) THEN
         RAISE EXCEPTION 'dispatcher.enqueue: handler "http" needs target {"url": ...}, other handlers take no target'
@@ -650,6 +905,17 @@ BEGIN
         RAISE EXCEPTION 'dispatcher.enqueue: max_attempts must be >= 1 and max_retry_age_s >= 0'
             USING ERRCODE = '22023', HINT = 'pass NULL to use the queue''s defaults';
     END IF;
+    IF prio NOT BETWEEN -100 AND 100 THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: priority % is out of range', prio
+            USING ERRCODE = '22023',
+                  HINT = 'a priority is an integer from -100 to 100, lower runs first (default 0)';
+    END IF;
+    IF length(concurrency_key) > 200 THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: concurrency_key is % characters long',
+            length(concurrency_key)
+            USING ERRCODE = '22023',
+                  HINT = 'a concurrency_key is 1 to 200 characters; NULL for the tenant, '''' for none';
+    END IF;
     IF NOT (due_at <@ dispatcher.due_at_range()) THEN
         PERFORM dispatcher.refuse_due_at(due_at);
     END IF;
@@ -658,25 +924,35 @@ BEGIN
     END IF;
     fingerprint := dispatcher.request_fingerprint(handler, target, payload, queue_name,
                                                   tenant_name, due_at, max_attempts,
-                                                  max_retry_age_s);
+                                                  max_retry_age_s, prio, concurrency_key);
     FOR round IN 1..50 LOOP
         INSERT INTO dispatcher.intents AS j
                (key, request_hash, queue, tenant, handler, handler_version, target, payload,
-                max_attempts, max_retry_age_s)
+                max_attempts, max_retry_age_s, priority, concurrency_key)
         VALUES (key, fingerprint, queue_name, tenant_name, handler, version, target, payload,
                 coalesce(max_attempts, defaults.max_attempts),
-                coalesce(max_retry_age_s, defaults.max_retry_age_s))
+                coalesce(max_retry_age_s, defaults.max_retry_age_s), prio, ckey)
             ON CONFLICT ON CONSTRAINT jobs_key_key DO NOTHING
         RETURNING j.id INTO new_id;
         IF new_id IS NOT NULL THEN
+            SELECT * INTO pruned FROM dispatcher.take_back_pruned(ARRAY[new_id], ARRAY[key]);
+            IF pruned.job_id IS NOT NULL THEN
+                IF NOT pruned.same THEN
+                    RAISE EXCEPTION 'dispatcher.enqueue: key % named job % (%, since pruned) with a different request',
+                        key, pruned.job_id, pruned.state
+                        USING ERRCODE = '23505',
+                              HINT = 'choose a new key for new work (a key is kept for the daemon''s retention.keys_s after its job is pruned)';
+                END IF;
+                RETURN pruned.job_id;  -- the same request: the job ran, and is not run again
+            END IF;
             new_state := CASE WHEN effective <= now() THEN 'ready' ELSE 'scheduled' END;
             INSERT INTO dispatcher.job_state (id, queue, tenant, capability, state, due_at,
-                                              budget_started_at)
+                                              budget_started_at, priority, concurrency_key)
             VALUES (new_id, queue_name, tenant_name, handler || ':' || version, new_state,
-                    effective, greatest(effective, now()));
+                    effective, greatest(effective, now()), prio, ckey);
             IF new_state = 'ready' AND dispatcher.ready_outbox() THEN
-                INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-                VALUES (new_id, queue_name, tenant_name, handler || ':' || version);
+                INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+                VALUES (new_id, queue_name, tenant_name, handler || ':' || version, prio);
             END IF;
             PERFORM pg_notify('dispatcher_wake', new_state);
             RETURN new_id;
@@ -684,7 +960,8 @@ BEGIN
         SELECT j.id, j.request_hash INTO found_id, found_hash
           FROM dispatcher.jobs j WHERE j.key = enqueue.key;
         IF found_id IS NOT NULL THEN
-            IF found_hash <> fingerprint AND (found_hash LIKE 'v2:%' OR found_hash
+            IF found_hash <> fingerprint AND (found_hash LIKE 'v2:%' OR prio <> 0
+                   OR ckey IS DISTINCT FROM nullif(tenant_name, '') OR found_hash
                    <> dispatcher.request_hash(handler, target, payload, queue_name, tenant_name,
                                               due_at, max_attempts, max_retry_age_s)) THEN
                 RAISE EXCEPTION 'dispatcher.enqueue: key % already names job % with a different request',
@@ -701,7 +978,7 @@ BEGIN
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION dispatcher.enqueue_check(keys text[], handlers text[], payloads jsonb[], queues text[], targets jsonb[], max_attempts integer[], max_retry_age_s integer[])
+CREATE OR REPLACE FUNCTION dispatcher.enqueue_check(keys text[], handlers text[], payloads jsonb[], queues text[], targets jsonb[], max_attempts integer[], max_retry_age_s integer[], priorities integer[] DEFAULT NULL::integer[], concurrency_keys text[] DEFAULT NULL::text[])
  RETURNS void
  LANGUAGE plpgsql
 AS $function$
@@ -728,10 +1005,17 @@ BEGIN
                WHEN u.ma < 1 OR u.mra < 0 THEN
                    'pass NULL to use the queue''s defaults|max_attempts must be >= 1 and '
                    'max_retry_age_s >= 0'
+               WHEN u.pr NOT BETWEEN -100 AND 100 THEN
+                   format('a priority is an integer from -100 to 100, lower runs first (default '
+                          '0)|priority %s is out of range', u.pr)
+               WHEN length(u.ck) > 200 THEN
+                   format('a concurrency_key is 1 to 200 characters; NULL for the tenant, '''' '
+                          'for none|concurrency_key is %s characters long', length(u.ck))
            END)
       INTO bad
-      FROM unnest(keys, handlers, payloads, queues, targets, max_attempts, max_retry_age_s)
-           AS u(k, h, p, q, tg, ma, mra)
+      FROM unnest(keys, handlers, payloads, queues, targets, max_attempts, max_retry_age_s,
+                  priorities, concurrency_keys)
+           AS u(k, h, p, q, tg, ma, mra, pr, ck)
       LEFT JOIN dispatcher.queues qd ON qd.name = coalesce(u.q, 'default')
       LEFT JOIN dispatcher.handlers hd ON hd.name = u.h;
     IF bad IS NOT NULL THEN
@@ -742,7 +1026,7 @@ BEGIN
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION dispatcher.enqueue_many(keys text[], handlers text[], payloads jsonb[], due_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], queues text[] DEFAULT NULL::text[], tenants text[] DEFAULT NULL::text[], targets jsonb[] DEFAULT NULL::jsonb[], max_attempts integer[] DEFAULT NULL::integer[], max_retry_age_s integer[] DEFAULT NULL::integer[], run_keys text[] DEFAULT NULL::text[])
+CREATE OR REPLACE FUNCTION dispatcher.enqueue_many(keys text[], handlers text[], payloads jsonb[], due_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], queues text[] DEFAULT NULL::text[], tenants text[] DEFAULT NULL::text[], targets jsonb[] DEFAULT NULL::jsonb[], max_attempts integer[] DEFAULT NULL::integer[], max_retry_age_s integer[] DEFAULT NULL::integer[], run_keys text[] DEFAULT NULL::text[], priorities integer[] DEFAULT NULL::integer[], concurrency_keys text[] DEFAULT NULL::text[])
  RETURNS SETOF dispatcher.enqueue_result
  LANGUAGE plpgsql
 AS $function$
@@ -750,6 +1034,9 @@ DECLARE
     tolerance_s float8 := dispatcher.due_at_past_tolerance_s();
     bad_item    bigint;
     bad_due     timestamptz;
+    max_bytes   bigint := dispatcher.max_payload_bytes();
+    bad_key     text;
+    bad_size    bigint;
 BEGIN
     -- times out of range are left to the internal door's own refusal (22008)
     SELECT u.o, u.d INTO bad_item, bad_due
@@ -761,13 +1048,22 @@ BEGIN
     IF bad_item IS NOT NULL THEN
         PERFORM dispatcher.refuse_past_due(bad_due, tolerance_s, bad_item);
     END IF;
+    SELECT u.o, u.k, u.size INTO bad_item, bad_key, bad_size
+      FROM (SELECT u.o, u.k, dispatcher.payload_oversize(u.p, u.tg, max_bytes) AS size
+              FROM unnest(keys, payloads, targets) WITH ORDINALITY AS u(k, p, tg, o)) u
+     WHERE u.size IS NOT NULL
+     ORDER BY u.o
+     LIMIT 1;
+    IF bad_item IS NOT NULL THEN
+        PERFORM dispatcher.refuse_payload(bad_key, bad_size, max_bytes, bad_item);
+    END IF;
     RETURN QUERY SELECT * FROM dispatcher.enqueue_many_internal(
         keys, handlers, payloads, due_ats, queues, tenants, targets, max_attempts,
-        max_retry_age_s, run_keys);
+        max_retry_age_s, run_keys, priorities, concurrency_keys);
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION dispatcher.enqueue_many_internal(keys text[], handlers text[], payloads jsonb[], due_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], queues text[] DEFAULT NULL::text[], tenants text[] DEFAULT NULL::text[], targets jsonb[] DEFAULT NULL::jsonb[], max_attempts integer[] DEFAULT NULL::integer[], max_retry_age_s integer[] DEFAULT NULL::integer[], run_keys text[] DEFAULT NULL::text[])
+CREATE OR REPLACE FUNCTION dispatcher.enqueue_many_internal(keys text[], handlers text[], payloads jsonb[], due_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], queues text[] DEFAULT NULL::text[], tenants text[] DEFAULT NULL::text[], targets jsonb[] DEFAULT NULL::jsonb[], max_attempts integer[] DEFAULT NULL::integer[], max_retry_age_s integer[] DEFAULT NULL::integer[], run_keys text[] DEFAULT NULL::text[], priorities integer[] DEFAULT NULL::integer[], concurrency_keys text[] DEFAULT NULL::text[])
  RETURNS SETOF dispatcher.enqueue_result
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_custom_plan'
@@ -786,6 +1082,7 @@ DECLARE
     any_later  boolean := false;
     bad_item   bigint;
     bad_due    timestamptz;
+    taken      integer;            -- jobs of this round taken back for the key ledger
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -793,7 +1090,8 @@ BEGIN
     IF coalesce(cardinality(handlers), 0) <> n OR coalesce(cardinality(payloads), 0) <> n
        OR cardinality(due_ats) <> n OR cardinality(queues) <> n OR cardinality(tenants) <> n
        OR cardinality(targets) <> n OR cardinality(max_attempts) <> n
-       OR cardinality(max_retry_age_s) <> n OR cardinality(run_keys) <> n THEN
+       OR cardinality(max_retry_age_s) <> n OR cardinality(run_keys) <> n
+       OR cardinality(priorities) <> n OR cardinality(concurrency_keys) <> n THEN
         RAISE EXCEPTION 'dispatcher.enqueue_many: every array must have % elements, one per job', n
             USING ERRCODE = '22023', HINT = 'pass NULL instead of an array to use the defaults';
     END IF;
@@ -808,7 +1106,7 @@ BEGIN
     -- keys are checked for the whole array at once; a bad one is named by the full check
     IF array_position(keys, NULL) IS NOT NULL OR array_to_string(keys, '') ~ '[^ -~]' THEN
         PERFORM dispatcher.enqueue_check(keys, handlers, payloads, queues, targets, max_attempts,
-                                         max_retry_age_s);
+                                         max_retry_age_s, priorities, concurrency_keys);
         checked := true;
     END IF;
     ids := ARRAY(SELECT nextval(pg_get_serial_sequence('dispatcher.intents', 'id')::regclass)
@@ -818,18 +1116,24 @@ BEGIN
         WITH ins_intent AS (
             INSERT INTO dispatcher.intents AS j
                    (id, key, request_hash, queue, tenant, handler, handler_version, target, payload,
-                    max_attempts, max_retry_age_s, run_key)
+                    max_attempts, max_retry_age_s, run_key, priority, concurrency_key)
             OVERRIDING SYSTEM VALUE
             SELECT u.id, u.k,
                    dispatcher.request_fingerprint(u.h, u.tg, u.p, coalesce(u.q, 'default'),
-                                                  coalesce(u.t, ''), u.d, u.ma, u.mra),
+                                                  coalesce(u.t, ''), u.d, u.ma, u.mra,
+                                                  coalesce(u.pr, 0), u.asked_ck),
                    coalesce(u.q, 'default'), coalesce(u.t, ''), u.h, u.hv, u.tg,
-                   u.p, coalesce(u.ma, u.queue_ma), coalesce(u.mra, u.queue_mra), u.rk
-              FROM (SELECT u.*, qd.max_attempts AS queue_ma, qd.max_retry_age_s AS queue_mra,
+                   u.p, coalesce(u.ma, u.queue_ma), coalesce(u.mra, u.queue_mra), u.rk,
+                   coalesce(u.pr, 0), u.ck
+              FROM (SELECT u.k, u.h, u.p, u.d, u.q, u.t, u.tg, u.ma, u.mra, u.rk, u.id, u.o,
+                           u.pr, u.ck AS asked_ck,
+                           dispatcher.effective_concurrency_key(u.ck, coalesce(u.t, '')) AS ck,
+                           qd.max_attempts AS queue_ma, qd.max_retry_age_s AS queue_mra,
                            hd.current_version AS hv
                       FROM unnest(keys, handlers, payloads, due_ats, queues, tenants, targets,
-                                  max_attempts, max_retry_age_s, run_keys, ids)
-                           WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, rk, id, o)
+                                  max_attempts, max_retry_age_s, run_keys, ids, priorities,
+                                  concurrency_keys)
+                           WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, rk, id, pr, ck, o)
                       JOIN dispatcher.queues qd ON qd.name = coalesce(u.q, 'default')
                       JOIN dispatcher.handlers hd ON hd.name = u.h
                      WHERE pending IS NULL OR u.o IN (SELECT unnest(pending))
@@ -841,27 +1145,34 @@ BEGIN
                AND CASE WHEN u.h = 'http' THEN jsonb_typeof(u.tg -> 'url') = 'string'
                         ELSE u.tg IS NULL END
                AND coalesce(u.ma >= 1, true) AND coalesce(u.mra >= 0, true)
+               AND coalesce(u.pr BETWEEN -100 AND 100, true)
+               AND coalesce(length(u.ck) <= 200, true)
              ORDER BY u.o       -- of two items with one key, the first is created
                 ON CONFLICT (key) DO NOTHING
-            RETURNING j.id, j.queue, j.run_key, j.tenant, j.handler || ':' || j.handler_version AS cap
+            RETURNING j.id, j.queue, j.run_key, j.tenant, j.handler || ':' || j.handler_version AS cap,
+                      j.priority, j.concurrency_key
         ), ins_state AS (
             INSERT INTO dispatcher.job_state AS s (id, queue, run_key, tenant, capability, state,
-                                                   due_at, budget_started_at)
+                                                   due_at, budget_started_at, priority,
+                                                   concurrency_key)
             SELECT n.id, n.queue, n.run_key, n.tenant, n.cap,
                    CASE WHEN coalesce(d.due, now()) <= now() THEN 'ready' ELSE 'scheduled' END,
-                   coalesce(d.due, now()), greatest(d.due, now())
+                   coalesce(d.due, now()), greatest(d.due, now()), n.priority, n.concurrency_key
               FROM ins_intent n
               -- due now (no due_ats) needs no join
               LEFT JOIN (SELECT u.id, u.due FROM unnest(ids, due_ats) AS u(id, due)
                           WHERE due_ats IS NOT NULL) d ON d.id = n.id
-            RETURNING s.id, s.queue, s.tenant, s.capability, s.state
+            RETURNING s.id, s.queue, s.tenant, s.capability, s.state, s.priority
         ), outboxed AS (
-            INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-            SELECT s.id, s.queue, s.tenant, s.capability FROM ins_state s
+            INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+            SELECT s.id, s.queue, s.tenant, s.capability, s.priority FROM ins_state s
              WHERE outbox AND s.state = 'ready'
         )
         SELECT count(*) INTO created FROM ins_state;
-        IF created = coalesce(cardinality(pending), n) THEN
+        -- after the insert, not before: an insert that waited on a row being pruned proceeds
+        -- only once the pruner committed, its ledger row with it (one probe per job)
+        SELECT count(*) INTO taken FROM dispatcher.take_back_pruned(ids, keys);
+        IF created = coalesce(cardinality(pending), n) AND taken = 0 THEN
             -- every item created: its answer is what was written (created_at = now())
             RETURN QUERY
             SELECT u.o::integer, u.id, u.k,
@@ -878,37 +1189,55 @@ BEGIN
                  WHERE (pending IS NULL OR u.o IN (SELECT unnest(pending))) AND u.d > now());
             EXIT;
         END IF;
-        -- Some item was not created: invalid, or its key taken (before this call, by an earlier
-        -- item of it, or by a concurrent transaction). Each item is looked up.
+        -- Some item was not created: invalid, its key taken (before this call, by an earlier
+        -- item of it, or by a concurrent transaction) or kept by the key ledger. Each item is
+        -- looked up: a key without a job, in the ledger.
         IF NOT checked THEN
             PERFORM dispatcher.enqueue_check(keys, handlers, payloads, queues, targets,
-                                             max_attempts, max_retry_age_s);
+                                             max_attempts, max_retry_age_s, priorities,
+                                             concurrency_keys);
             checked := true;
         END IF;
         results := ARRAY(
-            SELECT ROW(m.o, e.id, m.k, e.state, e.due_at, e.created_at,
+            SELECT ROW(m.o, coalesce(e.id, g.job_id), m.k, coalesce(e.state, g.state), e.due_at,
+                       e.created_at,
                        CASE
+                           WHEN e.id IS NULL AND g.job_id IS NOT NULL THEN
+                               CASE WHEN g.request_hash NOT LIKE 'v2:%' OR g.request_hash
+                                         = dispatcher.request_fingerprint(m.h, m.tg, m.p, m.q,
+                                                                          m.t, m.d, m.ma, m.mra,
+                                                                          m.pr, m.asked_ck)
+                                    THEN 'pruned' ELSE 'conflict' END
                            WHEN e.id IS NULL THEN 'retry'   -- a concurrent insert not yet visible
                            WHEN e.id = m.id THEN 'created'
                            WHEN e.request_hash = dispatcher.request_fingerprint(
-                                    m.h, m.tg, m.p, m.q, m.t, m.d, m.ma, m.mra) THEN 'existing'
+                                    m.h, m.tg, m.p, m.q, m.t, m.d, m.ma, m.mra, m.pr,
+                                    m.asked_ck) THEN 'existing'
                            -- a job accepted before migration 005 carries an md5 fingerprint
-                           WHEN e.request_hash NOT LIKE 'v2:%' AND e.request_hash
+                           -- (and was asked with the default priority and key)
+                           WHEN e.request_hash NOT LIKE 'v2:%' AND m.pr = 0
+                                AND m.ck IS NOT DISTINCT FROM nullif(m.t, '') AND e.request_hash
                                 = dispatcher.request_hash(m.h, m.tg, m.p, m.q, m.t, m.d, m.ma,
                                                           m.mra) THEN 'existing'
                            ELSE 'conflict'
                        END)::dispatcher.enqueue_result
               FROM (SELECT u.o::integer AS o, u.id, u.k, u.h, u.p, u.d, u.tg, u.ma, u.mra,
-                           coalesce(u.q, 'default') AS q, coalesce(u.t, '') AS t
+                           coalesce(u.q, 'default') AS q, coalesce(u.t, '') AS t,
+                           coalesce(u.pr, 0) AS pr, u.ck AS asked_ck,
+                           dispatcher.effective_concurrency_key(u.ck, coalesce(u.t, '')) AS ck
                       FROM unnest(keys, handlers, payloads, due_ats, queues, tenants, targets,
-                                  max_attempts, max_retry_age_s, ids)
-                           WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, id, o)
+                                  max_attempts, max_retry_age_s, ids, priorities,
+                                  concurrency_keys)
+                           WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, id, pr, ck, o)
                      WHERE pending IS NULL OR u.o IN (SELECT unnest(pending))) m
               -- OFFSET 0 keeps this a per-item index probe: flattened, the planner may
               -- hash-join a sequential scan of the whole table instead
               LEFT JOIN LATERAL (
                    SELECT x.id, x.state, x.due_at, x.created_at, x.request_hash
-                     FROM dispatcher.jobs x WHERE x.key = m.k OFFSET 0) e ON true);
+                     FROM dispatcher.jobs x WHERE x.key = m.k OFFSET 0) e ON true
+              LEFT JOIN LATERAL (
+                   SELECT l.job_id, l.state, l.request_hash FROM dispatcher.key_ledger l
+                    WHERE e.id IS NULL AND l.key = m.k OFFSET 0) g ON true);
         RETURN QUERY SELECT * FROM unnest(results) r WHERE r.outcome <> 'retry';
         any_ready := any_ready OR EXISTS (
             SELECT 1 FROM unnest(results) r WHERE r.outcome = 'created' AND r.state = 'ready');
@@ -930,6 +1259,66 @@ BEGIN
     IF any_later THEN
         PERFORM pg_notify('dispatcher_wake', 'scheduled');
     END IF;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.group_grant(grp text, q text, prio integer, wanted integer, OUT granted integer, OUT wait_s double precision)
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    g        dispatcher.limit_groups;
+    at       timestamptz;
+    avail    float8;
+    headroom bigint := 2147483647;
+    running  bigint;
+    reserved bigint;
+BEGIN
+    granted := wanted;
+    SELECT * INTO g FROM dispatcher.limit_groups WHERE name = grp FOR UPDATE;
+    IF NOT FOUND OR wanted < 1 THEN
+        RETURN;
+    END IF;
+    at := greatest(g.tokens_at, clock_timestamp());
+    IF g.rate_per_s IS NOT NULL THEN
+        avail := least(g.burst, g.tokens + extract(epoch FROM at - g.tokens_at) * g.rate_per_s);
+        headroom := greatest(floor(avail), 0)::bigint;
+    END IF;
+    IF g.max_inflight IS NOT NULL THEN
+        SELECT count(*) INTO running FROM (
+            SELECT 1 FROM dispatcher.job_state s
+             WHERE s.queue = ANY (ARRAY(SELECT m.name FROM dispatcher.queues m
+                                         WHERE m.limit_group = grp))
+               AND s.state = 'running'
+             LIMIT g.max_inflight) j;
+        headroom := least(headroom, greatest(g.max_inflight - running, 0));
+    END IF;
+    SELECT coalesce(sum(dispatcher.could_start(b, headroom)), 0) INTO reserved
+      FROM dispatcher.queues b
+     WHERE b.limit_group = grp AND b.group_priority < prio AND b.name <> q AND NOT b.paused;
+    granted := least(wanted, greatest(headroom - reserved, 0))::integer;
+    IF granted < 1 THEN
+        wait_s := CASE
+            WHEN g.rate_per_s IS NOT NULL AND avail < 1 THEN (1 - avail) / g.rate_per_s
+            WHEN reserved > 0 THEN 0.05  -- better queues take the budget: look again soon
+            ELSE 0.02 END;               -- the group's in-flight cap: as in claim_grant
+    END IF;
+    IF g.rate_per_s IS NOT NULL THEN
+        UPDATE dispatcher.limit_groups SET tokens = avail - granted, tokens_at = at
+         WHERE name = grp;
+    END IF;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.group_limits_changed()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF NEW.rate_per_s IS NOT NULL THEN
+        NEW.tokens := least(NEW.burst, greatest(NEW.tokens, 0));
+    END IF;
+    RETURN NEW;
 END
 $function$;
 
@@ -1014,21 +1403,22 @@ BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO dispatcher.intents
                (key, request_hash, queue, tenant, handler, handler_version, target, payload,
-                max_attempts, max_retry_age_s, run_key, created_at, dead_letter_of, traceparent)
+                max_attempts, max_retry_age_s, run_key, created_at, dead_letter_of, traceparent,
+                priority, concurrency_key)
         VALUES (NEW.key, NEW.request_hash, NEW.queue, NEW.tenant, NEW.handler,
                 NEW.handler_version, NEW.target, NEW.payload, NEW.max_attempts,
                 NEW.max_retry_age_s, NEW.run_key, NEW.created_at, NEW.dead_letter_of,
-                NEW.traceparent)
+                NEW.traceparent, NEW.priority, NEW.concurrency_key)
         RETURNING id INTO NEW.id;
         INSERT INTO dispatcher.job_state
                (id, queue, run_key, tenant, capability, state, due_at, attempt, budget_started_at,
                 lease_owner, lease_expires_at, cancel_requested, progress, result, last_error,
-                dead_reason, started_at, finished_at)
+                dead_reason, started_at, finished_at, priority, concurrency_key)
         VALUES (NEW.id, NEW.queue, NEW.run_key, NEW.tenant,
                 NEW.handler || ':' || NEW.handler_version, NEW.state, NEW.due_at, NEW.attempt,
                 NEW.budget_started_at, NEW.lease_owner, NEW.lease_expires_at,
                 NEW.cancel_requested, NEW.progress, NEW.result, NEW.last_error, NEW.dead_reason,
-                NEW.started_at, NEW.finished_at);
+                NEW.started_at, NEW.finished_at, NEW.priority, NEW.concurrency_key);
         RETURN NEW;
     ELSIF TG_OP = 'DELETE' THEN
         DELETE FROM dispatcher.job_state WHERE id = OLD.id;
@@ -1072,30 +1462,211 @@ BEGIN
         started_at = CASE WHEN NEW.started_at IS DISTINCT FROM OLD.started_at
                           THEN NEW.started_at ELSE s.started_at END,
         finished_at = CASE WHEN NEW.finished_at IS DISTINCT FROM OLD.finished_at
-                           THEN NEW.finished_at ELSE s.finished_at END
+                           THEN NEW.finished_at ELSE s.finished_at END,
+        priority = CASE WHEN NEW.priority IS DISTINCT FROM OLD.priority
+                        THEN NEW.priority ELSE s.priority END,
+        concurrency_key = CASE WHEN NEW.concurrency_key IS DISTINCT FROM OLD.concurrency_key
+                               THEN NEW.concurrency_key ELSE s.concurrency_key END
      WHERE s.id = OLD.id
        AND (s.state, s.attempt, s.lease_owner)
            IS NOT DISTINCT FROM (OLD.state, OLD.attempt, OLD.lease_owner);
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
+    IF NEW.priority IS DISTINCT FROM OLD.priority THEN
+        -- a ready job's relay row carries its priority (rare: an operator's change)
+        UPDATE dispatcher.outbox SET priority = NEW.priority WHERE job_id = OLD.id;
+    END IF;
     IF (NEW.key, NEW.request_hash, NEW.queue, NEW.run_key, NEW.tenant, NEW.handler,
         NEW.handler_version, NEW.target,
         NEW.payload, NEW.max_attempts, NEW.max_retry_age_s, NEW.created_at, NEW.dead_letter_of,
-        NEW.traceparent)
+        NEW.traceparent, NEW.priority, NEW.concurrency_key)
        IS DISTINCT FROM
        (OLD.key, OLD.request_hash, OLD.queue, OLD.run_key, OLD.tenant, OLD.handler,
         OLD.handler_version, OLD.target,
         OLD.payload, OLD.max_attempts, OLD.max_retry_age_s, OLD.created_at, OLD.dead_letter_of,
-        OLD.traceparent) THEN
+        OLD.traceparent, OLD.priority, OLD.concurrency_key) THEN
         UPDATE dispatcher.intents SET
             key = NEW.key, request_hash = NEW.request_hash, queue = NEW.queue,
             run_key = NEW.run_key, tenant = NEW.tenant,
             handler = NEW.handler, handler_version = NEW.handler_version, target = NEW.target,
             payload = NEW.payload, max_attempts = NEW.max_attempts,
             max_retry_age_s = NEW.max_retry_age_s, created_at = NEW.created_at,
-            dead_letter_of = NEW.dead_letter_of, traceparent = NEW.traceparent
+            dead_letter_of = NEW.dead_letter_of, traceparent = NEW.traceparent,
+            priority = NEW.priority, concurrency_key = NEW.concurrency_key
          WHERE id = OLD.id;
+    END IF;
+    RETURN NEW;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.key_bounds(qq dispatcher.queues, OUT min_cap integer, OUT any_rate boolean)
+ RETURNS record
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT least(qq.key_max_inflight, min(o.max_inflight)),
+           qq.key_rate_per_s IS NOT NULL OR bool_or(o.rate_per_s IS NOT NULL)
+      FROM dispatcher.key_limits o WHERE o.queue = qq.name
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.key_limits_of(qq dispatcher.queues, k text)
+ RETURNS TABLE(max_inflight integer, rate_per_s double precision, burst integer)
+ LANGUAGE sql
+ STABLE ROWS 1
+AS $function$
+    SELECT coalesce(o.max_inflight, qq.key_max_inflight),
+           coalesce(o.rate_per_s, qq.key_rate_per_s),
+           coalesce(o.burst, CASE WHEN o.rate_per_s IS NOT NULL
+                                  THEN greatest(1, ceil(o.rate_per_s))::integer END,
+                    qq.key_burst)
+      FROM (SELECT 1) one
+      LEFT JOIN dispatcher.key_limits o ON o.queue = qq.name AND o.key = k
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.key_take(q text, ids bigint[], keys text[])
+ RETURNS bigint[]
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    big     CONSTANT bigint := 2147483647;
+    qq      dispatcher.queues;
+    limited text[];
+    caps    integer[];
+    rates   float8[];
+    bursts  integer[];
+    kept    bigint[];
+BEGIN
+    SELECT * INTO qq FROM dispatcher.queues WHERE name = q;
+    IF NOT FOUND OR cardinality(ids) = 0 OR NOT dispatcher.keys_limited(qq) THEN
+        RETURN ids;
+    END IF;
+    -- the limited keys among the jobs, with their limits, once per key
+    SELECT array_agg(d.k ORDER BY d.k), array_agg(l.max_inflight ORDER BY d.k),
+           array_agg(l.rate_per_s ORDER BY d.k), array_agg(l.burst ORDER BY d.k)
+      INTO limited, caps, rates, bursts
+      FROM (SELECT DISTINCT k FROM unnest(keys) k WHERE k IS NOT NULL) d
+     CROSS JOIN LATERAL dispatcher.key_limits_of(qq, d.k) l
+     WHERE l.max_inflight IS NOT NULL OR l.rate_per_s IS NOT NULL;
+    IF limited IS NULL THEN
+        RETURN ids;
+    END IF;
+    INSERT INTO dispatcher.key_state (queue, key, tokens)
+    SELECT q, x.key, coalesce(x.burst, 0) FROM unnest(limited, bursts) AS x(key, burst)
+        ON CONFLICT DO NOTHING;
+    PERFORM 1 FROM dispatcher.key_state
+     WHERE queue = q AND key = ANY (limited) ORDER BY key FOR UPDATE;
+    -- one statement after the lock: each key's room (its bucket's level; its cap less its
+    -- running jobs), the jobs kept (by rank within their key), the tokens taken
+    WITH room AS (
+        SELECT x.key, x.rate, lv.level,
+               least(coalesce(floor(lv.level)::bigint, big),
+                     CASE WHEN x.cap IS NULL THEN big ELSE x.cap - (
+                         SELECT count(*) FROM dispatcher.job_state s
+                          WHERE s.queue = q AND s.state = 'running'
+                            AND s.concurrency_key = x.key) END) AS n
+          FROM unnest(limited, caps, rates, bursts) AS x(key, cap, rate, burst)
+          JOIN dispatcher.key_state k ON k.queue = q AND k.key = x.key
+         CROSS JOIN LATERAL (
+               SELECT least(x.burst, k.tokens + extract(epoch FROM clock_timestamp()
+                                                        - k.tokens_at) * x.rate) AS level) lv
+    ), ranked AS (
+        SELECT u.id, u.pos, r.key, r.n,
+               row_number() OVER (PARTITION BY u.k ORDER BY u.pos) AS rank
+          FROM unnest(ids, keys) WITH ORDINALITY AS u(id, k, pos)
+          LEFT JOIN room r ON r.key = u.k
+    ), taken AS (
+        UPDATE dispatcher.key_state k
+           SET tokens = r.level - t.n, tokens_at = clock_timestamp()
+          FROM (SELECT key, count(*) AS n FROM ranked
+                 WHERE key IS NOT NULL AND rank <= n GROUP BY key) t
+          JOIN room r ON r.key = t.key
+         WHERE k.queue = q AND k.key = t.key AND r.rate IS NOT NULL
+    )
+    SELECT coalesce(array_agg(id ORDER BY pos), '{}') INTO kept
+      FROM ranked WHERE key IS NULL OR rank <= n;
+    RETURN kept;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.key_wait_s()
+ RETURNS double precision
+ LANGUAGE sql
+AS $function$
+    SELECT CASE WHEN current_setting('dispatcher.keys_full', true) = 'true' THEN 0.05 END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.keys_at_limit(q text)
+ RETURNS text[]
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+DECLARE
+    qq      dispatcher.queues;
+    b       record;
+    running bigint := 0;
+    full_   text[] := '{}';
+BEGIN
+    SELECT * INTO qq FROM dispatcher.queues WHERE name = q;
+    IF NOT FOUND OR NOT dispatcher.keys_limited(qq) THEN
+        RETURN '{}';
+    END IF;
+    b := dispatcher.key_bounds(qq);
+    IF b.min_cap IS NOT NULL AND b.min_cap < coalesce(qq.max_inflight, 2147483647) THEN
+        SELECT count(*) INTO running FROM (
+            SELECT 1 FROM dispatcher.job_state s
+             WHERE s.queue = q AND s.state = 'running' AND s.concurrency_key IS NOT NULL
+             LIMIT b.min_cap) j;
+    END IF;
+    IF running >= b.min_cap THEN
+        full_ := ARRAY(
+            SELECT r.key FROM (
+                SELECT s.concurrency_key AS key, count(*) AS n FROM dispatcher.job_state s
+                 WHERE s.queue = q AND s.state = 'running' AND s.concurrency_key IS NOT NULL
+                 GROUP BY s.concurrency_key HAVING count(*) >= b.min_cap) r
+             CROSS JOIN LATERAL dispatcher.key_limits_of(qq, r.key) l
+             WHERE r.n >= l.max_inflight);
+    END IF;
+    IF b.any_rate THEN
+        full_ := full_ || ARRAY(
+            SELECT k.key FROM dispatcher.key_state k
+             CROSS JOIN LATERAL dispatcher.key_limits_of(qq, k.key) l
+             WHERE k.queue = q AND l.rate_per_s IS NOT NULL
+               AND least(l.burst, k.tokens + extract(epoch FROM clock_timestamp() - k.tokens_at)
+                                  * l.rate_per_s) < 1);
+    END IF;
+    -- for the claim's marker (key_wait_s): whether this claim found keys at their limit
+    PERFORM set_config('dispatcher.keys_full', (cardinality(full_) > 0)::text, true);
+    RETURN full_;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.keys_limited(qq dispatcher.queues)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT qq.key_max_inflight IS NOT NULL OR qq.key_rate_per_s IS NOT NULL
+        OR EXISTS (SELECT 1 FROM dispatcher.key_limits o WHERE o.queue = qq.name)
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.limits_changed()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    dropped bigint;
+BEGIN
+    SELECT coalesce(sum(p.n), 0) INTO dropped FROM (
+        SELECT n FROM dispatcher.claim_permits
+         WHERE queue = NEW.name AND n > 0
+           FOR UPDATE) p;
+    IF dropped > 0 THEN
+        UPDATE dispatcher.claim_permits SET n = 0 WHERE queue = NEW.name AND n > 0;
+    END IF;
+    NEW.permits_parked := 0;
+    IF NEW.rate_per_s IS NOT NULL THEN
+        NEW.tokens := least(NEW.burst, greatest(NEW.tokens, 0) + dropped);
     END IF;
     RETURN NEW;
 END
@@ -1124,6 +1695,27 @@ CREATE OR REPLACE FUNCTION dispatcher.liveness_namespace()
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$ SELECT 1684632436 $function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.max_payload_bytes()
+ RETURNS bigint
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    SELECT coalesce((SELECT s.max_payload_bytes FROM dispatcher.intake_settings s), 262144)
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.payload_oversize(payload jsonb, target jsonb, max_bytes bigint)
+ RETURNS bigint
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    SELECT CASE WHEN 6 * (coalesce(pg_column_size(payload), 0)
+                          + coalesce(pg_column_size(target), 0)) + 64 <= max_bytes THEN NULL
+                ELSE nullif(greatest(coalesce(octet_length(payload::text), 0)
+                                     + coalesce(octet_length(target::text), 0), max_bytes),
+                            max_bytes)
+           END
+$function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.ready_outbox()
  RETURNS boolean
@@ -1166,7 +1758,182 @@ BEGIN
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION dispatcher.request_fingerprint(handler text, target jsonb, payload jsonb, queue text, tenant text, requested_due_at timestamp with time zone, max_attempts integer, max_retry_age_s integer)
+CREATE OR REPLACE FUNCTION dispatcher.refuse_payload(key text, size bigint, max_bytes bigint, item bigint DEFAULT NULL::bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RAISE EXCEPTION USING
+        MESSAGE = format('dispatcher.enqueue: the payload and target of key %s%s are %s bytes '
+                         'of JSON, over limits.max_payload_bytes (%s)', quote_literal(key),
+                         CASE WHEN item IS NULL THEN '' ELSE format(' (item %s)', item) END,
+                         size, max_bytes),
+        ERRCODE = '54000',
+        HINT = 'store large data elsewhere and pass a reference (the daemon''s '
+               '[limits] max_payload_bytes sets the limit; see dispatcher.intake_settings)';
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.relay_pick(q text, wanted integer, after_priority integer, after_tenant text)
+ RETURNS TABLE(id bigint, pos integer, priority smallint, tenant text, turn integer)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    lvl       smallint;
+    need      integer := wanted;
+    taken     bigint[] := '{}';
+    walked    text[];      -- the tenants of this round, in turn order
+    turns     integer[];   -- their turns (positions in the walk from the cursor)
+    share     integer;
+    got_ids   bigint[];
+    got_names text[];
+    got_turns integer[];
+    filled    text[];
+    rounds    integer;
+BEGIN
+    IF wanted < 1 THEN
+        RETURN;
+    END IF;
+    LOOP
+        SELECT min(s.priority) INTO lvl FROM dispatcher.outbox s
+         WHERE s.queue = q
+                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND (lvl IS NULL OR s.priority > lvl);
+        EXIT WHEN lvl IS NULL;
+        -- the walk: the tenants after the cursor, then from the first name round to it
+        WITH RECURSIVE onward AS (
+            (SELECT s.tenant FROM dispatcher.outbox s
+              WHERE s.queue = q
+                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                AND (lvl IS DISTINCT FROM after_priority OR s.tenant > after_tenant)
+              ORDER BY s.tenant LIMIT 1)
+            UNION ALL
+            SELECT n.tenant FROM onward o
+             CROSS JOIN LATERAL (
+                   SELECT s.tenant FROM dispatcher.outbox s
+                    WHERE s.queue = q
+                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                      AND s.tenant > o.tenant
+                    ORDER BY s.tenant LIMIT 1) n
+        ), round_ AS (
+            (SELECT s.tenant FROM dispatcher.outbox s
+              WHERE lvl = after_priority AND s.queue = q AND s.published_at IS NULL AND (s.leased_until IS NULL OR s.leased_until < now())
+                AND s.priority = lvl AND s.tenant <= after_tenant
+              ORDER BY s.tenant LIMIT 1)
+            UNION ALL
+            SELECT n.tenant FROM round_ o
+             CROSS JOIN LATERAL (
+                   SELECT s.tenant FROM dispatcher.outbox s
+                    WHERE s.queue = q
+                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                      AND s.tenant > o.tenant AND s.tenant <= after_tenant
+                    ORDER BY s.tenant LIMIT 1) n
+        )
+        -- read lazily: the walk stops after `need` tenants (the append reads `onward` first)
+        SELECT array_agg(w.tenant), array_agg(w.n)
+          INTO walked, turns
+          FROM (SELECT t.tenant, row_number() OVER ()::integer AS n
+                  FROM (SELECT o.tenant FROM onward o
+                        UNION ALL SELECT r.tenant FROM round_ r LIMIT need) t) w;
+        rounds := 0;
+        LOOP
+            share := ceil(need::float8 / cardinality(walked))::integer;
+            WITH picked AS (
+                SELECT c.id, w.tenant, w.turn, c.rank
+                  FROM unnest(walked, turns) AS w(tenant, turn)
+                 CROSS JOIN LATERAL (
+                       SELECT l.id, row_number() OVER (ORDER BY l.id) AS rank
+                         FROM (SELECT s.id FROM dispatcher.outbox s
+                                WHERE s.queue = q
+                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                                  AND s.tenant = w.tenant AND s.id <> ALL (taken)
+                                ORDER BY s.id
+                                LIMIT share
+                                  FOR UPDATE SKIP LOCKED) l) c
+            ), ordered AS (
+                SELECT p.* FROM picked p ORDER BY p.rank, p.turn LIMIT need
+            )
+            SELECT coalesce(array_agg(o.id ORDER BY o.rank, o.turn), '{}'),
+                   array_agg(o.tenant ORDER BY o.rank, o.turn),
+                   array_agg(o.turn ORDER BY o.rank, o.turn),
+                   (SELECT array_agg(f.tenant ORDER BY f.turn) FROM (
+                        SELECT p.tenant, p.turn FROM picked p GROUP BY p.tenant, p.turn
+                        HAVING count(*) = share) f)
+              INTO got_ids, got_names, got_turns, filled
+              FROM ordered o;
+            RETURN QUERY
+            SELECT g.id, (wanted - need + g.n)::integer, lvl, g.tenant, g.turn
+              FROM unnest(got_ids, got_names, got_turns) WITH ORDINALITY AS g(id, tenant, turn, n);
+            need := need - cardinality(got_ids);
+            taken := taken || got_ids;
+            IF need <= 0 THEN
+                RETURN;
+            END IF;
+            rounds := rounds + 1;
+            -- this priority is done for this claim when no tenant filled its share
+            EXIT WHEN filled IS NULL OR rounds >= 8;
+            walked := filled;
+            turns := ARRAY(SELECT u.turn FROM unnest(got_names, got_turns) AS u(tenant, turn)
+                            WHERE u.tenant = ANY (filled) GROUP BY u.tenant, u.turn
+                            ORDER BY u.turn);
+        END LOOP;
+    END LOOP;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.replace_scheduled(keys text[], handlers text[], payloads jsonb[], due_ats timestamp with time zone[], queues text[], tenants text[], targets jsonb[], max_attempts integer[], max_retry_age_s integer[], keep_due boolean[], debounce_max_s integer[])
+ RETURNS SETOF dispatcher.enqueue_result
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    r      record;
+    job    record;
+    due    timestamptz;
+    woken  boolean := false;
+BEGIN
+    FOR r IN SELECT u.*, coalesce(u.q, 'default') AS qn, coalesce(u.t, '') AS tn
+               FROM unnest(keys, handlers, payloads, due_ats, queues, tenants, targets,
+                           max_attempts, max_retry_age_s, keep_due, debounce_max_s)
+                    WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, kd, dm, o)
+    LOOP
+        SELECT i.id, i.handler, i.queue, i.tenant, i.created_at, s.state, s.due_at
+          INTO job
+          FROM dispatcher.intents i JOIN dispatcher.job_state s ON s.id = i.id
+         WHERE i.key = r.k
+           FOR UPDATE OF s;
+        IF job.id IS NULL THEN
+            CONTINUE;  -- pruned or gone meanwhile: the caller answers it as it was
+        END IF;
+        IF (job.handler, job.queue, job.tenant) IS DISTINCT FROM (r.h, r.qn, r.tn) THEN
+            RETURN NEXT ROW(r.o::integer, job.id, r.k, job.state, job.due_at, job.created_at,
+                            'conflict')::dispatcher.enqueue_result;
+        ELSIF job.state <> 'scheduled' THEN
+            RETURN NEXT ROW(r.o::integer, job.id, r.k, job.state, job.due_at, job.created_at,
+                            'not_replaced')::dispatcher.enqueue_result;
+        ELSE
+            due := CASE WHEN r.kd THEN job.due_at
+                        ELSE least(greatest(coalesce(r.d, now()), now()),
+                                   job.created_at + make_interval(secs => r.dm))
+                   END;
+            due := coalesce(due, greatest(coalesce(r.d, now()), now()));
+            UPDATE dispatcher.intents
+               SET payload = r.p, target = r.tg,
+                   request_hash = dispatcher.request_fingerprint(r.h, r.tg, r.p, r.qn, r.tn,
+                                                                 r.d, r.ma, r.mra)
+             WHERE id = job.id;
+            UPDATE dispatcher.job_state SET due_at = due, budget_started_at = due
+             WHERE id = job.id;
+            woken := woken OR due <> job.due_at;
+            RETURN NEXT ROW(r.o::integer, job.id, r.k, 'scheduled', due, job.created_at,
+                            'replaced')::dispatcher.enqueue_result;
+        END IF;
+    END LOOP;
+    IF woken THEN
+        PERFORM pg_notify('dispatcher_wake', 'scheduled');  -- the due-scan's next time moved
+    END IF;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.request_fingerprint(handler text, target jsonb, payload jsonb, queue text, tenant text, requested_due_at timestamp with time zone, max_attempts integer, max_retry_age_s integer, priority integer DEFAULT 0, concurrency_key text DEFAULT NULL::text)
  RETURNS text
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
@@ -1178,7 +1945,15 @@ AS $function$
                      # hashtextextended(tenant, 5)
                      # coalesce(timestamp_hash_extended(requested_due_at AT TIME ZONE 'UTC', 6), 0)
                      # coalesce(hashint4extended(max_attempts, 7), 0)
-                     # coalesce(hashint4extended(max_retry_age_s, 8), 0))::text
+                     # coalesce(hashint4extended(max_retry_age_s, 8), 0)
+                     # CASE WHEN coalesce(priority, 0) = 0 THEN 0
+                            ELSE hashint4extended(priority, 9) END
+                     # CASE WHEN dispatcher.effective_concurrency_key(concurrency_key, tenant)
+                                 IS NOT DISTINCT FROM nullif(tenant, '') THEN 0
+                            -- no key where the tenant would give one: a part of its own
+                            ELSE coalesce(hashtextextended(
+                                     dispatcher.effective_concurrency_key(concurrency_key, tenant),
+                                     10), 10) END)::text
 $function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.request_hash(handler text, target jsonb, payload jsonb, queue text, tenant text, requested_due_at timestamp with time zone, max_attempts integer, max_retry_age_s integer)
@@ -1204,6 +1979,34 @@ AS $function$
                  ELSE octet_length(target::text) END)::bigint
 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.take_back_pruned(ids bigint[], keys text[])
+ RETURNS TABLE(ord integer, id bigint, job_id bigint, state text, same boolean)
+ LANGUAGE sql
+AS $function$
+    WITH hit AS (
+        SELECT u.o::integer AS ord, u.id, l.job_id, l.state,
+               l.request_hash = i.request_hash OR l.request_hash NOT LIKE 'v2:%' AS same
+          FROM unnest(ids, keys) WITH ORDINALITY AS u(id, k, o)
+          -- one index probe of the ledger per job, and of the intent only for a key found
+          -- there (OFFSET 0: joined, the planner may hash a scan of either table instead;
+          -- measured: one probe per key costs less than one = ANY (keys) scan)
+          CROSS JOIN LATERAL (
+                SELECT x.job_id, x.state, x.request_hash FROM dispatcher.key_ledger x
+                 WHERE x.key = u.k OFFSET 0) l
+          CROSS JOIN LATERAL (
+                SELECT y.request_hash FROM dispatcher.intents y WHERE y.id = u.id OFFSET 0) i
+    -- = ANY (ARRAY(...)): index probes for the (usually no) ids; IN (SELECT ...) may be
+    -- planned as a hash join over a scan of the whole table, on every call
+    ), outbox AS (
+        DELETE FROM dispatcher.outbox o WHERE o.job_id = ANY (ARRAY(SELECT h.id FROM hit h))
+    ), states AS (
+        DELETE FROM dispatcher.job_state s WHERE s.id = ANY (ARRAY(SELECT h.id FROM hit h))
+    ), intents AS (
+        DELETE FROM dispatcher.intents i WHERE i.id = ANY (ARRAY(SELECT h.id FROM hit h))
+    )
+    SELECT h.ord, h.id, h.job_id, h.state, h.same FROM hit h
+$function$;
+
 CREATE TRIGGER intents_size_bytes BEFORE INSERT OR UPDATE OF payload, target ON dispatcher.intents FOR EACH ROW EXECUTE FUNCTION dispatcher.intent_bytes();
 
 CREATE TRIGGER job_state_callback AFTER UPDATE OF state ON dispatcher.job_state FOR EACH ROW WHEN (new.has_callback AND (new.state = ANY (ARRAY['succeeded'::text, 'dead'::text])) AND old.state IS DISTINCT FROM new.state) EXECUTE FUNCTION dispatcher.job_callback();
@@ -1212,4 +2015,6 @@ CREATE TRIGGER jobs_dead_letter_notice AFTER UPDATE OF state ON dispatcher.job_s
 
 CREATE TRIGGER jobs_view_write INSTEAD OF INSERT OR DELETE OR UPDATE ON dispatcher.jobs FOR EACH ROW EXECUTE FUNCTION dispatcher.jobs_view_write();
 
-CREATE TRIGGER queues_limits_changed AFTER UPDATE OF rate_per_s, burst, max_inflight ON dispatcher.queues FOR EACH ROW WHEN (old.rate_per_s IS DISTINCT FROM new.rate_per_s OR old.burst IS DISTINCT FROM new.burst OR old.max_inflight IS DISTINCT FROM new.max_inflight) EXECUTE FUNCTION dispatcher.drop_claim_permits();
+CREATE TRIGGER limit_groups_limits_changed BEFORE UPDATE OF rate_per_s, burst, max_inflight ON dispatcher.limit_groups FOR EACH ROW EXECUTE FUNCTION dispatcher.group_limits_changed();
+
+CREATE TRIGGER queues_limits_changed BEFORE UPDATE OF rate_per_s, burst, max_inflight, limit_group ON dispatcher.queues FOR EACH ROW WHEN (old.rate_per_s IS DISTINCT FROM new.rate_per_s OR old.burst IS DISTINCT FROM new.burst OR old.max_inflight IS DISTINCT FROM new.max_inflight OR old.limit_group IS DISTINCT FROM new.limit_group) EXECUTE FUNCTION dispatcher.limits_changed();

@@ -82,6 +82,7 @@ class QueueWorker(Service):
         metrics.INFLIGHT.labels(queue).set_function(lambda: self.effects_running)
         self._m_duplicates = metrics.DUPLICATE_DELIVERIES.labels(queue)
         self._m_limiter_wait = metrics.LIMITER_WAIT.labels(queue)
+        self._m_key_throttled = metrics.KEY_THROTTLED.labels(queue)
 
     async def start(self) -> None:
         self._loop_task = self.spawn(self._claim_loop())
@@ -136,9 +137,7 @@ class QueueWorker(Service):
                 continue
             self._wake.clear()
             try:
-                jobs, taken, wait_s, held_back = await self._transport.receive(
-                    self.queue, slots, grant
-                )
+                delivery = await self._transport.receive(self.queue, slots, grant)
             except Exception as exc:  # the database may be restarting: try again shortly
                 if not isinstance(exc, ClaimsStarved):  # said once for every loop (db/claims.py)
                     log.error("claim failed on queue %s: %s", self.queue, exc)
@@ -146,8 +145,11 @@ class QueueWorker(Service):
                 self._return_unused(slots, tokens, 0)
                 await self._pause(CLAIM_ERROR_BACKOFF_S, wake_on_signal=False)
                 continue
+            jobs, taken, wait_s = delivery.jobs, delivery.consumed, delivery.wait_s
+            if delivery.key_throttled:
+                self._m_key_throttled.inc()
             self.budget.settle(grant, sum(job.size_bytes for job in jobs))
-            if held_back:  # the budget left jobs ready: claim again once bytes are freed
+            if delivery.held_back:  # the budget left jobs ready: claim again once bytes are freed
                 self.budget.wake_when_freed(self.wake)
             self._return_unused(slots, tokens, len(jobs))
             if taken > len(jobs):

@@ -1,4 +1,5 @@
-"""Retention: terminal jobs, then run receipts whose units are gone, deleted in bounded batches."""
+"""Retention: terminal jobs (their keys kept in the key ledger), then run receipts whose units are
+gone, then ledger keys past `keys_s`, deleted in bounded batches."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ class Pruner:
             pruned[state] = await self._batches(state, keep_s, prune_state)
         pruned["runs"] = await self._batches(
             "runs", s.runs_s, lambda: self._repo.prune_runs(s.runs_s, s.batch)
+        )
+        pruned["keys"] = await self._batches(
+            "keys", s.keys_s, lambda: self._repo.prune_keys(s.keys_s, s.batch)
         )
         return pruned
 

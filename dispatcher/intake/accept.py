@@ -15,6 +15,7 @@ from typing import Any
 
 from dispatcher.config.settings import Settings
 from dispatcher.core import jsoncodec, rfc3339
+from dispatcher.core.payload_size import oversize
 from dispatcher.db.jobs import JobRepository
 from dispatcher.errors import DatabaseUnavailable
 from dispatcher.intake.requests import JobRequest
@@ -100,6 +101,14 @@ class Intake:
             return Rejected(
                 422, f'target: only handler "http" takes a target, not {request.handler!r}'
             )
+        limit = self._settings.limits.max_payload_bytes
+        if (size := oversize(request.payload, target, limit)) is not None:
+            return Rejected(
+                413,
+                f"payload: the payload and target are {size} bytes of JSON, over "
+                f"limits.max_payload_bytes ({limit}); store large data elsewhere and pass a "
+                "reference",
+            )
         due_at = request.due_at
         if due_at is not None:  # with an offset: JobRequest refuses a time without one
             tolerance = timedelta(seconds=self._settings.due_at_past_tolerance_s)
@@ -124,6 +133,10 @@ class Intake:
             max_retry_age_s=request.max_retry_age_s,
             traceparent=traceparent,
             **contract,
+            priority=request.priority,
+            concurrency_key=request.stored_concurrency_key(),
+            on_key=request.on_key,
+            debounce_max_s=request.debounce_max_s,
         )
 
     def _contract(self, request: JobRequest, now: datetime) -> dict[str, Any] | Rejected:
@@ -188,6 +201,7 @@ class Intake:
             stored = iter([await self._writer.submit(valid[0])])
         else:
             stored = iter(await self._repo.enqueue_many(valid) if valid else [])
+        stored = iter(await self._replace(valid, list(stored)))
         results: list[EnqueueResult | Rejected] = []
         created_states: set[str] = set()
         for c in checked:
@@ -201,6 +215,25 @@ class Intake:
             results.append(result)
         for state in created_states:
             self._on_accepted(state)
+        return results
+
+    async def _replace(
+        self, jobs: list[NewJob], results: list[EnqueueResult]
+    ) -> list[EnqueueResult]:
+        """Key modes: the items that met another request under their key, and asked to replace
+        it, replace it while it is still scheduled (`replace_scheduled`)."""
+        asked = [
+            n
+            for n, (job, result) in enumerate(zip(jobs, results, strict=True))
+            if job.on_key != "reject" and result.outcome == "conflict"
+        ]
+        if not asked:
+            return results
+        replaced = await self._repo.replace_scheduled([jobs[n] for n in asked])
+        for n, result in zip(asked, replaced, strict=True):
+            results[n] = result or results[n]
+        if any(r is not None and r.outcome == "replaced" for r in replaced):
+            self._on_accepted("scheduled")  # the due-scan's next time may have moved
         return results
 
 

@@ -6,7 +6,7 @@ field. The API's own request types (batches, reschedule) live in `dispatcher.api
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -42,6 +42,34 @@ class JobRequest(BaseModel):
     )
     on_success: dict[str, Any] | None = Field(None, description="a target pushed when it succeeds")
     on_failure: dict[str, Any] | None = Field(None, description="a target pushed when it dies")
+    priority: int = Field(
+        0, ge=-100, le=100, strict=True, description="lower runs first, -100 to 100 (default 0)"
+    )
+    concurrency_key: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="the key per-key limits count by; omitted = the tenant, null = no key",
+    )
+
+    @field_validator("concurrency_key")
+    @classmethod
+    def _storable(cls, value: str | None) -> str | None:
+        if value is not None and (reason := storable_text(value)) is not None:
+            raise ValueError(reason)
+        return value
+
+    def stored_concurrency_key(self) -> str | None:
+        """The key as the SQL door takes it: None = the default (the tenant), "" = no key."""
+        if "concurrency_key" in self.model_fields_set and self.concurrency_key is None:
+            return ""
+        return self.concurrency_key
+
+    # when the key already names a job with another request: reject it (409), or replace that
+    # job while it is still scheduled: its body and due time (debounce), or its body only
+    # (keep_due: throttle); debounce_max_s bounds how far replacements push it past acceptance
+    on_key: Literal["reject", "replace", "keep_due"] = "reject"
+    debounce_max_s: Annotated[int, Field(ge=0, le=10 * 365 * 86400, strict=True)] | None = None
 
     @field_validator("due_at", "expires_at", mode="before")
     @classmethod
@@ -58,6 +86,15 @@ class JobRequest(BaseModel):
         due, expires = self.due_at, self.expires_at
         if expires is not None and due is not None and expires <= due:
             raise ValueError("expires_at must be later than due_at: the job could never start")
+        return self
+
+    @model_validator(mode="after")
+    def _debounce_with_replace(self) -> JobRequest:
+        if self.debounce_max_s is not None and self.on_key != "replace":
+            raise ValueError(
+                'debounce_max_s: only with "on_key": "replace" (keep_due never moves the due '
+                "time; reject never replaces)"
+            )
         return self
 
 

@@ -157,6 +157,13 @@ EFFECT_DURATION = Histogram(
     buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
+KEY_THROTTLED = Counter(
+    "dispatcher_key_throttled_claims",
+    "Claims in which a concurrency key at its limit held jobs back (per-key limits); per queue, "
+    "never per key.",
+    ["queue"],
+    registry=REGISTRY,
+)
 LIMITER_WAIT = Counter(
     "dispatcher_limiter_wait_seconds",
     "Time the claim loop waited for start tokens.",

@@ -21,6 +21,7 @@ from dispatcher.core import rfc3339
 from dispatcher.cron.expression import PeriodError
 from dispatcher.cron.service import CronService, UnknownSchedule
 from dispatcher.db.jobs import JobRepository
+from dispatcher.db.key_limits import KeyLimitsRepository
 from dispatcher.db.runs import TriggerFailed
 from dispatcher.engine.sampler import MetricsSampler
 from dispatcher.intake.requests import DeadLetterRequest
@@ -28,6 +29,7 @@ from dispatcher.observability import metrics
 from dispatcher.operator import audit
 from dispatcher.operator.audit import Actor
 from dispatcher.operator.errors import Conflict, Invalid, NotFound, OperatorError, Unavailable
+from dispatcher.operator.key_limits import KeyLimits, clear_key_limits, set_key_limits
 from dispatcher.operator.operations import (
     long_past,
     move_dead_letters,
@@ -174,6 +176,21 @@ class Operator:
             log.warning("queue %s %s by an operator", name, "paused" if paused else "resumed")
             sample = await self.sampler.sample(max_age_s=OVERVIEW_MAX_AGE_S)
             return queue_overview([row], sample, self.settings)[0]
+
+    async def set_key_limits(
+        self, actor: Actor, queue: str, key: str, limits: KeyLimits
+    ) -> dict[str, Any]:
+        """Give concurrency key `key` of `queue` its own limits (persisted, every daemon's next
+        claim honours them); the override stored."""
+        with _audited(actor, "key-limits", f"key {key[:100]!r} of queue {queue[:100]!r}"):
+            return await set_key_limits(KeyLimitsRepository(self.repo.pool), queue, key, limits)
+
+    async def clear_key_limits(self, actor: Actor, queue: str, key: str) -> dict[str, Any]:
+        """Key `key` of `queue` goes back to the queue's key limits; whether it had its own."""
+        with _audited(actor, "key-limits-reset", f"key {key[:100]!r} of queue {queue[:100]!r}"):
+            await self.queue(queue)
+            had = await clear_key_limits(KeyLimitsRepository(self.repo.pool), queue, key)
+            return {"queue": queue, "key": key, "had_override": had}
 
     async def queue(self, name: str) -> None:
         """Nothing if queue `name` is in the registry; else NotFound listing the queues (a

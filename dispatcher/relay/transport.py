@@ -29,6 +29,8 @@ class Delivery(NamedTuple):
     wait_s: float | None = None
     # the daemon's memory budget held jobs back: claim again once in-flight bytes are freed
     held_back: bool = False
+    # a concurrency key at its limit held jobs back (dispatcher_key_throttled_claims)
+    key_throttled: bool = False
 
 
 class Transport(Protocol):
@@ -77,7 +79,9 @@ class InProcessTransport:
         if claim.expired:  # past their time to live when claimed: ended, not started
             metrics.DEAD_LETTERS.labels(queue, "expired").inc(claim.expired)
             metrics.JOBS_COMPLETED.labels(queue, "dead").inc(claim.expired)
-        return Delivery(claim.jobs, claim.consumed, claim.wait_s, claim.held_back)
+        return Delivery(
+            claim.jobs, claim.consumed, claim.wait_s, claim.held_back, claim.key_throttled
+        )
 
     async def more_ready(self, queue: str) -> bool:
         return await self._claims.ready_left(queue, self._capabilities)

@@ -73,12 +73,12 @@ def status_of(answer: bytes) -> int:
 
 
 @pytest.fixture
-async def unchanged(live_daemon: DaemonProcess, module_db_url: str) -> AsyncIterator[None]:
+async def unchanged(module_daemon: DaemonProcess, module_db_url: str) -> AsyncIterator[None]:
     """The jobs table has the same rows after the test, and the daemon is still healthy."""
     before = await job_count(module_db_url)
     yield
     assert await job_count(module_db_url) == before
-    await healthy(live_daemon)
+    await healthy(module_daemon)
 
 
 def post_request(body: bytes, *, extra: bytes = b"", path: bytes = b"/v1/jobs") -> bytes:
@@ -95,16 +95,16 @@ def post_request(body: bytes, *, extra: bytes = b"", path: bytes = b"/v1/jobs") 
 
 @pytest.mark.parametrize("path", [b"/v1/jobs", b"/v1/jobs/batch"])
 async def test_oversize_body_is_413_problem(
-    live_daemon: DaemonProcess, unchanged: None, path: bytes
+    module_daemon: DaemonProcess, unchanged: None, path: bytes
 ) -> None:
     body = b'{"handler": "report", "payload": {"x": "' + b"a" * BODY_LIMIT_BYTES + b'"}}'
-    answer = await raw_exchange(live_daemon, post_request(body, path=path))
+    answer = await raw_exchange(module_daemon, post_request(body, path=path))
     assert status_of(answer) == 413, answer[:300]
     assert PROBLEM.encode() in answer and f"{BODY_LIMIT_BYTES} bytes".encode() in answer
 
 
 async def test_oversize_chunked_body_is_413_problem(
-    live_daemon: DaemonProcess, unchanged: None
+    module_daemon: DaemonProcess, unchanged: None
 ) -> None:
     chunk = b"a" * 4096
     body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(4)) + b"0\r\n\r\n"
@@ -113,7 +113,7 @@ async def test_oversize_chunked_body_is_413_problem(
         b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
         b"Connection: close\r\n\r\n" + body
     )
-    answer = await raw_exchange(live_daemon, request)
+    answer = await raw_exchange(module_daemon, request)
     assert status_of(answer) == 413, answer[:300]
     assert PROBLEM.encode() in answer
 
@@ -128,15 +128,15 @@ async def test_oversize_chunked_body_is_413_problem(
     ids=["arrays", "objects", "inside-payload"],
 )
 async def test_deep_json_nesting_is_400_problem(
-    live_daemon: DaemonProcess, unchanged: None, body: bytes
+    module_daemon: DaemonProcess, unchanged: None, body: bytes
 ) -> None:
-    answer = await raw_exchange(live_daemon, post_request(body))
+    answer = await raw_exchange(module_daemon, post_request(body))
     assert status_of(answer) == 400, answer[:300]
     assert PROBLEM.encode() in answer and b"nests JSON too deeply" in answer
 
 
 async def test_nesting_just_below_the_parser_limit_is_never_a_5xx(
-    live_daemon: DaemonProcess,
+    module_daemon: DaemonProcess,
 ) -> None:
     """Deep but parseable payloads travel through validation, hashing and the driver's JSON
     encoder: each is stored (202) or refused with a problem, never a crash. Python's parser
@@ -147,10 +147,10 @@ async def test_nesting_just_below_the_parser_limit_is_never_a_5xx(
         request = post_request(body).replace(
             b"Idempotency-Key: hostile", b"Idempotency-Key: deep-%d" % depth
         )
-        statuses[depth] = status_of(await raw_exchange(live_daemon, request))
+        statuses[depth] = status_of(await raw_exchange(module_daemon, request))
     crashed = {d: s for d, s in statuses.items() if s not in (202, 400, 422)}
     assert not crashed, f"depths answered with a 5xx: {crashed}"
-    await healthy(live_daemon)
+    await healthy(module_daemon)
 
 
 @pytest.mark.parametrize(
@@ -164,9 +164,9 @@ async def test_nesting_just_below_the_parser_limit_is_never_a_5xx(
     ids=["ff-fe", "bad-continuation", "encoded-surrogate"],
 )
 async def test_invalid_utf8_is_400_problem(
-    live_daemon: DaemonProcess, unchanged: None, body: bytes
+    module_daemon: DaemonProcess, unchanged: None, body: bytes
 ) -> None:
-    answer = await raw_exchange(live_daemon, post_request(body))
+    answer = await raw_exchange(module_daemon, post_request(body))
     assert status_of(answer) == 400, answer[:300]
     assert PROBLEM.encode() in answer and b"UTF-8" in answer
 
@@ -181,9 +181,9 @@ async def test_invalid_utf8_is_400_problem(
     ids=["one-100kB-header", "500-headers", "20kB-idempotency-key"],
 )
 async def test_huge_headers_are_refused_and_the_daemon_stays_healthy(
-    live_daemon: DaemonProcess, unchanged: None, extra: bytes
+    module_daemon: DaemonProcess, unchanged: None, extra: bytes
 ) -> None:
-    answer = await raw_exchange(live_daemon, post_request(b'{"handler": "report"}', extra=extra))
+    answer = await raw_exchange(module_daemon, post_request(b'{"handler": "report"}', extra=extra))
     # aiohttp's parser limits (8190-byte lines and fields, 128 headers) answer before routing
     assert answer == b"" or status_of(answer) in (400, 413, 431), answer[:300]
 
@@ -200,14 +200,14 @@ async def test_huge_headers_are_refused_and_the_daemon_stays_healthy(
     ids=["tls-hello", "http-9.9", "negative-length", "two-lengths", "blank-lines"],
 )
 async def test_garbage_on_the_socket_is_refused(
-    live_daemon: DaemonProcess, unchanged: None, garbage: bytes
+    module_daemon: DaemonProcess, unchanged: None, garbage: bytes
 ) -> None:
-    answer = await raw_exchange(live_daemon, garbage, timeout_s=3)
+    answer = await raw_exchange(module_daemon, garbage, timeout_s=3)
     assert answer == b"" or status_of(answer) in (200, 400), answer[:300]
 
 
 async def test_slow_loris_connections_do_not_starve_normal_clients(
-    live_daemon: DaemonProcess,
+    module_daemon: DaemonProcess,
 ) -> None:
     """200 connections each trickle a request one byte at a time; a normal client is served
     at once throughout.
@@ -218,14 +218,16 @@ async def test_slow_loris_connections_do_not_starve_normal_clients(
     The connections here are still open when the test ends; asyncio keeps serving others, so
     the cost is sockets and file descriptors, not latency."""
     request = b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"{" * 1000
-    connections = [await asyncio.open_connection("127.0.0.1", live_daemon.port) for _ in range(200)]
+    connections = [
+        await asyncio.open_connection("127.0.0.1", module_daemon.port) for _ in range(200)
+    ]
     latencies: list[float] = []
     try:
         for step in range(30):
             for _, writer in connections:
                 writer.write(request[step : step + 1])
             started = time.monotonic()
-            await healthy(live_daemon)
+            await healthy(module_daemon)
             latencies.append(time.monotonic() - started)
             await asyncio.sleep(0.1)  # the trickle's pace, not a synchronisation
         open_after = sum(1 for reader, _ in connections if not reader.at_eof())

@@ -25,33 +25,24 @@ BODY = b'{"handler": "report"}'
 
 
 @pytest.fixture(scope="module")
-async def daemon(module_db_url: str) -> AsyncIterator[DaemonProcess]:
-    process = DaemonProcess(
-        {
-            "DISPATCHER_DATABASE_URL": module_db_url,
-            "DISPATCHER_API_TOKENS": TOKEN.decode(),
-            "DISPATCHER_BODY_LIMIT_BYTES": str(BODY_LIMIT_BYTES),
-            "DISPATCHER_HANDLERS__REPORT__KIND": "python",
-            "DISPATCHER_HANDLERS__REPORT__FUNCTION": "tests.badinput.handlers:noop",
-            "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "0.001",
-            "DISPATCHER_QUEUES__DEFAULT__BURST": "1",
-        }
-    )
-    try:
-        yield await process.start()
-    finally:
-        if process.proc is not None and process.proc.returncode is None:
-            process.proc.kill()
-            await process.proc.wait()
+def module_daemon_env() -> dict[str, str]:
+    return {
+        "DISPATCHER_API_TOKENS": TOKEN.decode(),
+        "DISPATCHER_BODY_LIMIT_BYTES": str(BODY_LIMIT_BYTES),
+        "DISPATCHER_HANDLERS__REPORT__KIND": "python",
+        "DISPATCHER_HANDLERS__REPORT__FUNCTION": "tests.badinput.handlers:noop",
+        "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "0.001",
+        "DISPATCHER_QUEUES__DEFAULT__BURST": "1",
+    }
 
 
 @pytest.fixture
-async def quiet_log(daemon: DaemonProcess) -> AsyncIterator[None]:
+async def quiet_log(module_daemon: DaemonProcess) -> AsyncIterator[None]:
     """Nothing the test sends is logged as an error or with a traceback."""
-    offset = len(daemon.log_text())
+    offset = len(module_daemon.log_text())
     yield
     await asyncio.sleep(0.05)  # the log line of a refusal is written after the answer
-    new = daemon.log_text()[offset:]
+    new = module_daemon.log_text()[offset:]
     assert "Traceback" not in new, new[-2000:]
     errors = [
         line
@@ -61,9 +52,11 @@ async def quiet_log(daemon: DaemonProcess) -> AsyncIterator[None]:
     assert not errors, errors[:3]
 
 
-async def exchange(daemon: DaemonProcess, request: bytes) -> tuple[int, dict[str, str], bytes]:
+async def exchange(
+    module_daemon: DaemonProcess, request: bytes
+) -> tuple[int, dict[str, str], bytes]:
     """Send one raw request (the server closes after answering); return status, headers, body."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", daemon.port)
+    reader, writer = await asyncio.open_connection("127.0.0.1", module_daemon.port)
     try:
         writer.write(request)
         await writer.drain()
@@ -116,16 +109,18 @@ def assert_problem(status: int, headers: dict[str, str], body: bytes, expected: 
     ids=["ff-fe", "only-ff", "token-then-ff", "encoded-surrogate", "utf8", "basic", "no-token"],
 )
 async def test_a_bad_authorization_header_is_401_problem(
-    daemon: DaemonProcess, quiet_log: None, authorization: bytes
+    module_daemon: DaemonProcess, quiet_log: None, authorization: bytes
 ) -> None:
-    answer = await exchange(daemon, request(headers=b"Authorization: " + authorization + b"\r\n"))
+    answer = await exchange(
+        module_daemon, request(headers=b"Authorization: " + authorization + b"\r\n")
+    )
     document = assert_problem(*answer, 401)
     assert "bearer token" in document["detail"]
     assert answer[1]["www-authenticate"] == 'Bearer realm="dispatcher"'
 
 
-async def test_the_right_token_still_passes(daemon: DaemonProcess, quiet_log: None) -> None:
-    status, _, body = await exchange(daemon, request())
+async def test_the_right_token_still_passes(module_daemon: DaemonProcess, quiet_log: None) -> None:
+    status, _, body = await exchange(module_daemon, request())
     assert status == 200, body
 
 
@@ -155,11 +150,11 @@ async def test_the_right_token_still_passes(daemon: DaemonProcess, quiet_log: No
     ],
 )
 async def test_bytes_the_http_parser_refuses_are_a_400_problem(
-    daemon: DaemonProcess, quiet_log: None, header: bytes
+    module_daemon: DaemonProcess, quiet_log: None, header: bytes
 ) -> None:
     """aiohttp's parser refuses these before any handler runs; the answer is still ours."""
     raw = request(b"POST", b"/v1/jobs", AUTH + header, BODY)
-    document = assert_problem(*await exchange(daemon, raw), 400)
+    document = assert_problem(*await exchange(module_daemon, raw), 400)
     assert "HTTP request" in document["detail"]
 
 
@@ -169,19 +164,19 @@ async def test_bytes_the_http_parser_refuses_are_a_400_problem(
     ids=["not-utf8", "non-ascii", "256-chars", "inner-tab"],
 )
 async def test_a_bad_idempotency_key_is_400_problem(
-    daemon: DaemonProcess, quiet_log: None, key: bytes
+    module_daemon: DaemonProcess, quiet_log: None, key: bytes
 ) -> None:
-    answer = await exchange(daemon, post_job(b"Idempotency-Key: " + key + b"\r\n"))
+    answer = await exchange(module_daemon, post_job(b"Idempotency-Key: " + key + b"\r\n"))
     assert "Idempotency-Key" in assert_problem(*answer, 400)["detail"]
 
 
 @pytest.mark.parametrize("content_type", [b"\xff\xfe", b"application/json; charset=\xff"])
 async def test_odd_bytes_in_content_type_are_never_a_5xx(
-    daemon: DaemonProcess, quiet_log: None, content_type: bytes
+    module_daemon: DaemonProcess, quiet_log: None, content_type: bytes
 ) -> None:
     """The body decides (JSON in UTF-8); a Content-Type the API does not read cannot break it."""
     key = b"Idempotency-Key: ct-%d\r\n" % len(content_type)
-    status, headers, body = await exchange(daemon, post_job(key, content_type))
+    status, headers, body = await exchange(module_daemon, post_job(key, content_type))
     assert status == 202 or assert_problem(status, headers, body, status), (status, body)
 
 
@@ -210,9 +205,9 @@ async def test_odd_bytes_in_content_type_are_never_a_5xx(
     ids=lambda v: v.decode("latin-1")[:40] if isinstance(v, bytes) else str(v),
 )
 async def test_odd_query_and_path_parameters_are_a_4xx_problem(
-    daemon: DaemonProcess, quiet_log: None, target: bytes, expected: int
+    module_daemon: DaemonProcess, quiet_log: None, target: bytes, expected: int
 ) -> None:
-    assert_problem(*await exchange(daemon, request(target=target)), expected)
+    assert_problem(*await exchange(module_daemon, request(target=target)), expected)
 
 
 @pytest.mark.parametrize(
@@ -220,8 +215,8 @@ async def test_odd_query_and_path_parameters_are_a_4xx_problem(
     [b"/v1/jobs/%FF/retry", b"/v1/jobs/99999999999999999999/cancel", b"/v1/schedules/%FF/trigger"],
 )
 async def test_odd_path_parameters_of_actions_are_404_problem(
-    daemon: DaemonProcess, quiet_log: None, target: bytes
+    module_daemon: DaemonProcess, quiet_log: None, target: bytes
 ) -> None:
     body = b'{"period_start": "2026-01-01T00:00:00Z"}'
     raw = request(b"POST", target, AUTH + b"Content-Type: application/json\r\n", body)
-    assert_problem(*await exchange(daemon, raw), 404)
+    assert_problem(*await exchange(module_daemon, raw), 404)

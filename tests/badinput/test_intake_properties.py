@@ -21,6 +21,9 @@ from hypothesis import strategies as st
 
 from tests.service.intake_app import PROBLEM_JSON, Api
 
+# run as a RabbitMQ daemon leaves the database: ready jobs get the outbox rows looked at here
+pytestmark = pytest.mark.usefixtures("relay_transport")
+
 SETTINGS = settings(
     max_examples=250,
     deadline=None,
@@ -169,13 +172,6 @@ mutated_jobs = st.tuples(
     valid_jobs, st.dictionaries(st.sampled_from(fields), json_values, min_size=1, max_size=2)
 ).map(lambda pair: {**pair[0], **pair[1]})
 any_job = st.one_of(valid_jobs, valid_jobs, mutated_jobs, job_bodies)
-
-
-@pytest.fixture(autouse=True)
-async def relay_transport(api: Api) -> None:
-    """Run as a RabbitMQ daemon leaves the database: ready jobs get the outbox rows these tests
-    look at (in process there are none: tests/db/test_sql_door.py)."""
-    await api.repo.pool.execute("UPDATE dispatcher.intake_settings SET ready_outbox = true")
 
 
 def encoded(value: Any) -> bytes:

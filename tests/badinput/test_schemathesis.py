@@ -57,8 +57,8 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def live_schema(live_daemon: DaemonProcess) -> schemathesis.BaseSchema:
-    return schemathesis.openapi.from_url(f"{live_daemon.base_url}/openapi.json")
+def live_schema(module_daemon: DaemonProcess) -> schemathesis.BaseSchema:
+    return schemathesis.openapi.from_url(f"{module_daemon.base_url}/openapi.json")
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,7 @@ def acceptable(path: str, body: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize(("path", "method", "mode"), CASES)
 def test_every_response_conforms_to_the_openapi_document(
     live_schema: schemathesis.BaseSchema,
-    live_daemon: DaemonProcess,
+    module_daemon: DaemonProcess,
     history_job: int,
     waiting_jobs: dict[str, Iterator[int]],
     path: str,
@@ -174,7 +174,7 @@ def test_every_response_conforms_to_the_openapi_document(
             case.path_parameters = {**(case.path_parameters or {}), "id": str(job)}
         if mode is GenerationMode.POSITIVE and isinstance(case.body, dict):
             case.body = {**case.body, **acceptable(path, case.body)}
-        case.call_and_validate(base_url=live_daemon.base_url, checks=CHECKS, timeout=10)
+        case.call_and_validate(base_url=module_daemon.base_url, checks=CHECKS, timeout=10)
 
     conforms()
 

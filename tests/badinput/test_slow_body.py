@@ -7,13 +7,13 @@ import time
 
 import aiohttp
 
-from tests.harness import DaemonProcess
+from tests.harness.fixtures import Spawn
 
 
-async def test_trickled_body_gets_408_and_the_daemon_keeps_serving(db_url: str) -> None:
-    daemon = await DaemonProcess(
-        {"DISPATCHER_DATABASE_URL": db_url, "DISPATCHER_BODY_READ_TIMEOUT_S": "1"}
-    ).start()
+async def test_trickled_body_gets_408_and_the_daemon_keeps_serving(
+    db_url: str, spawn: Spawn
+) -> None:
+    daemon = await spawn({"DISPATCHER_DATABASE_URL": db_url, "DISPATCHER_BODY_READ_TIMEOUT_S": "1"})
     reader, writer = await asyncio.open_connection("127.0.0.1", daemon.port)
     writer.write(
         b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nIdempotency-Key: slow\r\n"

@@ -27,7 +27,7 @@ from tests.console.common import (
     TOKENS_ENV,
     VIEWER_TOKEN,
 )
-from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, serve_target, wait_until
+from tests.harness import DaemonProcess, Target, serve_target, wait_until
 
 pytestmark = needs_chromium
 AUTH = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
@@ -48,32 +48,19 @@ async def target() -> AsyncIterator[Target]:
         yield t
 
 
-def env(db_url: str, config: Path | None = None) -> dict[str, str]:
-    values = {
-        "DISPATCHER_DATABASE_URL": db_url,
-        "DISPATCHER_API_TOKENS": TOKENS_ENV,
-        **LOOPBACK_ENV,
-        "DISPATCHER_DRAIN_TIMEOUT_S": "5",
-    }
-    if config is not None:
-        values["DISPATCHER_CONFIG"] = str(config)
-    return values
-
-
 @pytest.fixture
-async def daemon(db_url: str, tmp_path: Path, target: Target) -> AsyncIterator[DaemonProcess]:
+def daemon_env(tmp_path: Path, target: Target) -> dict[str, str]:
     config = tmp_path / "dispatcher.toml"
     # an hourly schedule to catch up; the http handler pushes to the test's target
     config.write_text(
         '[[schedules]]\nname = "hourly"\ncron = "0 * * * *"\nhandler = "http"\n'
         f'overlap = "allow"\ntarget = {{ url = "{target.url}" }}\n'
     )
-    process = DaemonProcess(env(db_url, config))
-    await process.start()
-    try:
-        yield process
-    finally:
-        assert await process.stop() == 0, process.log_text()[-2000:]
+    return {
+        "DISPATCHER_API_TOKENS": TOKENS_ENV,
+        "DISPATCHER_DRAIN_TIMEOUT_S": "5",
+        "DISPATCHER_CONFIG": str(config),
+    }
 
 
 @pytest.fixture

@@ -1,10 +1,9 @@
-"""The console over real HTTP on a real daemon (in-process, real PostgreSQL): sign-in and its
-cookie, CSRF, scopes, security headers, escaping, page weight, the open console without tokens
-and the console's own listener."""
+"""The console over real HTTP on a real daemon (a child process; in process where a test builds
+its settings; real PostgreSQL): sign-in and its cookie, CSRF, scopes, security headers, escaping,
+page weight, the open console without tokens and the console's own listener."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -19,6 +18,7 @@ from tests.console.common import (
     HOSTILE_TENANT,
     OPERATOR_TOKEN,
     TOKENS,
+    TOKENS_ENV,
     VIEWER_TOKEN,
     form_token,
     page,
@@ -26,7 +26,7 @@ from tests.console.common import (
     sign_in,
 )
 from tests.harness import (
-    RunningDaemon,
+    DaemonHandle,
     Target,
     free_port,
     make_settings,
@@ -40,9 +40,8 @@ WEIGHT_LIMIT = 150 * 1024
 
 
 @pytest.fixture
-async def daemon(db_url: str) -> AsyncIterator[RunningDaemon]:
-    async with running_daemon(make_settings(db_url, api_tokens=TOKENS)) as running:
-        yield running
+def daemon_env() -> dict[str, str]:
+    return {"DISPATCHER_API_TOKENS": TOKENS_ENV}
 
 
 async def queue_paused(db_url: str, name: str = "default") -> bool:
@@ -55,7 +54,7 @@ async def queue_paused(db_url: str, name: str = "default") -> bool:
         await conn.close()
 
 
-async def test_pages_need_a_session(daemon: RunningDaemon) -> None:
+async def test_pages_need_a_session(daemon: DaemonHandle, db_url: str) -> None:
     async with session() as client:
         for path in PAGES:
             status, _, headers = await page(client, daemon.base_url + path)
@@ -64,10 +63,10 @@ async def test_pages_need_a_session(daemon: RunningDaemon) -> None:
         assert status == 401
         async with client.post(daemon.base_url + "/console/queues/default/pause", data={}) as r:
             assert r.status == 401
-    assert not await queue_paused(daemon.daemon.settings.database_url.get_secret_value())  # type: ignore[union-attr]
+    assert not await queue_paused(db_url)
 
 
-async def test_sign_in_sets_a_strict_http_only_cookie(daemon: RunningDaemon) -> None:
+async def test_sign_in_sets_a_strict_http_only_cookie(daemon: DaemonHandle) -> None:
     async with session() as client:
         wrong = await sign_in(client, daemon.base_url, "not-a-token")
         assert wrong.status == 401 and "dispatcher_console=" not in str(
@@ -89,7 +88,7 @@ async def test_sign_in_sets_a_strict_http_only_cookie(daemon: RunningDaemon) -> 
             assert "signed in as <strong>ops</strong>" in html
 
 
-async def test_the_login_form_has_its_own_csrf_token(daemon: RunningDaemon) -> None:
+async def test_the_login_form_has_its_own_csrf_token(daemon: DaemonHandle) -> None:
     async with (
         session() as client,
         client.post(
@@ -102,7 +101,7 @@ async def test_the_login_form_has_its_own_csrf_token(daemon: RunningDaemon) -> N
         assert "dispatcher_console=" not in str(r.headers.getall("Set-Cookie", []))
 
 
-async def test_every_answer_carries_the_security_headers(daemon: RunningDaemon) -> None:
+async def test_every_answer_carries_the_security_headers(daemon: DaemonHandle) -> None:
     async with session() as client:
         await sign_in(client, daemon.base_url, OPERATOR_TOKEN)
         for path in (
@@ -120,7 +119,7 @@ async def test_every_answer_carries_the_security_headers(daemon: RunningDaemon) 
 
 
 async def test_a_post_without_the_sessions_csrf_token_changes_nothing(
-    daemon: RunningDaemon, db_url: str
+    daemon: DaemonHandle, db_url: str
 ) -> None:
     url = daemon.base_url + "/console/queues/default/pause"
     async with session() as client, session() as other:
@@ -145,7 +144,7 @@ async def test_a_post_without_the_sessions_csrf_token_changes_nothing(
 
 
 async def test_a_read_only_token_sees_no_action_and_is_refused_if_it_acts(
-    daemon: RunningDaemon, db_url: str
+    daemon: DaemonHandle, db_url: str
 ) -> None:
     async with session() as client:
         await sign_in(client, daemon.base_url, VIEWER_TOKEN)
@@ -169,7 +168,7 @@ async def test_a_read_only_token_sees_no_action_and_is_refused_if_it_acts(
     assert not await queue_paused(db_url)
 
 
-async def hostile_job(daemon: RunningDaemon, target: Target) -> int:
+async def hostile_job(daemon: DaemonHandle, target: Target) -> int:
     async def refuse(request: web.Request, count: int) -> web.StreamResponse:
         return web.Response(status=400, text=HOSTILE_ERROR)
 
@@ -221,7 +220,7 @@ async def test_hostile_text_is_shown_as_text(db_url: str) -> None:
             assert "Authorization: •••" in html and "token=•••" in html
 
 
-async def test_the_pages_weigh_less_than_150_kb(daemon: RunningDaemon) -> None:
+async def test_the_pages_weigh_less_than_150_kb(daemon: DaemonHandle) -> None:
     async with session() as client:
         await sign_in(client, daemon.base_url, OPERATOR_TOKEN)
         static = 0
@@ -285,7 +284,7 @@ def test_a_console_listener_off_loopback_needs_tokens_and_tls() -> None:
     )
 
 
-async def test_the_live_numbers_follow_a_pause(daemon: RunningDaemon, db_url: str) -> None:
+async def test_the_live_numbers_follow_a_pause(daemon: DaemonHandle, db_url: str) -> None:
     async with session() as client:
         await sign_in(client, daemon.base_url, OPERATOR_TOKEN)
         async with client.get(daemon.base_url + "/console/live.json") as r:

@@ -21,7 +21,7 @@ from tests.console.common import (
     session,
     sign_in,
 )
-from tests.harness import Result, RunningDaemon, cli, make_settings, running_daemon
+from tests.harness import InProcessDaemon, Result, cli, make_settings, running_daemon
 
 FAR_FUTURE = "2099-01-01T00:00:00Z"
 
@@ -53,7 +53,7 @@ async def sign_out(client: aiohttp.ClientSession, base: str) -> None:
         assert r.status == 303
 
 
-async def future_job(daemon: RunningDaemon) -> int:
+async def future_job(daemon: InProcessDaemon) -> int:
     body = {"handler": "http", "target": {"url": "http://127.0.0.1:9/"}, "due_at": FAR_FUTURE}
     async with daemon.session.post(
         daemon.base_url + "/v1/jobs",

@@ -15,14 +15,11 @@ from dispatcher.db.jobs import JobRepository
 from dispatcher.engine.pruning import Pruner
 from dispatcher.model import Job, NewJob
 
+# the registry a daemon writes at start (the shared `registry` fixture registers it)
+pytestmark = pytest.mark.registry({"default": (3, 3600)}, {"work": ("python", 1)})
+
 OWNER = "host:1:abc"
 CAPABILITIES = ["work:1"]
-
-
-@pytest.fixture
-async def registry(repo: JobRepository) -> JobRepository:
-    await repo.sync_registry({"default": (3, 3600)}, {"work": ("python", 1)})
-    return repo
 
 
 async def claim_one(repo: JobRepository, key: str, **fields: Any) -> Job:

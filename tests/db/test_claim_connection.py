@@ -59,7 +59,7 @@ async def test_claims_reuse_a_kept_connection_and_are_planned_each_time(
     try:
         for i in range(8):
             await enqueue(noop_pool, f"job-{i}")
-            jobs, taken, wait_s, _ = await claims.claim("default", 10, CAPABILITIES, "me", 60)
+            jobs, taken, wait_s, *_ = await claims.claim("default", 10, CAPABILITIES, "me", 60)
             assert ([j.key for j in jobs], taken, wait_s) == ([f"job-{i}"], 1, None)
         [conn] = claims._idle  # one claim at a time: one connection did them all
         generic, custom = await conn.fetchrow(

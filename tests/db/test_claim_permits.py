@@ -78,7 +78,7 @@ async def test_parked_permits_count_against_the_burst(repo: JobRepository) -> No
     )
     assert sum(len(jobs) for jobs, *_ in results) == 23
     assert await running(repo) == 25
-    jobs, _, wait_s, _ = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
+    jobs, _, wait_s, *_ = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
     assert jobs == [] and wait_s is not None and wait_s > 100
 
 
@@ -145,7 +145,7 @@ async def churn(
         nonlocal started
         held: list[tuple[int, int]] = []
         while loop.time() < stop_at:
-            jobs, _, wait_s, _ = await repo.claim_limited(
+            jobs, _, wait_s, *_ = await repo.claim_limited(
                 "default", rng.randint(1, 40), CAPABILITIES, f"d{i}", 60
             )
             started += len(jobs)

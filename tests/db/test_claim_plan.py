@@ -1,5 +1,6 @@
 """Each claim of a drain costs the same, not more than the one before it (db/queries.sql,
-claim_ready).
+claim_ready; its walk of the ready jobs runs in dispatcher.claim_pick, migration 023, whose
+statements auto_explain shows).
 
 A drain starts from a table of due jobs analyzed while every one of them was ready; with those
 statistics the planner walks a tenant's ready jobs on the primary key, in id order. From the
@@ -10,6 +11,8 @@ lowest id, each claim stepped over every job claimed before it (the 20th claim o
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -33,6 +36,33 @@ def scans_under_locks(node: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
+@asynccontextmanager
+async def nested_plans(conn: asyncpg.Connection) -> AsyncIterator[list[dict[str, Any]]]:
+    """The executed plans of every statement `conn` runs meanwhile, functions' statements
+    included (auto_explain, sent to the client as notices)."""
+    plans: list[dict[str, Any]] = []
+
+    def collect(_conn: Any, message: Any) -> None:
+        text = message.message
+        if "plan:" in text:
+            plans.append(json.loads(text.split("plan:", 1)[1])["Plan"])
+
+    await conn.execute("LOAD 'auto_explain'")
+    await conn.execute(
+        "SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;"
+        " SET auto_explain.log_analyze = on; SET auto_explain.log_format = json;"
+        " SET auto_explain.log_level = notice"
+    )
+    conn.add_log_listener(collect)
+    try:
+        yield plans
+    finally:
+        conn.remove_log_listener(collect)
+        # no session state left behind on a pooled connection (the settings; the library
+        # stays loaded, inert with logging off)
+        await conn.execute("SET auto_explain.log_min_duration = -1; RESET ALL")
+
+
 async def test_a_claim_late_in_a_drain_steps_over_no_claimed_job(
     pool: asyncpg.Pool, repo: JobRepository
 ) -> None:
@@ -44,25 +74,26 @@ async def test_a_claim_late_in_a_drain_steps_over_no_claimed_job(
     for _ in range(CLAIMS_BEFORE):
         jobs, _ = await repo.claim("default", BATCH, ["noop:1"], "owner", 60.0)
         assert len(jobs) == BATCH
-    async with pool.acquire() as conn, conn.transaction():
-        rows = await conn.fetch(
-            "EXPLAIN (ANALYZE, FORMAT JSON) " + query("claim_ready"),
-            "default",
-            BATCH,
-            ["noop:1"],
-            "owner",
-            60.0,
-            2**62,  # no memory budget
-            True,
-        )
-        explained = rows[0][0]  # the pool decodes json
-        plan = (json.loads(explained) if isinstance(explained, str) else explained)[0]["Plan"]
+    async with pool.acquire() as conn:
+        async with nested_plans(conn) as plans:
+            await conn.fetch(
+                query("claim_ready"),
+                "default",
+                BATCH,
+                ["noop:1"],
+                "owner",
+                60.0,
+                2**62,  # no memory budget
+                True,
+                None,  # no cursor: the walk starts at the first tenant
+                None,
+            )
         claimed = await conn.fetchval(
             "SELECT count(*) FROM dispatcher.job_state WHERE state = 'running'"
         )
     assert claimed == (CLAIMS_BEFORE + 1) * BATCH  # the explained claim ran too
-    scans = scans_under_locks(plan)
-    assert scans, json.dumps(plan, indent=1)
+    scans = [scan for plan in plans for scan in scans_under_locks(plan)]
+    assert scans, json.dumps(plans, indent=1)
     for scan in scans:
         # what the walk read and threw away: jobs claimed before (their running versions)
         assert scan.get("Rows Removed by Filter", 0) < BATCH, json.dumps(scan, indent=1)

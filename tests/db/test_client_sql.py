@@ -250,3 +250,29 @@ async def test_a_wrong_object_or_flavour_is_a_clear_type_error(db_url: str) -> N
         await enqueue(sync_conn, "k", "http")
     with pytest.raises(ValueError, match="needs a timezone"):
         await enqueue(object(), "k", "http", due_at=datetime(2030, 1, 1))
+
+
+async def test_priority_and_concurrency_key_reach_the_job_on_every_driver(door: Door) -> None:
+    async with door.transaction(commit=True) as run:
+        await run("one", "p-1", "http", {}, target=TARGET, tenant="t", priority=-10)
+        await run("one", "p-2", "http", {}, target=TARGET, tenant="t", concurrency_key="")
+        await run(
+            "many",
+            [
+                SqlJob("p-3", "http", {}, target=TARGET, priority=7, concurrency_key="acct-3"),
+                SqlJob("p-4", "http", {}, target=TARGET, tenant="u"),
+            ],
+        )
+    conn = await asyncpg.connect(door.url)
+    try:
+        rows = await conn.fetch(
+            "SELECT key, priority, concurrency_key FROM dispatcher.jobs ORDER BY key"
+        )
+    finally:
+        await conn.close()
+    assert [tuple(r) for r in rows] == [
+        ("p-1", -10, "t"),  # the tenant by default
+        ("p-2", 0, None),  # "": no key
+        ("p-3", 7, "acct-3"),
+        ("p-4", 0, "u"),
+    ]

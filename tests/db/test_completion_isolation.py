@@ -15,15 +15,12 @@ from dispatcher.db.pool import create_pool
 from dispatcher.engine.completer import Completer
 from dispatcher.model import Job, NewJob
 
+# the registry a daemon writes at start (the shared `registry` fixture registers it)
+pytestmark = pytest.mark.registry({"default": (3, 3600)}, {"work": ("python", 1)})
+
 OWNER = "host:1:isolation"
 JOBS = 40
 REFUSED = {7, 23}  # the jobs whose result the database refuses
-
-
-@pytest.fixture
-async def registry(repo: JobRepository) -> JobRepository:
-    await repo.sync_registry({"default": (3, 3600)}, {"work": ("python", 1)})
-    return repo
 
 
 async def claim(repo: JobRepository, count: int) -> list[Job]:

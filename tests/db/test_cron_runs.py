@@ -23,6 +23,9 @@ from dispatcher.observability import metrics
 from dispatcher.runtime.timing import TimingEngine
 from tests.harness import wait_until
 
+# the registry a daemon writes at start (the shared `registry` fixture registers it)
+pytestmark = pytest.mark.registry({"default": (10, 86_400)}, {"noop": ("python", 1)})
+
 OWNER = "test-worker"
 MINUTE = timedelta(minutes=1)
 
@@ -40,12 +43,6 @@ def make_schedule(name: str, **overrides: Any) -> ScheduleSettings:
     }
     raw.update(overrides)
     return ScheduleSettings.model_validate(raw)
-
-
-@pytest.fixture
-async def registry(repo: JobRepository) -> JobRepository:
-    await repo.sync_registry({"default": (10, 86_400)}, {"noop": ("python", 1)})
-    return repo
 
 
 def service(

@@ -39,7 +39,7 @@ async def test_concurrent_claims_never_start_more_than_the_burst(repo: JobReposi
     assert sum(len(jobs) for jobs, *_ in results) == 25
     assert await running(repo) == 25
     # spent: the next claim gets nothing and is told how long until a token is back
-    jobs, _, wait_s, _ = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
+    jobs, _, wait_s, *_ = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
     assert jobs == []
     assert wait_s is not None and wait_s > 100
 
@@ -70,7 +70,7 @@ async def test_concurrent_claims_never_exceed_the_inflight_cap(repo: JobReposito
 
 async def test_tokens_a_claim_did_not_use_are_given_back(repo: JobRepository) -> None:
     await setup(repo, 2, rate=0.001, burst=5, inflight=None)
-    jobs, _, wait_s, _ = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
+    jobs, _, wait_s, *_ = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
     assert len(jobs) == 2 and wait_s is None
     await repo.enqueue_many([NewJob(key=f"more{i}", handler="work", payload={}) for i in range(9)])
     jobs, *_ = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)

@@ -80,9 +80,14 @@ async def populate(conn: asyncpg.Connection, url: str) -> None:
     )
 
 
+# The view's columns as of migration 015; later migrations add their own after them (023:
+# priority, concurrency_key), which this upgrade test does not compare.
+COLUMNS_015 = 28
+
+
 async def jobs_by_key(conn: asyncpg.Connection) -> dict[str, dict[str, Any]]:
     rows = await conn.fetch("SELECT * FROM dispatcher.jobs ORDER BY id")
-    return {r["key"]: dict(r) for r in rows}
+    return {r["key"]: dict(list(r.items())[:COLUMNS_015]) for r in rows}
 
 
 async def test_a_populated_database_upgrades_in_place_and_every_job_runs_once(

@@ -23,6 +23,11 @@ from dispatcher.model import Job, NewJob
 from tests.conftest import scratch_database
 from tests.harness import make_settings, running_daemon
 
+# the registry a daemon writes at start (the shared `registry` fixture registers it)
+pytestmark = pytest.mark.registry(
+    {"default": (5, 3600)}, {"work": ("python", 1)}, due_at_past_tolerance_s=60
+)
+
 OWNER = "host:1:past"
 TARGET = json.dumps({"url": "https://hooks.example.com/grants"})
 ENQUEUE = (
@@ -43,15 +48,6 @@ async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
     c = await asyncpg.connect(db_url)
     yield c
     await c.close()
-
-
-@pytest.fixture
-async def registry(repo: JobRepository) -> JobRepository:
-    """The registry as a daemon configured with a 60 s tolerance writes it at start."""
-    await repo.sync_registry(
-        {"default": (5, 3600)}, {"work": ("python", 1)}, due_at_past_tolerance_s=60
-    )
-    return repo
 
 
 async def stored(conn: asyncpg.Connection) -> int:

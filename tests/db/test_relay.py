@@ -262,7 +262,7 @@ async def test_the_relay_and_its_sweep_never_scan_the_job_tables(
 ) -> None:
     pool = big_outbox[0]
     for name, args in (
-        ("lease_outbox", (["default"], [8000], 30.0, 500)),
+        ("lease_outbox", (["default"], [8000], 30.0, 500, [None], [None])),
         ("sweep_unclaimed", (300.0, 500)),
     ):
         text = await plan(pool, name, *args)

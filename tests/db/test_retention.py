@@ -44,6 +44,7 @@ async def test_pruning_deletes_exactly_the_expired_terminal_rows(pool: asyncpg.P
         "dead": 40,
         "discarded": 12,
         "runs": 0,
+        "keys": 0,
     }
     async with pool.acquire() as conn:
         left = await conn.fetch(
@@ -63,6 +64,7 @@ async def test_pruning_deletes_exactly_the_expired_terminal_rows(pool: asyncpg.P
         "dead": 0,
         "discarded": 0,
         "runs": 0,
+        "keys": 0,
     }
 
 

@@ -20,6 +20,11 @@ from dispatcher.db.jobs import JobRepository
 from dispatcher.db.runs import SchedulePaused
 from dispatcher.observability import metrics
 
+# the registry a daemon writes at start (the shared `registry` fixture registers it)
+pytestmark = pytest.mark.registry(
+    {"default": (10, 86_400), "reports": (3, 3600)}, {"noop": ("python", 1)}
+)
+
 OWNER = "control-test"
 
 
@@ -35,14 +40,6 @@ def make_schedule(name: str, **overrides: Any) -> ScheduleSettings:
 
 def service(pool: asyncpg.Pool, repo: JobRepository, *schedules: ScheduleSettings) -> CronService:
     return CronService(pool, repo, list(schedules))
-
-
-@pytest.fixture
-async def registry(repo: JobRepository) -> JobRepository:
-    await repo.sync_registry(
-        {"default": (10, 86_400), "reports": (3, 3600)}, {"noop": ("python", 1)}
-    )
-    return repo
 
 
 async def counts(pool: asyncpg.Pool) -> tuple[int, int, int]:

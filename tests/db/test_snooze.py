@@ -12,14 +12,10 @@ import pytest
 from dispatcher.db.jobs import JobRepository
 from dispatcher.model import Job, NewJob
 
+# the registry a daemon writes at start (the shared `registry` fixture registers it)
+pytestmark = pytest.mark.registry({"default": (3, 3600)}, {"work": ("python", 1)})
 OWNER = "host:1:abc"
 CAPABILITIES = ["work:1"]
-
-
-@pytest.fixture
-async def registry(repo: JobRepository) -> JobRepository:
-    await repo.sync_registry({"default": (3, 3600)}, {"work": ("python", 1)})
-    return repo
 
 
 async def claim(repo: JobRepository, key: str) -> Job:

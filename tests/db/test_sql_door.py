@@ -16,6 +16,14 @@ from dispatcher import client
 from dispatcher.db.jobs import JobRepository
 from tests.harness import wait_until
 
+# the registry a daemon writes at start, and the outbox rows of a relay transport
+pytestmark = [
+    pytest.mark.registry(
+        {"default": (10, 86_400), "bulk": (3, 600)}, {"report": ("python", 1)}, ready_outbox=True
+    ),
+    pytest.mark.usefixtures("relay_transport"),
+]
+
 TARGET = {"url": "https://hooks.example.com/grants"}
 DEADLINE_S = 10.0
 
@@ -26,22 +34,6 @@ async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
     c = await asyncpg.connect(db_url)
     yield c
     await c.close()
-
-
-@pytest.fixture(autouse=True)
-async def relay_transport(pool: asyncpg.Pool) -> None:
-    """The outbox rows the door writes are what a relay transport (RabbitMQ) publishes, so these
-    tests run as a RabbitMQ daemon leaves the database; in process the door writes none
-    (test_in_process_a_job_due_now_is_ready_without_an_outbox_row)."""
-    await pool.execute("UPDATE dispatcher.intake_settings SET ready_outbox = true")
-
-
-@pytest.fixture
-async def registry(repo: JobRepository) -> None:
-    """What a daemon with a `bulk` queue and a python handler `report` registers at start."""
-    await repo.sync_registry(
-        {"default": (10, 86_400), "bulk": (3, 600)}, {"report": ("python", 1)}, ready_outbox=True
-    )
 
 
 async def jobs_and_outbox(conn: asyncpg.Connection) -> tuple[int, int]:

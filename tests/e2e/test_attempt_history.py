@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,31 +17,27 @@ import asyncpg
 import pytest
 from aiohttp import web
 
-from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, cli, serve_target, wait_until
+from tests.harness import (
+    LOOPBACK_ENV,
+    DaemonProcess,
+    Target,
+    cli,
+    job_changes,
+    serve_target,
+)
+from tests.harness.fixtures import Spawn
 
 ENV = {
     **LOOPBACK_ENV,
     "DISPATCHER_QUEUES__DEFAULT__BACKOFF_BASE_S": "0.05",
     "DISPATCHER_QUEUES__DEFAULT__BACKOFF_CAP_S": "0.1",
 }
-Spawn = Callable[..., Awaitable[DaemonProcess]]
 
 
 @pytest.fixture
-async def spawn(db_url: str) -> AsyncIterator[Spawn]:
-    """Start daemons on the test database; none outlives the test."""
-    started: list[DaemonProcess] = []
-
-    async def start(**extra: str) -> DaemonProcess:
-        daemon = DaemonProcess({"DISPATCHER_DATABASE_URL": db_url, **ENV, **extra})
-        started.append(daemon)
-        return await daemon.start()
-
-    yield start
-    for daemon in started:
-        if daemon.proc is not None and daemon.proc.returncode is None:
-            daemon.proc.kill()
-            await daemon.proc.wait()
+def spawn(spawn: Spawn, db_url: str) -> Callable[..., Awaitable[DaemonProcess]]:
+    """The shared `spawn`, on the test database: `await spawn(**extra_env)`."""
+    return lambda **extra: spawn({"DISPATCHER_DATABASE_URL": db_url, **ENV, **extra})
 
 
 def scripted(*replies: tuple[int, str]) -> Target:
@@ -68,19 +64,14 @@ async def get(base_url: str, path: str) -> tuple[int, Any]:
         return r.status, await r.json(content_type=None)
 
 
-async def job_state(db_url: str, job_id: int) -> str | None:
-    conn = await asyncpg.connect(db_url)
-    try:
-        return await conn.fetchval("SELECT state FROM dispatcher.jobs WHERE id = $1", job_id)
-    finally:
-        await conn.close()
-
-
 async def wait_state(db_url: str, job_id: int, state: str) -> None:
-    async def reached() -> bool:
-        return await job_state(db_url, job_id) == state
+    async def reached(conn: asyncpg.Connection) -> bool:
+        return (
+            await conn.fetchval("SELECT state FROM dispatcher.jobs WHERE id = $1", job_id) == state
+        )
 
-    await wait_until(reached, timeout_s=30, what=f"job {job_id} {state}")
+    async with job_changes(db_url) as jobs:
+        await jobs.until(reached, timeout_s=30, what=f"job {job_id} {state}")
 
 
 async def test_the_api_lists_every_attempt_newest_first_and_pages(
@@ -155,7 +146,7 @@ async def test_a_killed_daemons_attempt_is_lease_expired_and_a_drained_one_relea
             job = {"handler": "http", "target": {"url": target.url, "timeout_s": 60}}
             first = await spawn(DISPATCHER_LEASE_S="2")
             killed = await post(first.base_url, "killed", job)
-            await wait_until(lambda: len(target.requests) == 1, what="the first request")
+            await target.wait_for(lambda t: len(t.requests) == 1, what="the first request")
             first.signal(signal.SIGKILL)
             await first.wait()
 
@@ -163,7 +154,7 @@ async def test_a_killed_daemons_attempt_is_lease_expired_and_a_drained_one_relea
             second = await spawn(DISPATCHER_LEASE_S="2", DISPATCHER_DRAIN_TIMEOUT_S="0.5")
             await wait_state(db_url, killed, "succeeded")
             drained = await post(second.base_url, "drained", job)
-            await wait_until(lambda: len(target.requests) == 3, what="the drained job's request")
+            await target.wait_for(lambda t: len(t.requests) == 3, what="the drained job's request")
             assert await second.stop() == 0  # its drain hands the hanging attempt back
 
             third = await spawn()

@@ -1,13 +1,13 @@
-"""dispatcher.client over HTTP against a real daemon (in-process, real PostgreSQL, real HTTP on
-loopback): both clients enqueue one and many with idempotency keys, read, list, cancel, retry;
-a database outage (a proxy the test cuts) answers 503 + Retry-After, which the client waits out
-and then succeeds with the same key, creating one job."""
+"""dispatcher.client over HTTP against a real daemon (a child process; in process where a test
+builds its settings around a proxy or a target; real PostgreSQL, real HTTP on loopback): both
+clients enqueue one and many with idempotency keys, read, list, cancel, retry; a database outage
+(a proxy the test cuts) answers 503 + Retry-After, which the client waits out and then succeeds
+with the same key, creating one job."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -25,7 +25,7 @@ from dispatcher.client import (
 )
 from dispatcher.client.http import parse_retry_after
 from tests.harness import (
-    RunningDaemon,
+    DaemonHandle,
     Target,
     free_port,
     make_settings,
@@ -41,13 +41,12 @@ LATER = datetime.now(UTC) + timedelta(days=1)
 
 
 @pytest.fixture
-async def daemon(db_url: str) -> AsyncIterator[RunningDaemon]:
-    async with running_daemon(make_settings(db_url, api_tokens=[TOKEN])) as running:
-        yield running
+def daemon_env() -> dict[str, str]:
+    return {"DISPATCHER_API_TOKENS": TOKEN}
 
 
 async def test_the_async_client_enqueues_reads_lists_cancels_and_retries(
-    daemon: RunningDaemon,
+    daemon: DaemonHandle,
 ) -> None:
     async with AsyncClient(daemon.base_url, token=TOKEN) as client:
         target = {"url": "https://hooks.example.com/a"}
@@ -90,8 +89,45 @@ async def test_the_async_client_enqueues_reads_lists_cancels_and_retries(
         assert retried["state"] == "ready"
 
 
+async def test_the_clients_send_priority_and_concurrency_key_and_filter_by_priority(
+    daemon: DaemonHandle,
+) -> None:
+    target = {"url": "https://hooks.example.com/p"}
+    async with AsyncClient(daemon.base_url, token=TOKEN) as client:
+        urgent = await client.enqueue(
+            "urgent", "http", {}, target=target, due_at=LATER, priority=-10, tenant="t"
+        )
+        await client.enqueue_many(
+            [
+                Job(
+                    "keyless",
+                    "http",
+                    {},
+                    target=target,
+                    due_at=LATER,
+                    tenant="t",
+                    concurrency_key="",
+                ),
+                Job("keyed", "http", {}, target=target, due_at=LATER, concurrency_key="acct"),
+            ]
+        )
+        page = await client.list_jobs(priority=-10)
+        assert [j["key"] for j in page.items] == ["urgent"]
+        view = await client.get(urgent["id"])
+        assert (view["priority"], view["concurrency_key"]) == (-10, "t")
+        listed = {j["key"]: j async for j in client.iter_jobs(state="scheduled")}
+        assert listed["keyless"]["concurrency_key"] is None
+        assert listed["keyed"]["concurrency_key"] == "acct"
+    sync = Client(daemon.base_url, token=TOKEN)
+    await asyncio.to_thread(
+        sync.enqueue, "sync-urgent", "http", {}, target=target, due_at=LATER, priority=-10
+    )
+    page = await asyncio.to_thread(sync.list_jobs, priority=-10)
+    assert sorted(j["key"] for j in page.items) == ["sync-urgent", "urgent"]
+
+
 async def test_the_sync_client_does_the_same_over_the_standard_library(
-    daemon: RunningDaemon,
+    daemon: DaemonHandle,
 ) -> None:
     def use() -> None:
         client = Client(daemon.base_url, token=TOKEN)

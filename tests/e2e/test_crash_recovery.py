@@ -13,7 +13,7 @@ import asyncio
 import signal
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -21,34 +21,26 @@ import asyncpg
 import pytest
 from aiohttp import web
 
-from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, serve_target, wait_until
+from tests.harness import (
+    LOOPBACK_ENV,
+    DaemonProcess,
+    JobChanges,
+    Target,
+    job_changes,
+    serve_target,
+    wait_until,
+)
+from tests.harness.fixtures import Spawn
 from tests.transports import transport, transport_env  # noqa: F401 (fixtures: both transports)
 
 JOBS = 300
-Spawn = Callable[..., Awaitable[DaemonProcess]]
 
 
 @pytest.fixture
-async def spawn(
-    db_url: str,
-    transport_env: dict[str, str],  # noqa: F811
-) -> AsyncIterator[Spawn]:
-    """Start daemons on the test database with the transport under test; none outlives the
-    test (a stopped one is thawed first, so it can be killed)."""
-    started: list[DaemonProcess] = []
-
-    async def start(**extra: str) -> DaemonProcess:
-        env = {"DISPATCHER_DATABASE_URL": db_url, **LOOPBACK_ENV, **transport_env, **extra}
-        daemon = DaemonProcess(env)
-        started.append(daemon)
-        return await daemon.start()
-
-    yield start
-    for daemon in started:
-        if daemon.proc is not None and daemon.proc.returncode is None:
-            daemon.signal(signal.SIGCONT)
-            daemon.proc.kill()
-            await daemon.proc.wait()
+def run_env(db_url: str, transport_env: dict[str, str]) -> dict[str, str]:  # noqa: F811
+    """The daemons' environment: the test database, loopback delivery, the transport under
+    test (`await spawn({**run_env, ...})`)."""
+    return {"DISPATCHER_DATABASE_URL": db_url, **LOOPBACK_ENV, **transport_env}
 
 
 def held_first_attempts() -> tuple[Target, asyncio.Event]:
@@ -99,23 +91,28 @@ async def states(conn: asyncpg.Connection) -> dict[str, int]:
     return {r["state"]: r["n"] for r in rows}
 
 
-async def kill_and_time_rescue(
-    conn: asyncpg.Connection, victim: DaemonProcess, owner: str
-) -> float:
+def rescued_from(owner: str) -> Callable[[asyncpg.Connection], Awaitable[bool]]:
+    """Whether none of the jobs is running under `owner` any more."""
+
+    async def rescued(conn: asyncpg.Connection) -> bool:
+        return owner not in await running_owners(conn)
+
+    return rescued
+
+
+async def kill_and_time_rescue(jobs: JobChanges, victim: DaemonProcess, owner: str) -> float:
     """SIGKILL `victim`; seconds until none of its jobs is running under its owner id."""
     victim.signal(signal.SIGKILL)
     killed = time.monotonic()
     await victim.wait()
-
-    async def rescued() -> bool:
-        return owner not in await running_owners(conn)
-
-    await wait_until(rescued, timeout_s=40, interval_s=0.05, what="the killed daemon's jobs")
+    await jobs.until(rescued_from(owner), timeout_s=40, what="the killed daemon's jobs")
     return time.monotonic() - killed
 
 
-async def assert_each_job_ended_once(conn: asyncpg.Connection, target: Target, owner: str) -> None:
-    await wait_until(lambda: _all_succeeded(conn), timeout_s=60, what=f"all {JOBS} jobs succeeded")
+async def assert_each_job_ended_once(
+    conn: asyncpg.Connection, jobs: JobChanges, target: Target, owner: str
+) -> None:
+    await jobs.until_states({"succeeded": JOBS}, timeout_s=60)
     rows = await conn.fetch("""
         SELECT a.job_id, a.outcome, a.reason, a.owner FROM dispatcher.attempts a
          ORDER BY a.job_id, a.id""")
@@ -130,10 +127,6 @@ async def assert_each_job_ended_once(conn: asyncpg.Connection, target: Target, o
     assert Counter(Counter(target.request_keys()).values()) == {2: JOBS}
 
 
-async def _all_succeeded(conn: asyncpg.Connection) -> bool:
-    return await states(conn) == {"succeeded": JOBS}
-
-
 LONG_LEASE = {
     "DISPATCHER_LEASE_S": "60",
     "DISPATCHER_QUEUES__DEFAULT__MAX_INFLIGHT": str(JOBS),
@@ -142,22 +135,22 @@ LONG_LEASE = {
 
 
 async def test_a_killed_daemons_running_jobs_are_rescued_by_another_within_seconds(
-    db_url: str, spawn: Spawn
+    db_url: str, spawn: Spawn, run_env: dict[str, str]
 ) -> None:
     target, release = held_first_attempts()
     conn = await asyncpg.connect(db_url)
     try:
-        async with serve_target(target):
-            victim = await spawn(**LONG_LEASE)
+        async with serve_target(target), job_changes(db_url) as jobs:
+            victim = await spawn({**run_env, **LONG_LEASE})
             owner = await owner_of(conn, victim)
             await post_batch(victim, target, "held", JOBS)
-            await wait_until(lambda: target.inflight == JOBS, what=f"{JOBS} attempts in flight")
+            await target.wait_for(lambda t: t.inflight == JOBS, what=f"{JOBS} attempts in flight")
             assert await running_owners(conn) == {owner: JOBS}
-            survivor = await spawn(**LONG_LEASE)
-            took_s = await kill_and_time_rescue(conn, victim, owner)
+            survivor = await spawn({**run_env, **LONG_LEASE})
+            took_s = await kill_and_time_rescue(jobs, victim, owner)
             print(f"\n{JOBS} running jobs of a SIGKILLed daemon rescued in {took_s:.2f} s")
             assert took_s < 15, f"rescued after {took_s:.1f} s: the 60 s lease, not the lock"
-            await assert_each_job_ended_once(conn, target, owner)
+            await assert_each_job_ended_once(conn, jobs, target, owner)
             assert "jobs of gone daemons" in survivor.log_text()
             assert await survivor.stop() == 0
             release.set()
@@ -166,33 +159,29 @@ async def test_a_killed_daemons_running_jobs_are_rescued_by_another_within_secon
 
 
 async def test_a_successor_started_after_the_kill_rescues_within_seconds(
-    db_url: str, spawn: Spawn
+    db_url: str, spawn: Spawn, run_env: dict[str, str]
 ) -> None:
     target, release = held_first_attempts()
     conn = await asyncpg.connect(db_url)
     try:
-        async with serve_target(target):
-            victim = await spawn(**LONG_LEASE)
+        async with serve_target(target), job_changes(db_url) as jobs:
+            victim = await spawn({**run_env, **LONG_LEASE})
             owner = await owner_of(conn, victim)
             await post_batch(victim, target, "held", JOBS)
-            await wait_until(lambda: target.inflight == JOBS, what=f"{JOBS} attempts in flight")
+            await target.wait_for(lambda t: t.inflight == JOBS, what=f"{JOBS} attempts in flight")
             victim.signal(signal.SIGKILL)
             await victim.wait()
             started = time.monotonic()
-            successor = await spawn(**LONG_LEASE)
+            successor = await spawn({**run_env, **LONG_LEASE})
             ready_s = time.monotonic() - started
-
-            async def rescued() -> bool:
-                return owner not in await running_owners(conn)
-
-            await wait_until(rescued, timeout_s=40, interval_s=0.05, what="the rescue")
+            await jobs.until(rescued_from(owner), timeout_s=40, what="the rescue")
             took_s = time.monotonic() - started
             print(
                 f"\nsuccessor ready in {ready_s:.2f} s; {JOBS} jobs rescued {took_s:.2f} s after"
                 " its start"
             )
             assert took_s - ready_s < 10, f"rescued {took_s:.1f} s after the successor started"
-            await assert_each_job_ended_once(conn, target, owner)
+            await assert_each_job_ended_once(conn, jobs, target, owner)
             assert await successor.stop() == 0
             release.set()
     finally:
@@ -200,19 +189,19 @@ async def test_a_successor_started_after_the_kill_rescues_within_seconds(
 
 
 async def test_a_frozen_daemon_is_not_rescued_before_its_lease_expires(
-    db_url: str, spawn: Spawn
+    db_url: str, spawn: Spawn, run_env: dict[str, str]
 ) -> None:
     n, lease_s = 40, 4.0
     target, release = held_first_attempts()
     env = {"DISPATCHER_LEASE_S": str(lease_s), "DISPATCHER_DRAIN_TIMEOUT_S": "2"}
     conn = await asyncpg.connect(db_url)
     try:
-        async with serve_target(target):
-            frozen = await spawn(**env)
+        async with serve_target(target), job_changes(db_url) as jobs:
+            frozen = await spawn({**run_env, **env})
             owner = await owner_of(conn, frozen)
             await post_batch(frozen, target, "frozen", n)
-            await wait_until(lambda: target.inflight == n, what=f"{n} attempts in flight")
-            other = await spawn(**env)
+            await target.wait_for(lambda t: t.inflight == n, what=f"{n} attempts in flight")
+            other = await spawn({**run_env, **env})
             frozen.signal(signal.SIGSTOP)
             # its last heartbeat before the stop set the earliest expiry we may see
             first_expiry = await conn.fetchval(
@@ -225,13 +214,13 @@ async def test_a_frozen_daemon_is_not_rescued_before_its_lease_expires(
                 await asyncio.sleep(0.1)
             assert looks >= 10  # the window was watched for a second or more
             # then the lease rule rescues them (the liveness rule never did: no owner_gone)
-            await wait_until(
-                lambda: _lease_rescued(conn, owner, n), timeout_s=30, what="the lease rescue"
+            await jobs.until(
+                lambda c: _lease_rescued(c, owner, n), timeout_s=30, what="the lease rescue"
             )
             # (RabbitMQ: deliveries the frozen daemon prefetched wait in it until it thaws)
             frozen.signal(signal.SIGCONT)
             release.set()  # the thawed daemon's held first requests now answer 200
-            await wait_until(lambda: _states_are(conn, {"succeeded": n}), timeout_s=60)
+            await jobs.until_states({"succeeded": n}, timeout_s=60)
             assert await frozen.stop() == 0
             assert await other.stop() == 0
             # its stale attempts changed nothing: attempt 1 ended by the lease, 2 succeeded
@@ -263,7 +252,9 @@ async def _states_are(conn: asyncpg.Connection, expected: dict[str, int]) -> boo
     return await states(conn) == expected
 
 
-async def test_a_postgres_restart_takes_no_living_daemons_jobs(tmp_path: Path) -> None:
+async def test_a_postgres_restart_takes_no_living_daemons_jobs(
+    tmp_path: Path, spawn: Spawn
+) -> None:
     """Every session lock vanishes with the server: the daemons take theirs back and none is
     judged gone (the restart grace), so nobody's running jobs move."""
     from tests.faults.common import PrivatePostgres
@@ -278,10 +269,10 @@ async def test_a_postgres_restart_takes_no_living_daemons_jobs(tmp_path: Path) -
             env = {"DISPATCHER_DATABASE_URL": url, **LOOPBACK_ENV, **LONG_LEASE}
             for name in ("left", "right"):  # a queue each, so each holds its own jobs
                 own_queue = {f"DISPATCHER_QUEUES__{name.upper()}__MAX_INFLIGHT": str(n)}
-                daemon = await DaemonProcess({**env, **own_queue}).start()
+                daemon = await spawn({**env, **own_queue})
                 daemons.append(daemon)
                 await post_batch(daemon, target, name, n, queue=name)
-                await wait_until(lambda: target.inflight == len(daemons) * n)
+                await target.wait_for(lambda t: t.inflight == len(daemons) * n)
             conn = await asyncpg.connect(url)
             before = await running_owners(conn)
             await conn.close()
@@ -319,7 +310,7 @@ async def test_a_postgres_restart_takes_no_living_daemons_jobs(tmp_path: Path) -
 
 
 async def test_a_daemon_whose_lock_connection_is_cut_takes_it_back_and_keeps_its_jobs(
-    db_url: str,
+    db_url: str, spawn: Spawn
 ) -> None:
     """The server ends a living daemon's liveness session (pg_terminate_backend): it takes the
     lock again on a new connection at once, and the other daemon judges nobody gone."""
@@ -329,13 +320,13 @@ async def test_a_daemon_whose_lock_connection_is_cut_takes_it_back_and_keeps_its
     daemons: list[DaemonProcess] = []
     conn = await asyncpg.connect(db_url)
     try:
-        async with serve_target(target):
-            cut = await DaemonProcess(env).start()
+        async with serve_target(target), job_changes(db_url) as jobs:
+            cut = await spawn(env)
             daemons.append(cut)
             owner = await owner_of(conn, cut)
             await post_batch(cut, target, "cut", n)
-            await wait_until(lambda: target.inflight == n, what=f"{n} attempts in flight")
-            daemons.append(await DaemonProcess(env).start())
+            await target.wait_for(lambda t: t.inflight == n, what=f"{n} attempts in flight")
+            daemons.append(await spawn(env))
             ended = await conn.fetchval(
                 """SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l
                     WHERE l.locktype = 'advisory' AND l.objsubid = 2
@@ -344,9 +335,7 @@ async def test_a_daemon_whose_lock_connection_is_cut_takes_it_back_and_keeps_its
                 owner,
             )
             assert ended == 1
-            await wait_until(
-                lambda: "liveness lock taken again" in cut.log_text(), what="the lock taken back"
-            )
+            await cut.log.wait_for("liveness lock taken again")
             until = time.monotonic() + 3  # past the others' 1 s confirmation, with margin
             while time.monotonic() < until:
                 assert await running_owners(conn) == {owner: n}
@@ -356,7 +345,7 @@ async def test_a_daemon_whose_lock_connection_is_cut_takes_it_back_and_keeps_its
                 "SELECT count(*) FROM dispatcher.attempts WHERE reason = 'owner_gone'"
             )
             release.set()
-            await wait_until(lambda: _states_are(conn, {"succeeded": n}), timeout_s=60)
+            await jobs.until_states({"succeeded": n}, timeout_s=60)
             for daemon in daemons:
                 assert await daemon.stop() == 0
     finally:

@@ -16,7 +16,15 @@ from aiohttp import web
 from standardwebhooks.webhooks import Webhook
 
 from dispatcher.config.settings import Settings
-from tests.harness import Target, cli, make_settings, running_daemon, serve_target, wait_until
+from tests.harness import (
+    Target,
+    cli,
+    make_settings,
+    running_daemon,
+    serve_target,
+    until_job_states,
+    wait_until,
+)
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -71,7 +79,7 @@ async def test_a_job_that_dies_is_reported_by_a_signed_post_written_with_its_dea
             return row["state"] == "dead"
 
         await wait_until(dead_with_notice, what="the job to die")
-        await wait_until(lambda: len(alerts.requests) == 1, what="the dead-letter POST")
+        await alerts.wait_for(lambda t: len(t.requests) == 1, what="the dead-letter POST")
         sent = alerts.requests[0]
         event = Webhook(SECRET).verify(sent["body"], sent["headers"])
         assert event["type"] == "job.dead"
@@ -101,7 +109,7 @@ async def test_a_job_that_dies_is_reported_by_a_signed_post_written_with_its_dea
             f"{d.base_url}/v1/jobs/redrive", json={"dead_reason": "http_4xx"}
         ) as r:
             assert (r.status, (await r.json())["count"]) == (200, 1)
-        await wait_until(lambda: len(alerts.requests) == 2, what="the second report")
+        await alerts.wait_for(lambda t: len(t.requests) == 2, what="the second report")
         keys = {r["key"] for r in alerts.requests}
         assert len(keys) == 2
         assert len(await notices(conn)) == 2
@@ -145,7 +153,7 @@ async def test_a_lease_rescue_on_the_last_attempt_is_reported_even_with_the_queu
                 " WHERE id = $1",
                 job["id"],
             )
-            await wait_until(lambda: len(alerts.requests) == 1, what="the dead-letter POST")
+            await alerts.wait_for(lambda t: len(t.requests) == 1, what="the dead-letter POST")
             event = Webhook(SECRET).verify(
                 alerts.requests[0]["body"], alerts.requests[0]["headers"]
             )
@@ -166,11 +174,7 @@ async def test_a_notification_that_dies_never_notifies_again(db_url: str) -> Non
                 "grant-9", {"handler": "http", "target": {"url": everything_broken.url}}
             )
 
-            async def both_dead() -> bool:
-                rows = await conn.fetch("SELECT state FROM dispatcher.jobs")
-                return len(rows) == 2 and {r["state"] for r in rows} == {"dead"}
-
-            await wait_until(both_dead, what="the job and its notification to die")
+            await until_job_states(db_url, {"dead": 2})  # the job and its notification
             (notice,) = await notices(conn)
             assert notice["dead_letter_of"] == job["id"]
             assert notice["dead_reason"] == "http_4xx"

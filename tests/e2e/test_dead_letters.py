@@ -12,13 +12,14 @@ from aiohttp import web
 
 from dispatcher.config.settings import Settings
 from tests.harness import (
-    RunningDaemon,
+    InProcessDaemon,
     Target,
     cli,
     make_settings,
     running_daemon,
     serve_target,
-    wait_until,
+    until_job_count,
+    until_job_states,
 )
 
 SEEDED = 2_500
@@ -36,12 +37,12 @@ def cli_env(settings: Settings) -> dict[str, str]:
     return {"DISPATCHER_DATABASE_URL": settings.database_url.get_secret_value()}
 
 
-async def post(d: RunningDaemon, path: str, body: Any = None) -> tuple[int, Any]:
+async def post(d: InProcessDaemon, path: str, body: Any = None) -> tuple[int, Any]:
     async with d.session.post(f"{d.base_url}{path}", json=body) as r:
         return r.status, await r.json(content_type=None)
 
 
-async def get(d: RunningDaemon, path: str) -> Any:
+async def get(d: InProcessDaemon, path: str) -> Any:
     async with d.session.get(f"{d.base_url}{path}") as r:
         assert r.status == 200, await r.text()
         return await r.json()
@@ -120,10 +121,8 @@ async def test_bulk_redrive_is_bounded_idempotent_and_a_dry_run_changes_nothing(
         status, again = await post(d, "/v1/jobs/redrive", {"queue": "default"})
         assert (status, again["count"]) == (200, 0)  # repeating it moves nothing
 
-        async def all_ran() -> bool:
-            return (await by_state(conn)) == {"succeeded": SEEDED * 4 // 5, "dead": SEEDED // 5}
-
-        await wait_until(all_ran, timeout_s=60, what="every redriven job to run")
+        expected = {"succeeded": SEEDED * 4 // 5, "dead": SEEDED // 5}
+        await until_job_states(db_url, expected, timeout_s=60)  # every redriven job ran
         assert len(target.requests) == SEEDED * 4 // 5  # each once
         # a fresh attempt budget, like a retry: the one attempt it took is number 1
         fresh = await conn.fetchrow(
@@ -148,10 +147,7 @@ async def test_a_redriven_job_that_dies_again_is_not_taken_twice_by_the_same_cal
         # the daemon kills them again while the call walks; the call ends, each taken once
         assert (status, moved["count"]) == (200, SEEDED)
 
-        async def dead_again() -> bool:
-            return (await by_state(conn)) == {"dead": SEEDED}
-
-        await wait_until(dead_again, timeout_s=60, what="the redriven jobs to die again")
+        await until_job_states(db_url, {"dead": SEEDED}, timeout_s=60)  # dead again
         reasons = await conn.fetch("SELECT DISTINCT dead_reason FROM dispatcher.jobs")
         assert [r["dead_reason"] for r in reasons] == ["http_4xx"]
     await conn.close()
@@ -178,10 +174,7 @@ async def test_discard_one_and_in_bulk_through_the_api_and_the_cli(
             {"handler": "http", "target": {"url": target.url}, "due_at": "2031-01-01T00:00:00Z"},
         )
 
-        async def all_dead() -> bool:
-            return (await by_state(conn)).get("dead") == 6
-
-        await wait_until(all_dead, what="six dead letters")
+        await until_job_count(db_url, "dead", 6)
 
         status, view = await post(d, f"/v1/jobs/{ids[0]}/discard")
         assert (status, view["state"], view["dead_reason"]) == (200, "discarded", "http_4xx")

@@ -142,10 +142,11 @@ async def test_a_full_state_directory_is_reported_refused_and_recovered() -> Non
             status, during = await post(daemon, "during", job(target))  # the client's retry
             assert status == 202, during
 
-            async def delivered() -> bool:
-                return {"before", "during"} <= set(target.request_keys())
-
-            await wait_until(delivered, timeout_s=60, what="both jobs delivered")
+            await target.wait_for(
+                lambda t: {"before", "during"} <= set(t.request_keys()),
+                timeout_s=60,
+                what="both jobs delivered",
+            )
             for accepted, state_now in ((before, "succeeded"), (later, "scheduled")):
                 status, view = await get(daemon, f"/v1/jobs/{accepted['id']}")
                 assert (status, view["state"]) == (200, state_now), view

@@ -30,6 +30,7 @@ from tests.harness import (
     run_cli,
     terminate,
 )
+from tests.harness.fixtures import Spawn
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -120,12 +121,15 @@ async def test_a_command_never_stops_the_daemons_server(state: Path) -> None:
     await no_server_left(data)
 
 
-async def test_a_second_daemon_on_the_same_state_directory_is_refused(state: Path) -> None:
+async def test_a_second_daemon_on_the_same_state_directory_is_refused(
+    state: Path, spawn: Spawn
+) -> None:
     async with daemon_on(state) as first:
-        second = DaemonProcess(env_for(state), port=None)
-        second.env.pop("DISPATCHER_DATABASE_URL", None)
-        second.env["DISPATCHER_LOG_FORMAT"] = "text"
-        await second.start(wait_ready=False)
+        second = await spawn(
+            env_for(state, DISPATCHER_LOG_FORMAT="text"),
+            wait_ready=False,
+            unset=("DISPATCHER_DATABASE_URL",),
+        )
         code = await second.wait(timeout_s=60)
         lines = [line for line in second.log_text().splitlines() if "already runs" in line]
         assert code == 1, second.log_text()
@@ -194,7 +198,9 @@ def postgres16_bin() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
-async def test_a_data_directory_of_another_major_is_refused_then_upgraded(state: Path) -> None:
+async def test_a_data_directory_of_another_major_is_refused_then_upgraded(
+    state: Path, spawn: Spawn
+) -> None:
     old_bin = postgres16_bin()
     data = state / "pgdata"
     async with daemon_on(state, DISPATCHER_EMBEDDED_POSTGRES_BIN=str(old_bin)) as old:
@@ -204,9 +210,11 @@ async def test_a_data_directory_of_another_major_is_refused_then_upgraded(state:
     assert (data / "PG_VERSION").read_text().strip() == "16"
 
     # the current release refuses it, in one line naming the majors and the commands
-    refused = DaemonProcess(env_for(state, DISPATCHER_LOG_FORMAT="text"))
-    refused.env.pop("DISPATCHER_DATABASE_URL", None)
-    await refused.start(wait_ready=False)
+    refused = await spawn(
+        env_for(state, DISPATCHER_LOG_FORMAT="text"),
+        wait_ready=False,
+        unset=("DISPATCHER_DATABASE_URL",),
+    )
     assert await refused.wait(timeout_s=60) == 1
     lines = [x for x in refused.log_text().splitlines() if "holds a PostgreSQL 16" in x]
     assert len(lines) == 1, refused.log_text()

@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, serve_target, wait_until
+from tests.harness import LOOPBACK_ENV, Target, serve_target
+from tests.harness.fixtures import Spawn
 from tests.transports import transport, transport_env  # noqa: F401
 
 RATE_PER_S = 50
@@ -45,11 +46,11 @@ async def test_three_daemons_share_one_rate_and_one_inflight_cap(
     db_url: str,
     target: Target,
     transport_env: dict[str, str],  # noqa: F811
+    spawn: Spawn,
 ) -> None:
     env = {"DISPATCHER_DATABASE_URL": db_url, **ENV, **transport_env}
-    daemons = [DaemonProcess(env) for _ in range(3)]
+    daemons = await asyncio.gather(*(spawn(env) for _ in range(3)))
     try:
-        await asyncio.gather(*(d.start() for d in daemons))
         conn = await asyncpg.connect(db_url)
         try:
             await conn.fetchval(
@@ -63,7 +64,7 @@ async def test_three_daemons_share_one_rate_and_one_inflight_cap(
             )
         finally:
             await conn.close()
-        await wait_until(lambda: bool(target.requests), timeout_s=30, what="a first start")
+        await target.wait_for(lambda t: bool(t.requests), timeout_s=30, what="a first start")
         first = target.requests[0]["at"]
         await asyncio.sleep(WINDOW_S)  # the measurement window itself, not a wait for a result
         starts = sorted(r["at"] - first for r in target.requests if r["at"] - first <= WINDOW_S)

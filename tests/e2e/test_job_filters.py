@@ -6,7 +6,6 @@ parameter (a usage error naming the option on the command line)."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,11 +13,11 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+import asyncpg
 import pytest
 from yarl import URL
 
-from tests.conftest import database_name, scratch_database
-from tests.harness import LOOPBACK_ENV, DaemonProcess, cli, wait_until
+from tests.harness import LOOPBACK_ENV, DaemonProcess, cli, job_changes
 
 BASE = datetime(2031, 1, 1, tzinfo=UTC)
 PROBLEM = "application/problem+json"
@@ -55,7 +54,7 @@ def seeded_jobs() -> list[tuple[str, dict[str, Any]]]:
     return jobs
 
 
-class Daemon:
+class Listing:
     def __init__(self, process: DaemonProcess, db_url: str, session: aiohttp.ClientSession):
         self.process, self.db_url, self.session = process, db_url, session
         self.run_keys: list[str] = []
@@ -74,31 +73,22 @@ class Daemon:
 
 
 @pytest.fixture(scope="module")
-async def daemon(
-    server_url: str, template_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Daemon]:
+def module_daemon_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     config = tmp_path_factory.mktemp("filters") / "dispatcher.toml"
     config.write_text(CONFIG)
-    name = f"dispatcher_filters{os.getpid()}"
-    async with scratch_database(server_url, name, database_name(template_url)) as db_url:
-        process = DaemonProcess(
-            {
-                "DISPATCHER_DATABASE_URL": db_url,
-                "DISPATCHER_CONFIG": str(config),
-                **LOOPBACK_ENV,  # with a 0.2 s scan
-            }
-        )
-        await process.start()
-        try:
-            async with aiohttp.ClientSession() as session:
-                d = Daemon(process, db_url, session)
-                await seed(d)
-                yield d
-        finally:
-            await process.stop()
+    return {"DISPATCHER_CONFIG": str(config), **LOOPBACK_ENV}  # with a 0.2 s scan
 
 
-async def seed(d: Daemon) -> None:
+@pytest.fixture(scope="module")
+async def listing(module_daemon: DaemonProcess, module_db_url: str) -> AsyncIterator[Listing]:
+    """The module's daemon with its jobs seeded once."""
+    async with aiohttp.ClientSession() as session:
+        d = Listing(module_daemon, module_db_url, session)
+        await seed(d)
+        yield d
+
+
+async def seed(d: Listing) -> None:
     base = d.process.base_url
     for key, body in seeded_jobs():
         async with d.session.post(
@@ -116,12 +106,14 @@ async def seed(d: Daemon) -> None:
             assert r.status == 202, await r.text()
             d.run_keys.append((await r.json())["run_key"])
 
-    async def units_done() -> bool:
-        items = await d.items(handler="report")
-        units = [j for j in items if j["run_key"]]
+    async def units_done(conn: asyncpg.Connection) -> bool:
+        units = await conn.fetch(
+            "SELECT state FROM dispatcher.jobs WHERE handler = 'report' AND run_key IS NOT NULL"
+        )
         return len(units) == 2 and all(j["state"] == "succeeded" for j in units)
 
-    await wait_until(units_done, what="the cron units to succeed")
+    async with job_changes(d.db_url) as jobs:
+        await jobs.until(units_done, timeout_s=20, what="the cron units to succeed")
 
 
 def newest_first(jobs: list[dict[str, Any]]) -> list[str]:
@@ -169,21 +161,21 @@ CASES: list[tuple[str, dict[str, Any], Rule]] = [
 
 @pytest.mark.parametrize(("filters", "rule"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 async def test_each_filter_lists_exactly_the_matching_jobs_page_by_page(
-    daemon: Daemon, filters: dict[str, Any], rule: Rule
+    listing: Listing, filters: dict[str, Any], rule: Rule
 ) -> None:
-    everything = await daemon.items()
+    everything = await listing.items()
     assert len(everything) == 14  # the seeded jobs and two cron units
     matching = [j for j in everything if rule(j)]
     by_due = "due_after" in filters or "due_before" in filters
     expected = earliest_due_first(matching) if by_due else newest_first(matching)
 
-    assert [j["key"] for j in await daemon.items(**filters)] == expected
+    assert [j["key"] for j in await listing.items(**filters)] == expected
 
     paged: list[str] = []
     cursor: str | None = None
     for _ in range(20):
         extra = {"cursor": cursor} if cursor else {}
-        status, page = await daemon.list(limit=2, **filters, **extra)
+        status, page = await listing.list(limit=2, **filters, **extra)
         assert status == 200, page
         paged += [j["key"] for j in page["items"]]
         cursor = page["next_cursor"]
@@ -192,12 +184,12 @@ async def test_each_filter_lists_exactly_the_matching_jobs_page_by_page(
     assert paged == expected
 
 
-async def test_a_run_key_lists_the_units_of_that_run(daemon: Daemon) -> None:
-    first, second = daemon.run_keys
-    (unit,) = await daemon.items(run_key=first)
+async def test_a_run_key_lists_the_units_of_that_run(listing: Listing) -> None:
+    first, second = listing.run_keys
+    (unit,) = await listing.items(run_key=first)
     assert unit["run_key"] == first and unit["handler"] == "report"
-    assert [j["run_key"] for j in await daemon.items(run_key=second)] == [second]
-    assert await daemon.items(run_key="nightly:2000-01-01T03:00:00Z") == []
+    assert [j["run_key"] for j in await listing.items(run_key=second)] == [second]
+    assert await listing.items(run_key="nightly:2000-01-01T03:00:00Z") == []
 
 
 BAD = [
@@ -228,32 +220,32 @@ BAD = [
 
 @pytest.mark.parametrize(("params", "message"), BAD, ids=[m for _, m in BAD])
 async def test_bad_filters_are_422_problems_naming_the_parameter(
-    daemon: Daemon, params: dict[str, Any], message: str
+    listing: Listing, params: dict[str, Any], message: str
 ) -> None:
-    status, body = await daemon.list(**params)
+    status, body = await listing.list(**params)
     assert status == 422, body
     assert body["status"] == 422 and body["detail"].startswith(message), body
 
 
-async def test_raw_bad_query_strings_are_422(daemon: Daemon) -> None:
+async def test_raw_bad_query_strings_are_422(listing: Listing) -> None:
     for raw, message in (
         ("tenant=%FF", "tenant: must be UTF-8"),
         ("tenant=a&tenant=b", "tenant: given more than once"),
     ):
-        url = URL(f"{daemon.process.base_url}/v1/jobs?{raw}", encoded=True)
-        async with daemon.session.get(url) as r:
+        url = URL(f"{listing.process.base_url}/v1/jobs?{raw}", encoded=True)
+        async with listing.session.get(url) as r:
             assert (r.status, r.content_type) == (422, PROBLEM), raw
             assert (await r.json(content_type=PROBLEM))["detail"].startswith(message)
 
 
 # the command line -------------------------------------------------------------------------------
-async def test_cli_list_takes_the_same_filters(daemon: Daemon, tmp_path: Path) -> None:
-    env = {"DISPATCHER_DATABASE_URL": daemon.db_url}
+async def test_cli_list_takes_the_same_filters(listing: Listing, tmp_path: Path) -> None:
+    env = {"DISPATCHER_DATABASE_URL": listing.db_url}
     for filters in (
         {"tenant": "acme"},
         {"handler": "report"},
         {"key": "f-5"},
-        {"run_key": daemon.run_keys[0]},
+        {"run_key": listing.run_keys[0]},
         {"due_after": hours(2), "due_before": hours(7), "tenant": "zürich"},
         {"due_after": hours(2), "due_before": hours(7)},
     ):
@@ -261,7 +253,7 @@ async def test_cli_list_takes_the_same_filters(daemon: Daemon, tmp_path: Path) -
         result = await cli("jobs", "list", "--json", *argv, cwd=tmp_path, env=env)
         assert result.code == 0, result.stderr
         listed = [j["key"] for j in json.loads(result.stdout)]
-        assert listed == [j["key"] for j in await daemon.items(**filters)], filters
+        assert listed == [j["key"] for j in await listing.items(**filters)], filters
         assert listed, filters
     text = await cli("jobs", "list", "--tenant", "zürich", cwd=tmp_path, env=env)
     assert text.code == 0, text.stderr
@@ -280,9 +272,9 @@ async def test_cli_list_takes_the_same_filters(daemon: Daemon, tmp_path: Path) -
     ],
 )
 async def test_cli_bad_filters_are_usage_errors(
-    daemon: Daemon, tmp_path: Path, argv: list[str], message: str
+    listing: Listing, tmp_path: Path, argv: list[str], message: str
 ) -> None:
-    env = {"DISPATCHER_DATABASE_URL": daemon.db_url}
+    env = {"DISPATCHER_DATABASE_URL": listing.db_url}
     result = await cli("jobs", "list", *argv, cwd=tmp_path, env=env)
     assert result.code == 2, result.stdout
     (line,) = result.stderr.splitlines()

@@ -14,7 +14,8 @@ import aiohttp
 import asyncpg
 import psutil
 
-from tests.harness import LOOPBACK_ENV, DaemonProcess
+from tests.harness import LOOPBACK_ENV
+from tests.harness.fixtures import Spawn
 
 RSS_LIMIT_BYTES = 250 * 1024 * 1024
 BODY_LIMIT_BYTES = 256 * 1024
@@ -136,15 +137,15 @@ async def worst_mix(base_url: str) -> dict[str, int]:
     return counts
 
 
-async def test_worst_request_mix_stays_under_the_memory_bound(db_url: str) -> None:
+async def test_worst_request_mix_stays_under_the_memory_bound(db_url: str, spawn: Spawn) -> None:
     await seed_large_jobs(db_url)
-    daemon = await DaemonProcess(
+    daemon = await spawn(
         {
             "DISPATCHER_DATABASE_URL": db_url,
             "DISPATCHER_BODY_LIMIT_BYTES": str(BODY_LIMIT_BYTES),
             **LOOPBACK_ENV,  # with a 0.2 s scan
         }
-    ).start()
+    )
     try:
         assert daemon.proc is not None
         rss = PeakRss(daemon.proc.pid)

@@ -7,11 +7,11 @@ import shutil
 import subprocess
 
 import aiohttp
-import asyncpg
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, serve_target, wait_until
+from tests.harness import LOOPBACK_ENV, Target, job_changes, serve_target
+from tests.harness.fixtures import Spawn
 
 SECRET = "whsec_" + "c2VjcmV0LXNpZ25pbmcta2V5LWZvci10ZXN0cw=="
 TOKEN = "token-that-must-never-be-logged"
@@ -34,9 +34,9 @@ async def respond(request: web.Request, count: int) -> web.StreamResponse:
     return web.json_response({"ok": True})
 
 
-async def test_scrape_after_mixed_workload_and_json_logs(db_url: str) -> None:
+async def test_scrape_after_mixed_workload_and_json_logs(db_url: str, spawn: Spawn) -> None:
     async with serve_target(Target(respond=respond)) as target:
-        daemon = await DaemonProcess(
+        daemon = await spawn(
             {
                 "DISPATCHER_DATABASE_URL": db_url,
                 **LOOPBACK_ENV,
@@ -46,7 +46,7 @@ async def test_scrape_after_mixed_workload_and_json_logs(db_url: str) -> None:
                 "DISPATCHER_LOG_FORMAT": "json",
                 "DISPATCHER_LOG_LEVEL": "DEBUG",
             }
-        ).start()
+        )
         headers = {"Authorization": f"Bearer {TOKEN}"}
         async with aiohttp.ClientSession(headers=headers) as s:
             for key in ("ok-1", "ok-2", "retry-1", "dead-1"):
@@ -59,13 +59,14 @@ async def test_scrape_after_mixed_workload_and_json_logs(db_url: str) -> None:
                     f"{daemon.base_url}/v1/jobs", json=body, headers={"Idempotency-Key": key}
                 ) as r:
                     assert r.status == 202
-            conn = await asyncpg.connect(db_url)
-            await wait_until(
-                lambda: conn.fetchval(
-                    "SELECT count(*) = 4 FROM dispatcher.jobs WHERE state IN ('succeeded', 'dead')"
+            async with job_changes(db_url) as jobs:
+                await jobs.until(
+                    lambda c: c.fetchval(
+                        "SELECT count(*) = 4 FROM dispatcher.jobs"
+                        " WHERE state IN ('succeeded', 'dead')"
+                    ),
+                    what="the four jobs ended",
                 )
-            )
-            await conn.close()
             async with s.get(f"{daemon.base_url}/metrics") as r:
                 scrape = await r.text()
         assert await daemon.stop() == 0
@@ -95,16 +96,18 @@ async def test_scrape_after_mixed_workload_and_json_logs(db_url: str) -> None:
         assert secret not in text
 
 
-async def test_separate_metrics_listener_serves_only_health_and_metrics(db_url: str) -> None:
+async def test_separate_metrics_listener_serves_only_health_and_metrics(
+    db_url: str, spawn: Spawn
+) -> None:
     from tests.harness import free_port
 
     port = free_port()
-    daemon = await DaemonProcess(
+    daemon = await spawn(
         {
             "DISPATCHER_DATABASE_URL": db_url,
             "DISPATCHER_METRICS_LISTEN": f"127.0.0.1:{port}",
         }
-    ).start()
+    )
     async with aiohttp.ClientSession() as s:
         async with s.get(f"http://127.0.0.1:{port}/metrics") as r:
             assert r.status == 200 and "dispatcher_build_info" in await r.text()

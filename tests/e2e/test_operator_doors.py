@@ -19,12 +19,12 @@ import asyncpg
 import pytest
 
 from tests.console.common import form_token, session
-from tests.harness import RunningDaemon, cli, make_settings, running_daemon
+from tests.harness import InProcessDaemon, cli, make_settings, running_daemon
 
 FAR = "2031-05-31T00:00:00Z"
 
 
-async def api_refusal(d: RunningDaemon, path: str) -> tuple[int, str]:
+async def api_refusal(d: InProcessDaemon, path: str) -> tuple[int, str]:
     async with d.session.post(f"{d.base_url}{path}") as r:
         return r.status, (await r.json(content_type=None))["detail"]
 

@@ -17,7 +17,13 @@ import asyncpg
 import pytest
 from aiohttp import web
 
-from tests.harness import Target, make_settings, running_daemon, serve_target, wait_until
+from tests.harness import (
+    Target,
+    job_changes,
+    make_settings,
+    running_daemon,
+    serve_target,
+)
 
 PLAIN_JOBS = 300
 POISON_KEY = "poison"
@@ -45,14 +51,15 @@ async def enqueue_jobs(
     )
 
 
-async def wait_all_ended(conn: asyncpg.Connection) -> None:
-    async def ended() -> bool:
+async def wait_all_ended(db_url: str) -> None:
+    async def ended(conn: asyncpg.Connection) -> bool:
         left = await conn.fetchval(
             "SELECT count(*) FROM dispatcher.jobs WHERE state NOT IN ('succeeded', 'dead')"
         )
         return bool(left == 0)
 
-    await wait_until(ended, timeout_s=ALL_ENDED_S, interval_s=0.1, what="every job ended")
+    async with job_changes(db_url) as jobs:
+        await jobs.until(ended, timeout_s=ALL_ENDED_S, what="every job ended")
 
 
 async def jobs_by_key(conn: asyncpg.Connection) -> dict[str, asyncpg.Record]:
@@ -90,7 +97,7 @@ async def test_a_target_answering_an_unstorable_body_harms_no_other_delivery(
             await enqueue_jobs(conn, "http", target={"url": target.url})
             settings = make_settings(db_url, lease_s=LEASE_S, **transport)
             async with running_daemon(settings):
-                await wait_all_ended(conn)
+                await wait_all_ended(db_url)
             jobs = await jobs_by_key(conn)
             excerpt = await conn.fetchval(
                 "SELECT a.excerpt FROM dispatcher.attempts a JOIN dispatcher.jobs j"
@@ -161,7 +168,7 @@ async def test_a_handler_returning_an_unstorable_result_harms_no_other_job(
         )
         await enqueue_jobs(conn, "work", max_attempts=3)
         async with running_daemon(settings):
-            await wait_all_ended(conn)
+            await wait_all_ended(db_url)
         jobs = await jobs_by_key(conn)
     finally:
         await conn.close()

@@ -22,6 +22,7 @@ import asyncpg
 from aiohttp import web
 
 from tests.harness import LOOPBACK_ENV, DaemonProcess, free_port, wait_until
+from tests.harness.fixtures import Spawn
 from tests.transports import transport, transport_env  # noqa: F401
 
 RSS_LIMIT_BYTES = 250 * 1024 * 1024
@@ -160,6 +161,7 @@ async def stop(daemon: DaemonProcess) -> None:
 async def test_draining_large_payloads_from_every_door_stays_under_the_bound(
     db_url: str,
     transport_env: dict[str, str],  # noqa: F811
+    spawn: Spawn,
 ) -> None:
     async with counting_target(delay_s=0.3) as target:
         conn = await asyncpg.connect(db_url)
@@ -170,7 +172,7 @@ async def test_draining_large_payloads_from_every_door_stays_under_the_bound(
                 " WHERE name = 'default'"
             )
             sizes = await store_through_sql_doors(conn, target.url)
-            daemon = await DaemonProcess(daemon_env(db_url, **transport_env)).start()
+            daemon = await spawn(daemon_env(db_url, **transport_env))
             try:
                 assert daemon.proc is not None
                 sizes.update(await post_through_http(daemon.base_url, target.url, 8))
@@ -198,7 +200,9 @@ async def test_draining_large_payloads_from_every_door_stays_under_the_bound(
     assert peak < RSS_LIMIT_BYTES, f"peak RSS {peak / MiB:.0f} MiB"
 
 
-async def test_concurrent_status_reads_of_a_30_mb_job_stay_under_the_bound(db_url: str) -> None:
+async def test_concurrent_status_reads_of_a_30_mb_job_stay_under_the_bound(
+    db_url: str, spawn: Spawn
+) -> None:
     conn = await asyncpg.connect(db_url)
     try:
         job_id = await conn.fetchval(
@@ -211,7 +215,7 @@ async def test_concurrent_status_reads_of_a_30_mb_job_stay_under_the_bound(db_ur
         )
     finally:
         await conn.close()
-    daemon = await DaemonProcess(daemon_env(db_url)).start()
+    daemon = await spawn(daemon_env(db_url))
     try:
         assert daemon.proc is not None
         idle = peak_rss_bytes(daemon.proc.pid)
@@ -239,6 +243,7 @@ async def test_concurrent_status_reads_of_a_30_mb_job_stay_under_the_bound(db_ur
 async def test_a_short_budget_claims_fewer_jobs_and_a_larger_job_runs_alone(
     db_url: str,
     transport_env: dict[str, str],  # noqa: F811
+    spawn: Spawn,
 ) -> None:
     """A budget of 1 MiB: jobs of 300 kB run at most 3 at a time (the queue allows 200), and
     one of 3 MB, larger than the whole budget, still runs, with nothing beside it."""
@@ -262,7 +267,7 @@ async def test_a_short_budget_claims_fewer_jobs_and_a_larger_job_runs_alone(
         finally:
             await conn.close()
         env = daemon_env(db_url, DISPATCHER_MAX_INFLIGHT_PAYLOAD_BYTES=str(MiB), **transport_env)
-        daemon = await DaemonProcess(env).start()
+        daemon = await spawn(env)
         try:
             await wait_until(
                 lambda: len(target.sizes) == 13, timeout_s=DRAIN_DEADLINE_S, what="13 deliveries"

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,16 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, cli, serve_target, wait_until
+from tests.harness import (
+    LOOPBACK_ENV,
+    DaemonProcess,
+    Target,
+    cli,
+    job_changes,
+    serve_target,
+    wait_until,
+)
+from tests.harness.fixtures import Spawn
 
 QUEUE = "work"
 
@@ -31,21 +38,6 @@ def daemon_env(db_url: str) -> dict[str, str]:
         f"DISPATCHER_QUEUES__{QUEUE.upper()}__MAX_INFLIGHT": "3",
         f"DISPATCHER_QUEUES__{QUEUE.upper()}__CLAIM_BATCH": "3",
     }
-
-
-@asynccontextmanager
-async def daemons(env: dict[str, str], n: int) -> AsyncIterator[list[DaemonProcess]]:
-    """`n` `dispatcher run` children; none outlives the block."""
-    started = [DaemonProcess(env) for _ in range(n)]
-    try:
-        for daemon in started:
-            await daemon.start()
-        yield started
-    finally:
-        for daemon in started:
-            if daemon.proc is not None and daemon.proc.returncode is None:
-                daemon.proc.kill()
-                await daemon.proc.wait()
 
 
 async def restart(daemon: DaemonProcess) -> None:
@@ -89,14 +81,15 @@ async def metric(daemon: DaemonProcess, line_start: str) -> str | None:
 
 
 async def test_a_pause_holds_on_every_daemon_at_once_and_across_restarts(
-    db_url: str, tmp_path: Path
+    db_url: str, tmp_path: Path, spawn: Spawn
 ) -> None:
     env = daemon_env(db_url)
     conn = await asyncpg.connect(db_url)
-    async with serve_target(Target(delay_s=0.05)) as target, daemons(env, 2) as (a, b):
+    async with serve_target(Target(delay_s=0.05)) as target, job_changes(db_url) as jobs:
+        a, b = [await spawn(env) for _ in range(2)]
         for i in range(60):
             await enqueue(a, f"before-{i}", target.url)
-        await wait_until(lambda: len(target.requests) >= 6, what="work under way on both daemons")
+        await target.wait_for(lambda t: len(t.requests) >= 6, what="work under way on both daemons")
 
         status, view = await call("POST", f"{b.base_url}/v1/queues/{QUEUE}/pause")
         assert status == 200, view
@@ -113,11 +106,11 @@ async def test_a_pause_holds_on_every_daemon_at_once_and_across_restarts(
             accepted = await enqueue(b, f"soon-{i}", target.url, due_at=soon)
             assert accepted["state"] == "scheduled"
 
-        async def settled() -> bool:  # attempts running at the pause finished; soon-* moved
-            now = await states(conn)
+        async def settled(c: asyncpg.Connection) -> bool:  # running ones finished; soon-* moved
+            now = await states(c)
             return now.get("running", 0) == 0 and now.get("scheduled", 0) == 0
 
-        await wait_until(settled, timeout_s=20, what="running attempts to finish, soon-* ready")
+        await jobs.until(settled, timeout_s=20, what="running attempts to finish, soon-* ready")
         counts = await states(conn)
         assert counts.get("ready", 0) >= 15, counts  # the backlog stays visible
         assert counts["ready"] + counts["succeeded"] == 75, counts
@@ -129,7 +122,15 @@ async def test_a_pause_holds_on_every_daemon_at_once_and_across_restarts(
             assert status == 200, overview
             work = next(q for q in overview["queues"] if q["name"] == QUEUE)
             assert work["paused"] is True
-            assert work["jobs"]["ready"] == counts["ready"]
+
+            async def sample_caught_up(url: str = f"{daemon.base_url}/v1/queues") -> bool:
+                # the counts are a sample up to 1 s old (OVERVIEW_MAX_AGE_S); nothing signals
+                # its refresh, and a wait woken by the jobs' NOTIFY can come before it
+                _, now = await call("GET", url)
+                ready = next(q for q in now["queues"] if q["name"] == QUEUE)["jobs"]["ready"]
+                return bool(ready == counts["ready"])
+
+            await wait_until(sample_caught_up, timeout_s=5, what="the overview's ready count")
             assert work["limits"]["max_inflight"] == 3
             default = next(q for q in overview["queues"] if q["name"] == "default")
             assert default["paused"] is False
@@ -150,8 +151,8 @@ async def test_a_pause_holds_on_every_daemon_at_once_and_across_restarts(
             **{"Idempotency-Key": "default-after-restart"},
         )
         assert status == 202, job
-        await wait_until(
-            lambda: "default-after-restart" in target.request_keys(), what="the default queue"
+        await target.wait_for(
+            lambda t: "default-after-restart" in t.request_keys(), what="the default queue"
         )
         assert await latest_start(conn) <= paused_by_then
 
@@ -164,10 +165,10 @@ async def test_a_pause_holds_on_every_daemon_at_once_and_across_restarts(
         assert resumed.code == 0, resumed.stderr
         assert f"queue {QUEUE} resumed" in resumed.stdout
 
-        async def all_done() -> bool:
-            return (await states(conn)).get("succeeded", 0) == 75
+        async def all_done(c: asyncpg.Connection) -> bool:
+            return (await states(c)).get("succeeded", 0) == 75
 
-        await wait_until(all_done, timeout_s=30, what="the backlog to run after the resume")
+        await jobs.until(all_done, timeout_s=30, what="the backlog to run after the resume")
         keys = [k for k in target.request_keys() if k != "default-after-restart"]
         assert sorted(set(keys)) == sorted(keys)  # each job delivered once
         assert len(keys) == 75
@@ -177,28 +178,29 @@ async def test_a_pause_holds_on_every_daemon_at_once_and_across_restarts(
 
 
 async def test_pause_and_resume_are_idempotent_and_an_unknown_queue_is_404(
-    db_url: str, tmp_path: Path
+    db_url: str, tmp_path: Path, spawn: Spawn
 ) -> None:
     env = daemon_env(db_url)
-    async with daemons(env, 1) as (daemon,):
-        base = f"{daemon.base_url}/v1/queues"
-        first = await call("POST", f"{base}/{QUEUE}/pause")
-        again = await call("POST", f"{base}/{QUEUE}/pause")
-        assert first[0] == again[0] == 200
-        assert again[1]["paused_at"] == first[1]["paused_at"]  # paused since the first pause
+    daemon = await spawn(env)
+    base = f"{daemon.base_url}/v1/queues"
+    first = await call("POST", f"{base}/{QUEUE}/pause")
+    again = await call("POST", f"{base}/{QUEUE}/pause")
+    assert first[0] == again[0] == 200
+    assert again[1]["paused_at"] == first[1]["paused_at"]  # paused since the first pause
 
-        for name in ("nope", "NOPE", "a%00b", "x" * 300):
-            status, doc = await call("POST", f"{base}/{name}/pause")
-            assert status == 404, doc
-            assert doc["detail"].endswith("queues: default, work"), doc
-            assert doc["queues"] == ["default", "work"]
-        status, doc = await call("POST", f"{base}/nope/resume")
-        assert (status, doc["queues"]) == (404, ["default", "work"])
+    for name in ("nope", "NOPE", "a%00b", "x" * 300):
+        status, doc = await call("POST", f"{base}/{name}/pause")
+        assert status == 404, doc
+        assert doc["detail"].endswith("queues: default, work"), doc
+        assert doc["queues"] == ["default", "work"]
+    status, doc = await call("POST", f"{base}/nope/resume")
+    assert (status, doc["queues"]) == (404, ["default", "work"])
 
-        status, doc = await call("POST", f"{base}/{QUEUE}/resume")
-        assert (status, doc["paused"], doc["paused_at"]) == (200, False, None)
-        status, doc = await call("POST", f"{base}/{QUEUE}/resume")
-        assert (status, doc["paused"]) == (200, False)
+    status, doc = await call("POST", f"{base}/{QUEUE}/resume")
+    assert (status, doc["paused"], doc["paused_at"]) == (200, False, None)
+    status, doc = await call("POST", f"{base}/{QUEUE}/resume")
+    assert (status, doc["paused"]) == (200, False)
+    await daemon.kill()  # the commands below run with no daemon
 
     unknown = await cli("queues", "pause", "nope", cwd=tmp_path, env=env)
     assert unknown.code == 1

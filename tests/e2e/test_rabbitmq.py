@@ -17,7 +17,16 @@ import asyncpg
 import pytest
 from aiohttp import web
 
-from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, free_port, serve_target, wait_until
+from tests.harness import (
+    LOOPBACK_ENV,
+    DaemonProcess,
+    Target,
+    free_port,
+    serve_target,
+    until_job_count,
+    wait_until,
+)
+from tests.harness.fixtures import Spawn
 from tests.transports import BROKER, broker_prefix, broker_up
 
 pytestmark = [
@@ -110,13 +119,12 @@ async def metric(daemon: DaemonProcess, name: str) -> float:
 
 
 async def test_two_daemons_drain_through_the_broker_once_each(
-    db_url: str, prefix: str, target: Target
+    db_url: str, prefix: str, target: Target, spawn: Spawn
 ) -> None:
-    daemons = [DaemonProcess(env(db_url, prefix)) for _ in range(2)]
+    daemons = await asyncio.gather(*(spawn(env(db_url, prefix)) for _ in range(2)))
     try:
-        await asyncio.gather(*(d.start() for d in daemons))
         await enqueue(db_url, 400, target.url)
-        await wait_until(lambda: done(db_url, 400), timeout_s=60, what="400 jobs")
+        await until_job_count(db_url, "succeeded", 400, timeout_s=60, at_least=True)
     finally:
         await asyncio.gather(*(d.stop() for d in daemons))
     counts = Counter(target.request_keys())
@@ -124,12 +132,12 @@ async def test_two_daemons_drain_through_the_broker_once_each(
 
 
 async def test_an_outbox_row_published_twice_has_one_effect(
-    db_url: str, prefix: str, target: Target
+    db_url: str, prefix: str, target: Target, spawn: Spawn
 ) -> None:
-    daemon = await DaemonProcess(env(db_url, prefix)).start()
+    daemon = await spawn(env(db_url, prefix))
     try:
         await enqueue(db_url, 1, target.url)
-        await wait_until(lambda: done(db_url, 1), timeout_s=30, what="the job")
+        await until_job_count(db_url, "succeeded", 1, timeout_s=30, at_least=True)
         # the relay crashed after the confirm and before the delete: the row is back
         conn = await asyncpg.connect(db_url)
         try:
@@ -154,7 +162,7 @@ async def test_an_outbox_row_published_twice_has_one_effect(
 
 
 async def test_the_broker_closing_the_connection_mid_drain_loses_nothing(
-    db_url: str, prefix: str, target: Target
+    db_url: str, prefix: str, target: Target, spawn: Spawn
 ) -> None:
     """The close must land mid-drain and be seen by the daemon before the drain may end.
 
@@ -171,10 +179,10 @@ async def test_the_broker_closing_the_connection_mid_drain_loses_nothing(
         return web.json_response({"ok": True})
 
     target.respond = held_after_100
-    daemon = await DaemonProcess(env(db_url, prefix)).start()
+    daemon = await spawn(env(db_url, prefix))
     try:
         await enqueue(db_url, 1000, target.url)
-        await wait_until(lambda: bool(len(target.requests) > 100), timeout_s=30, what="work")
+        await target.wait_for(lambda t: len(t.requests) > 100, timeout_s=30, what="work")
         closed = await close_connections_named(prefix)
         assert closed >= 1
 
@@ -184,7 +192,7 @@ async def test_the_broker_closing_the_connection_mid_drain_loses_nothing(
         await wait_until(failure_seen, timeout_s=30, what="the daemon to see the close")
         assert not await done(db_url, 1000)  # mid-drain indeed: held requests are unfinished
         gate.set()
-        await wait_until(lambda: done(db_url, 1000), timeout_s=90, what="1000 jobs")
+        await until_job_count(db_url, "succeeded", 1000, timeout_s=90, at_least=True)
     finally:
         gate.set()
         await daemon.stop()
@@ -193,10 +201,10 @@ async def test_the_broker_closing_the_connection_mid_drain_loses_nothing(
 
 
 async def test_a_daemon_with_its_broker_down_starts_and_says_it_is_degraded(
-    db_url: str, prefix: str, target: Target
+    db_url: str, prefix: str, target: Target, spawn: Spawn
 ) -> None:
     nowhere = f"amqp://guest:guest@127.0.0.1:{free_port()}/"
-    daemon = await DaemonProcess(env(db_url, prefix, nowhere)).start()
+    daemon = await spawn(env(db_url, prefix, nowhere))
     try:
         async with aiohttp.ClientSession() as s, s.get(f"{daemon.base_url}/readyz") as r:
             body = await r.text()
@@ -220,7 +228,7 @@ async def ready_count(prefix: str) -> int:
 
 
 async def test_sigterm_returns_held_deliveries_at_once_and_acks_running_ones_after_commit(
-    db_url: str, prefix: str, target: Target
+    db_url: str, prefix: str, target: Target, spawn: Spawn
 ) -> None:
     """A queue limited to 1 start/s: the daemon holds deliveries it may not start yet. SIGTERM
     must hand those back to the broker while the running attempts are still running (not when
@@ -234,7 +242,7 @@ async def test_sigterm_returns_held_deliveries_at_once_and_acks_running_ones_aft
         "DISPATCHER_QUEUES__DEFAULT__MAX_INFLIGHT": "10",
         "DISPATCHER_DRAIN_TIMEOUT_S": "30",
     }
-    first = await DaemonProcess(limited).start()
+    first = await spawn(limited)
     second: DaemonProcess | None = None
     try:
         await enqueue(db_url, 20, target.url)
@@ -255,10 +263,9 @@ async def test_sigterm_returns_held_deliveries_at_once_and_acks_running_ones_aft
         assert await first.wait(30) == 0
         # the running attempts' deliveries were acked, not returned: nothing else went back
         assert await ready_count(prefix) == 20 - len(running_at_sigterm)
-        second = DaemonProcess({**limited, "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "50"})
-        await second.start()
+        second = await spawn({**limited, "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "50"})
         target.delay_s = 0.0
-        await wait_until(lambda: done(db_url, 20), timeout_s=60, what="20 jobs")
+        await until_job_count(db_url, "succeeded", 20, timeout_s=60, at_least=True)
         assert await metric(second, "dispatcher_duplicate_deliveries_total") == 0
     finally:
         await first.stop()
@@ -281,7 +288,7 @@ async def purge(prefix: str) -> int:
 
 
 async def test_messages_lost_in_the_broker_are_published_again_and_run_once(
-    db_url: str, prefix: str, target: Target
+    db_url: str, prefix: str, target: Target, spawn: Spawn
 ) -> None:
     """The queue is purged after the relay published its messages and before a consumer took
     them: their jobs stay ready with their outbox rows marked published, and the relay's sweep
@@ -294,7 +301,7 @@ async def test_messages_lost_in_the_broker_are_published_again_and_run_once(
         "DISPATCHER_RABBITMQ__PUBLISH_AHEAD": "25",  # a window of 50: all of them published
         "DISPATCHER_RABBITMQ__REPUBLISH_AFTER_S": "2",
     }
-    daemon = await DaemonProcess(slow).start()
+    daemon = await spawn(slow)
     try:
         await enqueue(db_url, 50, target.url)
 
@@ -304,7 +311,7 @@ async def test_messages_lost_in_the_broker_are_published_again_and_run_once(
         await wait_until(waiting_in_the_broker, timeout_s=30, what="messages in the broker")
         purged = await purge(prefix)
         assert purged >= 20
-        await wait_until(lambda: done(db_url, 50), timeout_s=60, what="50 jobs")
+        await until_job_count(db_url, "succeeded", 50, timeout_s=60, at_least=True)
         assert await metric(daemon, "dispatcher_outbox_republished_total") >= purged
     finally:
         await daemon.stop()
@@ -313,7 +320,7 @@ async def test_messages_lost_in_the_broker_are_published_again_and_run_once(
 
 
 async def test_a_slow_message_published_again_is_a_counted_duplicate(
-    db_url: str, prefix: str, target: Target
+    db_url: str, prefix: str, target: Target, spawn: Spawn
 ) -> None:
     """A message merely waiting in the broker longer than rabbitmq.republish_after_s is
     published again; both deliveries arrive, and the claim's attempt fence makes the second a
@@ -325,10 +332,10 @@ async def test_a_slow_message_published_again_is_a_counted_duplicate(
         "DISPATCHER_RABBITMQ__PUBLISH_AHEAD": "4",  # all four published at once
         "DISPATCHER_RABBITMQ__REPUBLISH_AFTER_S": "1",
     }
-    daemon = await DaemonProcess(serial).start()
+    daemon = await spawn(serial)
     try:
         await enqueue(db_url, 4, target.url)
-        await wait_until(lambda: done(db_url, 4), timeout_s=60, what="4 jobs")
+        await until_job_count(db_url, "succeeded", 4, timeout_s=60, at_least=True)
 
         async def duplicates_counted() -> bool:
             return await metric(daemon, "dispatcher_duplicate_deliveries_total") >= 1
@@ -342,7 +349,7 @@ async def test_a_slow_message_published_again_is_a_counted_duplicate(
 
 
 async def test_a_daemon_killed_mid_stream_loses_nothing_and_its_redeliveries_are_duplicates(
-    db_url: str, prefix: str, target: Target
+    db_url: str, prefix: str, target: Target, spawn: Spawn
 ) -> None:
     """kill -9 one of two daemons mid-stream: its unacked deliveries return to the broker and
     reach the survivor, which finds their jobs running (or done) and acks them as counted
@@ -357,11 +364,10 @@ async def test_a_daemon_killed_mid_stream_loses_nothing_and_its_redeliveries_are
         # all daemons together run at most this many: a bound on the victim's attempts in flight
         "DISPATCHER_QUEUES__DEFAULT__MAX_INFLIGHT": "100",
     }
-    victim, survivor = DaemonProcess(short), DaemonProcess(short)
+    victim, survivor = await asyncio.gather(spawn(short), spawn(short))
     try:
-        await asyncio.gather(victim.start(), survivor.start())
         await enqueue(db_url, 1000, target.url)
-        await wait_until(lambda: len(target.requests) > 200, timeout_s=30, what="work")
+        await target.wait_for(lambda t: len(t.requests) > 200, timeout_s=30, what="work")
         # killed while it runs attempts: their deliveries are unacked (a delivery it only held,
         # not started, would reach the survivor as a job still ready: no duplicate). Under a
         # slow machine the survivor may have started everything; the wait says so.
@@ -374,7 +380,7 @@ async def test_a_daemon_killed_mid_stream_loses_nothing_and_its_redeliveries_are
         )
         victim.signal(signal.SIGKILL)
         await victim.wait(10)
-        await wait_until(lambda: done(db_url, 1000), timeout_s=120, what="1000 jobs")
+        await until_job_count(db_url, "succeeded", 1000, timeout_s=120, at_least=True)
         duplicates = await metric(survivor, "dispatcher_duplicate_deliveries_total")
         assert duplicates >= 1
     finally:
@@ -421,17 +427,17 @@ async def broker_answers() -> bool:
 
 
 async def test_the_broker_stopped_and_started_mid_drain_loses_nothing(
-    db_url: str, prefix: str, target: Target
+    db_url: str, prefix: str, target: Target, spawn: Spawn
 ) -> None:
     """`rabbitmqctl stop_app` while a daemon drains 1000 jobs, `start_app` a few seconds later:
     the durable quorum queue and its persistent messages survive, the daemon reconnects and
     re-declares, and every job runs. The broker is restored in `finally` and awaited, so the
     rest of the suite finds it up."""
     target.delay_s = 0.01
-    daemon = await DaemonProcess(env(db_url, prefix)).start()
+    daemon = await spawn(env(db_url, prefix))
     try:
         await enqueue(db_url, 1000, target.url)
-        await wait_until(lambda: len(target.requests) > 100, timeout_s=30, what="work")
+        await target.wait_for(lambda t: len(t.requests) > 100, timeout_s=30, what="work")
         try:
             await rabbitmqctl("stop_app")
             await wait_until(lambda: not broker_up(), timeout_s=30, what="the broker stopped")
@@ -443,7 +449,7 @@ async def test_the_broker_stopped_and_started_mid_drain_loses_nothing(
         finally:
             await rabbitmqctl("start_app")
             await wait_until(broker_answers, timeout_s=120, interval_s=1, what="the broker back")
-        await wait_until(lambda: done(db_url, 1000), timeout_s=120, what="1000 jobs")
+        await until_job_count(db_url, "succeeded", 1000, timeout_s=120, at_least=True)
     finally:
         await daemon.stop()
     assert len(Counter(target.request_keys())) == 1000

@@ -12,19 +12,18 @@ from typing import Any
 import asyncpg
 
 from tests.harness import (
-    RunningDaemon,
+    InProcessDaemon,
     Target,
     cli,
     make_settings,
     running_daemon,
     serve_target,
-    wait_until,
 )
 
 FAR = "2031-05-31T00:00:00Z"
 
 
-async def reschedule(d: RunningDaemon, job_id: int, due_at: Any) -> tuple[int, Any]:
+async def reschedule(d: InProcessDaemon, job_id: int, due_at: Any) -> tuple[int, Any]:
     path = f"{d.base_url}/v1/jobs/{job_id}/reschedule"
     async with d.session.post(path, json={"due_at": due_at}) as r:
         return r.status, await r.json(content_type=None)
@@ -48,7 +47,7 @@ async def test_run_now_postpone_and_the_fingerprint(db_url: str, tmp_path: Path)
 
         status, view = await reschedule(d, job["id"], "now")
         assert (status, view["state"]) == (200, "ready"), view
-        await wait_until(lambda: "run-me-now" in target.request_keys(), what="the job to run")
+        await target.wait_for(lambda t: "run-me-now" in t.request_keys(), what="the job to run")
         assert (await d.get_job(job["id"]))["attempt"] == 1
 
         # the key still names the same request: the original POST replays, a new body conflicts
@@ -104,7 +103,7 @@ async def test_run_now_postpone_and_the_fingerprint(db_url: str, tmp_path: Path)
             "UPDATE dispatcher.queues SET paused = false, paused_at = NULL WHERE name = 'held'"
         )
         await conn.execute("NOTIFY dispatcher_wake, 'ready'")
-        await wait_until(lambda: "held" in target.request_keys(), what="the held job to run")
+        await target.wait_for(lambda t: "held" in t.request_keys(), what="the held job to run")
         assert target.request_keys().count("held") == 1
 
         # a scheduled job moved to another future time stays scheduled, and waits

@@ -23,7 +23,8 @@ from pathlib import Path
 import asyncpg
 
 from tests.conftest import scratch_database
-from tests.harness import LOOPBACK_ENV, DaemonProcess, Result, cli, enqueue_noop_jobs, wait_until
+from tests.harness import LOOPBACK_ENV, Result, cli, enqueue_noop_jobs, wait_until
+from tests.harness.fixtures import Spawn
 
 JOBS = 500
 
@@ -90,32 +91,26 @@ async def schema_waiters(url: str) -> int:
 
 
 async def test_a_daemon_started_during_a_restore_waits_for_it_then_runs(
-    db_url: str, server_url: str, tmp_path: Path
+    db_url: str, server_url: str, tmp_path: Path, spawn: Spawn
 ) -> None:
     dump = await backup_of_jobs(db_url, tmp_path)
     async with scratch_database(server_url, f"dispatcher_restoring_{os.getpid()}") as url:
         env = {"DISPATCHER_DATABASE_URL": url, **LOOPBACK_ENV}
-        daemon = DaemonProcess(env)
-        try:
-            async with restore_held(url, dump, tmp_path) as restore:
-                await daemon.start(wait_ready=False)
+        async with restore_held(url, dump, tmp_path) as restore:
+            daemon = await spawn(env, wait_ready=False)
 
-                async def arrived() -> bool:  # waiting: saying so, or (before) blocked silently
-                    return WAITS in daemon.log_text() or await schema_waiters(url) == 2
+            async def arrived() -> bool:  # waiting: saying so, or (before) blocked silently
+                return WAITS in daemon.log_text() or await schema_waiters(url) == 2
 
-                await wait_until(arrived, timeout_s=60, what="the daemon at the schema step")
-                assert daemon.proc is not None and daemon.proc.returncode is None
-            result = await restore
-            # before: the daemon's CREATE SCHEMA IF NOT EXISTS then collided with the restore's
-            # (UniqueViolationError, exit 1), or the restore with the daemon's
-            assert result.code == 0, result.stderr
-            assert f"{JOBS} jobs" in result.stdout
-            await wait_until(daemon.is_ready, timeout_s=60, what="the daemon ready after it")
-            assert await daemon.stop() == 0
-        finally:
-            if daemon.proc is not None and daemon.proc.returncode is None:
-                daemon.proc.kill()
-                await daemon.proc.wait()
+            await wait_until(arrived, timeout_s=60, what="the daemon at the schema step")
+            assert daemon.proc is not None and daemon.proc.returncode is None
+        result = await restore
+        # before: the daemon's CREATE SCHEMA IF NOT EXISTS then collided with the restore's
+        # (UniqueViolationError, exit 1), or the restore with the daemon's
+        assert result.code == 0, result.stderr
+        assert f"{JOBS} jobs" in result.stdout
+        await wait_until(daemon.is_ready, timeout_s=60, what="the daemon ready after it")
+        assert await daemon.stop() == 0
         assert WAITS in daemon.log_text()  # it said why it waited
         log = daemon.log_text()
         assert "Traceback" not in log and "UniqueViolation" not in log, log[-3000:]
@@ -127,14 +122,13 @@ async def test_a_daemon_started_during_a_restore_waits_for_it_then_runs(
 
 
 async def test_a_bounded_wait_and_operator_commands_say_so_in_one_line(
-    db_url: str, server_url: str, tmp_path: Path
+    db_url: str, server_url: str, tmp_path: Path, spawn: Spawn
 ) -> None:
     dump = await backup_of_jobs(db_url, tmp_path)
     async with scratch_database(server_url, f"dispatcher_restoring_{os.getpid()}") as url:
         env = {"DISPATCHER_DATABASE_URL": url, "DISPATCHER_DATABASE_WAIT_S": "1"}
         async with restore_held(url, dump, tmp_path) as restore:
-            daemon = DaemonProcess({**env, **LOOPBACK_ENV})
-            await daemon.start(wait_ready=False)
+            daemon = await spawn({**env, **LOOPBACK_ENV}, wait_ready=False)
             assert await daemon.wait(timeout_s=60) == 1
             (line,) = [
                 json_line
@@ -163,7 +157,7 @@ async def test_a_bounded_wait_and_operator_commands_say_so_in_one_line(
 
 
 async def test_a_half_restored_schema_is_refused_in_one_line(
-    server_url: str, tmp_path: Path
+    server_url: str, tmp_path: Path, spawn: Spawn
 ) -> None:
     async with scratch_database(server_url, f"dispatcher_half_{os.getpid()}") as url:
         conn = await asyncpg.connect(url)
@@ -172,8 +166,7 @@ async def test_a_half_restored_schema_is_refused_in_one_line(
         finally:
             await conn.close()
         env = {"DISPATCHER_DATABASE_URL": url}
-        daemon = DaemonProcess({**env, **LOOPBACK_ENV})
-        await daemon.start(wait_ready=False)
+        daemon = await spawn({**env, **LOOPBACK_ENV}, wait_ready=False)
         assert await daemon.wait(timeout_s=60) == 1
         log = daemon.log_text()
         assert "Traceback" not in log

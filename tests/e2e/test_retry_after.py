@@ -14,7 +14,13 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
-from tests.harness import Target, make_settings, running_daemon, serve_target, wait_until
+from tests.harness import (
+    Target,
+    job_changes,
+    make_settings,
+    running_daemon,
+    serve_target,
+)
 
 DAY_S = 86_400
 WEEK_S = 7 * DAY_S
@@ -34,11 +40,11 @@ def answers(headers_by_key: dict[str, tuple[int, dict[str, str]]]) -> Target:
     return Target(respond=respond)
 
 
-async def settle(conn: asyncpg.Connection, keys: list[str]) -> dict[str, dict[str, Any]]:
+async def settle(db_url: str, keys: list[str]) -> dict[str, dict[str, Any]]:
     """Each job once its first attempt has ended: its state, due time and that attempt."""
     rows: dict[str, dict[str, Any]] = {}
 
-    async def ended() -> bool:
+    async def ended(conn: asyncpg.Connection) -> bool:
         found = await conn.fetch(
             """SELECT j.key, j.state, j.dead_reason, j.due_at, a.finished_at, a.outcome,
                       a.reason, a.http_status
@@ -50,7 +56,8 @@ async def settle(conn: asyncpg.Connection, keys: list[str]) -> dict[str, dict[st
         rows.update({r["key"]: dict(r) for r in found})
         return len(rows) == len(keys)
 
-    await wait_until(ended, what=f"the first attempts of {keys}")
+    async with job_changes(db_url) as jobs:
+        await jobs.until(ended, timeout_s=20, what=f"the first attempts of {keys}")
     return rows
 
 
@@ -74,7 +81,7 @@ async def test_retry_after_is_honoured_past_a_day_in_both_forms_on_429_503_5xx_a
         async with serve_target(target), running_daemon(settings) as d:
             for key in cases:
                 await d.post_job(key, {"handler": "http", "target": {"url": target.url}})
-            rows = await settle(conn, list(cases))
+            rows = await settle(db_url, list(cases))
     finally:
         await conn.close()
     for key, (status, _, delay_s) in cases.items():
@@ -113,13 +120,14 @@ async def test_retry_after_beyond_the_retry_age_is_dead_and_a_bad_value_is_the_b
             for key in cases:
                 await d.post_job(key, {"handler": "http", "target": {"url": target.url}})
 
-            async def finished() -> bool:
-                n = await conn.fetchval(
+            async def finished(c: asyncpg.Connection) -> bool:
+                n = await c.fetchval(
                     "SELECT count(*) FROM dispatcher.jobs WHERE state IN ('dead', 'succeeded')"
                 )
                 return bool(n == len(cases))
 
-            await wait_until(finished, what="every job dead or succeeded")
+            async with job_changes(db_url) as jobs:
+                await jobs.until(finished, timeout_s=20, what="every job dead or succeeded")
         rows = {
             r["key"]: dict(r)
             for r in await conn.fetch(

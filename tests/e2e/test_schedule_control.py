@@ -16,6 +16,7 @@ import pytest
 from dispatcher.core.rfc3339 import format as rfc3339
 from tests.faults.common import fetchval
 from tests.harness import DaemonProcess, cli
+from tests.harness.fixtures import Spawn
 
 CONFIG = """
 [queues.default]
@@ -47,19 +48,10 @@ def config(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def daemons(db_url: str, config: Path) -> Any:
+async def daemons(db_url: str, config: Path, spawn: Spawn) -> list[DaemonProcess]:
     """Two daemons on one database."""
-    started = [
-        DaemonProcess({"DISPATCHER_DATABASE_URL": db_url, "DISPATCHER_CONFIG": str(config)})
-        for _ in range(2)
-    ]
-    for daemon in started:
-        await daemon.start()
-    yield started
-    for daemon in started:
-        if daemon.proc is not None and daemon.proc.returncode is None:
-            daemon.proc.kill()
-            await daemon.proc.wait()
+    env = {"DISPATCHER_DATABASE_URL": db_url, "DISPATCHER_CONFIG": str(config)}
+    return [await spawn(env) for _ in range(2)]
 
 
 async def call(base: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
@@ -189,12 +181,11 @@ async def test_bad_schedule_requests_are_refused_and_change_nothing(
 
 
 async def test_the_cli_pauses_what_the_running_daemon_honours_and_dry_runs_create_nothing(
-    tmp_path: Path, db_url: str, config: Path
+    tmp_path: Path, db_url: str, config: Path, spawn: Spawn
 ) -> None:
     env = {"DISPATCHER_DATABASE_URL": db_url, "DISPATCHER_CONFIG": str(config)}
-    daemon = DaemonProcess(env)
+    daemon = await spawn(env)
     try:
-        await daemon.start()
         paused = await cli("schedules", "pause", "nightly", "--json", cwd=tmp_path, env=env)
         assert paused.code == 0, paused.stderr
         assert json.loads(paused.stdout)["paused"] is True

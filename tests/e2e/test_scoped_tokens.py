@@ -7,8 +7,6 @@ shows names and scopes with the tokens masked; a bad tokens file is one line nam
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,6 @@ import aiohttp
 import pytest
 
 from dispatcher.api.scopes import ROUTE_SCOPES
-from tests.conftest import database_name, scratch_database
 from tests.harness import DaemonProcess, cli
 
 PROBLEM = "application/problem+json"
@@ -54,35 +51,23 @@ def job_body(n: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-async def daemon(
-    server_url: str, template_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[DaemonProcess]:
+def module_daemon_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     folder = tmp_path_factory.mktemp("tokens")
     (folder / "dispatcher.toml").write_text(CONFIG)
     (folder / "api-tokens").write_text(TOKENS_FILE)
-    name = f"dispatcher_tokens{os.getpid()}"
-    async with scratch_database(server_url, name, database_name(template_url)) as db_url:
-        process = DaemonProcess(
-            {
-                "DISPATCHER_DATABASE_URL": db_url,
-                "DISPATCHER_CONFIG": str(folder / "dispatcher.toml"),
-                "DISPATCHER_API_TOKENS_FILE": str(folder / "api-tokens"),
-                "DISPATCHER_API_TOKENS": ENV_TOKENS,
-                # wrong tokens on every route, from one address: not what the guessing limit
-                # (tests/e2e/test_guessing.py) is for, so it is out of the way here
-                "DISPATCHER_AUTH_FAILURE_LIMIT": "100000",
-            }
-        )
-        await process.start()
-        try:
-            yield process
-        finally:
-            await process.stop()
+    return {
+        "DISPATCHER_CONFIG": str(folder / "dispatcher.toml"),
+        "DISPATCHER_API_TOKENS_FILE": str(folder / "api-tokens"),
+        "DISPATCHER_API_TOKENS": ENV_TOKENS,
+        # wrong tokens on every route, from one address: not what the guessing limit
+        # (tests/e2e/test_guessing.py) is for, so it is out of the way here
+        "DISPATCHER_AUTH_FAILURE_LIMIT": "100000",
+    }
 
 
 async def call(
     session: aiohttp.ClientSession,
-    daemon: DaemonProcess,
+    module_daemon: DaemonProcess,
     method: str,
     path: str,
     token: str | None,
@@ -92,7 +77,7 @@ async def call(
     sent = dict(headers or {})
     if token is not None:
         sent["Authorization"] = f"Bearer {token}"
-    async with session.request(method, daemon.base_url + path, json=body, headers=sent) as r:
+    async with session.request(method, module_daemon.base_url + path, json=body, headers=sent) as r:
         if r.content_type in (PROBLEM, "application/json"):
             return r.status, await r.json(content_type=None)
         return r.status, await r.text()
@@ -125,12 +110,12 @@ def issue_rule(method: str, route: str) -> str:
 
 
 async def test_every_route_admits_exactly_the_tokens_with_its_scope(
-    daemon: DaemonProcess,
+    module_daemon: DaemonProcess,
 ) -> None:
     async with aiohttp.ClientSession() as s:
         bare = TOKENS["api_tokens_file line 6"][0]
         status, created = await call(
-            s, daemon, "POST", "/v1/jobs", bare, job_body(0), {"Idempotency-Key": "seed"}
+            s, module_daemon, "POST", "/v1/jobs", bare, job_body(0), {"Idempotency-Key": "seed"}
         )
         assert status == 202, created
         assert isinstance(created, dict)
@@ -140,7 +125,7 @@ async def test_every_route_admits_exactly_the_tokens_with_its_scope(
             for name, (token, scopes) in TOKENS.items():
                 n += 1
                 path, body, headers = concrete(method, route, created["id"], n)
-                status, answer = await call(s, daemon, method, path, token, body, headers)
+                status, answer = await call(s, module_daemon, method, path, token, body, headers)
                 where = (method, route, name, status, answer)
                 if scope in scopes:
                     assert status not in (401, 403), where
@@ -157,25 +142,25 @@ async def test_every_route_admits_exactly_the_tokens_with_its_scope(
     [None, "Bearer tok-nobody-0000", "Basic tok-bare-5e5b4a", "Bearer", "Bearer tok-bare-5e5b4"],
 )
 async def test_a_missing_or_unknown_token_is_401_everywhere(
-    daemon: DaemonProcess, authorization: str | None
+    module_daemon: DaemonProcess, authorization: str | None
 ) -> None:
     headers = {"Authorization": authorization} if authorization else {}
     async with aiohttp.ClientSession() as s:
         for method, route in sorted(ROUTE_SCOPES):
             path = route.replace("{id}", "1").replace("{name}", "nightly")
-            async with s.request(method, daemon.base_url + path, headers=headers) as r:
+            async with s.request(method, module_daemon.base_url + path, headers=headers) as r:
                 assert (r.status, r.content_type) == (401, PROBLEM), (method, route)
                 assert r.headers["WWW-Authenticate"] == 'Bearer realm="dispatcher"'
 
 
 async def test_operator_actions_are_logged_by_name_and_no_token_is_ever_logged(
-    daemon: DaemonProcess,
+    module_daemon: DaemonProcess,
 ) -> None:
     oncall, reader = TOKENS["oncall"][0], TOKENS["dashboards"][0]
     async with aiohttp.ClientSession() as s:
         status, job = await call(
             s,
-            daemon,
+            module_daemon,
             "POST",
             "/v1/jobs",
             TOKENS["ci"][0],
@@ -183,16 +168,18 @@ async def test_operator_actions_are_logged_by_name_and_no_token_is_ever_logged(
             {"Idempotency-Key": "log-1"},
         )
         assert status == 202 and isinstance(job, dict), job
-        status, _ = await call(s, daemon, "POST", f"/v1/jobs/{job['id']}/cancel", oncall)
+        status, _ = await call(s, module_daemon, "POST", f"/v1/jobs/{job['id']}/cancel", oncall)
         assert status == 200
-        status, _ = await call(s, daemon, "POST", f"/v1/jobs/{job['id']}/cancel", oncall)
+        status, _ = await call(s, module_daemon, "POST", f"/v1/jobs/{job['id']}/cancel", oncall)
         assert status == 409
-        status, _ = await call(s, daemon, "POST", f"/v1/jobs/{job['id']}/retry", reader)
+        status, _ = await call(s, module_daemon, "POST", f"/v1/jobs/{job['id']}/retry", reader)
         assert status == 403
-        status, _ = await call(s, daemon, "GET", f"/v1/jobs/{job['id']}", reader)
+        status, _ = await call(s, module_daemon, "GET", f"/v1/jobs/{job['id']}", reader)
         assert status == 200
 
-    lines = [json.loads(line) for line in daemon.log_text().splitlines() if line.startswith("{")]
+    # the refusal is the last of the four lines: logged once it is, the others are too
+    await module_daemon.log.wait_for(f"/v1/jobs/{job['id']}/retry", token="dashboards")
+    lines = module_daemon.log.events()
     jid = job["id"]
     cancels = [
         (entry["token"], entry["message"])
@@ -217,7 +204,7 @@ async def test_operator_actions_are_logged_by_name_and_no_token_is_ever_logged(
         for e in lines
         if e["message"].startswith(f"operator action cancel job {jid} ")
     } == {("oncall", "api")}
-    text = daemon.log_text()
+    text = module_daemon.log_text()
     for token, _ in TOKENS.values():
         assert token not in text
 

@@ -8,7 +8,7 @@ import socket
 import time
 from pathlib import Path
 
-from tests.harness import DaemonProcess
+from tests.harness.fixtures import Spawn
 
 
 async def receive(sock: socket.socket, until: str, timeout_s: float = 20) -> list[str]:
@@ -24,19 +24,20 @@ async def receive(sock: socket.socket, until: str, timeout_s: float = 20) -> lis
 
 
 async def test_ready_watchdog_stopping_over_a_real_notify_socket(
-    db_url: str, tmp_path: Path
+    db_url: str, tmp_path: Path, spawn: Spawn
 ) -> None:
     path = tmp_path / "notify.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(str(path))
         sock.setblocking(False)
-        daemon = await DaemonProcess(
+        daemon = await spawn(
             {
                 "DISPATCHER_DATABASE_URL": db_url,
                 "NOTIFY_SOCKET": str(path),
                 "WATCHDOG_USEC": "1000000",
-            }
-        ).start(wait_ready=False)
+            },
+            wait_ready=False,
+        )
         first = await receive(sock, "READY=1")
         pings = await receive(sock, "WATCHDOG=1")
         pings += await receive(sock, "WATCHDOG=1")  # keeps pinging from the event loop

@@ -14,6 +14,7 @@ import pytest
 import trustme
 
 from tests.harness import DaemonProcess, wait_until
+from tests.harness.fixtures import Spawn
 
 TOKEN = "tls-test-token-0123456789"
 
@@ -43,17 +44,18 @@ def same_certificate(a: bytes, b: bytes) -> bool:
 
 
 @pytest.fixture
-async def tls_daemon(db_url: str, tmp_path: Path) -> tuple[DaemonProcess, trustme.CA, Path]:
+async def tls_daemon(
+    db_url: str, tmp_path: Path, spawn: Spawn
+) -> tuple[DaemonProcess, trustme.CA, Path]:
     ca = trustme.CA()
     cert_file, key_file, _ = write_cert(ca, tmp_path)
-    daemon = DaemonProcess(
-        {
-            "DISPATCHER_DATABASE_URL": db_url,
-            "DISPATCHER_TLS__CERT_FILE": str(cert_file),
-            "DISPATCHER_TLS__KEY_FILE": str(key_file),
-            "DISPATCHER_API_TOKENS": TOKEN,
-        }
-    )
+    env = {
+        "DISPATCHER_DATABASE_URL": db_url,
+        "DISPATCHER_TLS__CERT_FILE": str(cert_file),
+        "DISPATCHER_TLS__KEY_FILE": str(key_file),
+        "DISPATCHER_API_TOKENS": TOKEN,
+    }
+    daemon = await spawn(env, wait_ready=False)
     daemon.base_url = daemon.base_url.replace("http://", "https://")
     context = ssl.create_default_context()
     ca.configure_trust(context)
@@ -71,7 +73,6 @@ async def tls_daemon(db_url: str, tmp_path: Path) -> tuple[DaemonProcess, trustm
         except aiohttp.ClientError:
             return False
 
-    await daemon.start(wait_ready=False)
     await wait_until(ready, timeout_s=60, what="the TLS daemon ready")
     yield daemon, ca, tmp_path
     await daemon.stop()
@@ -118,20 +119,14 @@ async def test_sighup_reloads_a_renewed_certificate_without_dropping_the_listene
         async with s.get(f"{daemon.base_url}/healthz", ssl=context) as r:
             assert r.status == 200
         daemon.signal(signal.SIGHUP)
-
-        async def renewed_served() -> bool:
-            return same_certificate(await served_certificate(daemon.port, ca), renewed)
-
-        await wait_until(renewed_served, timeout_s=10, what="the renewed certificate served")
+        await daemon.log.wait_for("TLS certificate reloaded", timeout_s=10)
+        assert same_certificate(await served_certificate(daemon.port, ca), renewed)
         async with s.get(f"{daemon.base_url}/healthz", ssl=context) as r:
             assert r.status == 200
-    assert "TLS certificate reloaded" in daemon.log_text()
 
     # a broken renewal is refused and the current certificate stays
     (directory / "server.key").write_text("not a key")
     daemon.signal(signal.SIGHUP)
-    await wait_until(
-        lambda: "TLS reload failed" in daemon.log_text(), timeout_s=10, what="the refusal logged"
-    )
+    await daemon.log.wait_for("TLS reload failed", timeout_s=10)
     assert same_certificate(await served_certificate(daemon.port, ca), renewed)
     assert daemon.proc is not None and daemon.proc.returncode is None

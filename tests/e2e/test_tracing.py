@@ -25,7 +25,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from dispatcher.observability.logs import JsonFormatter
 from dispatcher.observability.tracing import Tracing
-from tests.harness import RunningDaemon, Target, make_settings, running_daemon, serve_target
+from tests.harness import InProcessDaemon, Target, make_settings, running_daemon, serve_target
 from tests.harness import wait_until as wait_for
 
 PRODUCER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -54,7 +54,7 @@ def parts(traceparent: str) -> tuple[int, int]:
 
 
 async def post(
-    d: RunningDaemon, key: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    d: InProcessDaemon, key: str, body: dict[str, Any], headers: dict[str, str] | None = None
 ) -> dict[str, Any]:
     async with d.session.post(
         f"{d.base_url}/v1/jobs", json=body, headers={"Idempotency-Key": key, **(headers or {})}

@@ -15,7 +15,8 @@ import aiohttp
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, free_port, serve_target, wait_until
+from tests.harness import LOOPBACK_ENV, Target, free_port, serve_target
+from tests.harness.fixtures import Spawn
 
 PRODUCER_TRACE = "0af7651916cd43dd8448eb211c80319c"
 PRODUCER = f"00-{PRODUCER_TRACE}-b7ad6b7169203331-01"
@@ -80,16 +81,17 @@ async def collector() -> AsyncIterator[Collector]:
         await runner.cleanup()
 
 
-async def test_spans_reach_an_otlp_collector_named_by_the_standard_variables(db_url: str) -> None:
+async def test_spans_reach_an_otlp_collector_named_by_the_standard_variables(
+    db_url: str, spawn: Spawn
+) -> None:
     async def fail_once(request: web.Request, count: int) -> web.StreamResponse:
         return web.Response(status=503 if count == 1 else 200)
 
     target = Target(respond=fail_once)
     async with collector() as otlp, serve_target(target):
-        daemon = DaemonProcess(
+        daemon = await spawn(
             {"DISPATCHER_DATABASE_URL": db_url, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url, **ENV}
         )
-        await daemon.start()
         try:
             async with (
                 aiohttp.ClientSession() as session,
@@ -100,7 +102,7 @@ async def test_spans_reach_an_otlp_collector_named_by_the_standard_variables(db_
                 ) as r,
             ):
                 assert r.status == 202, await r.text()
-            await wait_until(lambda: len(target.requests) == 2, what="a retried push")
+            await target.wait_for(lambda t: len(t.requests) == 2, what="a retried push")
         finally:
             assert await daemon.stop() == 0, daemon.log_text()[-3000:]
         # the last span is exported at the latest by the drain's flush
@@ -118,19 +120,19 @@ async def test_spans_reach_an_otlp_collector_named_by_the_standard_variables(db_
     assert retry["trace_id"] == PRODUCER_TRACE
 
 
-async def test_a_bad_otel_setting_stops_the_daemon_with_one_line(db_url: str) -> None:
+async def test_a_bad_otel_setting_stops_the_daemon_with_one_line(db_url: str, spawn: Spawn) -> None:
     for variable, value in (
         ("OTEL_TRACES_EXPORTER", "zipkin"),
         ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
     ):
-        daemon = DaemonProcess(
+        daemon = await spawn(
             {
                 "DISPATCHER_DATABASE_URL": db_url,
                 "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
                 variable: value,
-            }
+            },
+            wait_ready=False,
         )
-        await daemon.start(wait_ready=False)
         assert await daemon.wait() == 2
         (line,) = daemon.log_text().strip().splitlines()
         assert line.startswith(f"dispatcher: configuration error: {variable}: "), line

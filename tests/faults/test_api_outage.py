@@ -14,8 +14,8 @@ from typing import Any
 import aiohttp
 
 from tests.faults.common import daemon_env
-from tests.faults.conftest import Spawn
 from tests.harness import wait_until
+from tests.harness.fixtures import Spawn
 from tests.outage_proxy import outage_proxy
 
 PROBLEM = "application/problem+json"

@@ -28,8 +28,8 @@ from tests.faults.common import (
     fetchval,
     http_status,
 )
-from tests.faults.conftest import Spawn
 from tests.harness import DaemonProcess, wait_until
+from tests.harness.fixtures import Spawn
 from tests.transports import BROKER, broker_prefix
 
 SERVER_MAX_CONNECTIONS = 100

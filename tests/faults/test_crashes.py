@@ -10,7 +10,6 @@ import signal
 import aiohttp
 
 from tests.faults.common import (
-    all_in,
     create_effects_table,
     daemon_env,
     effects_per_key,
@@ -19,8 +18,8 @@ from tests.faults.common import (
     post_batch,
     states,
 )
-from tests.faults.conftest import Spawn
-from tests.harness import Target, serve_target, wait_until
+from tests.harness import Target, serve_target, until_job_states, wait_until
+from tests.harness.fixtures import Spawn
 
 
 async def test_sigkill_after_claim_rescues_and_runs_each_effect_once(
@@ -56,11 +55,7 @@ async def test_sigkill_after_claim_rescues_and_runs_each_effect_once(
         expiry = {r["key"]: r["lease_expires_at"] for r in held}
 
         restarted = await spawn(env)
-        await wait_until(
-            lambda: all_in(db_url, {"succeeded": 10}),
-            timeout_s=30,
-            what="all ten succeeded after restart",
-        )
+        await until_job_states(db_url, {"succeeded": 10}, timeout_s=30)
         assert await restarted.stop() == 0
 
     rows = await fetch(db_url, "SELECT key, attempt, started_at FROM dispatcher.jobs")
@@ -125,9 +120,7 @@ async def test_sigkill_between_sql_pages_resumes_at_the_next_page(
     assert await fetchval(db_url, "SELECT count(*) FROM fault_rows WHERE bucket = 'doomed'") == 950
 
     restarted = await spawn(env)
-    await wait_until(
-        lambda: all_in(db_url, {"succeeded": 1}), timeout_s=30, what="purge finished after restart"
-    )
+    await until_job_states(db_url, {"succeeded": 1}, timeout_s=30)
     assert await restarted.stop() == 0
     job = (await fetch(db_url, "SELECT attempt, result, progress FROM dispatcher.jobs"))[0]
     # 1 page before the crash + 10 after (9 full, 1 of 50): counted on, not started over
@@ -163,11 +156,7 @@ async def test_sigkill_in_a_burst_loses_nothing_and_repeats_no_effect(
     assert at_kill.get("succeeded", 0) < n, at_kill  # the kill really landed mid-burst
 
     restarted = await spawn(env)
-    await wait_until(
-        lambda: all_in(db_url, {"succeeded": n}),
-        timeout_s=60,
-        what=f"all {n} succeeded after restart",
-    )
+    await until_job_states(db_url, {"succeeded": n}, timeout_s=60)
     assert await restarted.stop() == 0
     effects = await effects_per_key(db_url)
     assert len(effects) == n and max(effects.values()) == 1, effects.most_common(3)

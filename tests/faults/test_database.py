@@ -17,7 +17,6 @@ import psutil
 
 from tests.faults.common import (
     PrivatePostgres,
-    all_in,
     create_effects_table,
     daemon_env,
     effects_per_key,
@@ -27,8 +26,8 @@ from tests.faults.common import (
     post_batch,
     states,
 )
-from tests.faults.conftest import Spawn
-from tests.harness import DaemonProcess, free_port, wait_until
+from tests.harness import DaemonProcess, free_port, until_job_states, wait_until
+from tests.harness.fixtures import Spawn
 
 
 async def test_postgres_restart_mid_batch_reconnects_and_loses_nothing(spawn: Spawn) -> None:
@@ -71,11 +70,7 @@ async def test_postgres_restart_mid_batch_reconnects_and_loses_nothing(spawn: Sp
             timeout_s=30,
             what="/readyz 200 once the database is back",
         )
-        await wait_until(
-            lambda: all_in(url, {"succeeded": n}),
-            timeout_s=60,
-            what=f"all {n} succeeded after the restart",
-        )
+        await until_job_states(url, {"succeeded": n}, timeout_s=60)
         effects = await effects_per_key(url)
         assert len(effects) == n and max(effects.values()) == 1, effects.most_common(3)
         assert daemon.proc is not None and daemon.proc.returncode is None
@@ -184,11 +179,7 @@ async def test_pool_exhaustion_burst_accepts_or_refuses_cleanly_and_loses_nothin
         if status == 503:
             assert content_type == "application/problem+json", text
     accepted = {json.loads(text)["key"] for status, _, text in answers if status == 202}
-    await wait_until(
-        lambda: all_in(db_url, {"succeeded": len(accepted)}),
-        timeout_s=60,
-        what="every accepted job succeeded",
-    )
+    await until_job_states(db_url, {"succeeded": len(accepted)}, timeout_s=60)
     stored = await fetchval(db_url, "SELECT array_agg(key) FROM dispatcher.jobs")
     assert set(stored) == accepted  # nothing lost, nothing a 503 claimed to refuse was kept
     effects = await effects_per_key(db_url)

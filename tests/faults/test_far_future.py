@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 from tests.faults.common import create_effects_table, daemon_env, fetch, post_job
-from tests.faults.conftest import Spawn
-from tests.harness import wait_until
+from tests.harness import job_changes
+from tests.harness.fixtures import Spawn
 
 
 async def test_far_future_jobs_wait_and_do_not_break_the_scan_timer(
@@ -21,20 +21,16 @@ async def test_far_future_jobs_wait_and_do_not_break_the_scan_timer(
         accepted = await post_job(daemon.base_url, key, {"handler": "record", "due_at": due})
         assert accepted["state"] == "scheduled", accepted
 
-    posted = time.monotonic()
-    await post_job(daemon.base_url, "due-now", {"handler": "record"})
+    async with job_changes(db_url) as jobs:
+        posted = time.monotonic()
+        await post_job(daemon.base_url, "due-now", {"handler": "record"})
+        await jobs.until_keys({"due-now": "succeeded"}, timeout_s=5)
+        now_latency = time.monotonic() - posted
 
-    async def succeeded(key: str) -> bool:
-        rows = await fetch(db_url, "SELECT state FROM dispatcher.jobs WHERE key = $1", key)
-        return rows[0]["state"] == "succeeded"
-
-    await wait_until(lambda: succeeded("due-now"), timeout_s=5, what="the job due now ran")
-    now_latency = time.monotonic() - posted
-
-    soon = await fetch(db_url, "SELECT now() + interval '1.5 seconds' AS due")
-    due = soon[0]["due"].isoformat()
-    await post_job(daemon.base_url, "due-soon", {"handler": "record", "due_at": due})
-    await wait_until(lambda: succeeded("due-soon"), timeout_s=10, what="the job due soon ran")
+        soon = await fetch(db_url, "SELECT now() + interval '1.5 seconds' AS due")
+        due = soon[0]["due"].isoformat()
+        await post_job(daemon.base_url, "due-soon", {"handler": "record", "due_at": due})
+        await jobs.until_keys({"due-soon": "succeeded"}, timeout_s=10)
     assert await daemon.stop() == 0
 
     rows = {

@@ -13,15 +13,14 @@ import aiohttp
 
 from tests.faults.common import (
     PrivatePostgres,
-    all_in,
     create_effects_table,
     daemon_env,
     effects_per_key,
     fetchval,
     post_batch,
 )
-from tests.faults.conftest import Spawn
-from tests.harness import wait_until
+from tests.harness import until_job_states, wait_until
+from tests.harness.fixtures import Spawn
 
 
 def record_jobs(prefix: str, n: int, sleep_s: float) -> list[dict[str, object]]:
@@ -58,7 +57,7 @@ async def test_a_claim_loop_that_dies_stops_the_daemon_and_a_restart_finishes(
 
     env.pop("DISPATCHER_FAULT")
     restarted = await spawn(env)
-    await wait_until(lambda: all_in(db_url, {"succeeded": 20}), timeout_s=60)
+    await until_job_states(db_url, {"succeeded": 20}, timeout_s=60)
     assert await restarted.stop() == 0
     effects = await effects_per_key(db_url)
     assert sorted(effects) == sorted(f"supervised-{i}" for i in range(20))
@@ -97,7 +96,7 @@ async def test_sigterm_with_the_database_down_says_so_and_exits_non_zero(spawn: 
         await pg.start_server()
         env["DISPATCHER_DRAIN_TIMEOUT_S"] = "5"
         await spawn({**env, "DISPATCHER_FAULT": ""})
-        await wait_until(lambda: all_in(url, {"succeeded": 5}), timeout_s=90)
+        await until_job_states(url, {"succeeded": 5}, timeout_s=90)
     finally:
         await pg.close()
         shutil.rmtree(state, ignore_errors=True)

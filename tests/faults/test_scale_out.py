@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 
 from tests.faults.common import (
-    all_in,
     create_effects_table,
     daemon_env,
     fetch,
     post_batch,
 )
-from tests.faults.conftest import Spawn
-from tests.harness import wait_until
+from tests.harness import until_job_states
+from tests.harness.fixtures import Spawn
 
 N_JOBS = 2000
 MAX_INFLIGHT = 4
@@ -34,9 +33,7 @@ async def test_two_daemons_share_one_database_without_duplicates(db_url: str, sp
     await asyncio.gather(
         post_batch(first.base_url, jobs[::2]), post_batch(second.base_url, jobs[1::2])
     )
-    await wait_until(
-        lambda: all_in(db_url, {"succeeded": N_JOBS}), timeout_s=90, what=f"all {N_JOBS} succeeded"
-    )
+    await until_job_states(db_url, {"succeeded": N_JOBS}, timeout_s=90)
     assert await asyncio.gather(first.stop(), second.stop()) == [0, 0]
 
     rows = await fetch(

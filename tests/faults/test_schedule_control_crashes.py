@@ -19,7 +19,6 @@ import asyncpg
 from dispatcher.core.rfc3339 import format as rfc3339
 from dispatcher.cron.expression import parse_cron
 from tests.faults.common import (
-    all_in,
     create_effects_table,
     daemon_env,
     effects_per_key,
@@ -28,8 +27,8 @@ from tests.faults.common import (
     post_batch,
     states,
 )
-from tests.faults.conftest import Spawn
-from tests.harness import wait_until
+from tests.harness import until_job_states, wait_until
+from tests.harness.fixtures import Spawn
 
 EXAMPLE = (
     Path(__file__).resolve().parents[2] / "config" / "examples" / "session-cleanup-cursor.toml"
@@ -122,9 +121,7 @@ async def test_sigkill_between_cursor_pages_resumes_after_the_last_committed_cur
     assert max(r["id"] for r in first) == progress["cursor"]
 
     restarted = await spawn(env)
-    await wait_until(
-        lambda: all_in(db_url, {"succeeded": 4}), timeout_s=60, what="every tenant cleaned"
-    )
+    await until_job_states(db_url, {"succeeded": 4}, timeout_s=60)
     assert await restarted.stop() == 0
 
     # the resumed unit went on after its cursor: its later pages hold exactly the rest
@@ -192,9 +189,7 @@ async def test_sigkill_between_cursor_pages_applies_no_page_twice(
     assert await fetchval(db_url, "SELECT count(*) FROM fault_rows WHERE touched > 0") == 100
 
     restarted = await spawn(env)
-    await wait_until(
-        lambda: all_in(db_url, {"succeeded": 1}), timeout_s=30, what="touch finished after restart"
-    )
+    await until_job_states(db_url, {"succeeded": 1}, timeout_s=30)
     assert await restarted.stop() == 0
     (job,) = await fetch(db_url, "SELECT attempt, result FROM dispatcher.jobs")
     # 1035 rows of 'mine': 1 page before the crash + 10 after (9 full, one of 35)

@@ -23,11 +23,11 @@ import asyncpg
 import pytest
 from aiohttp import web
 
-from tests.faults.common import all_in, daemon_env, post_batch, states
-from tests.faults.conftest import Spawn
+from tests.faults.common import daemon_env, post_batch, states
 from tests.faults.proxy import StallableProxy
 from tests.faults.seed_handlers import EFFECTS_TABLE, LONG_RUNNING_MARK
-from tests.harness import Target, serve_target, wait_until
+from tests.harness import Target, serve_target, until_job_states, wait_until
+from tests.harness.fixtures import Spawn
 
 REVOKE_HANDLER = {
     "DISPATCHER_HANDLERS__REVOKE__KIND": "python",
@@ -291,12 +291,7 @@ async def test_429_and_sigkill_mid_batch_finish_every_range_with_one_effect_each
         recorded_at_kill = {r["key"] for r in at_kill if r["state"] == "succeeded"}
 
         second = await spawn(env)
-        await wait_until(
-            lambda: all_in(db_url, {"succeeded": N_RANGES}),
-            timeout_s=60,
-            interval_s=0.1,
-            what=f"all {N_RANGES} succeeded after the takeover",
-        )
+        await until_job_states(db_url, {"succeeded": N_RANGES}, timeout_s=60)
         assert await second.stop() == 0, second.log_text()[-3000:]
 
     final = await states(db_url)

@@ -9,8 +9,8 @@ import itertools
 from aiohttp import web
 
 from tests.faults.common import daemon_env, fetch, post_job
-from tests.faults.conftest import Spawn
-from tests.harness import Target, serve_target, wait_until
+from tests.harness import Target, serve_target, until_job_keys, until_job_states
+from tests.harness.fixtures import Spawn
 
 FAST_BACKOFF = {
     "DISPATCHER_QUEUES__DEFAULT__BACKOFF_BASE_S": "0.2",
@@ -40,11 +40,7 @@ async def test_target_hanging_past_its_timeout_is_retried_with_backoff_not_stuck
         await post_job(daemon.base_url, "hangs-once", hang)
         await post_job(daemon.base_url, "hangs-always", {**hang, "max_attempts": 3})
 
-        async def settled() -> bool:
-            rows = await fetch(db_url, "SELECT state FROM dispatcher.jobs")
-            return sorted(r["state"] for r in rows) == ["dead", "succeeded"]
-
-        await wait_until(settled, timeout_s=30, what="one succeeded, one dead")
+        await until_job_states(db_url, {"dead": 1, "succeeded": 1}, timeout_s=30)
         released.set()
         assert await daemon.stop() == 0
 
@@ -93,10 +89,7 @@ async def test_target_answering_429_forever_dies_at_max_retry_age_honouring_retr
             },
         )
 
-        async def dead() -> bool:
-            return (await job_row(db_url, "throttled"))["state"] == "dead"
-
-        await wait_until(dead, timeout_s=20, what="dead after max_retry_age_s")
+        await until_job_keys(db_url, {"throttled": "dead"}, timeout_s=20)  # max_retry_age_s
         assert await daemon.stop() == 0
 
     job = await job_row(db_url, "throttled")
@@ -135,10 +128,7 @@ async def test_target_answering_429_with_retry_after_zero_does_not_tight_loop(
             },
         )
 
-        async def ended() -> bool:
-            return (await job_row(db_url, "throttled-now"))["state"] == "dead"
-
-        await wait_until(ended, timeout_s=20, what="dead after max_retry_age_s")
+        await until_job_keys(db_url, {"throttled-now": "dead"}, timeout_s=20)  # max_retry_age_s
         assert await daemon.stop() == 0
     attempts = len(target.requests)
     print(f"\n429 + Retry-After: 0 for 3 s: {attempts} attempts")

@@ -68,6 +68,7 @@ async def serve_api(
     *,
     tokens: list[str] | None = None,
     body_limit_bytes: int | None = None,
+    ready_outbox: bool = False,
     **overrides: Any,
 ) -> AsyncIterator[Api]:
     settings = Settings.model_validate({**BASE_SETTINGS, **overrides})
@@ -76,6 +77,7 @@ async def serve_api(
     await repo.sync_registry(
         {q: (c.max_attempts, c.max_retry_age_s) for q, c in settings.queues.items()},
         {n: (h.kind, h.version) for n, h in settings.handlers.items()},
+        ready_outbox=ready_outbox,
     )
     api_holder: list[Api] = []
 

@@ -13,12 +13,8 @@ from aiohttp import ClientResponse
 from tests.harness import stored_job
 from tests.service.intake_app import Api, http_job, problem, serve_api
 
-
-@pytest.fixture(autouse=True)
-async def relay_transport(api: Api) -> None:
-    """Run as a RabbitMQ daemon leaves the database: ready jobs get the outbox rows these tests
-    count (in process there are none: tests/db/test_sql_door.py)."""
-    await api.repo.pool.execute("UPDATE dispatcher.intake_settings SET ready_outbox = true")
+# run as a RabbitMQ daemon leaves the database: ready jobs get the outbox rows looked at here
+pytestmark = pytest.mark.usefixtures("relay_transport")
 
 
 def item(key: Any, **fields: Any) -> dict[str, Any]:
@@ -39,7 +35,7 @@ async def results_of(r: ClientResponse) -> list[dict[str, Any]]:
 async def test_mixed_batch_answers_each_item_in_order(api: Api) -> None:
     items: list[Any] = [
         item("ok-now"),  # 0 accepted, ready
-        item("bad-field", priority=1),  # 1 unknown field
+        item("bad-field", urgency=1),  # 1 unknown field
         item("ok-later", due_at="2031-05-31T00:00:00Z"),  # 2 accepted, scheduled
         item("bad-handler", handler="fax"),  # 3 unknown handler
         {"handler": "http", "target": {"url": "https://a.example/"}},  # 4 no key
@@ -60,7 +56,7 @@ async def test_mixed_batch_answers_each_item_in_order(api: Api) -> None:
     assert statuses == ["accepted" if i in accepted else "rejected" for i in range(len(items))]
     errors = {i: r["error"] for i, r in enumerate(results) if r["status"] == "rejected"}
     expected = {
-        1: "priority: Extra inputs are not permitted",
+        1: "urgency: Extra inputs are not permitted",
         3: "unknown handler 'fax'",
         4: "idempotency_key: Field required",
         5: "idempotency_key",

@@ -14,12 +14,8 @@ import pytest
 from tests.harness import stored_job
 from tests.service.intake_app import TARGET, Api, http_job, problem, serve_api
 
-
-@pytest.fixture(autouse=True)
-async def relay_transport(api: Api) -> None:
-    """Run as a RabbitMQ daemon leaves the database: ready jobs get the outbox rows these tests
-    look at (in process there are none: tests/db/test_sql_door.py)."""
-    await api.repo.pool.execute("UPDATE dispatcher.intake_settings SET ready_outbox = true")
+# run as a RabbitMQ daemon leaves the database: ready jobs get the outbox rows looked at here
+pytestmark = pytest.mark.usefixtures("relay_transport")
 
 
 def rfc3339(moment: datetime) -> str:
@@ -119,7 +115,7 @@ async def test_a_due_at_slightly_in_the_past_runs_now(api: Api) -> None:
 
 # validation: every error is a problem that says what to fix, and nothing is stored -------------
 INVALID_BODIES: list[tuple[str, Any, str]] = [
-    ("unknown field", http_job(priority=5), "priority: Extra inputs are not permitted"),
+    ("unknown field", http_job(urgency=5), "urgency: Extra inputs are not permitted"),
     ("unknown field in camel case", http_job(dueAt="2031-01-01T00:00:00Z"), "dueAt"),
     ("handler missing", {"target": TARGET}, "handler: Field required"),
     ("handler wrong type", http_job(handler=7), "handler: Input should be a valid string"),

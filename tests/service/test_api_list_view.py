@@ -7,6 +7,8 @@ from tests.service.intake_app import Api, http_job
 
 SUMMARY_FIELDS = {
     "id",
+    "priority",
+    "concurrency_key",
     "key",
     "state",
     "queue",
@@ -47,6 +49,7 @@ async def test_list_items_are_summaries_with_a_bounded_error(api: Api) -> None:
         "t1",
         "http",
     )
+    assert (item["priority"], item["concurrency_key"]) == (0, "t1")  # the defaults
     assert item["last_error"] == "E" * 500
 
     r = await api.client.get(f"/v1/jobs/{job_id}")

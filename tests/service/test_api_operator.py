@@ -10,14 +10,10 @@ import pytest
 
 from tests.service.intake_app import TARGET, Api, http_job, problem, serve_api
 
+# run as a RabbitMQ daemon leaves the database: ready jobs get the outbox rows looked at here
+pytestmark = pytest.mark.usefixtures("relay_transport")
+
 FUTURE = "2031-05-31T00:00:00Z"
-
-
-@pytest.fixture(autouse=True)
-async def relay_transport(api: Api) -> None:
-    """Run as a RabbitMQ daemon leaves the database: ready jobs get the outbox rows these tests
-    look at (in process there are none: tests/db/test_sql_door.py)."""
-    await api.repo.pool.execute("UPDATE dispatcher.intake_settings SET ready_outbox = true")
 
 
 async def create(api: Api, key: str, **fields: Any) -> int:

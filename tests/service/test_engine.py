@@ -13,20 +13,14 @@ import trustme
 from aiohttp import web
 
 from dispatcher.observability import metrics
-from tests.harness import Target, make_settings, running_daemon, serve_target, wait_until
-
-
-async def count_states(db_url: str) -> dict[str, int]:
-    conn = await asyncpg.connect(db_url)
-    try:
-        rows = await conn.fetch("SELECT state, count(*) AS n FROM dispatcher.jobs GROUP BY state")
-        return {r["state"]: r["n"] for r in rows}
-    finally:
-        await conn.close()
-
-
-async def all_in_state(db_url: str, state: str, total: int) -> bool:
-    return (await count_states(db_url)).get(state, 0) == total
+from tests.harness import (
+    Target,
+    make_settings,
+    running_daemon,
+    serve_target,
+    until_job_count,
+    wait_until,
+)
 
 
 async def test_thousand_jobs_to_https_target_each_key_exactly_once(
@@ -58,7 +52,7 @@ async def test_thousand_jobs_to_https_target_each_key_exactly_once(
             assert r.status == 200
             results = (await r.json())["results"]
         assert [x["status"] for x in results] == ["accepted"] * 1000
-        await wait_until(lambda: all_in_state(db_url, "succeeded", 1000), what="1000 succeeded")
+        await until_job_count(db_url, "succeeded", 1000)
     counts = Counter(target.request_keys())
     assert set(counts) == {f"grant-{i}" for i in range(1000)}
     assert max(counts.values()) == 1
@@ -77,7 +71,7 @@ async def test_429_with_retry_after_delays_the_next_attempt(
         running_daemon(make_settings(db_url, **transport)) as d,
     ):
         job = await d.post_job("rate-limited", {"handler": "http", "target": {"url": target.url}})
-        await wait_until(lambda: all_in_state(db_url, "succeeded", 1), what="success after 429")
+        await until_job_count(db_url, "succeeded", 1)
         status = await d.get_job(job["id"])
     first, second = target.requests
     assert second["at"] - first["at"] >= 2.0
@@ -94,7 +88,7 @@ async def test_400_is_dead_after_one_attempt(db_url: str, transport: dict[str, A
         running_daemon(make_settings(db_url, **transport)) as d,
     ):
         job = await d.post_job("bad-input", {"handler": "http", "target": {"url": target.url}})
-        await wait_until(lambda: all_in_state(db_url, "dead", 1), what="dead letter")
+        await until_job_count(db_url, "dead", 1)
         status = await d.get_job(job["id"])
     assert len(target.requests) == 1
     assert status["attempt"] == 1
@@ -116,7 +110,7 @@ async def test_500_retries_with_growing_delays_until_max_attempts(
     )
     async with serve_target(Target(respond=respond)) as target, running_daemon(settings) as d:
         job = await d.post_job("flaky", {"handler": "http", "target": {"url": target.url}})
-        await wait_until(lambda: all_in_state(db_url, "dead", 1), what="dead after retries")
+        await until_job_count(db_url, "dead", 1)
         status = await d.get_job(job["id"])
     assert len(target.requests) == 4
     assert status["dead_reason"] == "max_attempts"
@@ -138,7 +132,7 @@ async def test_limits_hold_rate_and_inflight(db_url: str, transport: dict[str, A
         ]
         async with d.session.post(f"{d.base_url}/v1/jobs/batch", json={"jobs": batch}) as r:
             assert r.status == 200
-        await wait_until(lambda: all_in_state(db_url, "succeeded", 120), timeout_s=30)
+        await until_job_count(db_url, "succeeded", 120, timeout_s=30)
     starts = sorted(r["at"] for r in target.requests)
     worst = max(sum(1 for t in starts if s <= t < s + 1.0) for s in starts)
     assert worst <= 60, f"{worst} starts within one second"
@@ -157,7 +151,7 @@ async def test_slow_targets_never_exceed_inflight_cap(
         ]
         async with d.session.post(f"{d.base_url}/v1/jobs/batch", json={"jobs": batch}) as r:
             assert r.status == 200
-        await wait_until(lambda: all_in_state(db_url, "succeeded", 20), timeout_s=30)
+        await until_job_count(db_url, "succeeded", 20, timeout_s=30)
     assert target.max_inflight == 5
 
 
@@ -183,11 +177,11 @@ async def test_one_tenants_burst_does_not_starve_another(
         ]
         async with d.session.post(f"{d.base_url}/v1/jobs/batch", json={"jobs": big}) as r:
             assert r.status == 200
-        await wait_until(lambda: len(target.requests) >= 20, what="big tenant started")
+        await target.wait_for(lambda t: len(t.requests) >= 20, what="big tenant started")
         await d.post_job(
             "small-1", {"handler": "http", "tenant": "property-2", "target": {"url": target.url}}
         )
-        await wait_until(lambda: "small-1" in target.request_keys(), timeout_s=10, what="small")
+        await target.wait_for(lambda t: "small-1" in t.request_keys(), timeout_s=10, what="small")
         started_before_small = target.request_keys().index("small-1")
         big_remaining = 1000 - sum(1 for k in target.request_keys() if k.startswith("big-"))
     # The single job was served long before the burst drained (at 100/s it takes 10 s).
@@ -202,7 +196,7 @@ async def test_duplicate_delivery_is_a_noop_and_counted(
     settings = make_settings(db_url, **transport)
     async with serve_target(target), running_daemon(settings) as d:
         job = await d.post_job("once", {"handler": "http", "target": {"url": target.url}})
-        await wait_until(lambda: all_in_state(db_url, "succeeded", 1))
+        await until_job_count(db_url, "succeeded", 1)
         relayed = transport.get("transport") == "rabbitmq"
         conn = await asyncpg.connect(db_url)
         try:  # a relay re-publishing the same message: a second outbox row for a finished job
@@ -220,7 +214,7 @@ async def test_duplicate_delivery_is_a_noop_and_counted(
             else:  # in process no claim reads outbox rows (migration 015): a later job runs,
                 # the finished one does not run again
                 await d.post_job("after", {"handler": "http", "target": {"url": target.url}})
-                await wait_until(lambda: all_in_state(db_url, "succeeded", 2))
+                await until_job_count(db_url, "succeeded", 2)
         finally:
             await conn.close()
     assert target.request_keys() == (["once"] if relayed else ["once", "after"])
@@ -240,7 +234,7 @@ async def test_future_job_starts_at_its_due_time(db_url: str, transport: dict[st
             "later", {"handler": "http", "target": {"url": target.url}, "due_at": due.isoformat()}
         )
         submitted = time.monotonic()
-        await wait_until(lambda: target.request_keys() == ["later"], timeout_s=10)
+        await target.wait_for(lambda t: t.request_keys() == ["later"], timeout_s=10)
     waited = target.requests[0]["at"] - submitted
     # the scan interval is 30 s: only the timer to the next due time can start it this soon
     assert 1.0 <= waited < 5.0, waited
@@ -267,7 +261,7 @@ async def test_expired_lease_is_rescued_and_the_attempt_counts(
             )
         finally:
             await conn.close()
-        await wait_until(lambda: all_in_state(db_url, "succeeded", 1), what="rescued job done")
+        await until_job_count(db_url, "succeeded", 1)
         status = await d.get_job(job_id)
     assert status["attempt"] == 2
     assert target.request_keys() == ["orphan"]

@@ -10,7 +10,7 @@ import asyncpg
 from dispatcher.client import enqueue
 from dispatcher.errors import RetryLater
 from dispatcher.observability import metrics
-from tests.harness import make_settings, running_daemon, wait_until
+from tests.harness import make_settings, running_daemon, until_job_keys, wait_until
 
 CALLS: dict[str, list[int]] = {}
 GATE = asyncio.Event()
@@ -59,7 +59,7 @@ async def test_transactional_handler_rolls_back_failed_attempts(db_url: str) -> 
     async with running_daemon(settings) as d:
         await d.post_job("twice-failing", {"handler": "count", "payload": {"fail_times": 2}})
         await d.post_job("refused", {"handler": "count", "payload": {"reject": True}})
-        await wait_until(lambda: _states(db_url, {"twice-failing": "succeeded", "refused": "dead"}))
+        await until_job_keys(db_url, {"twice-failing": "succeeded", "refused": "dead"})
     assert CALLS["twice-failing"] == [1, 2, 3]
     # the two failed attempts' inserts rolled back with them; the successful one committed once
     rows = await conn.fetch("SELECT job_key FROM app_effects ORDER BY 1")
@@ -69,10 +69,6 @@ async def test_transactional_handler_rolls_back_failed_attempts(db_url: str) -> 
     )
     assert job["dead_reason"] == "rejected_by_handler"
     await conn.close()
-
-
-async def _states(db_url: str, expected: dict[str, str]) -> bool:
-    return all([await state_of(db_url, k) == v for k, v in expected.items()])
 
 
 async def test_worker_claims_only_handler_versions_it_can_run(
@@ -112,7 +108,7 @@ async def test_worker_claims_only_handler_versions_it_can_run(
     assert CALLS.get("v2-job") is None
     new = make_settings(db_url, **transport, handlers=handlers(version=2, accepts_versions=[1]))
     async with running_daemon(new):
-        await wait_until(lambda: _states(db_url, {"v2-job": "succeeded"}))
+        await until_job_keys(db_url, {"v2-job": "succeeded"})
     await conn.close()
 
 
@@ -120,12 +116,12 @@ async def test_cancel_running_job_finishes_attempt_without_retry(db_url: str) ->
     GATE.clear()
     async with running_daemon(make_settings(db_url, handlers=handlers())) as d:
         job = await d.post_job("long", {"handler": "gate"})
-        await wait_until(lambda: _states(db_url, {"long": "running"}))
+        await until_job_keys(db_url, {"long": "running"})
         async with d.session.post(f"{d.base_url}/v1/jobs/{job['id']}/cancel") as r:
             assert r.status == 200
             assert (await r.json())["cancel_requested"] is True
         GATE.set()  # the attempt ends asking for a retry; the cancel wins
-        await wait_until(lambda: _states(db_url, {"long": "cancelled"}))
+        await until_job_keys(db_url, {"long": "cancelled"})
     assert CALLS["long"] == [1]
 
 
@@ -137,13 +133,13 @@ async def test_operator_retry_gives_a_dead_job_a_new_budget(db_url: str) -> None
         job = await d.post_job(
             "exhausted", {"handler": "count", "max_attempts": 1, "payload": {"fail_times": 1}}
         )
-        await wait_until(lambda: _states(db_url, {"exhausted": "dead"}))
+        await until_job_keys(db_url, {"exhausted": "dead"})
         status = await d.get_job(job["id"])
         assert status["dead_reason"] == "max_attempts"
         await conn.execute("UPDATE dispatcher.jobs SET payload = '{}' WHERE key = 'exhausted'")
         async with d.session.post(f"{d.base_url}/v1/jobs/{job['id']}/retry") as r:
             assert r.status == 200
-        await wait_until(lambda: _states(db_url, {"exhausted": "succeeded"}))
+        await until_job_keys(db_url, {"exhausted": "succeeded"})
         status = await d.get_job(job["id"])
     assert status["attempt"] == 1  # a fresh budget: attempt numbering restarted
     await conn.close()
@@ -172,7 +168,7 @@ async def test_sql_handler_commits_pages_with_progress(db_url: str) -> None:
     async with running_daemon(settings) as d:
         cutoff = (await conn.fetchval("SELECT now()")).isoformat()
         job = await d.post_job("cleanup", {"handler": "expire", "payload": {"cutoff": cutoff}})
-        await wait_until(lambda: _states(db_url, {"cleanup": "succeeded"}))
+        await until_job_keys(db_url, {"cleanup": "succeeded"})
         status = await d.get_job(job["id"])
     pages = -(-expired // 400) + (1 if expired % 400 == 0 else 0)
     assert status["result"] == {"pages": pages, "rows": expired}
@@ -205,12 +201,7 @@ async def test_a_handler_past_its_timeout_is_cancelled_and_retried_then_dead(db_
             await d.post_job(f"hung-{i}", {"handler": "hang", "max_attempts": 2}) for i in (1, 2)
         ]
         quick = await d.post_job("quick", {"handler": "quick"})
-
-        async def both_dead() -> bool:
-            states = [await state_of(db_url, job["key"]) for job in hung]
-            return states == ["dead", "dead"]
-
-        await wait_until(both_dead, timeout_s=15, what="both hanging jobs dead")
+        await until_job_keys(db_url, {job["key"]: "dead" for job in hung}, timeout_s=15)
         for job in hung:
             status = await d.get_job(job["id"])
             assert (status["attempt"], status["dead_reason"]) == (2, "max_attempts")

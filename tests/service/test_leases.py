@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from tests.harness import make_settings, running_daemon, wait_until
+from tests.harness import make_settings, running_daemon, until_job_keys, wait_until
 from tests.service import lease_handlers
 
 HANDLERS = f"{lease_handlers.__name__}"
@@ -26,9 +26,7 @@ async def jobs_by_key(db_url: str) -> dict[str, asyncpg.Record]:
     return {r["key"]: r for r in rows}
 
 
-async def settled(db_url: str, keys: list[str]) -> bool:
-    jobs = await jobs_by_key(db_url)
-    return all(k in jobs and jobs[k]["state"] in ("succeeded", "dead") for k in keys)
+SETTLED = ("succeeded", "dead")
 
 
 def handler(function: str, **extra: Any) -> dict[str, Any]:
@@ -49,7 +47,7 @@ async def test_heartbeat_does_not_wait_on_a_transactional_handlers_row_lock(db_u
     async with running_daemon(settings) as d:
         await d.post_job("holds-lock", {"handler": "locked", "payload": {"sleep_s": 6}})
         await d.post_job("plain", {"handler": "plain", "payload": {"sleep_s": 6}})
-        await wait_until(lambda: settled(db_url, ["holds-lock", "plain"]), timeout_s=30)
+        await until_job_keys(db_url, dict.fromkeys(["holds-lock", "plain"], SETTLED), timeout_s=30)
     jobs = await jobs_by_key(db_url)
     for key in ("holds-lock", "plain"):
         assert (jobs[key]["state"], jobs[key]["attempt"]) == ("succeeded", 1), dict(jobs[key])
@@ -68,7 +66,7 @@ async def test_a_stale_attempt_ending_leaves_the_new_attempt_alone(db_url: str) 
     async with running_daemon(settings) as d:
         payload = {"then": "finish", "second_s": 3}
         await d.post_job("stale-finish", {"handler": "lose", "payload": payload})
-        await wait_until(lambda: settled(db_url, ["stale-finish"]), timeout_s=30)
+        await until_job_keys(db_url, dict.fromkeys(["stale-finish"], SETTLED), timeout_s=30)
     job = (await jobs_by_key(db_url))["stale-finish"]
     assert (job["state"], job["attempt"]) == ("succeeded", 2), dict(job)
     assert ("stale-finish", 1) in lease_handlers.FINISHED  # the stale attempt did finish first
@@ -86,7 +84,7 @@ async def test_a_stale_attempts_timeout_cancels_only_itself(db_url: str) -> None
     async with running_daemon(settings) as d:
         payload = {"then": "hang", "hold_s": 1, "second_s": 2.5}
         await d.post_job("stale-timeout", {"handler": "lose", "payload": payload})
-        await wait_until(lambda: settled(db_url, ["stale-timeout"]), timeout_s=30)
+        await until_job_keys(db_url, dict.fromkeys(["stale-timeout"], SETTLED), timeout_s=30)
     job = (await jobs_by_key(db_url))["stale-timeout"]
     assert (job["state"], job["attempt"]) == ("succeeded", 2), dict(job)
     assert ("stale-timeout", 2) in lease_handlers.FINISHED
@@ -129,7 +127,7 @@ async def test_slow_transactional_handlers_starve_nothing(db_url: str) -> None:
             assert r.status == 200, await r.text()
         assert (count(lease_handlers.STARTED), count(lease_handlers.FINISHED)) == (2, 0)
         lease_handlers.GATE.set()
-        await wait_until(lambda: settled(db_url, [*keys, "while-busy"]), timeout_s=60)
+        await until_job_keys(db_url, dict.fromkeys([*keys, "while-busy"], SETTLED), timeout_s=60)
     jobs = await jobs_by_key(db_url)
     for key in [*keys, "while-busy"]:
         assert (jobs[key]["state"], jobs[key]["attempt"]) == ("succeeded", 1), dict(jobs[key])

@@ -36,6 +36,12 @@ from dispatcher.errors import Reject, RetryLater
 from dispatcher.model import Job, NewJob
 from tests.harness import free_port
 
+# the registry a daemon writes at start (the shared `registry` fixture registers it)
+pytestmark = pytest.mark.registry(
+    {"default": (1, 3600)},
+    {"give": ("python", 1), "give_tx": ("python", 1), "http": ("http", 1)},
+)
+
 OWNER = "host:1:outcomes"
 PLAIN_JOBS = 3
 PROPERTY_SETTINGS = settings(
@@ -160,15 +166,6 @@ raised = st.one_of(
     st.sampled_from([123, b"\x00"]).map(lambda r: RetryLater(r, delay_s=0)),
 ).map(Raises)
 outcomes = results | raised
-
-
-@pytest.fixture
-async def registry(repo: JobRepository) -> JobRepository:
-    await repo.sync_registry(
-        {"default": (1, 3600)},
-        {"give": ("python", 1), "give_tx": ("python", 1), "http": ("http", 1)},
-    )
-    return repo
 
 
 class _Attempt:

@@ -2,8 +2,10 @@
 -- (`wait_s`): the global limits (rate_per_s with burst, max_inflight) held across every daemon
 -- sharing the database. Permits parked in dispatcher.claim_permits are taken first, without
 -- the queue row's lock; otherwise the row is locked, the bucket refilled from the database
--- clock, running jobs counted in the state table, and a share parked for the next claims.
--- Why a function, and why the limits hold: migrations 013 and 016.
+-- clock, running jobs counted in the state table, and a share parked for the next claims. A
+-- queue in a limit group takes from its group too (group_grant) and parks nothing.
+-- Why a function, and why the limits hold: migrations 013, 016 and 024.
+-- claim_grant as in migration 016, with the group's part and no permits for grouped queues.
 CREATE OR REPLACE FUNCTION dispatcher.claim_grant(q text, wanted integer, OUT granted integer,
                                                   OUT wait_s float8)
 LANGUAGE plpgsql VOLATILE AS $$
@@ -20,18 +22,20 @@ DECLARE
     minted   integer := 0;
     a_slot   integer;
     held     integer[] := '{}';
+    grp      record;
 BEGIN
     granted := greatest(wanted, 0);
     PERFORM set_config('dispatcher.permit_slot', '', true);  -- for claim_settle: no slot
     SELECT * INTO r FROM dispatcher.queues WHERE name = q;
-    IF NOT FOUND OR (r.rate_per_s IS NULL AND r.max_inflight IS NULL) THEN
+    IF NOT FOUND OR (r.rate_per_s IS NULL AND r.max_inflight IS NULL AND r.limit_group IS NULL)
+    THEN
         RETURN;  -- unlimited: no lock, claims of this queue run in parallel
     END IF;
 
     -- Permits parked in slots no other claim holds: no wait on the queue row. Take from as
     -- many idle slots as needed (fullest first); what the claim does not use goes back to the
-    -- first of them (claim_settle).
-    IF granted > 0 THEN
+    -- first of them (claim_settle). A queue in a limit group parks none (migration 024).
+    IF granted > 0 AND r.limit_group IS NULL THEN
         minted := 0;  -- here: permits taken so far
         LOOP
             SELECT p.slot, p.n INTO a_slot, got FROM dispatcher.claim_permits p
@@ -103,9 +107,16 @@ BEGIN
         END IF;
     END IF;
 
+    -- the group's part (migration 024): a start needs the queue's limits and the group's
+    IF r.limit_group IS NOT NULL AND granted > 0 THEN
+        SELECT * INTO grp FROM dispatcher.group_grant(r.limit_group, q, r.group_priority, granted);
+        granted := grp.granted;
+        wait_s := coalesce(wait_s, grp.wait_s);
+    END IF;
+
     -- park one more claim's worth in each idle empty slot while the headroom allows it
     spare := least(headroom - granted, slots::bigint * wanted)::integer;
-    IF wanted > 0 AND granted = wanted AND spare >= wanted THEN
+    IF wanted > 0 AND granted = wanted AND spare >= wanted AND r.limit_group IS NULL THEN
         INSERT INTO dispatcher.claim_permits (queue, slot)
         SELECT q, s FROM generate_series(0, slots - 1) s
          WHERE NOT EXISTS (SELECT 1 FROM dispatcher.claim_permits p WHERE p.queue = q)

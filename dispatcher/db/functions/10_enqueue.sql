@@ -2,7 +2,11 @@
 -- change: the same checks and idempotency rules as enqueue_many, without its batch machinery.
 -- It refuses a due time out of range or long past; the retry budget starts at
 -- greatest(due, now()); it writes the intent and its state row (and an outbox row while a
--- relay reads them), and wakes the listeners.
+-- relay reads them), and wakes the listeners. It refuses a payload and target over
+-- limits.max_payload_bytes (54000), and answers a key the key ledger holds with the pruned
+-- job's id (or a conflict) instead of creating a job (migration 029). `priority` (-100..100,
+-- default 0) and `concurrency_key` (NULL: the tenant; '': no key) are stored on the intent and
+-- the state row (migration 023).
 CREATE OR REPLACE FUNCTION dispatcher.enqueue(
     key             text,
     handler         text,
@@ -12,7 +16,9 @@ CREATE OR REPLACE FUNCTION dispatcher.enqueue(
     tenant          text DEFAULT NULL,
     target          jsonb DEFAULT NULL,
     max_attempts    integer DEFAULT NULL,
-    max_retry_age_s integer DEFAULT NULL
+    max_retry_age_s integer DEFAULT NULL,
+    priority        integer DEFAULT NULL,
+    concurrency_key text DEFAULT NULL
 ) RETURNS bigint LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
 DECLARE
@@ -27,6 +33,11 @@ DECLARE
     found_id    bigint;
     found_hash  text;
     tolerance_s float8 := dispatcher.due_at_past_tolerance_s();
+    prio        integer := coalesce(priority, 0);
+    ckey        text := dispatcher.effective_concurrency_key(concurrency_key, coalesce(tenant, ''));
+    max_bytes   bigint := dispatcher.max_payload_bytes();
+    size        bigint;
+    pruned      record;
 BEGIN
     IF key IS NULL OR length(key) NOT BETWEEN 1 AND 255 OR key ~ '[^ -~]' THEN
         RAISE EXCEPTION 'dispatcher.enqueue: invalid key %', quote_nullable(key)
@@ -48,6 +59,10 @@ BEGIN
         RAISE EXCEPTION 'dispatcher.enqueue: payload must be a JSON object'
             USING ERRCODE = '22023', HINT = 'e.g. jsonb_build_object(''value'', 42)';
     END IF;
+    size := dispatcher.payload_oversize(payload, target, max_bytes);
+    IF size IS NOT NULL THEN
+        PERFORM dispatcher.refuse_payload(key, size, max_bytes);
+    END IF;
     IF (CASE WHEN handler = 'http' THEN jsonb_typeof(target -> 'url') IS DISTINCT FROM 'string'
              ELSE target IS NOT NULL END) THEN
         RAISE EXCEPTION 'dispatcher.enqueue: handler "http" needs target {"url": ...}, other handlers take no target'
@@ -57,6 +72,17 @@ BEGIN
         RAISE EXCEPTION 'dispatcher.enqueue: max_attempts must be >= 1 and max_retry_age_s >= 0'
             USING ERRCODE = '22023', HINT = 'pass NULL to use the queue''s defaults';
     END IF;
+    IF prio NOT BETWEEN -100 AND 100 THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: priority % is out of range', prio
+            USING ERRCODE = '22023',
+                  HINT = 'a priority is an integer from -100 to 100, lower runs first (default 0)';
+    END IF;
+    IF length(concurrency_key) > 200 THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: concurrency_key is % characters long',
+            length(concurrency_key)
+            USING ERRCODE = '22023',
+                  HINT = 'a concurrency_key is 1 to 200 characters; NULL for the tenant, '''' for none';
+    END IF;
     IF NOT (due_at <@ dispatcher.due_at_range()) THEN
         PERFORM dispatcher.refuse_due_at(due_at);
     END IF;
@@ -65,25 +91,35 @@ BEGIN
     END IF;
     fingerprint := dispatcher.request_fingerprint(handler, target, payload, queue_name,
                                                   tenant_name, due_at, max_attempts,
-                                                  max_retry_age_s);
+                                                  max_retry_age_s, prio, concurrency_key);
     FOR round IN 1..50 LOOP
         INSERT INTO dispatcher.intents AS j
                (key, request_hash, queue, tenant, handler, handler_version, target, payload,
-                max_attempts, max_retry_age_s)
+                max_attempts, max_retry_age_s, priority, concurrency_key)
         VALUES (key, fingerprint, queue_name, tenant_name, handler, version, target, payload,
                 coalesce(max_attempts, defaults.max_attempts),
-                coalesce(max_retry_age_s, defaults.max_retry_age_s))
+                coalesce(max_retry_age_s, defaults.max_retry_age_s), prio, ckey)
             ON CONFLICT ON CONSTRAINT jobs_key_key DO NOTHING
         RETURNING j.id INTO new_id;
         IF new_id IS NOT NULL THEN
+            SELECT * INTO pruned FROM dispatcher.take_back_pruned(ARRAY[new_id], ARRAY[key]);
+            IF pruned.job_id IS NOT NULL THEN
+                IF NOT pruned.same THEN
+                    RAISE EXCEPTION 'dispatcher.enqueue: key % named job % (%, since pruned) with a different request',
+                        key, pruned.job_id, pruned.state
+                        USING ERRCODE = '23505',
+                              HINT = 'choose a new key for new work (a key is kept for the daemon''s retention.keys_s after its job is pruned)';
+                END IF;
+                RETURN pruned.job_id;  -- the same request: the job ran, and is not run again
+            END IF;
             new_state := CASE WHEN effective <= now() THEN 'ready' ELSE 'scheduled' END;
             INSERT INTO dispatcher.job_state (id, queue, tenant, capability, state, due_at,
-                                              budget_started_at)
+                                              budget_started_at, priority, concurrency_key)
             VALUES (new_id, queue_name, tenant_name, handler || ':' || version, new_state,
-                    effective, greatest(effective, now()));
+                    effective, greatest(effective, now()), prio, ckey);
             IF new_state = 'ready' AND dispatcher.ready_outbox() THEN
-                INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-                VALUES (new_id, queue_name, tenant_name, handler || ':' || version);
+                INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+                VALUES (new_id, queue_name, tenant_name, handler || ':' || version, prio);
             END IF;
             PERFORM pg_notify('dispatcher_wake', new_state);
             RETURN new_id;
@@ -91,7 +127,8 @@ BEGIN
         SELECT j.id, j.request_hash INTO found_id, found_hash
           FROM dispatcher.jobs j WHERE j.key = enqueue.key;
         IF found_id IS NOT NULL THEN
-            IF found_hash <> fingerprint AND (found_hash LIKE 'v2:%' OR found_hash
+            IF found_hash <> fingerprint AND (found_hash LIKE 'v2:%' OR prio <> 0
+                   OR ckey IS DISTINCT FROM nullif(tenant_name, '') OR found_hash
                    <> dispatcher.request_hash(handler, target, payload, queue_name, tenant_name,
                                               due_at, max_attempts, max_retry_age_s)) THEN
                 RAISE EXCEPTION 'dispatcher.enqueue: key % already names job % with a different request',

@@ -1,7 +1,8 @@
--- The per-item rules, worded: raises 22023 naming the first rule an item breaks (by message).
+
 CREATE OR REPLACE FUNCTION dispatcher.enqueue_check(
     keys text[], handlers text[], payloads jsonb[], queues text[], targets jsonb[],
-    max_attempts integer[], max_retry_age_s integer[]
+    max_attempts integer[], max_retry_age_s integer[], priorities integer[] DEFAULT NULL,
+    concurrency_keys text[] DEFAULT NULL
 ) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     bad text;
@@ -26,10 +27,17 @@ BEGIN
                WHEN u.ma < 1 OR u.mra < 0 THEN
                    'pass NULL to use the queue''s defaults|max_attempts must be >= 1 and '
                    'max_retry_age_s >= 0'
+               WHEN u.pr NOT BETWEEN -100 AND 100 THEN
+                   format('a priority is an integer from -100 to 100, lower runs first (default '
+                          '0)|priority %s is out of range', u.pr)
+               WHEN length(u.ck) > 200 THEN
+                   format('a concurrency_key is 1 to 200 characters; NULL for the tenant, '''' '
+                          'for none|concurrency_key is %s characters long', length(u.ck))
            END)
       INTO bad
-      FROM unnest(keys, handlers, payloads, queues, targets, max_attempts, max_retry_age_s)
-           AS u(k, h, p, q, tg, ma, mra)
+      FROM unnest(keys, handlers, payloads, queues, targets, max_attempts, max_retry_age_s,
+                  priorities, concurrency_keys)
+           AS u(k, h, p, q, tg, ma, mra, pr, ck)
       LEFT JOIN dispatcher.queues qd ON qd.name = coalesce(u.q, 'default')
       LEFT JOIN dispatcher.handlers hd ON hd.name = u.h;
     IF bad IS NOT NULL THEN

@@ -1,5 +1,6 @@
--- The SQL door for batches: refuses the call when an item is due long past, then does what
--- the daemon's door does.
+-- The SQL door for batches: refuses the call when an item is due long past or carries a
+-- payload and target over limits.max_payload_bytes (the daemon's door checks both per item
+-- before calling), then does what the daemon's door does.
 CREATE OR REPLACE FUNCTION dispatcher.enqueue_many(
     keys            text[],
     handlers        text[],
@@ -10,7 +11,9 @@ CREATE OR REPLACE FUNCTION dispatcher.enqueue_many(
     targets         jsonb[] DEFAULT NULL,
     max_attempts    integer[] DEFAULT NULL,
     max_retry_age_s integer[] DEFAULT NULL,
-    run_keys        text[] DEFAULT NULL
+    run_keys        text[] DEFAULT NULL,
+    priorities      integer[] DEFAULT NULL,
+    concurrency_keys text[] DEFAULT NULL
 ) RETURNS SETOF dispatcher.enqueue_result
 LANGUAGE plpgsql
 AS $$
@@ -18,6 +21,9 @@ DECLARE
     tolerance_s float8 := dispatcher.due_at_past_tolerance_s();
     bad_item    bigint;
     bad_due     timestamptz;
+    max_bytes   bigint := dispatcher.max_payload_bytes();
+    bad_key     text;
+    bad_size    bigint;
 BEGIN
     -- times out of range are left to the internal door's own refusal (22008)
     SELECT u.o, u.d INTO bad_item, bad_due
@@ -29,8 +35,17 @@ BEGIN
     IF bad_item IS NOT NULL THEN
         PERFORM dispatcher.refuse_past_due(bad_due, tolerance_s, bad_item);
     END IF;
+    SELECT u.o, u.k, u.size INTO bad_item, bad_key, bad_size
+      FROM (SELECT u.o, u.k, dispatcher.payload_oversize(u.p, u.tg, max_bytes) AS size
+              FROM unnest(keys, payloads, targets) WITH ORDINALITY AS u(k, p, tg, o)) u
+     WHERE u.size IS NOT NULL
+     ORDER BY u.o
+     LIMIT 1;
+    IF bad_item IS NOT NULL THEN
+        PERFORM dispatcher.refuse_payload(bad_key, bad_size, max_bytes, bad_item);
+    END IF;
     RETURN QUERY SELECT * FROM dispatcher.enqueue_many_internal(
         keys, handlers, payloads, due_ats, queues, tenants, targets, max_attempts,
-        max_retry_age_s, run_keys);
+        max_retry_age_s, run_keys, priorities, concurrency_keys);
 END
 $$;

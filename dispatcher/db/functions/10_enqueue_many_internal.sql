@@ -1,7 +1,11 @@
 -- The daemon's door for batches (HTTP intake, cron units): every item checked, the valid
 -- ones inserted (ON CONFLICT on the key), each item classified (created, existing, conflict),
 -- in one statement. It does not check the past-due tolerance: HTTP intake does, per item.
+-- A key the key ledger holds (its job was pruned: migration 029) creates nothing: the job
+-- written for it is taken back, and the item answers "pruned" (the same request: the original
+-- id and final state, no times) or "conflict".
 -- Applications call dispatcher.enqueue_many, which checks the tolerance first.
+-- Each item's `priorities` and `concurrency_keys` (NULL arrays: the defaults; migration 023).
 CREATE OR REPLACE FUNCTION dispatcher.enqueue_many_internal(
     keys            text[],
     handlers        text[],
@@ -12,7 +16,9 @@ CREATE OR REPLACE FUNCTION dispatcher.enqueue_many_internal(
     targets         jsonb[] DEFAULT NULL,
     max_attempts    integer[] DEFAULT NULL,
     max_retry_age_s integer[] DEFAULT NULL,
-    run_keys        text[] DEFAULT NULL
+    run_keys        text[] DEFAULT NULL,
+    priorities      integer[] DEFAULT NULL,
+    concurrency_keys text[] DEFAULT NULL
 ) RETURNS SETOF dispatcher.enqueue_result
 LANGUAGE plpgsql
 -- a generic plan (cached after five calls) guesses ~10 items per array and goes quadratic
@@ -32,6 +38,7 @@ DECLARE
     any_later  boolean := false;
     bad_item   bigint;
     bad_due    timestamptz;
+    taken      integer;            -- jobs of this round taken back for the key ledger
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -39,7 +46,8 @@ BEGIN
     IF coalesce(cardinality(handlers), 0) <> n OR coalesce(cardinality(payloads), 0) <> n
        OR cardinality(due_ats) <> n OR cardinality(queues) <> n OR cardinality(tenants) <> n
        OR cardinality(targets) <> n OR cardinality(max_attempts) <> n
-       OR cardinality(max_retry_age_s) <> n OR cardinality(run_keys) <> n THEN
+       OR cardinality(max_retry_age_s) <> n OR cardinality(run_keys) <> n
+       OR cardinality(priorities) <> n OR cardinality(concurrency_keys) <> n THEN
         RAISE EXCEPTION 'dispatcher.enqueue_many: every array must have % elements, one per job', n
             USING ERRCODE = '22023', HINT = 'pass NULL instead of an array to use the defaults';
     END IF;
@@ -54,7 +62,7 @@ BEGIN
     -- keys are checked for the whole array at once; a bad one is named by the full check
     IF array_position(keys, NULL) IS NOT NULL OR array_to_string(keys, '') ~ '[^ -~]' THEN
         PERFORM dispatcher.enqueue_check(keys, handlers, payloads, queues, targets, max_attempts,
-                                         max_retry_age_s);
+                                         max_retry_age_s, priorities, concurrency_keys);
         checked := true;
     END IF;
     ids := ARRAY(SELECT nextval(pg_get_serial_sequence('dispatcher.intents', 'id')::regclass)
@@ -64,18 +72,24 @@ BEGIN
         WITH ins_intent AS (
             INSERT INTO dispatcher.intents AS j
                    (id, key, request_hash, queue, tenant, handler, handler_version, target, payload,
-                    max_attempts, max_retry_age_s, run_key)
+                    max_attempts, max_retry_age_s, run_key, priority, concurrency_key)
             OVERRIDING SYSTEM VALUE
             SELECT u.id, u.k,
                    dispatcher.request_fingerprint(u.h, u.tg, u.p, coalesce(u.q, 'default'),
-                                                  coalesce(u.t, ''), u.d, u.ma, u.mra),
+                                                  coalesce(u.t, ''), u.d, u.ma, u.mra,
+                                                  coalesce(u.pr, 0), u.asked_ck),
                    coalesce(u.q, 'default'), coalesce(u.t, ''), u.h, u.hv, u.tg,
-                   u.p, coalesce(u.ma, u.queue_ma), coalesce(u.mra, u.queue_mra), u.rk
-              FROM (SELECT u.*, qd.max_attempts AS queue_ma, qd.max_retry_age_s AS queue_mra,
+                   u.p, coalesce(u.ma, u.queue_ma), coalesce(u.mra, u.queue_mra), u.rk,
+                   coalesce(u.pr, 0), u.ck
+              FROM (SELECT u.k, u.h, u.p, u.d, u.q, u.t, u.tg, u.ma, u.mra, u.rk, u.id, u.o,
+                           u.pr, u.ck AS asked_ck,
+                           dispatcher.effective_concurrency_key(u.ck, coalesce(u.t, '')) AS ck,
+                           qd.max_attempts AS queue_ma, qd.max_retry_age_s AS queue_mra,
                            hd.current_version AS hv
                       FROM unnest(keys, handlers, payloads, due_ats, queues, tenants, targets,
-                                  max_attempts, max_retry_age_s, run_keys, ids)
-                           WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, rk, id, o)
+                                  max_attempts, max_retry_age_s, run_keys, ids, priorities,
+                                  concurrency_keys)
+                           WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, rk, id, pr, ck, o)
                       JOIN dispatcher.queues qd ON qd.name = coalesce(u.q, 'default')
                       JOIN dispatcher.handlers hd ON hd.name = u.h
                      WHERE pending IS NULL OR u.o IN (SELECT unnest(pending))
@@ -87,27 +101,34 @@ BEGIN
                AND CASE WHEN u.h = 'http' THEN jsonb_typeof(u.tg -> 'url') = 'string'
                         ELSE u.tg IS NULL END
                AND coalesce(u.ma >= 1, true) AND coalesce(u.mra >= 0, true)
+               AND coalesce(u.pr BETWEEN -100 AND 100, true)
+               AND coalesce(length(u.ck) <= 200, true)
              ORDER BY u.o       -- of two items with one key, the first is created
                 ON CONFLICT (key) DO NOTHING
-            RETURNING j.id, j.queue, j.run_key, j.tenant, j.handler || ':' || j.handler_version AS cap
+            RETURNING j.id, j.queue, j.run_key, j.tenant, j.handler || ':' || j.handler_version AS cap,
+                      j.priority, j.concurrency_key
         ), ins_state AS (
             INSERT INTO dispatcher.job_state AS s (id, queue, run_key, tenant, capability, state,
-                                                   due_at, budget_started_at)
+                                                   due_at, budget_started_at, priority,
+                                                   concurrency_key)
             SELECT n.id, n.queue, n.run_key, n.tenant, n.cap,
                    CASE WHEN coalesce(d.due, now()) <= now() THEN 'ready' ELSE 'scheduled' END,
-                   coalesce(d.due, now()), greatest(d.due, now())
+                   coalesce(d.due, now()), greatest(d.due, now()), n.priority, n.concurrency_key
               FROM ins_intent n
               -- due now (no due_ats) needs no join
               LEFT JOIN (SELECT u.id, u.due FROM unnest(ids, due_ats) AS u(id, due)
                           WHERE due_ats IS NOT NULL) d ON d.id = n.id
-            RETURNING s.id, s.queue, s.tenant, s.capability, s.state
+            RETURNING s.id, s.queue, s.tenant, s.capability, s.state, s.priority
         ), outboxed AS (
-            INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
-            SELECT s.id, s.queue, s.tenant, s.capability FROM ins_state s
+            INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
+            SELECT s.id, s.queue, s.tenant, s.capability, s.priority FROM ins_state s
              WHERE outbox AND s.state = 'ready'
         )
         SELECT count(*) INTO created FROM ins_state;
-        IF created = coalesce(cardinality(pending), n) THEN
+        -- after the insert, not before: an insert that waited on a row being pruned proceeds
+        -- only once the pruner committed, its ledger row with it (one probe per job)
+        SELECT count(*) INTO taken FROM dispatcher.take_back_pruned(ids, keys);
+        IF created = coalesce(cardinality(pending), n) AND taken = 0 THEN
             -- every item created: its answer is what was written (created_at = now())
             RETURN QUERY
             SELECT u.o::integer, u.id, u.k,
@@ -124,37 +145,55 @@ BEGIN
                  WHERE (pending IS NULL OR u.o IN (SELECT unnest(pending))) AND u.d > now());
             EXIT;
         END IF;
-        -- Some item was not created: invalid, or its key taken (before this call, by an earlier
-        -- item of it, or by a concurrent transaction). Each item is looked up.
+        -- Some item was not created: invalid, its key taken (before this call, by an earlier
+        -- item of it, or by a concurrent transaction) or kept by the key ledger. Each item is
+        -- looked up: a key without a job, in the ledger.
         IF NOT checked THEN
             PERFORM dispatcher.enqueue_check(keys, handlers, payloads, queues, targets,
-                                             max_attempts, max_retry_age_s);
+                                             max_attempts, max_retry_age_s, priorities,
+                                             concurrency_keys);
             checked := true;
         END IF;
         results := ARRAY(
-            SELECT ROW(m.o, e.id, m.k, e.state, e.due_at, e.created_at,
+            SELECT ROW(m.o, coalesce(e.id, g.job_id), m.k, coalesce(e.state, g.state), e.due_at,
+                       e.created_at,
                        CASE
+                           WHEN e.id IS NULL AND g.job_id IS NOT NULL THEN
+                               CASE WHEN g.request_hash NOT LIKE 'v2:%' OR g.request_hash
+                                         = dispatcher.request_fingerprint(m.h, m.tg, m.p, m.q,
+                                                                          m.t, m.d, m.ma, m.mra,
+                                                                          m.pr, m.asked_ck)
+                                    THEN 'pruned' ELSE 'conflict' END
                            WHEN e.id IS NULL THEN 'retry'   -- a concurrent insert not yet visible
                            WHEN e.id = m.id THEN 'created'
                            WHEN e.request_hash = dispatcher.request_fingerprint(
-                                    m.h, m.tg, m.p, m.q, m.t, m.d, m.ma, m.mra) THEN 'existing'
+                                    m.h, m.tg, m.p, m.q, m.t, m.d, m.ma, m.mra, m.pr,
+                                    m.asked_ck) THEN 'existing'
                            -- a job accepted before migration 005 carries an md5 fingerprint
-                           WHEN e.request_hash NOT LIKE 'v2:%' AND e.request_hash
+                           -- (and was asked with the default priority and key)
+                           WHEN e.request_hash NOT LIKE 'v2:%' AND m.pr = 0
+                                AND m.ck IS NOT DISTINCT FROM nullif(m.t, '') AND e.request_hash
                                 = dispatcher.request_hash(m.h, m.tg, m.p, m.q, m.t, m.d, m.ma,
                                                           m.mra) THEN 'existing'
                            ELSE 'conflict'
                        END)::dispatcher.enqueue_result
               FROM (SELECT u.o::integer AS o, u.id, u.k, u.h, u.p, u.d, u.tg, u.ma, u.mra,
-                           coalesce(u.q, 'default') AS q, coalesce(u.t, '') AS t
+                           coalesce(u.q, 'default') AS q, coalesce(u.t, '') AS t,
+                           coalesce(u.pr, 0) AS pr, u.ck AS asked_ck,
+                           dispatcher.effective_concurrency_key(u.ck, coalesce(u.t, '')) AS ck
                       FROM unnest(keys, handlers, payloads, due_ats, queues, tenants, targets,
-                                  max_attempts, max_retry_age_s, ids)
-                           WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, id, o)
+                                  max_attempts, max_retry_age_s, ids, priorities,
+                                  concurrency_keys)
+                           WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, id, pr, ck, o)
                      WHERE pending IS NULL OR u.o IN (SELECT unnest(pending))) m
               -- OFFSET 0 keeps this a per-item index probe: flattened, the planner may
               -- hash-join a sequential scan of the whole table instead
               LEFT JOIN LATERAL (
                    SELECT x.id, x.state, x.due_at, x.created_at, x.request_hash
-                     FROM dispatcher.jobs x WHERE x.key = m.k OFFSET 0) e ON true);
+                     FROM dispatcher.jobs x WHERE x.key = m.k OFFSET 0) e ON true
+              LEFT JOIN LATERAL (
+                   SELECT l.job_id, l.state, l.request_hash FROM dispatcher.key_ledger l
+                    WHERE e.id IS NULL AND l.key = m.k OFFSET 0) g ON true);
         RETURN QUERY SELECT * FROM unnest(results) r WHERE r.outcome <> 'retry';
         any_ready := any_ready OR EXISTS (
             SELECT 1 FROM unnest(results) r WHERE r.outcome = 'created' AND r.state = 'ready');

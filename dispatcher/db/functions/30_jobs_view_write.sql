@@ -8,21 +8,22 @@ BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO dispatcher.intents
                (key, request_hash, queue, tenant, handler, handler_version, target, payload,
-                max_attempts, max_retry_age_s, run_key, created_at, dead_letter_of, traceparent)
+                max_attempts, max_retry_age_s, run_key, created_at, dead_letter_of, traceparent,
+                priority, concurrency_key)
         VALUES (NEW.key, NEW.request_hash, NEW.queue, NEW.tenant, NEW.handler,
                 NEW.handler_version, NEW.target, NEW.payload, NEW.max_attempts,
                 NEW.max_retry_age_s, NEW.run_key, NEW.created_at, NEW.dead_letter_of,
-                NEW.traceparent)
+                NEW.traceparent, NEW.priority, NEW.concurrency_key)
         RETURNING id INTO NEW.id;
         INSERT INTO dispatcher.job_state
                (id, queue, run_key, tenant, capability, state, due_at, attempt, budget_started_at,
                 lease_owner, lease_expires_at, cancel_requested, progress, result, last_error,
-                dead_reason, started_at, finished_at)
+                dead_reason, started_at, finished_at, priority, concurrency_key)
         VALUES (NEW.id, NEW.queue, NEW.run_key, NEW.tenant,
                 NEW.handler || ':' || NEW.handler_version, NEW.state, NEW.due_at, NEW.attempt,
                 NEW.budget_started_at, NEW.lease_owner, NEW.lease_expires_at,
                 NEW.cancel_requested, NEW.progress, NEW.result, NEW.last_error, NEW.dead_reason,
-                NEW.started_at, NEW.finished_at);
+                NEW.started_at, NEW.finished_at, NEW.priority, NEW.concurrency_key);
         RETURN NEW;
     ELSIF TG_OP = 'DELETE' THEN
         DELETE FROM dispatcher.job_state WHERE id = OLD.id;
@@ -66,29 +67,38 @@ BEGIN
         started_at = CASE WHEN NEW.started_at IS DISTINCT FROM OLD.started_at
                           THEN NEW.started_at ELSE s.started_at END,
         finished_at = CASE WHEN NEW.finished_at IS DISTINCT FROM OLD.finished_at
-                           THEN NEW.finished_at ELSE s.finished_at END
+                           THEN NEW.finished_at ELSE s.finished_at END,
+        priority = CASE WHEN NEW.priority IS DISTINCT FROM OLD.priority
+                        THEN NEW.priority ELSE s.priority END,
+        concurrency_key = CASE WHEN NEW.concurrency_key IS DISTINCT FROM OLD.concurrency_key
+                               THEN NEW.concurrency_key ELSE s.concurrency_key END
      WHERE s.id = OLD.id
        AND (s.state, s.attempt, s.lease_owner)
            IS NOT DISTINCT FROM (OLD.state, OLD.attempt, OLD.lease_owner);
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
+    IF NEW.priority IS DISTINCT FROM OLD.priority THEN
+        -- a ready job's relay row carries its priority (rare: an operator's change)
+        UPDATE dispatcher.outbox SET priority = NEW.priority WHERE job_id = OLD.id;
+    END IF;
     IF (NEW.key, NEW.request_hash, NEW.queue, NEW.run_key, NEW.tenant, NEW.handler,
         NEW.handler_version, NEW.target,
         NEW.payload, NEW.max_attempts, NEW.max_retry_age_s, NEW.created_at, NEW.dead_letter_of,
-        NEW.traceparent)
+        NEW.traceparent, NEW.priority, NEW.concurrency_key)
        IS DISTINCT FROM
        (OLD.key, OLD.request_hash, OLD.queue, OLD.run_key, OLD.tenant, OLD.handler,
         OLD.handler_version, OLD.target,
         OLD.payload, OLD.max_attempts, OLD.max_retry_age_s, OLD.created_at, OLD.dead_letter_of,
-        OLD.traceparent) THEN
+        OLD.traceparent, OLD.priority, OLD.concurrency_key) THEN
         UPDATE dispatcher.intents SET
             key = NEW.key, request_hash = NEW.request_hash, queue = NEW.queue,
             run_key = NEW.run_key, tenant = NEW.tenant,
             handler = NEW.handler, handler_version = NEW.handler_version, target = NEW.target,
             payload = NEW.payload, max_attempts = NEW.max_attempts,
             max_retry_age_s = NEW.max_retry_age_s, created_at = NEW.created_at,
-            dead_letter_of = NEW.dead_letter_of, traceparent = NEW.traceparent
+            dead_letter_of = NEW.dead_letter_of, traceparent = NEW.traceparent,
+            priority = NEW.priority, concurrency_key = NEW.concurrency_key
          WHERE id = OLD.id;
     END IF;
     RETURN NEW;

@@ -94,7 +94,8 @@ class RabbitTransport:
             metrics.DEAD_LETTERS.labels(queue, "expired").inc(claimed.expired)
             metrics.JOBS_COMPLETED.labels(queue, "dead").inc(claimed.expired)
         if claimed.refused:  # the claim wrote them new outbox rows: out again to any daemon
-            metrics.DELIVERIES_REFUSED.labels(queue).inc(len(claimed.refused))
+            # (those of a key at its limit: out again once the key has room, migration 024)
+            metrics.DELIVERIES_REFUSED.labels(queue).inc(len(claimed.refused) - claimed.key_held)
         for job in claimed.jobs:
             self._acks[(job.id, job.attempt)] = by_job[job.id]
         if len(held) < len(by_job):  # published rows consumed: the relay's window opened
@@ -110,6 +111,7 @@ class RabbitTransport:
             len(claimed.jobs) + duplicates,
             claimed.wait_s if held else None,
             held_back=bool(held) and claimed.wait_s is None,  # the limits hold with a wait
+            key_throttled=claimed.key_held > 0,
         )
 
     async def more_ready(self, queue: str) -> bool:

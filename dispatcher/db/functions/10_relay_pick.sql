@@ -1,0 +1,110 @@
+-- The relay's pick (lease_outbox): the outbox rows of queue `q` to publish next, in the order
+-- claim_pick takes ready jobs (priority, then tenants in turn from the caller's cursor, then the
+-- oldest row first), among the rows not published and not leased. The relay publishes them in
+-- this order and a broker queue delivers in publishing order, so the priority survives the
+-- broker: what the broker holds ahead of an urgent job is at most the queue's relay window.
+CREATE OR REPLACE FUNCTION dispatcher.relay_pick(q text, wanted integer, after_priority integer,
+                                      after_tenant text)
+RETURNS TABLE (id bigint, pos integer, priority smallint, tenant text, turn integer)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    lvl       smallint;
+    need      integer := wanted;
+    taken     bigint[] := '{}';
+    walked    text[];      -- the tenants of this round, in turn order
+    turns     integer[];   -- their turns (positions in the walk from the cursor)
+    share     integer;
+    got_ids   bigint[];
+    got_names text[];
+    got_turns integer[];
+    filled    text[];
+    rounds    integer;
+BEGIN
+    IF wanted < 1 THEN
+        RETURN;
+    END IF;
+    LOOP
+        SELECT min(s.priority) INTO lvl FROM dispatcher.outbox s
+         WHERE s.queue = q
+                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND (lvl IS NULL OR s.priority > lvl);
+        EXIT WHEN lvl IS NULL;
+        -- the walk: the tenants after the cursor, then from the first name round to it
+        WITH RECURSIVE onward AS (
+            (SELECT s.tenant FROM dispatcher.outbox s
+              WHERE s.queue = q
+                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                AND (lvl IS DISTINCT FROM after_priority OR s.tenant > after_tenant)
+              ORDER BY s.tenant LIMIT 1)
+            UNION ALL
+            SELECT n.tenant FROM onward o
+             CROSS JOIN LATERAL (
+                   SELECT s.tenant FROM dispatcher.outbox s
+                    WHERE s.queue = q
+                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                      AND s.tenant > o.tenant
+                    ORDER BY s.tenant LIMIT 1) n
+        ), round_ AS (
+            (SELECT s.tenant FROM dispatcher.outbox s
+              WHERE lvl = after_priority AND s.queue = q AND s.published_at IS NULL AND (s.leased_until IS NULL OR s.leased_until < now())
+                AND s.priority = lvl AND s.tenant <= after_tenant
+              ORDER BY s.tenant LIMIT 1)
+            UNION ALL
+            SELECT n.tenant FROM round_ o
+             CROSS JOIN LATERAL (
+                   SELECT s.tenant FROM dispatcher.outbox s
+                    WHERE s.queue = q
+                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                      AND s.tenant > o.tenant AND s.tenant <= after_tenant
+                    ORDER BY s.tenant LIMIT 1) n
+        )
+        -- read lazily: the walk stops after `need` tenants (the append reads `onward` first)
+        SELECT array_agg(w.tenant), array_agg(w.n)
+          INTO walked, turns
+          FROM (SELECT t.tenant, row_number() OVER ()::integer AS n
+                  FROM (SELECT o.tenant FROM onward o
+                        UNION ALL SELECT r.tenant FROM round_ r LIMIT need) t) w;
+        rounds := 0;
+        LOOP
+            share := ceil(need::float8 / cardinality(walked))::integer;
+            WITH picked AS (
+                SELECT c.id, w.tenant, w.turn, c.rank
+                  FROM unnest(walked, turns) AS w(tenant, turn)
+                 CROSS JOIN LATERAL (
+                       SELECT l.id, row_number() OVER (ORDER BY l.id) AS rank
+                         FROM (SELECT s.id FROM dispatcher.outbox s
+                                WHERE s.queue = q
+                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                                  AND s.tenant = w.tenant AND s.id <> ALL (taken)
+                                ORDER BY s.id
+                                LIMIT share
+                                  FOR UPDATE SKIP LOCKED) l) c
+            ), ordered AS (
+                SELECT p.* FROM picked p ORDER BY p.rank, p.turn LIMIT need
+            )
+            SELECT coalesce(array_agg(o.id ORDER BY o.rank, o.turn), '{}'),
+                   array_agg(o.tenant ORDER BY o.rank, o.turn),
+                   array_agg(o.turn ORDER BY o.rank, o.turn),
+                   (SELECT array_agg(f.tenant ORDER BY f.turn) FROM (
+                        SELECT p.tenant, p.turn FROM picked p GROUP BY p.tenant, p.turn
+                        HAVING count(*) = share) f)
+              INTO got_ids, got_names, got_turns, filled
+              FROM ordered o;
+            RETURN QUERY
+            SELECT g.id, (wanted - need + g.n)::integer, lvl, g.tenant, g.turn
+              FROM unnest(got_ids, got_names, got_turns) WITH ORDINALITY AS g(id, tenant, turn, n);
+            need := need - cardinality(got_ids);
+            taken := taken || got_ids;
+            IF need <= 0 THEN
+                RETURN;
+            END IF;
+            rounds := rounds + 1;
+            -- this priority is done for this claim when no tenant filled its share
+            EXIT WHEN filled IS NULL OR rounds >= 8;
+            walked := filled;
+            turns := ARRAY(SELECT u.turn FROM unnest(got_names, got_turns) AS u(tenant, turn)
+                            WHERE u.tenant = ANY (filled) GROUP BY u.tenant, u.turn
+                            ORDER BY u.turn);
+        END LOOP;
+    END LOOP;
+END
+$$;

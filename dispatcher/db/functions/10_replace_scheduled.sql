@@ -1,0 +1,62 @@
+-- Key modes (issue 23, point 2): the jobs a request names by key with another body, replaced
+-- while they are still `scheduled` (on_key = replace: debounce; keep_due: throttle). Called
+-- for the items the enqueue door answered "conflict". Each item's job is locked, so of many
+-- concurrent replacements the last to commit wins and the due-scan, which moves a job to
+-- `ready` under the same lock, sees either the old request or the new one, never half.
+-- The payload, target and fingerprint are replaced; the due time too unless `keep_due`, and
+-- never past the job's acceptance plus `debounce_max_s` (NULL: no bound). A job of another
+-- handler, queue or tenant is not replaced (outcome "conflict"); one already ready, running
+-- or finished is not either (outcome "not_replaced", with its state).
+CREATE OR REPLACE FUNCTION dispatcher.replace_scheduled(
+    keys text[], handlers text[], payloads jsonb[], due_ats timestamptz[], queues text[],
+    tenants text[], targets jsonb[], max_attempts integer[], max_retry_age_s integer[],
+    keep_due boolean[], debounce_max_s integer[]
+) RETURNS SETOF dispatcher.enqueue_result LANGUAGE plpgsql AS $$
+DECLARE
+    r      record;
+    job    record;
+    due    timestamptz;
+    woken  boolean := false;
+BEGIN
+    FOR r IN SELECT u.*, coalesce(u.q, 'default') AS qn, coalesce(u.t, '') AS tn
+               FROM unnest(keys, handlers, payloads, due_ats, queues, tenants, targets,
+                           max_attempts, max_retry_age_s, keep_due, debounce_max_s)
+                    WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, kd, dm, o)
+    LOOP
+        SELECT i.id, i.handler, i.queue, i.tenant, i.created_at, s.state, s.due_at
+          INTO job
+          FROM dispatcher.intents i JOIN dispatcher.job_state s ON s.id = i.id
+         WHERE i.key = r.k
+           FOR UPDATE OF s;
+        IF job.id IS NULL THEN
+            CONTINUE;  -- pruned or gone meanwhile: the caller answers it as it was
+        END IF;
+        IF (job.handler, job.queue, job.tenant) IS DISTINCT FROM (r.h, r.qn, r.tn) THEN
+            RETURN NEXT ROW(r.o::integer, job.id, r.k, job.state, job.due_at, job.created_at,
+                            'conflict')::dispatcher.enqueue_result;
+        ELSIF job.state <> 'scheduled' THEN
+            RETURN NEXT ROW(r.o::integer, job.id, r.k, job.state, job.due_at, job.created_at,
+                            'not_replaced')::dispatcher.enqueue_result;
+        ELSE
+            due := CASE WHEN r.kd THEN job.due_at
+                        ELSE least(greatest(coalesce(r.d, now()), now()),
+                                   job.created_at + make_interval(secs => r.dm))
+                   END;
+            due := coalesce(due, greatest(coalesce(r.d, now()), now()));
+            UPDATE dispatcher.intents
+               SET payload = r.p, target = r.tg,
+                   request_hash = dispatcher.request_fingerprint(r.h, r.tg, r.p, r.qn, r.tn,
+                                                                 r.d, r.ma, r.mra)
+             WHERE id = job.id;
+            UPDATE dispatcher.job_state SET due_at = due, budget_started_at = due
+             WHERE id = job.id;
+            woken := woken OR due <> job.due_at;
+            RETURN NEXT ROW(r.o::integer, job.id, r.k, 'scheduled', due, job.created_at,
+                            'replaced')::dispatcher.enqueue_result;
+        END IF;
+    END LOOP;
+    IF woken THEN
+        PERFORM pg_notify('dispatcher_wake', 'scheduled');  -- the due-scan's next time moved
+    END IF;
+END
+$$;

@@ -1,0 +1,142 @@
+"""The SQL door's contracts of issue 23: a key whose job was pruned answers with that job and
+creates nothing (the key ledger, migration 029), and each job's payload and target are held to
+limits.max_payload_bytes, through `dispatcher.enqueue`, `dispatcher.enqueue_many` and the
+daemon's door `enqueue_many_internal`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from dispatcher.config.settings import RetentionSettings
+from dispatcher.db.jobs import JobRepository
+from dispatcher.engine.pruning import Pruner
+from dispatcher.model import ByteGrant, NewJob
+
+MANY = """SELECT r.ord, r.id, r.state, r.outcome, r.due_at FROM dispatcher.enqueue_many(
+              $1::text[], $2::text[], $3::text[]::jsonb[]) r ORDER BY r.ord"""
+
+
+@pytest.fixture
+async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
+    c = await asyncpg.connect(db_url)
+    yield c
+    await c.close()
+
+
+@pytest.fixture(autouse=True)
+async def registry(repo: JobRepository) -> None:
+    await repo.sync_registry(
+        {"default": (10, 86_400)},
+        {"report": ("python", 1)},
+        due_at_past_tolerance_s=300,
+        max_payload_bytes=4096,
+    )
+
+
+async def finish_and_prune(conn: asyncpg.Connection, repo: JobRepository, state: str) -> None:
+    """Every job ends `state` long ago, and the pruner runs (as it would weeks later)."""
+    await conn.execute(
+        "UPDATE dispatcher.job_state SET state = $1, finished_at = now() - interval '40 days'",
+        state,
+    )
+    await Pruner(repo, RetentionSettings()).run_once()
+    assert await conn.fetchval("SELECT count(*) FROM dispatcher.jobs") == 0
+
+
+async def test_enqueue_of_a_pruned_key_returns_the_original_job(
+    conn: asyncpg.Connection, repo: JobRepository
+) -> None:
+    first = await conn.fetchval("SELECT dispatcher.enqueue('k', 'report', '{\"n\": 1}'::jsonb)")
+    await finish_and_prune(conn, repo, "succeeded")
+    again = await conn.fetchval("SELECT dispatcher.enqueue('k', 'report', '{\"n\": 1}'::jsonb)")
+    assert again == first
+    assert await conn.fetchval("SELECT count(*) FROM dispatcher.jobs") == 0
+    assert await conn.fetchval("SELECT count(*) FROM dispatcher.intents") == 0
+    with pytest.raises(asyncpg.UniqueViolationError, match=f"named job {first} .succeeded"):
+        await conn.fetchval("SELECT dispatcher.enqueue('k', 'report', '{\"n\": 2}'::jsonb)")
+
+
+async def test_enqueue_many_answers_pruned_keys_item_by_item(
+    conn: asyncpg.Connection, repo: JobRepository
+) -> None:
+    rows = await conn.fetch(MANY, ["a", "b"], ["report", "report"], ['{"n": 1}', '{"n": 2}'])
+    ids = {r["ord"]: r["id"] for r in rows}
+    await finish_and_prune(conn, repo, "dead")
+    rows = await conn.fetch(
+        MANY,
+        ["a", "b", "c", "a"],
+        ["report"] * 4,
+        ['{"n": 1}', '{"n": 9}', '{"n": 3}', '{"n": 1}'],
+    )
+    got = [(r["ord"], r["outcome"], r["state"]) for r in rows]
+    assert got == [
+        (1, "pruned", "dead"),
+        (2, "conflict", "dead"),
+        (3, "created", "ready"),
+        (4, "pruned", "dead"),
+    ]
+    assert rows[0]["id"] == ids[1] and rows[1]["id"] == ids[2] and rows[0]["due_at"] is None
+    keys = await conn.fetch("SELECT key FROM dispatcher.jobs")
+    assert [k["key"] for k in keys] == ["c"]
+
+
+async def test_the_daemons_door_answers_pruned(
+    conn: asyncpg.Connection, repo: JobRepository
+) -> None:
+    (created,) = await repo.enqueue_many([NewJob(key="d", handler="report", payload={})])
+    await finish_and_prune(conn, repo, "cancelled")
+    results = await repo.enqueue_many(
+        [
+            NewJob(key="d", handler="report", payload={}),
+            NewJob(key="e", handler="report", payload={}),
+        ]
+    )
+    first = results[0]
+    assert (first.outcome, first.id, first.state) == ("pruned", created.id, "cancelled")
+    assert results[1].outcome == "created"
+    assert await conn.fetchval("SELECT count(*) FROM dispatcher.jobs") == 1
+
+
+async def test_a_payload_over_the_limit_is_refused_at_the_sql_door(
+    conn: asyncpg.Connection,
+) -> None:
+    big = json.dumps({"pad": "x" * 5000})
+    with pytest.raises(asyncpg.ProgramLimitExceededError) as caught:
+        await conn.fetchval("SELECT dispatcher.enqueue('big', 'report', $1::jsonb)", big)
+    assert "key 'big'" in str(caught.value)
+    assert "are 5011 bytes of JSON, over limits.max_payload_bytes (4096)" in str(caught.value)
+    with pytest.raises(asyncpg.ProgramLimitExceededError, match=r"key 'big' \(item 2\)"):
+        await conn.fetch(MANY, ["ok", "big"], ["report", "report"], ["{}", big])
+    # escapes count as the text the daemon receives: 800 control characters are 4,800 bytes
+    escaped = json.dumps({"c": "\u0001" * 800})
+    with pytest.raises(asyncpg.ProgramLimitExceededError, match="4809 bytes"):
+        await conn.fetchval("SELECT dispatcher.enqueue('esc', 'report', $1::jsonb)", escaped)
+    assert await conn.fetchval("SELECT count(*) FROM dispatcher.jobs") == 0
+    fits = json.dumps({"pad": "x" * (4096 - 11)})
+    assert await conn.fetchval("SELECT dispatcher.enqueue('fits', 'report', $1::jsonb)", fits)
+
+
+async def test_rows_over_the_limit_stored_directly_are_claimed_within_the_grant(
+    conn: asyncpg.Connection, repo: JobRepository
+) -> None:
+    """The limit refuses new jobs; rows stored before it (here: inserted into dispatcher.jobs
+    directly, 1 MB each against a 4 kB limit) are bounded by the claim's byte grant instead."""
+    await conn.execute(
+        """INSERT INTO dispatcher.jobs (key, request_hash, queue, handler, handler_version,
+                                        payload, state, due_at, max_attempts, max_retry_age_s,
+                                        budget_started_at)
+           SELECT 'old-' || g, 'h', 'default', 'report', 1,
+                  jsonb_build_object('p', repeat('x', 1000000)), 'ready', now(), 3, 60, now()
+             FROM generate_series(1, 5) g"""
+    )
+    caps = ["report:1"]
+    jobs, taken = await repo.claim("default", 10, caps, "o", 60, ByteGrant(2_500_000))
+    assert taken == len(jobs) == 2  # a third would pass 2.5 MB
+    jobs, taken = await repo.claim("default", 10, caps, "o", 60, ByteGrant(500_000))
+    assert (jobs, taken) == ([], 0)  # none fits, and the daemon holds others
+    jobs, _ = await repo.claim("default", 10, caps, "o", 60, ByteGrant(500_000, True))
+    assert len(jobs) == 1  # one larger than the grant runs only alone

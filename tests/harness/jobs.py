@@ -1,0 +1,27 @@
+"""Jobs straight in and out of the test database, bypassing the API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+
+async def enqueue_noop_jobs(
+    pool: asyncpg.Pool, prefix: str, count: int, due: str | None = None
+) -> None:
+    """Enqueue `count` 'noop' jobs keyed `<prefix>-<n>` in one enqueue_many, due at SQL `due`."""
+    due_times = "" if due is None else f", array_fill({due}, ARRAY[{count}])"
+    await pool.execute(f"""
+        SELECT count(*) FROM dispatcher.enqueue_many(
+               (SELECT array_agg('{prefix}-' || g) FROM generate_series(1, {count}) g),
+               array_fill('noop'::text, ARRAY[{count}]),
+               array_fill('{{}}'::jsonb, ARRAY[{count}]){due_times})""")
+
+
+async def stored_job(pool: Any, job_id: int | None = None, *, key: str | None = None) -> Any:
+    """The whole stored job (payload and target included, which the repository's status reads
+    leave out), by id or by key; None when there is none."""
+    if key is not None:
+        return await pool.fetchrow("SELECT * FROM dispatcher.jobs WHERE key = $1", key)
+    return await pool.fetchrow("SELECT * FROM dispatcher.jobs WHERE id = $1", job_id)
