@@ -849,7 +849,7 @@ AS $function$
     SELECT CASE WHEN requested IS NULL THEN nullif(tenant, '') ELSE nullif(requested, '') END
 $function$;
 
-CREATE OR REPLACE FUNCTION dispatcher.enqueue(key text, handler text, payload jsonb DEFAULT '{}'::jsonb, due_at timestamp with time zone DEFAULT NULL::timestamp with time zone, queue text DEFAULT NULL::text, tenant text DEFAULT NULL::text, target jsonb DEFAULT NULL::jsonb, max_attempts integer DEFAULT NULL::integer, max_retry_age_s integer DEFAULT NULL::integer, priority integer DEFAULT NULL::integer, concurrency_key text DEFAULT NULL::text)
+CREATE OR REPLACE FUNCTION dispatcher.enqueue(key text, handler text, payload jsonb DEFAULT '{}'::jsonb, due_at timestamp with time zone DEFAULT NULL::timestamp with time zone, queue text DEFAULT NULL::text, tenant text DEFAULT NULL::text, target jsonb DEFAULT NULL::jsonb, max_attempts integer DEFAULT NULL::integer, max_retry_age_s integer DEFAULT NULL::integer, priority integer DEFAULT NULL::integer, concurrency_key text DEFAULT NULL::text, timeout_s double precision DEFAULT NULL::double precision, expires_at timestamp with time zone DEFAULT NULL::timestamp with time zone, on_success jsonb DEFAULT NULL::jsonb, on_failure jsonb DEFAULT NULL::jsonb)
  RETURNS bigint
  LANGUAGE plpgsql
 AS $function$
@@ -919,6 +919,25 @@ BEGIN
     IF NOT (due_at <@ dispatcher.due_at_range()) THEN
         PERFORM dispatcher.refuse_due_at(due_at);
     END IF;
+    IF timeout_s IS NOT NULL AND (handler = 'http' OR NOT timeout_s > 0 OR timeout_s
+           > coalesce((SELECT h.max_timeout_s FROM dispatcher.handlers h
+                        WHERE h.name = enqueue.handler), 'infinity')) THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: timeout_s % is not a deadline handler % allows', timeout_s,
+            quote_literal(handler)
+            USING ERRCODE = '22023',
+                  HINT = 'more than 0 and at most the handler''s timeout_s (dispatcher.handlers.max_timeout_s); an http job''s deadline is target.timeout_s';
+    END IF;
+    IF expires_at IS NOT NULL AND (NOT (expires_at <@ dispatcher.due_at_range())
+                                   OR expires_at <= greatest(effective, now())) THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: expires_at % is not after the due time, or out of range', expires_at
+            USING ERRCODE = '22023',
+                  HINT = 'a time to live later than due_at (and now): the job could never start';
+    END IF;
+    IF jsonb_typeof(on_success -> 'url') IS DISTINCT FROM 'string' AND on_success IS NOT NULL
+       OR jsonb_typeof(on_failure -> 'url') IS DISTINCT FROM 'string' AND on_failure IS NOT NULL THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: on_success and on_failure are targets {"url": ...}'
+            USING ERRCODE = '22023', HINT = 'e.g. jsonb_build_object(''url'', ''https://...'')';
+    END IF;
     IF due_at < now() - make_interval(secs => tolerance_s) THEN
         PERFORM dispatcher.refuse_past_due(due_at, tolerance_s);
     END IF;
@@ -954,6 +973,16 @@ BEGIN
                 INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
                 VALUES (new_id, queue_name, tenant_name, handler || ':' || version, prio);
             END IF;
+            IF num_nonnulls(timeout_s, expires_at, on_success, on_failure) > 0 THEN
+                UPDATE dispatcher.intents i
+                   SET timeout_s = enqueue.timeout_s, on_success = enqueue.on_success,
+                       on_failure = enqueue.on_failure
+                 WHERE i.id = new_id;
+                UPDATE dispatcher.job_state s
+                   SET expires_at = enqueue.expires_at,
+                       has_callback = num_nonnulls(enqueue.on_success, enqueue.on_failure) > 0
+                 WHERE s.id = new_id;
+            END IF;
             PERFORM pg_notify('dispatcher_wake', new_state);
             RETURN new_id;
         END IF;
@@ -968,6 +997,16 @@ BEGIN
                     key, found_id
                     USING ERRCODE = '23505',
                           HINT = 'resend the original request unchanged, or choose a new key for new work';
+            END IF;
+            IF EXISTS (SELECT 1 FROM dispatcher.intents i JOIN dispatcher.job_state s ON s.id = i.id
+                        WHERE i.id = found_id
+                          AND (i.timeout_s, s.expires_at, i.on_success, i.on_failure)
+                              IS DISTINCT FROM (enqueue.timeout_s, enqueue.expires_at,
+                                                enqueue.on_success, enqueue.on_failure)) THEN
+                RAISE EXCEPTION 'dispatcher.enqueue: key % already names job % with a different contract',
+                    key, found_id
+                    USING ERRCODE = '23505',
+                          HINT = 'resend the original timeout_s, expires_at, on_success and on_failure, or choose a new key';
             END IF;
             RETURN found_id;
         END IF;

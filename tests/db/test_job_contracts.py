@@ -305,3 +305,41 @@ async def test_expiry_and_a_lost_lease_end_with_a_callback_too_and_callbacks_nev
         first,
     )
     assert len(await callbacks(repo)) == 2
+
+
+# --- the SQL door ---------------------------------------------------------------------------
+
+
+async def test_the_sql_door_takes_a_contract_refuses_bad_ones_and_compares_replays(
+    repo: JobRepository,
+) -> None:
+    await repo.sync_registry(
+        {"default": (2, 3600)}, {"work": ("python", 1)}, max_timeout_s={"work": 30.0}
+    )
+    enqueue = (
+        "SELECT dispatcher.enqueue('k', 'work', timeout_s => $1, expires_at => $2,"
+        " on_success => $3::jsonb)"
+    )
+    expires = await repo.pool.fetchval("SELECT now() + interval '1 h'")
+    job_id = await repo.pool.fetchval(enqueue, 5.0, expires, {"url": "https://h.example/"})
+    row = await repo.pool.fetchrow(
+        "SELECT i.timeout_s, s.expires_at, i.on_success, s.has_callback FROM dispatcher.intents i"
+        " JOIN dispatcher.job_state s ON s.id = i.id WHERE i.id = $1",
+        job_id,
+    )
+    assert tuple(row) == (5.0, expires, {"url": "https://h.example/"}, True)
+    # the same request again: the same job; another contract: a conflict, nothing changed
+    assert await repo.pool.fetchval(enqueue, 5.0, expires, {"url": "https://h.example/"}) == job_id
+    with pytest.raises(Exception, match="different contract"):
+        await repo.pool.fetchval(enqueue, 6.0, expires, {"url": "https://h.example/"})
+    for bad, words in [
+        ("SELECT dispatcher.enqueue('b1', 'work', timeout_s => 31)", "not a deadline"),
+        (
+            "SELECT dispatcher.enqueue('b2', 'work', expires_at => now() - interval '1 s')",
+            "not after the due time",
+        ),
+        ("SELECT dispatcher.enqueue('b3', 'work', on_failure => '{\"u\": 1}')", "targets"),
+    ]:
+        with pytest.raises(Exception, match=words):
+            await repo.pool.fetchval(bad)
+    assert await repo.pool.fetchval("SELECT count(*) FROM dispatcher.intents") == 1

@@ -33,3 +33,7 @@ ALTER TABLE dispatcher.intents
     ADD COLUMN callback_of bigint;
 
 ALTER TABLE dispatcher.handlers ADD COLUMN max_timeout_s double precision;
+
+-- the SQL door takes the contract (db/functions/10_enqueue.sql): its signature grows
+DROP FUNCTION IF EXISTS dispatcher.enqueue(text, text, jsonb, timestamptz, text, text, jsonb,
+                                           integer, integer, integer, text);
