@@ -213,6 +213,8 @@ class Daemon:
             {q: (c.rate_per_s, c.burst, c.max_inflight) for q, c in s.queues.items()},
             due_at_past_tolerance_s=s.due_at_past_tolerance_s,  # for the SQL door (011)
             ready_outbox=s.transport == "rabbitmq",  # the relay publishes outbox rows (015)
+            # a job's own deadline is at most its handler's: the SQL door checks it (030)
+            max_timeout_s={n: h.timeout_s for n, h in s.handlers.items()},
             max_payload_bytes=s.limits.max_payload_bytes,  # for the SQL door (029)
             groups={g: c.limits() for g, c in s.limit_groups.items()},  # shared budgets (024)
             membership={q: (c.limit_group, c.group_priority) for q, c in s.queues.items()},

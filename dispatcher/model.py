@@ -47,6 +47,20 @@ class NewJob:
     # "replace" (debounce) or "keep_due" (throttle) while that job is still scheduled
     on_key: str = "reject"
     debounce_max_s: int | None = None
+    # per-job contracts (migration 030): its own deadline, its time to live, its callbacks
+    timeout_s: float | None = None
+    expires_at: datetime | None = None
+    on_success: dict[str, Any] | None = None
+    on_failure: dict[str, Any] | None = None
+
+    @property
+    def has_contract(self) -> bool:
+        return not (
+            self.timeout_s is None
+            and self.expires_at is None
+            and self.on_success is None
+            and self.on_failure is None
+        )
 
 
 @dataclass(slots=True, frozen=True)
@@ -83,10 +97,12 @@ class Job:
     progress: dict[str, Any] | None
     run_key: str | None
     due_to_start_s: float
-    # the claim builds a Job from its row's first 16 columns, in this order (claim_ready)
+    # the claim builds a Job from its row's first 17 columns, in this order (claim_ready)
     traceparent: str | None = None
     # its payload and target bytes, as the memory budget counts them (migration 020)
     size_bytes: int = 0
+    # its own deadline (migration 030): at most its handler's, which applies when None
+    timeout_s: float | None = None
 
     @property
     def log_fields(self) -> dict[str, Any]:

@@ -106,6 +106,11 @@ class Job:
     tenant: str | None = None
     max_attempts: int | None = None
     max_retry_age_s: int | None = None
+    # per-job contracts (docs/guides/deadlines.md, docs/guides/callbacks.md)
+    timeout_s: float | None = None
+    expires_at: datetime | str | None = None
+    on_success: dict[str, Any] | None = None
+    on_failure: dict[str, Any] | None = None
     priority: int | None = None  # -100..100, lower runs first (None: the daemon's 0)
     concurrency_key: str | None = None  # None: the tenant; "": no key (sent as null)
     # the key's mode when it names a job with another request: "reject" (the daemon's
@@ -129,19 +134,17 @@ class Call:
 
 def job_body(job: Job) -> dict[str, Any]:
     body: dict[str, Any] = {"handler": job.handler, "payload": job.payload or {}}
-    due = job.due_at
-    if isinstance(due, datetime):
-        try:
-            due = rfc3339.format(due)
-        except rfc3339.TimeError as exc:
-            raise ValueError(f"due_at needs a timezone (e.g. datetime.now(UTC)): {exc}") from None
     optional = {
         "target": job.target,
-        "due_at": due,
+        "due_at": _time("due_at", job.due_at),
         "queue": job.queue,
         "tenant": job.tenant,
         "max_attempts": job.max_attempts,
         "max_retry_age_s": job.max_retry_age_s,
+        "timeout_s": job.timeout_s,
+        "expires_at": _time("expires_at", job.expires_at),
+        "on_success": job.on_success,
+        "on_failure": job.on_failure,
         "priority": job.priority,
         "concurrency_key": job.concurrency_key,
         "on_key": job.on_key,
@@ -152,6 +155,15 @@ def job_body(job: Job) -> dict[str, Any]:
         body["concurrency_key"] = None  # no key (omitted would mean the tenant)
     body.update(job.extra)
     return body
+
+
+def _time(name: str, value: datetime | str | None) -> str | None:
+    if not isinstance(value, datetime):
+        return value
+    try:
+        return rfc3339.format(value)
+    except rfc3339.TimeError as exc:
+        raise ValueError(f"{name} needs a timezone (e.g. datetime.now(UTC)): {exc}") from None
 
 
 def enqueue_call(job: Job) -> Call:

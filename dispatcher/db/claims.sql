@@ -11,7 +11,8 @@ SELECT true FROM dispatcher.job_state s
 -- name: poll_work
 -- The one look an idle daemon takes per poll: which of queues $1 (not paused) have a ready job
 -- this daemon can run ($2 = handler:version list), how long until the earliest scheduled job
--- is due (NULL: none waiting; as seconds_to_next_due), and whether a lease has expired. One
+-- is due (NULL: none waiting; as seconds_to_next_due), and whether a lease has expired or a
+-- waiting job's TTL passed (either way the due-scan has work: `lease_expired`). One
 -- index probe each (jobs_ready_claim in its order, jobs_scheduled_due, jobs_running_lease), in
 -- place of one claim per queue and the due-scan's statements every second.
 SELECT array(
@@ -26,5 +27,10 @@ SELECT array(
                     ELSE greatest(0, extract(epoch FROM min(due_at)) - extract(epoch FROM now()))
                END::float8
           FROM dispatcher.job_state WHERE state = 'scheduled') AS next_due_s,
+       -- or a waiting job's time to live has passed: the due-scan ends it (migration 030;
+       -- one probe of job_state_expiring, empty without TTLs)
        EXISTS (SELECT 1 FROM dispatcher.job_state
-                WHERE state = 'running' AND lease_expires_at < now()) AS lease_expired;
+                WHERE state = 'running' AND lease_expires_at < now())
+       OR EXISTS (SELECT 1 FROM dispatcher.job_state
+                   WHERE expires_at <= now() AND state IN ('scheduled', 'ready'))
+       AS lease_expired;

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple, cast
 
 import asyncpg
 
+from dispatcher.db import contracts
 from dispatcher.db.job_control import JobControl
 from dispatcher.db.job_reads import JobReads
 from dispatcher.db.outcomes import (
@@ -38,7 +39,7 @@ _RECORD_FAILURE = query("record_failure")
 _SNOOZE = query("snooze_job")
 # claim_ready and claim_delivered return a Job's fields first, in the dataclass's order
 # (tests/db/test_traceparent.py)
-CLAIM_JOB_COLUMNS = 16
+CLAIM_JOB_COLUMNS = 17
 
 
 def item_columns(items: Sequence[NewJob]) -> tuple[list[Any], ...]:
@@ -76,13 +77,19 @@ class JobRepository(JobReads, JobControl):
             [i.priority for i in items],
             [i.concurrency_key for i in items],
         )
-        if any(i.traceparent is not None for i in items):  # only while tracing is on
+        # tracing on, or a job with a contract: more to write in the same transaction
+        if any(i.traceparent is not None or i.has_contract for i in items):
             if conn is not None:
-                return await self._enqueue_traced(conn, items, args)
-            async with self.pool.acquire() as own:
-                return await self._enqueue_traced(own, items, args)
-        executor = conn if conn is not None else self.pool
-        return _enqueued(await executor.fetch(query("enqueue_many"), *args), len(items))
+                results = await self._enqueue_traced(conn, items, args)
+            else:
+                async with self.pool.acquire() as own:
+                    results = await self._enqueue_traced(own, items, args)
+        else:
+            executor = conn if conn is not None else self.pool
+            results = _enqueued(await executor.fetch(query("enqueue_many"), *args), len(items))
+        if any(r.outcome == "existing" for r in results):
+            return await contracts.replayed(conn or self.pool, items, results)
+        return results
 
     async def replace_scheduled(self, items: Sequence[NewJob]) -> list[EnqueueResult | None]:
         """Key modes: replace the scheduled jobs these items' keys name (in one statement);
@@ -108,20 +115,28 @@ class JobRepository(JobReads, JobControl):
         job keeps the context it was created in)."""
         async with conn.transaction():
             results = _enqueued(await conn.fetch(query("enqueue_many"), *args), len(items))
-            created = [
-                (result.id, item.traceparent)
+            made = [
+                (result.id, item)
                 for item, result in zip(items, results, strict=True)
-                if result.outcome == "created" and item.traceparent is not None
+                if result.outcome == "created"
             ]
-            if created:
-                ids, traceparents = zip(*created, strict=True)
+            traced = [(i, item.traceparent) for i, item in made if item.traceparent is not None]
+            if traced:
+                ids, traceparents = zip(*traced, strict=True)
                 await conn.execute(query("set_traceparents"), list(ids), list(traceparents))
+            await contracts.store(conn, [(i, item) for i, item in made if item.has_contract])
         return results
 
     # scanning and rescue ------------------------------------------------------------------
     async def scan_due(self, batch: int) -> int:
         moved: int = await self.pool.fetchval(query("scan_due"), batch)
         return moved
+
+    async def expire_unstarted(self, batch: int) -> dict[str, int]:
+        """End up to `batch` scheduled or ready jobs past their time to live (`dead`,
+        `expired`); how many per queue."""
+        rows = await self.pool.fetch(query("expire_unstarted"), batch)
+        return {r["queue"]: r["n"] for r in rows}
 
     async def seconds_to_next_due(self) -> float | None:
         seconds: float | None = await self.pool.fetchval(query("seconds_to_next_due"))
@@ -375,7 +390,9 @@ class WorkSeen(NamedTuple):
 
     ready: list[str]  # the queues with a ready job this daemon can run (not paused)
     next_due_s: float | None  # until the earliest scheduled job is due; None: none waiting
-    lease_expired: bool  # a running job's lease has expired: the due-scan rescues it
+    # a running job's lease has expired (the due-scan rescues it), or a waiting job's time to
+    # live passed (the due-scan ends it)
+    lease_expired: bool
 
 
 class Claim(NamedTuple):
@@ -385,6 +402,7 @@ class Claim(NamedTuple):
     consumed: int  # outbox rows taken (ready jobs, in process)
     wait_s: float | None  # the global limits held the claim back: a token is free after this
     held_back: bool  # the memory budget left picked jobs ready: claim again once bytes free
+    expired: int = 0  # ready jobs it ended `dead` (expired) instead of starting (migration 030)
     key_throttled: bool = False  # a concurrency key at its limit held jobs back (migration 024)
 
 
@@ -397,6 +415,7 @@ def claimed_rows(rows: list[asyncpg.Record]) -> Claim:
         marker["taken_count"],
         marker["wait_s"],
         marker["held_back"],
+        marker["expired_count"],
         bool(marker["key_throttled"]),
     )
 

@@ -35,12 +35,40 @@ UPDATE dispatcher.intents i SET traceparent = t.traceparent
   FROM unnest($1::bigint[], $2::text[]) AS t(id, traceparent)
  WHERE i.id = ANY ($1::bigint[]) AND i.id = t.id;
 
+-- name: set_contracts
+-- Store the per-job contracts of jobs just created ($1 ids; in parallel: $2 timeout_s, $3
+-- expires_at, $4 on_success and $5 on_failure as JSON text), in the transaction that created
+-- them, so no claim or ending ever sees a job without its contract (migration 030). One index
+-- probe per id in each table.
+WITH c AS (
+    SELECT * FROM unnest($1::bigint[], $2::float8[], $3::timestamptz[], $4::text[], $5::text[])
+        AS c(id, timeout_s, expires_at, on_success, on_failure)
+), intent AS (
+    UPDATE dispatcher.intents i
+       SET timeout_s = c.timeout_s, on_success = c.on_success::jsonb,
+           on_failure = c.on_failure::jsonb
+      FROM c WHERE i.id = ANY ($1::bigint[]) AND i.id = c.id
+)
+UPDATE dispatcher.job_state s
+   SET expires_at = c.expires_at,
+       has_callback = c.on_success IS NOT NULL OR c.on_failure IS NOT NULL
+  FROM c WHERE s.id = ANY ($1::bigint[]) AND s.id = c.id;
+
+-- name: job_contracts
+-- The stored contracts of jobs a replayed request found ($1 ids): the same key with another
+-- contract is another request (409), as with another body.
+SELECT i.id, i.timeout_s, s.expires_at, i.on_success, i.on_failure
+  FROM dispatcher.intents i JOIN dispatcher.job_state s ON s.id = i.id
+ WHERE i.id = ANY ($1::bigint[]);
+
 -- name: scan_due
 -- Move due scheduled jobs to ready (with their outbox rows when a relay needs them: see
 -- migration 015), in one statement; returns how many moved.
+-- A job past its time to live is not moved: expire_unstarted ends it (migration 030).
 WITH due AS (
     SELECT id FROM dispatcher.job_state
      WHERE state = 'scheduled' AND due_at <= now()
+       AND (expires_at IS NULL OR expires_at > now())
      ORDER BY due_at
      LIMIT $1
        FOR UPDATE SKIP LOCKED
@@ -53,6 +81,26 @@ WITH due AS (
     SELECT id, queue, tenant, capability, priority FROM moved WHERE dispatcher.ready_outbox()
 )
 SELECT count(*)::int FROM moved;
+
+-- name: expire_unstarted
+-- End up to $1 scheduled or ready jobs whose time to live passed before an attempt started:
+-- `dead` with reason `expired` (migration 030; only the few rows with a TTL are in the index).
+-- Their outbox rows, if a relay wrote any, are dropped by the consumer's claim (no longer
+-- ready). Returns how many per queue, for the dead-letter counter.
+WITH expired AS (
+    SELECT id FROM dispatcher.job_state
+     WHERE expires_at <= now() AND state IN ('scheduled', 'ready')
+     ORDER BY expires_at
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+), ended AS (
+    UPDATE dispatcher.job_state s
+       SET state = 'dead', dead_reason = 'expired', finished_at = now(),
+           last_error = 'expired at ' || s.expires_at || ' before an attempt started'
+     WHERE s.id = ANY (ARRAY(SELECT id FROM expired))
+    RETURNING s.queue
+)
+SELECT queue, count(*)::int AS n FROM ended GROUP BY queue;
 
 -- name: seconds_to_next_due
 -- How long until the earliest scheduled job is due (NULL when none is waiting).
@@ -162,7 +210,7 @@ WITH grant_ AS MATERIALIZED (
           FROM candidates c
          CROSS JOIN LATERAL (
                SELECT i.id, i.key, i.tenant, i.handler, i.handler_version, i.target, i.payload,
-                      i.max_attempts, i.traceparent,
+                      i.max_attempts, i.traceparent, i.timeout_s,
                       coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
                       AS size_bytes, i.concurrency_key
                  FROM dispatcher.intents i WHERE i.id = c.id OFFSET 0) z) b
@@ -176,11 +224,22 @@ WITH grant_ AS MATERIALIZED (
     -- looks again soon, and the claim counts as throttled (dispatcher_key_throttled_claims)
     SELECT dispatcher.key_wait_s() AS wait_s
 ), claimed AS (
+    -- A job whose time to live passed after the scan moved it is ended here instead of
+    -- started (`dead`, `expired`; migration 030): the same update, so no row is read twice.
     UPDATE dispatcher.job_state s
-       SET state = 'running', attempt = s.attempt + 1, lease_owner = $4,
-           lease_expires_at = now() + make_interval(secs => $5), started_at = now()
+       SET state = CASE WHEN s.expires_at <= now() THEN 'dead' ELSE 'running' END,
+           attempt = CASE WHEN s.expires_at <= now() THEN s.attempt ELSE s.attempt + 1 END,
+           lease_owner = CASE WHEN s.expires_at <= now() THEN NULL ELSE $4 END,
+           lease_expires_at = CASE WHEN s.expires_at <= now() THEN NULL
+                                   ELSE now() + make_interval(secs => $5) END,
+           started_at = CASE WHEN s.expires_at <= now() THEN s.started_at ELSE now() END,
+           dead_reason = CASE WHEN s.expires_at <= now() THEN 'expired' ELSE s.dead_reason END,
+           finished_at = CASE WHEN s.expires_at <= now() THEN now() ELSE s.finished_at END,
+           last_error = CASE WHEN s.expires_at <= now()
+                             THEN 'expired at ' || s.expires_at || ' before an attempt started'
+                             ELSE s.last_error END
      WHERE s.id = ANY ((SELECT ids FROM keyed)::bigint[])  -- locked above: still ready
-    RETURNING s.id, s.queue, s.attempt, s.due_at, s.progress, s.run_key
+    RETURNING s.id, s.queue, s.attempt, s.due_at, s.progress, s.run_key, s.state
 ), started AS (
     SELECT c.id, i.key, c.queue, i.tenant, i.handler, i.handler_version, i.target, i.payload,
            c.attempt, i.max_attempts,
@@ -194,29 +253,33 @@ WITH grant_ AS MATERIALIZED (
            CASE WHEN c.due_at <@ dispatcher.due_at_range()
                 THEN extract(epoch FROM now() - c.due_at) ELSE 0 END::float8 AS due_to_start_s,
            i.traceparent,
-           i.size_bytes  -- the 16th column, last of those `Job` is built from by position
+           i.size_bytes,
+           i.timeout_s  -- the 17th column, last of those `Job` is built from by position
       FROM claimed c
       JOIN budgeted i ON i.id = c.id
+     WHERE c.state = 'running'
 )
 SELECT c.*, (SELECT cardinality(ids) FROM keyed)::int AS taken_count, NULL::float8 AS wait_s,
        NULL::boolean AS held_back, NULL::smallint AS cursor_priority, NULL::text AS cursor_tenant,
-       NULL::boolean AS key_throttled
+       NULL::boolean AS key_throttled, NULL::int AS expired_count
   FROM started c
 UNION ALL
 -- the marker row: how many ready jobs the claim took (those picked beyond the memory budget
 -- are left ready, unlocked at commit), the limiter's wait, and whether the memory budget held
 -- picked jobs back (then, and only then, the claim loop waits for bytes to be freed); keys at
--- their limit (migration 024) make the loop look again soon, as their slots free
+-- their limit (migration 024) make the loop look again soon, as their slots free; and how many
+-- it ended expired
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, (SELECT cardinality(ids) FROM keyed)::int,
-       coalesce(dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM claimed)::int,
+       NULL, NULL, (SELECT cardinality(ids) FROM keyed)::int,
+       coalesce(dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM started)::int,
                                         g.wait_s),
                 (SELECT wait_s FROM keys_full)),
        (SELECT count(*) FROM candidates) > (SELECT count(*) FROM budgeted),
        -- the cursor: the last tenant served at the last priority reached
        c.priority, c.tenant,
        (SELECT wait_s IS NOT NULL FROM keys_full)
-       OR (SELECT cardinality(ids) FROM keyed) < (SELECT count(*) FROM budgeted)
+       OR (SELECT cardinality(ids) FROM keyed) < (SELECT count(*) FROM budgeted),
+       (SELECT count(*) FROM claimed WHERE state = 'dead')::int  -- ended expired (030)
   FROM grant_ g
   LEFT JOIN (SELECT x.priority, x.tenant FROM candidates x
               WHERE x.id = ANY (ARRAY(SELECT id FROM budgeted))
@@ -251,12 +314,15 @@ SELECT id, attempt FROM done;
 -- attempts and retry age allow, else 'dead'; a permanent failure ($4, reason $7) or a cancel
 -- request ends it at once. Past the retry age, the reason is 'retry_after_beyond_age' when the
 -- delay the target itself asked for ($8 s, its Retry-After; NULL: none) reaches past it, else
--- 'max_retry_age'. $9, $10: HTTP status and latency (s) for the history row.
+-- 'max_retry_age'. A retry that would be due at or after the job's time to live could never
+-- start: 'expired' at once. $9, $10: HTTP status and latency (s) for the history row.
 WITH failed AS (
     SELECT j.id,
            CASE WHEN j.cancel_requested THEN NULL
                 WHEN $4::boolean THEN $7::text
                 WHEN j.attempt >= i.max_attempts THEN 'max_attempts'
+                -- a retry due after the job's time to live could never start (migration 030)
+                WHEN now() + make_interval(secs => $5) >= j.expires_at THEN 'expired'
                 WHEN now() + make_interval(secs => $5) > j.budget_started_at
                                                          + make_interval(secs => i.max_retry_age_s)
                 THEN CASE WHEN now() + make_interval(secs => $8::float8)
@@ -657,10 +723,13 @@ SELECT 1;
 
 -- name: upsert_handler
 -- Register a handler; the current version only moves forward, so old and new releases agree.
-INSERT INTO dispatcher.handlers (name, kind, current_version) VALUES ($1, $2, $3)
+-- $4: the longest deadline a job may ask for (migration 030; NULL keeps the one stored).
+INSERT INTO dispatcher.handlers (name, kind, current_version, max_timeout_s)
+VALUES ($1, $2, $3, $4::float8)
     ON CONFLICT (name) DO UPDATE
    SET kind = excluded.kind,
-       current_version = greatest(dispatcher.handlers.current_version, excluded.current_version);
+       current_version = greatest(dispatcher.handlers.current_version, excluded.current_version),
+       max_timeout_s = coalesce(excluded.max_timeout_s, dispatcher.handlers.max_timeout_s);
 
 -- name: count_by_state
 -- Jobs per queue and state, for metrics and the status view.

@@ -27,6 +27,7 @@ async def sync_registry(
     membership: dict[str, tuple[str | None, int]] | None = None,
     key_limits: dict[str, Limits] | None = None,
     max_payload_bytes: int = 256 * 1024,
+    max_timeout_s: dict[str, float] | None = None,
 ) -> None:
     """Write the configured queues and handlers to the registry; `on_dead` gives each
     queue's dead-letter notification (normalized target, notification queue), `limits` its
@@ -36,7 +37,9 @@ async def sync_registry(
     `groups`, the limit groups (rate_per_s, burst, max_inflight) and `membership`, each
     queue's group and priority in it (a queue left out is in none), `key_limits` the limits
     every concurrency key of a queue gets (a queue left out: none; migration 024);
-    `max_payload_bytes`, the largest job the SQL door accepts (migration 029)."""
+    `max_payload_bytes`, the largest job the SQL door accepts (migration 029);
+    `max_timeout_s`, the longest deadline a job of each handler may ask for (migration 030;
+    a handler left out keeps what it had)."""
     async with pool.acquire() as conn, conn.transaction():
         for name in groups or {}:
             await conn.execute(query("ensure_limit_group"), name)
@@ -76,4 +79,5 @@ async def sync_registry(
         for name, (target, notice_queue) in (on_dead or {}).items():
             await conn.execute(query("sync_queue_on_dead"), name, target, notice_queue)
         for name, (kind, version) in handlers.items():
-            await conn.execute(query("upsert_handler"), name, kind, version)
+            limit_s = (max_timeout_s or {}).get(name)
+            await conn.execute(query("upsert_handler"), name, kind, version, limit_s)

@@ -36,6 +36,7 @@ class Claimed(NamedTuple):
     eligible: set[int]  # ready for the delivered attempt; those not in `jobs` were held back
     refused: set[int]  # ready, but for a handler version this process cannot run
     wait_s: float | None  # the queue's limits (or its pause) held the claim back this long
+    expired: int = 0  # delivered in time, past their TTL when claimed: ended, not started
     key_held: int = 0  # of `refused`, those whose concurrency key was at its limit (024)
 
 
@@ -132,5 +133,6 @@ def claimed_deliveries(rows: list[asyncpg.Record]) -> Claimed:
         set(marker["eligible"]),
         set(marker["refused"]),
         marker["wait_s"],
+        marker["expired_count"],
         marker["key_held"],
     )

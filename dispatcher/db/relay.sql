@@ -113,38 +113,41 @@ WITH paused AS MATERIALIZED (
 ), delivered AS MATERIALIZED (
     -- one primary-key probe per delivery (OFFSET 0: a join let the planner hash a scan of
     -- every state row)
-    SELECT k.id, k.tenant, k.capability, k.state, d.pos, k.priority,
+    SELECT k.id, k.tenant, k.capability, k.state, d.pos, k.priority, k.expires_at,
            k.state = 'ready' AND k.attempt = d.attempt AS ready
       FROM unnest($2::bigint[], $3::integer[]) WITH ORDINALITY AS d(id, attempt, pos)
      CROSS JOIN LATERAL (SELECT k.* FROM dispatcher.job_state k
                           WHERE k.id = d.id AND k.queue = $1 OFFSET 0) k
 ), ready AS MATERIALIZED (
-    SELECT id, tenant, capability, pos, priority FROM delivered WHERE ready
+    SELECT id, tenant, capability, pos, priority, expires_at FROM delivered WHERE ready
 ), eligible AS MATERIALIZED (
-    SELECT id, pos FROM ready WHERE capability = ANY ($6::text[])
+    SELECT id, pos, expires_at FROM ready WHERE capability = ANY ($6::text[])
 ), budgeted AS MATERIALIZED (
     -- one primary-key probe of the intents per job granted, for its size and for what the
     -- claimed job carries (read once, as in claim_ready)
     SELECT b.* FROM (
-        SELECT g.n, z.*, sum(z.size_bytes) OVER (ORDER BY g.n) AS upto
-          FROM (SELECT id, row_number() OVER (ORDER BY pos) AS n FROM eligible
+        SELECT g.n, g.expires_at AS ttl, z.*, sum(z.size_bytes) OVER (ORDER BY g.n) AS upto
+          FROM (SELECT id, expires_at, row_number() OVER (ORDER BY pos) AS n FROM eligible
                  ORDER BY pos LIMIT (SELECT granted FROM grant_)) g
          CROSS JOIN LATERAL (
                SELECT i.id, i.key, i.tenant, i.handler, i.handler_version, i.target, i.payload,
-                      i.max_attempts, i.traceparent,
+                      i.max_attempts, i.traceparent, i.timeout_s,
                       coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
                       AS size_bytes, i.concurrency_key
                  FROM dispatcher.intents i WHERE i.id = g.id OFFSET 0) z) b
      WHERE b.upto <= $7::bigint OR (b.n = 1 AND $8::boolean)
 ), keyed AS MATERIALIZED (
     -- what each job's concurrency key may start now (migration 024)
-    SELECT dispatcher.key_take($1, ARRAY(SELECT id FROM budgeted ORDER BY n),
-                               ARRAY(SELECT concurrency_key FROM budgeted ORDER BY n)) AS ids
+    -- (a job past its TTL takes no key: it is ended, not started)
+    SELECT dispatcher.key_take($1, ARRAY(SELECT id FROM budgeted
+                                          WHERE ttl IS NULL OR ttl > now() ORDER BY n),
+                               ARRAY(SELECT concurrency_key FROM budgeted
+                                      WHERE ttl IS NULL OR ttl > now() ORDER BY n)) AS ids
 ), key_held AS MATERIALIZED (
     -- held back by their keys: refused like a version this process cannot run, so their
     -- deliveries do not hold prefetch places the other keys need; out again in a quarter second
     SELECT r.id, r.tenant, r.capability, r.priority FROM ready r
-     WHERE r.id = ANY (ARRAY(SELECT id FROM budgeted))
+     WHERE r.id = ANY (ARRAY(SELECT id FROM budgeted WHERE ttl IS NULL OR ttl > now()))
        AND NOT r.id = ANY ((SELECT ids FROM keyed)::bigint[])
 ), refused AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, leased_until, priority)
@@ -159,13 +162,24 @@ WITH paused AS MATERIALIZED (
            lease_expires_at = now() + make_interval(secs => $5), started_at = now()
      -- in delivery order when the limits grant fewer: the consumer hands over what it held
      -- back first (by id, a held job lost to every newer delivery of an older burst)
-     WHERE s.id = ANY ((SELECT ids FROM keyed)::bigint[])
+     -- its TTL as read above (set once, at intake): no probe for it (migration 030)
+     WHERE s.id = ANY (ARRAY(SELECT id FROM budgeted
+                          WHERE id = ANY ((SELECT ids FROM keyed)::bigint[])
+                            AND (ttl IS NULL OR ttl > now())))
        -- re-checked when a concurrent claim got there first; written so that no index of ready
        -- rows matches it: with stale statistics the planner walked all of jobs_ready_claim
        -- (migration 015), testing every entry against the id array (1.4 s for 1,000 ids among
        -- 20,000 ready jobs), where the primary key takes one probe per id
        AND CASE WHEN s.state = 'ready' THEN true ELSE false END
     RETURNING s.id, s.queue, s.attempt, s.due_at, s.progress, s.run_key
+), expired AS (
+    -- delivered in time, past its time to live now: ended, never started (migration 030)
+    UPDATE dispatcher.job_state s
+       SET state = 'dead', dead_reason = 'expired', finished_at = now(),
+           last_error = 'expired at ' || s.expires_at || ' before an attempt started'
+     WHERE s.id = ANY (ARRAY(SELECT id FROM budgeted WHERE ttl <= now()))
+       AND CASE WHEN s.state = 'ready' THEN true ELSE false END
+    RETURNING s.id
 ), claimed AS (
     SELECT c.id, i.key, c.queue, i.tenant, i.handler, i.handler_version, i.target, i.payload,
            c.attempt, i.max_attempts,
@@ -175,7 +189,8 @@ WITH paused AS MATERIALIZED (
            CASE WHEN c.due_at <@ dispatcher.due_at_range()
                 THEN extract(epoch FROM now() - c.due_at) ELSE 0 END::float8 AS due_to_start_s,
            i.traceparent,
-           i.size_bytes  -- the 16th column, as in claim_ready
+           i.size_bytes,
+           i.timeout_s  -- the 17th column, as in claim_ready
       FROM started c
       JOIN budgeted i ON i.id = c.id
 ), consumed AS (
@@ -185,6 +200,7 @@ WITH paused AS MATERIALIZED (
      WHERE o.id = ANY (ARRAY(
            SELECT r.id
              FROM (SELECT id FROM started
+                   UNION ALL SELECT id FROM expired
                    UNION ALL SELECT id FROM ready WHERE NOT capability = ANY ($6::text[])
                    UNION ALL SELECT id FROM key_held
                    UNION ALL SELECT id FROM delivered WHERE state <> 'ready') done
@@ -193,12 +209,16 @@ WITH paused AS MATERIALIZED (
                                 OFFSET 0) r))
 )
 SELECT c.*, NULL::bigint[] AS eligible, NULL::bigint[] AS refused, NULL::float8 AS wait_s,
-       NULL::integer AS key_held
+       NULL::integer AS key_held, NULL::int AS expired_count
   FROM claimed c
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, ARRAY(SELECT id FROM eligible WHERE id NOT IN (SELECT id FROM key_held)),
+       NULL, NULL,
+       -- an expired job is done with, not held back: its delivery is acknowledged
+       ARRAY(SELECT id FROM eligible
+              WHERE id NOT IN (SELECT id FROM key_held) AND id NOT IN (SELECT id FROM expired)),
        ARRAY(SELECT job_id FROM refused),
        dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM started)::int, g.wait_s),
-       (SELECT count(*) FROM key_held)::int
+       (SELECT count(*) FROM key_held)::int,
+       (SELECT count(*) FROM expired)::int
   FROM grant_ g;

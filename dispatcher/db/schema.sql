@@ -53,7 +53,8 @@ CREATE TABLE dispatcher.function_files (
 CREATE TABLE dispatcher.handlers (
     name text NOT NULL,
     kind text NOT NULL,
-    current_version integer DEFAULT 1 NOT NULL
+    current_version integer DEFAULT 1 NOT NULL,
+    max_timeout_s double precision
 );
 
 CREATE TABLE dispatcher.instances (
@@ -87,7 +88,11 @@ CREATE TABLE dispatcher.intents (
     traceparent text,
     size_bytes bigint,
     priority smallint DEFAULT 0 NOT NULL,
-    concurrency_key text
+    concurrency_key text,
+    timeout_s double precision,
+    on_success jsonb,
+    on_failure jsonb,
+    callback_of bigint
 );
 
 CREATE TABLE dispatcher.job_state (
@@ -110,7 +115,9 @@ CREATE TABLE dispatcher.job_state (
     started_at timestamp with time zone,
     finished_at timestamp with time zone,
     priority smallint DEFAULT 0 NOT NULL,
-    concurrency_key text
+    concurrency_key text,
+    expires_at timestamp with time zone,
+    has_callback boolean DEFAULT false NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_analyze_scale_factor=0.02);
 
 CREATE TABLE dispatcher.jobs (
@@ -309,6 +316,8 @@ ALTER TABLE dispatcher.intents ADD CONSTRAINT intents_concurrency_key_length CHE
 
 ALTER TABLE dispatcher.intents ADD CONSTRAINT intents_priority_range CHECK (priority >= '-100'::integer AND priority <= 100) NOT VALID NOT VALID;
 
+ALTER TABLE dispatcher.intents ADD CONSTRAINT intents_timeout_s_positive CHECK (timeout_s > 0::double precision AND timeout_s < 'Infinity'::double precision);
+
 ALTER TABLE dispatcher.intents ADD CONSTRAINT jobs_key_check CHECK (length(key) >= 1 AND length(key) <= 255);
 
 ALTER TABLE dispatcher.intents ADD CONSTRAINT jobs_key_key UNIQUE (key);
@@ -324,6 +333,8 @@ ALTER TABLE dispatcher.intents ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
 ALTER TABLE dispatcher.intents ADD CONSTRAINT jobs_traceparent_w3c CHECK (traceparent ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]$'::text) NOT VALID NOT VALID;
 
 ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_due_at_in_range CHECK (due_at <@ dispatcher.due_at_range()) NOT VALID NOT VALID;
+
+ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_expires_at_range CHECK (expires_at <@ dispatcher.due_at_range());
 
 ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_lease_check CHECK ((state = 'running'::text) = (lease_owner IS NOT NULL)) NOT VALID NOT VALID;
 
@@ -420,6 +431,8 @@ ALTER TABLE dispatcher.schedule_state ADD CONSTRAINT schedule_state_paused_at CH
 ALTER TABLE dispatcher.schedule_state ADD CONSTRAINT schedule_state_pkey PRIMARY KEY (schedule);
 
 CREATE INDEX console_sessions_expiry ON dispatcher.console_sessions USING btree (expires_at);
+
+CREATE INDEX job_state_expiring ON dispatcher.job_state USING btree (expires_at) WHERE ((expires_at IS NOT NULL) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text])));
 
 CREATE INDEX jobs_dead_reason_id ON dispatcher.job_state USING btree (dead_reason, id) WHERE (dead_reason IS NOT NULL);
 
@@ -880,7 +893,7 @@ AS $function$
     SELECT CASE WHEN requested IS NULL THEN nullif(tenant, '') ELSE nullif(requested, '') END
 $function$;
 
-CREATE OR REPLACE FUNCTION dispatcher.enqueue(key text, handler text, payload jsonb DEFAULT '{}'::jsonb, due_at timestamp with time zone DEFAULT NULL::timestamp with time zone, queue text DEFAULT NULL::text, tenant text DEFAULT NULL::text, target jsonb DEFAULT NULL::jsonb, max_attempts integer DEFAULT NULL::integer, max_retry_age_s integer DEFAULT NULL::integer, priority integer DEFAULT NULL::integer, concurrency_key text DEFAULT NULL::text)
+CREATE OR REPLACE FUNCTION dispatcher.enqueue(key text, handler text, payload jsonb DEFAULT '{}'::jsonb, due_at timestamp with time zone DEFAULT NULL::timestamp with time zone, queue text DEFAULT NULL::text, tenant text DEFAULT NULL::text, target jsonb DEFAULT NULL::jsonb, max_attempts integer DEFAULT NULL::integer, max_retry_age_s integer DEFAULT NULL::integer, priority integer DEFAULT NULL::integer, concurrency_key text DEFAULT NULL::text, timeout_s double precision DEFAULT NULL::double precision, expires_at timestamp with time zone DEFAULT NULL::timestamp with time zone, on_success jsonb DEFAULT NULL::jsonb, on_failure jsonb DEFAULT NULL::jsonb)
  RETURNS bigint
  LANGUAGE plpgsql
 AS $function$
@@ -950,6 +963,25 @@ BEGIN
     IF NOT (due_at <@ dispatcher.due_at_range()) THEN
         PERFORM dispatcher.refuse_due_at(due_at);
     END IF;
+    IF timeout_s IS NOT NULL AND (handler = 'http' OR NOT timeout_s > 0 OR timeout_s
+           > coalesce((SELECT h.max_timeout_s FROM dispatcher.handlers h
+                        WHERE h.name = enqueue.handler), 'infinity')) THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: timeout_s % is not a deadline handler % allows', timeout_s,
+            quote_literal(handler)
+            USING ERRCODE = '22023',
+                  HINT = 'more than 0 and at most the handler''s timeout_s (dispatcher.handlers.max_timeout_s); an http job''s deadline is target.timeout_s';
+    END IF;
+    IF expires_at IS NOT NULL AND (NOT (expires_at <@ dispatcher.due_at_range())
+                                   OR expires_at <= greatest(effective, now())) THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: expires_at % is not after the due time, or out of range', expires_at
+            USING ERRCODE = '22023',
+                  HINT = 'a time to live later than due_at (and now): the job could never start';
+    END IF;
+    IF jsonb_typeof(on_success -> 'url') IS DISTINCT FROM 'string' AND on_success IS NOT NULL
+       OR jsonb_typeof(on_failure -> 'url') IS DISTINCT FROM 'string' AND on_failure IS NOT NULL THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: on_success and on_failure are targets {"url": ...}'
+            USING ERRCODE = '22023', HINT = 'e.g. jsonb_build_object(''url'', ''https://...'')';
+    END IF;
     IF due_at < now() - make_interval(secs => tolerance_s) THEN
         PERFORM dispatcher.refuse_past_due(due_at, tolerance_s);
     END IF;
@@ -985,6 +1017,16 @@ BEGIN
                 INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
                 VALUES (new_id, queue_name, tenant_name, handler || ':' || version, prio);
             END IF;
+            IF num_nonnulls(timeout_s, expires_at, on_success, on_failure) > 0 THEN
+                UPDATE dispatcher.intents i
+                   SET timeout_s = enqueue.timeout_s, on_success = enqueue.on_success,
+                       on_failure = enqueue.on_failure
+                 WHERE i.id = new_id;
+                UPDATE dispatcher.job_state s
+                   SET expires_at = enqueue.expires_at,
+                       has_callback = num_nonnulls(enqueue.on_success, enqueue.on_failure) > 0
+                 WHERE s.id = new_id;
+            END IF;
             PERFORM pg_notify('dispatcher_wake', new_state);
             RETURN new_id;
         END IF;
@@ -999,6 +1041,16 @@ BEGIN
                     key, found_id
                     USING ERRCODE = '23505',
                           HINT = 'resend the original request unchanged, or choose a new key for new work';
+            END IF;
+            IF EXISTS (SELECT 1 FROM dispatcher.intents i JOIN dispatcher.job_state s ON s.id = i.id
+                        WHERE i.id = found_id
+                          AND (i.timeout_s, s.expires_at, i.on_success, i.on_failure)
+                              IS DISTINCT FROM (enqueue.timeout_s, enqueue.expires_at,
+                                                enqueue.on_success, enqueue.on_failure)) THEN
+                RAISE EXCEPTION 'dispatcher.enqueue: key % already names job % with a different contract',
+                    key, found_id
+                    USING ERRCODE = '23505',
+                          HINT = 'resend the original timeout_s, expires_at, on_success and on_failure, or choose a new key';
             END IF;
             RETURN found_id;
         END IF;
@@ -1360,6 +1412,69 @@ AS $function$
 BEGIN
     NEW.size_bytes := dispatcher.stored_bytes(NEW.payload, NEW.target);
     RETURN NEW;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.job_callback()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    i        dispatcher.intents;
+    q        dispatcher.queues;
+    target   jsonb;
+    version  integer;
+    ended_at timestamptz := coalesce(NEW.finished_at, now());
+    excerpt  text;
+    status   integer;
+    body     jsonb;
+    cb_key   text;
+    new_id   bigint;
+BEGIN
+    SELECT * INTO i FROM dispatcher.intents WHERE id = NEW.id;
+    target := CASE NEW.state WHEN 'succeeded' THEN i.on_success ELSE i.on_failure END;
+    IF target IS NULL OR i.callback_of IS NOT NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO q FROM dispatcher.queues WHERE name = NEW.queue;
+    SELECT h.current_version INTO version FROM dispatcher.handlers h WHERE h.name = 'http';
+    -- the last attempt's history row (written by the same statement as the ending, or none when
+    -- the job expired before any attempt)
+    SELECT a.excerpt, a.http_status INTO excerpt, status FROM dispatcher.attempts a
+     WHERE a.job_id = NEW.id ORDER BY a.id DESC LIMIT 1;
+    cb_key := format('callback:%s:%s:%s', NEW.id, NEW.state,
+                     to_char(ended_at AT TIME ZONE 'UTC', 'YYYYMMDD"T"HH24MISS.US"Z"'));
+    body := jsonb_build_object(
+        'type', 'job.' || NEW.state,
+        'timestamp', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'data', jsonb_build_object(
+            'id', NEW.id, 'key', i.key, 'queue', NEW.queue, 'tenant', nullif(NEW.tenant, ''),
+            'state', NEW.state, 'attempts', NEW.attempt, 'dead_reason', NEW.dead_reason,
+            'last_error', NEW.last_error, 'http_status', status, 'excerpt', excerpt,
+            'result', CASE WHEN NEW.state = 'succeeded' THEN NEW.result END,
+            'ended_at', to_char(ended_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')));
+    INSERT INTO dispatcher.intents AS n
+           (key, request_hash, queue, tenant, handler, handler_version, target, payload,
+            max_attempts, max_retry_age_s, callback_of)
+    VALUES (cb_key,
+            dispatcher.request_fingerprint('http', target, body, NEW.queue, NEW.tenant, NULL,
+                                           NULL, NULL),
+            NEW.queue, NEW.tenant, 'http', coalesce(version, 1), target, body,
+            coalesce(q.max_attempts, 10), coalesce(q.max_retry_age_s, 86400), NEW.id)
+        ON CONFLICT (key) DO NOTHING
+    RETURNING n.id INTO new_id;
+    IF new_id IS NOT NULL THEN
+        INSERT INTO dispatcher.job_state (id, queue, tenant, capability, state, due_at,
+                                          budget_started_at)
+        VALUES (new_id, NEW.queue, NEW.tenant, 'http:' || coalesce(version, 1), 'ready', now(),
+                now());
+        IF dispatcher.ready_outbox() THEN
+            INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
+            VALUES (new_id, NEW.queue, NEW.tenant, 'http:' || coalesce(version, 1));
+        END IF;
+        PERFORM pg_notify('dispatcher_wake', 'ready');
+    END IF;
+    RETURN NULL;
 END
 $function$;
 
@@ -1976,6 +2091,8 @@ AS $function$
 $function$;
 
 CREATE TRIGGER intents_size_bytes BEFORE INSERT OR UPDATE OF payload, target ON dispatcher.intents FOR EACH ROW EXECUTE FUNCTION dispatcher.intent_bytes();
+
+CREATE TRIGGER job_state_callback AFTER UPDATE OF state ON dispatcher.job_state FOR EACH ROW WHEN (new.has_callback AND (new.state = ANY (ARRAY['succeeded'::text, 'dead'::text])) AND old.state IS DISTINCT FROM new.state) EXECUTE FUNCTION dispatcher.job_callback();
 
 CREATE TRIGGER jobs_dead_letter_notice AFTER UPDATE OF state ON dispatcher.job_state FOR EACH ROW WHEN (new.state = 'dead'::text AND old.state IS DISTINCT FROM 'dead'::text) EXECUTE FUNCTION dispatcher.dead_letter_notice();
 

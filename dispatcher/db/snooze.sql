@@ -5,7 +5,8 @@
 -- leaves a 'snoozed' history row (reason $5, latency $7 s). It is bounded like a retry: a
 -- snooze ending past the job's retry age (budget_started_at + max_retry_age_s) makes it dead
 -- as 'snoozed_past_retry_age', and so does one more than $6 snoozes since its budget started
--- ('max_snoozes'); a cancel request ends it 'cancelled'. Only the holder of the lease ($3) of
+-- ('max_snoozes'), and one that would wake at or after its time to live ends it 'expired'; a
+-- cancel request ends it 'cancelled'. Only the holder of the lease ($3) of
 -- attempt $2 may snooze.
 WITH asked AS (
     SELECT j.id, j.cancel_requested,
@@ -15,6 +16,10 @@ WITH asked AS (
                        WHERE a.job_id = j.id AND a.outcome = 'snoozed'
                          AND a.finished_at >= j.budget_started_at) >= $6::integer
                 THEN 'max_snoozes'
+                -- no attempt starts past the job's time to live (migration 030)
+                WHEN greatest(now(), coalesce($8::timestamptz, now() + make_interval(secs => $4)))
+                     >= j.expires_at
+                THEN 'expired'
                 WHEN greatest(now(), coalesce($8::timestamptz, now() + make_interval(secs => $4)))
                      > j.budget_started_at + make_interval(secs => i.max_retry_age_s)
                 THEN 'snoozed_past_retry_age'

@@ -91,14 +91,22 @@ class Executor:
         self._complete_in_bound = self._complete_in  # one bound method, not one per attempt
         self._inline: dict[str, bool] = {}  # handler -> may its attempts start inline
 
-    def shared_timeout_s(self, handler: str) -> float | None:
-        """The timeout the pool enforces from the claim for attempts of `handler`: None for an
-        unknown handler, and for transactional effects (timed here, once they have a
-        connection)."""
+    def shared_timeout_s(self, handler: str, own_s: float | None = None) -> float | None:
+        """The timeout the pool enforces from the claim for attempts of `handler` (of a job
+        whose own deadline is `own_s`): None for an unknown handler, and for transactional
+        effects (timed here, once they have a connection)."""
         effect = self._effects.get(handler)
         if effect is None or effect.completes_in_transaction:
             return None
-        return self._timeouts.get(handler)
+        return self._timeout_s(handler, own_s)
+
+    def _timeout_s(self, handler: str, own_s: float | None) -> float | None:
+        """A job's deadline: its own, never past its handler's (intake refuses more; a
+        handler's maximum lowered since the job was accepted still bounds it)."""
+        handler_s = self._timeouts.get(handler)
+        if own_s is None or (handler_s is not None and handler_s < own_s):
+            return handler_s
+        return own_s
 
     def runs_inline(self, handler: str) -> bool:
         """Whether attempts of `handler` start inline (`start_inline`): non-transactional python
@@ -282,7 +290,7 @@ class Executor:
             return await self._complete_in(conn, job, result, time.perf_counter() - started)
 
         async with self._handler_repo.connection() as conn:
-            async with asyncio.timeout(self._timeouts.get(job.handler)):
+            async with asyncio.timeout(self._timeout_s(job.handler, job.timeout_s)):
                 return await effect.run(job, complete, conn)
 
     async def completion_backpressure(self, limit: int) -> None:

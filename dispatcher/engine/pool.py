@@ -199,7 +199,8 @@ class QueueWorker(Service):
         and its garbage collection, about a third of the daemon's CPU on a drain)."""
         observe_many(self._m_due_to_start, [max(0.0, job.due_to_start_s) for job in jobs])
         self.effects_running += len(jobs)
-        deadlines: dict[str, SharedDeadline | None] = {}
+        # one per handler, and per (handler, own timeout) for jobs that carry one
+        deadlines: dict[tuple[str, float | None], SharedDeadline | None] = {}
         executor, running, create_task = self._executor, self.running, asyncio.create_task
         done = InlineBatch()
         for job in jobs:
@@ -209,11 +210,12 @@ class QueueWorker(Service):
                 started = executor.start_inline(job, done)
                 if started is None:
                     continue
-            if handler in deadlines:
-                deadline = deadlines[handler]
+            own = (handler, job.timeout_s)
+            if own in deadlines:
+                deadline = deadlines[own]
             else:
-                timeout_s = executor.shared_timeout_s(handler)
-                deadline = deadlines[handler] = (
+                timeout_s = executor.shared_timeout_s(handler, job.timeout_s)
+                deadline = deadlines[own] = (
                     SharedDeadline(timeout_s, self._timed_out) if timeout_s else None
                 )
             attempt = _Attempt(self, (job.id, job.attempt), deadline, job.size_bytes)

@@ -118,6 +118,9 @@ class Intake:
                     f"due_at: {rfc3339.format(due_at)} is more than "
                     f"{tolerance.total_seconds():.0f} s in the past; omit due_at to run now",
                 )
+        contract = self._contract(request, now)
+        if isinstance(contract, Rejected):
+            return contract
         return NewJob(
             key=key,
             handler=request.handler,
@@ -129,11 +132,48 @@ class Intake:
             max_attempts=request.max_attempts,
             max_retry_age_s=request.max_retry_age_s,
             traceparent=traceparent,
+            **contract,
             priority=request.priority,
             concurrency_key=request.stored_concurrency_key(),
             on_key=request.on_key,
             debounce_max_s=request.debounce_max_s,
         )
+
+    def _contract(self, request: JobRequest, now: datetime) -> dict[str, Any] | Rejected:
+        """The job's own deadline, time to live and callback targets, checked against the
+        configuration: a deadline within the handler's, a TTL still ahead, and callback targets
+        that pass the same checks (and SSRF guard) as an http job's target."""
+        if request.timeout_s is not None:
+            if request.handler == "http":
+                return Rejected(
+                    422,
+                    'timeout_s: an "http" job\'s deadline is target.timeout_s '
+                    f"(at most {self._settings.http.max_timeout_s:g} s); move it there",
+                )
+            limit_s = self._settings.handlers[request.handler].timeout_s
+            if request.timeout_s > limit_s:
+                return Rejected(
+                    422,
+                    f"timeout_s: {request.timeout_s:g} s is more than handler "
+                    f"{request.handler!r} allows ({limit_s:g} s, its timeout_s); ask for at "
+                    "most that, or raise the handler's timeout_s",
+                )
+        if request.expires_at is not None and request.expires_at <= now:
+            return Rejected(
+                422,
+                f"expires_at: {rfc3339.format(request.expires_at)} has passed; the job could "
+                "never start (omit expires_at, or give a later time)",
+            )
+        callbacks: dict[str, dict[str, Any] | None] = {}
+        for field in ("on_success", "on_failure"):
+            target = getattr(request, field)
+            if target is not None:
+                try:
+                    target = self._normalized_target(target)
+                except ValueError as exc:
+                    return Rejected(422, f"{field}: {exc}")
+            callbacks[field] = target
+        return {"timeout_s": request.timeout_s, "expires_at": request.expires_at, **callbacks}
 
     async def accept(
         self, items: Sequence[tuple[str, JobRequest]], traceparent: str | None = None

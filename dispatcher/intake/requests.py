@@ -33,6 +33,15 @@ class JobRequest(BaseModel):
     # strict: a JSON integer only, not "5", 5.0 or true
     max_attempts: Annotated[int, Field(ge=1, le=1000, strict=True)] | None = None
     max_retry_age_s: Annotated[int, Field(ge=0, le=10 * 365 * 86400, strict=True)] | None = None
+    # per-job contracts (docs/guides/deadlines.md, docs/guides/callbacks.md; migration 030)
+    timeout_s: Annotated[float, Field(gt=0, le=10 * 365 * 86400)] | None = Field(
+        None, description="this job's deadline per attempt, at most its handler's timeout_s"
+    )
+    expires_at: datetime | None = Field(
+        None, description=f"RFC 3339 with offset, {DUE_AT_RANGE}: no attempt starts after it"
+    )
+    on_success: dict[str, Any] | None = Field(None, description="a target pushed when it succeeds")
+    on_failure: dict[str, Any] | None = Field(None, description="a target pushed when it dies")
     priority: int = Field(
         0, ge=-100, le=100, strict=True, description="lower runs first, -100 to 100 (default 0)"
     )
@@ -62,15 +71,22 @@ class JobRequest(BaseModel):
     on_key: Literal["reject", "replace", "keep_due"] = "reject"
     debounce_max_s: Annotated[int, Field(ge=0, le=10 * 365 * 86400, strict=True)] | None = None
 
-    @field_validator("due_at", mode="before")
+    @field_validator("due_at", "expires_at", mode="before")
     @classmethod
     def _rfc3339(cls, value: Any) -> Any:
         return optional_time(value)
 
-    @field_validator("due_at")
+    @field_validator("due_at", "expires_at")
     @classmethod
     def _in_range(cls, value: datetime | None) -> datetime | None:
         return due_in_range(value)
+
+    @model_validator(mode="after")
+    def _expires_after_due(self) -> JobRequest:
+        due, expires = self.due_at, self.expires_at
+        if expires is not None and due is not None and expires <= due:
+            raise ValueError("expires_at must be later than due_at: the job could never start")
+        return self
 
     @model_validator(mode="after")
     def _debounce_with_replace(self) -> JobRequest:

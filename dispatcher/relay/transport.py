@@ -19,6 +19,7 @@ from typing import NamedTuple, Protocol
 
 from dispatcher.db.claims import ClaimConnections
 from dispatcher.model import AttemptKey, ByteGrant, Job
+from dispatcher.observability import metrics
 
 
 class Delivery(NamedTuple):
@@ -75,6 +76,9 @@ class InProcessTransport:
         claim = await self._claims.claim(
             queue, limit, self._capabilities, self._owner, self._lease_s, grant
         )
+        if claim.expired:  # past their time to live when claimed: ended, not started
+            metrics.DEAD_LETTERS.labels(queue, "expired").inc(claim.expired)
+            metrics.JOBS_COMPLETED.labels(queue, "dead").inc(claim.expired)
         return Delivery(
             claim.jobs, claim.consumed, claim.wait_s, claim.held_back, claim.key_throttled
         )

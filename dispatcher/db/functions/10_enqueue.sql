@@ -6,7 +6,9 @@
 -- limits.max_payload_bytes (54000), and answers a key the key ledger holds with the pruned
 -- job's id (or a conflict) instead of creating a job (migration 029). `priority` (-100..100,
 -- default 0) and `concurrency_key` (NULL: the tenant; '': no key) are stored on the intent and
--- the state row (migration 023).
+-- the state row (migration 023). `timeout_s`, `expires_at`, `on_success` and `on_failure` are
+-- the job's contract (migration 030): a deadline of at most the handler's, a time to live, and
+-- callback targets; another contract under the same key is a conflict.
 CREATE OR REPLACE FUNCTION dispatcher.enqueue(
     key             text,
     handler         text,
@@ -18,7 +20,11 @@ CREATE OR REPLACE FUNCTION dispatcher.enqueue(
     max_attempts    integer DEFAULT NULL,
     max_retry_age_s integer DEFAULT NULL,
     priority        integer DEFAULT NULL,
-    concurrency_key text DEFAULT NULL
+    concurrency_key text DEFAULT NULL,
+    timeout_s       float8 DEFAULT NULL,
+    expires_at      timestamptz DEFAULT NULL,
+    on_success      jsonb DEFAULT NULL,
+    on_failure      jsonb DEFAULT NULL
 ) RETURNS bigint LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
 DECLARE
@@ -86,6 +92,25 @@ BEGIN
     IF NOT (due_at <@ dispatcher.due_at_range()) THEN
         PERFORM dispatcher.refuse_due_at(due_at);
     END IF;
+    IF timeout_s IS NOT NULL AND (handler = 'http' OR NOT timeout_s > 0 OR timeout_s
+           > coalesce((SELECT h.max_timeout_s FROM dispatcher.handlers h
+                        WHERE h.name = enqueue.handler), 'infinity')) THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: timeout_s % is not a deadline handler % allows', timeout_s,
+            quote_literal(handler)
+            USING ERRCODE = '22023',
+                  HINT = 'more than 0 and at most the handler''s timeout_s (dispatcher.handlers.max_timeout_s); an http job''s deadline is target.timeout_s';
+    END IF;
+    IF expires_at IS NOT NULL AND (NOT (expires_at <@ dispatcher.due_at_range())
+                                   OR expires_at <= greatest(effective, now())) THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: expires_at % is not after the due time, or out of range', expires_at
+            USING ERRCODE = '22023',
+                  HINT = 'a time to live later than due_at (and now): the job could never start';
+    END IF;
+    IF jsonb_typeof(on_success -> 'url') IS DISTINCT FROM 'string' AND on_success IS NOT NULL
+       OR jsonb_typeof(on_failure -> 'url') IS DISTINCT FROM 'string' AND on_failure IS NOT NULL THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: on_success and on_failure are targets {"url": ...}'
+            USING ERRCODE = '22023', HINT = 'e.g. jsonb_build_object(''url'', ''https://...'')';
+    END IF;
     IF due_at < now() - make_interval(secs => tolerance_s) THEN
         PERFORM dispatcher.refuse_past_due(due_at, tolerance_s);
     END IF;
@@ -121,6 +146,16 @@ BEGIN
                 INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
                 VALUES (new_id, queue_name, tenant_name, handler || ':' || version, prio);
             END IF;
+            IF num_nonnulls(timeout_s, expires_at, on_success, on_failure) > 0 THEN
+                UPDATE dispatcher.intents i
+                   SET timeout_s = enqueue.timeout_s, on_success = enqueue.on_success,
+                       on_failure = enqueue.on_failure
+                 WHERE i.id = new_id;
+                UPDATE dispatcher.job_state s
+                   SET expires_at = enqueue.expires_at,
+                       has_callback = num_nonnulls(enqueue.on_success, enqueue.on_failure) > 0
+                 WHERE s.id = new_id;
+            END IF;
             PERFORM pg_notify('dispatcher_wake', new_state);
             RETURN new_id;
         END IF;
@@ -135,6 +170,16 @@ BEGIN
                     key, found_id
                     USING ERRCODE = '23505',
                           HINT = 'resend the original request unchanged, or choose a new key for new work';
+            END IF;
+            IF EXISTS (SELECT 1 FROM dispatcher.intents i JOIN dispatcher.job_state s ON s.id = i.id
+                        WHERE i.id = found_id
+                          AND (i.timeout_s, s.expires_at, i.on_success, i.on_failure)
+                              IS DISTINCT FROM (enqueue.timeout_s, enqueue.expires_at,
+                                                enqueue.on_success, enqueue.on_failure)) THEN
+                RAISE EXCEPTION 'dispatcher.enqueue: key % already names job % with a different contract',
+                    key, found_id
+                    USING ERRCODE = '23505',
+                          HINT = 'resend the original timeout_s, expires_at, on_success and on_failure, or choose a new key';
             END IF;
             RETURN found_id;
         END IF;

@@ -90,6 +90,9 @@ class RabbitTransport:
             if job_id not in claimed.eligible:  # done, another attempt's, or refused: not here
                 duplicates += job_id not in claimed.refused
                 received.acks.ack(received.tag)
+        if claimed.expired:  # past their time to live when claimed: ended, not started
+            metrics.DEAD_LETTERS.labels(queue, "expired").inc(claimed.expired)
+            metrics.JOBS_COMPLETED.labels(queue, "dead").inc(claimed.expired)
         if claimed.refused:  # the claim wrote them new outbox rows: out again to any daemon
             # (those of a key at its limit: out again once the key has room, migration 024)
             metrics.DELIVERIES_REFUSED.labels(queue).inc(len(claimed.refused) - claimed.key_held)
