@@ -40,6 +40,9 @@ POSITIONALS = {
     "reschedule": ["1", "--at", "now"],
     "revoke": ["--all"],
     "trigger": ["nightly", "--period", "2030-01-01T00:00:00Z"],
+    "key-limits": ["default", "tenant-a", "--max-inflight", "2"],
+    "set": ["default", "--rate-per-s", "5"],
+    "reset": ["default"],
 }
 
 
