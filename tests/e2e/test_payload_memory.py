@@ -29,6 +29,7 @@ RSS_LIMIT_BYTES = 250 * 1024 * 1024
 MiB = 1024 * 1024
 HTTP_BODY_LIMIT_BYTES = 1 * MiB
 DRAIN_DEADLINE_S = 60.0
+PAYLOAD_LIMIT_BYTES = 64 * MiB  # the largest limits.max_payload_bytes allowed
 
 
 def peak_rss_bytes(pid: int) -> int:
@@ -83,12 +84,23 @@ async def counting_target(delay_s: float) -> AsyncIterator[CountingTarget]:
         await runner.cleanup()
 
 
+async def allow_large_payloads(conn: asyncpg.Connection) -> None:
+    """Jobs far over the default per-job limit (limits.max_payload_bytes, 256 KiB) are the
+    point here: the SQL door's limit raised before any daemon ran, as daemon_env's setting
+    writes it at start (the direct insert below stands for rows stored before the limit
+    existed, over any limit)."""
+    await conn.execute(
+        "UPDATE dispatcher.intake_settings SET max_payload_bytes = $1", PAYLOAD_LIMIT_BYTES
+    )
+
+
 async def store_through_sql_doors(conn: asyncpg.Connection, url: str) -> dict[str, int]:
     """Jobs due now through the SQL function doors and a direct insert, payloads built in the
     server (`repeat`): key -> payload characters. Targets as the README's SQL example writes
     them (no method, no headers)."""
     target = json.dumps({"url": url})
     sizes: dict[str, int] = {}
+    await allow_large_payloads(conn)
     for n in range(30):  # dispatcher.enqueue, 3 MB each
         key = f"sql-{n}"
         await conn.execute(
@@ -147,6 +159,7 @@ def daemon_env(db_url: str, **extra: str) -> dict[str, str]:
     return {
         "DISPATCHER_DATABASE_URL": db_url,
         "DISPATCHER_BODY_LIMIT_BYTES": str(HTTP_BODY_LIMIT_BYTES),
+        "DISPATCHER_LIMITS__MAX_PAYLOAD_BYTES": str(PAYLOAD_LIMIT_BYTES),
         **LOOPBACK_ENV,
         **extra,
     }
@@ -205,6 +218,7 @@ async def test_concurrent_status_reads_of_a_30_mb_job_stay_under_the_bound(
 ) -> None:
     conn = await asyncpg.connect(db_url)
     try:
+        await allow_large_payloads(conn)
         job_id = await conn.fetchval(
             """
             SELECT dispatcher.enqueue('huge', 'http',
@@ -250,6 +264,7 @@ async def test_a_short_budget_claims_fewer_jobs_and_a_larger_job_runs_alone(
     async with counting_target(delay_s=0.2) as target:
         conn = await asyncpg.connect(db_url)
         try:
+            await allow_large_payloads(conn)
             await conn.execute(
                 """SELECT dispatcher.enqueue_many(
                        array_agg('small-' || i), array_fill('http'::text, ARRAY[12]),
