@@ -87,6 +87,7 @@ def concrete(method: str, route: str, job_id: int, n: int) -> tuple[str, Any, di
     """A real call of `route`: a job that exists, the configured schedule and queue."""
     path = route.replace("{id}", str(job_id))
     path = path.replace("{name}", "nightly" if "schedules" in route else "default")
+    path = path.replace("{key}", "tenant-a")
     yesterday = datetime.now(UTC) - timedelta(days=1)
     period = yesterday.replace(hour=3, minute=0, second=0, microsecond=0).isoformat()
     bodies: dict[str, Any] = {
@@ -97,9 +98,11 @@ def concrete(method: str, route: str, job_id: int, n: int) -> tuple[str, Any, di
         "/v1/schedules/{name}/catch-up": {"from": period, "to": period, "dry_run": True},
         "/v1/jobs/redrive": {"dry_run": True, "all": True},
         "/v1/jobs/discard": {"dry_run": True, "all": True},
+        "/v1/queues/{name}": {"rate_per_s": 50},
+        "/v1/queues/{name}/keys/{key}": {"max_inflight": 5},
     }
     headers = {"Idempotency-Key": f"scoped-{n}"} if route == "/v1/jobs" else {}
-    return path, bodies.get(route) if method == "POST" else None, headers
+    return path, bodies.get(route) if method in ("POST", "PATCH", "PUT") else None, headers
 
 
 def issue_rule(method: str, route: str) -> str:
@@ -147,7 +150,7 @@ async def test_a_missing_or_unknown_token_is_401_everywhere(
     headers = {"Authorization": authorization} if authorization else {}
     async with aiohttp.ClientSession() as s:
         for method, route in sorted(ROUTE_SCOPES):
-            path = route.replace("{id}", "1").replace("{name}", "nightly")
+            path = route.replace("{id}", "1").replace("{name}", "nightly").replace("{key}", "k")
             async with s.request(method, module_daemon.base_url + path, headers=headers) as r:
                 assert (r.status, r.content_type) == (401, PROBLEM), (method, route)
                 assert r.headers["WWW-Authenticate"] == 'Bearer realm="dispatcher"'
