@@ -95,11 +95,16 @@ async def drain_and_kill_one(env: dict[str, str], db_url: str, target: Target) -
             return await succeeded(db_url) == DRAIN_JOBS
 
         await wait_until(drained, timeout_s=90, interval_s=0.2, what="the drain")
-        # idle, the survivor's claims find a full bucket again and park permits (migration
-        # 016): the state the lower limits meet
-        await wait_until(
-            lambda: parked(db_url), timeout_s=30, interval_s=0.1, what="permits parked"
-        )
+        # the survivor's next claims find a full bucket again and park permits (migration
+        # 016): the state the lower limits meet. An idle daemon claims only when woken (the
+        # work poll), so a trickle of jobs wakes it until it has parked some.
+        trickle = iter(range(1_000))
+
+        async def parked_after_a_claim() -> bool:
+            await enqueue(db_url, target, f"trickle-{next(trickle)}-", 1)
+            return await parked(db_url)
+
+        await wait_until(parked_after_a_claim, timeout_s=30, interval_s=0.2, what="permits parked")
         assert await pair[1].stop() == 0
     finally:
         for daemon in pair:
