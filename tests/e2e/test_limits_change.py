@@ -78,6 +78,19 @@ async def parked(db_url: str) -> bool:
         await conn.close()
 
 
+async def wake_until_parked(db_url: str, target: Target) -> None:
+    """After a drain, the survivor's next claims find a full bucket again and park permits
+    (migration 016): the state lower limits must meet. An idle daemon claims only when woken
+    (the work poll), so a trickle of jobs wakes it until it has parked some."""
+    trickle = iter(range(1_000))
+
+    async def parked_after_a_claim() -> bool:
+        await enqueue(db_url, target, f"trickle-{next(trickle)}-", 1)
+        return await parked(db_url)
+
+    await wait_until(parked_after_a_claim, timeout_s=30, interval_s=0.2, what="permits parked")
+
+
 async def drain_and_kill_one(env: dict[str, str], db_url: str, target: Target) -> None:
     """Two daemons drain DRAIN_JOBS at generous limits; one is SIGKILLed mid-drain, the other
     finishes the drain (rescuing the killed one's jobs) and stops."""
@@ -95,16 +108,7 @@ async def drain_and_kill_one(env: dict[str, str], db_url: str, target: Target) -
             return await succeeded(db_url) == DRAIN_JOBS
 
         await wait_until(drained, timeout_s=90, interval_s=0.2, what="the drain")
-        # the survivor's next claims find a full bucket again and park permits (migration
-        # 016): the state the lower limits meet. An idle daemon claims only when woken (the
-        # work poll), so a trickle of jobs wakes it until it has parked some.
-        trickle = iter(range(1_000))
-
-        async def parked_after_a_claim() -> bool:
-            await enqueue(db_url, target, f"trickle-{next(trickle)}-", 1)
-            return await parked(db_url)
-
-        await wait_until(parked_after_a_claim, timeout_s=30, interval_s=0.2, what="permits parked")
+        await wake_until_parked(db_url, target)
         assert await pair[1].stop() == 0
     finally:
         for daemon in pair:

@@ -21,9 +21,9 @@ from tests.e2e.test_limits_change import (
     RATE_PER_S,
     assert_within_limits,
     enqueue,
-    parked,
     starts_after,
     succeeded,
+    wake_until_parked,
 )
 from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, cli, serve_target, wait_until
 from tests.transports import transport, transport_env  # noqa: F401 (fixtures: both transports)
@@ -59,9 +59,7 @@ async def test_limits_lowered_at_run_time_after_a_drain_and_a_kill_hold_without_
             return await succeeded(db_url) == DRAIN_JOBS
 
         await wait_until(drained, timeout_s=90, interval_s=0.2, what="the drain")
-        await wait_until(
-            lambda: parked(db_url), timeout_s=30, interval_s=0.1, what="permits parked"
-        )
+        await wake_until_parked(db_url, target)
         await asyncio.gather(*(d.start() for d in fresh))
         result = await cli(
             "queues",
