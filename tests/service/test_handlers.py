@@ -99,8 +99,8 @@ async def test_worker_claims_only_handler_versions_it_can_run(
             lambda: conn.fetchval("SELECT count(*) = 1 FROM dispatcher.jobs WHERE state = 'ready'"),
             what="job still waiting",
         )
-        if transport:  # through the broker: delivered here, refused, handed back, twice over
-            await wait_until(lambda: refused._value.get() >= refused_before + 2, timeout_s=10)
+        if transport:  # through the broker: delivered here, refused, handed back
+            await wait_until(lambda: refused._value.get() >= refused_before + 1, timeout_s=10)
         # an old process must leave the v2 job alone, however many claim passes it makes
         for _ in range(10):
             assert await state_of(db_url, "v2-job") == "ready"
