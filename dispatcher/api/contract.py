@@ -285,8 +285,8 @@ KEY_LIMITS = {
     "additionalProperties": False,
     "properties": {
         "max_inflight": {**_OPTIONAL_INT, "maximum": 100_000},
-        "rate_per_s": {"type": ["number", "null"], "exclusiveMinimum": 0},
-        "burst": _OPTIONAL_INT,
+        "rate_per_s": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1e9},
+        "burst": {**_OPTIONAL_INT, "maximum": 2_147_483_647},
     },
 }
 KEY_OVERRIDE = {

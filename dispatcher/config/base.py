@@ -13,6 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field
 # No duration setting may exceed ten years: every one must stay a finite time when the
 # database adds it to now().
 MAX_DURATION_S = 10 * 365 * 86400
+# Limits every door accepts (file, API, CLI): finite, and within the database's integer and
+# float columns (a burst past 2**31 - 1 failed the registry write at start, or a PUT with a 500)
+MAX_RATE_PER_S = 1e9  # far above anything one database can start
+MAX_BURST = 2_147_483_647
 NAME_PATTERN = r"^[a-z][a-z0-9_.-]{0,62}$"
 PositiveFloat = Annotated[float, Field(gt=0)]
 

@@ -13,14 +13,14 @@ from typing import Protocol
 
 from pydantic import Field
 
-from dispatcher.config.base import Strict
+from dispatcher.config.base import MAX_BURST, MAX_RATE_PER_S, Strict
 
 
 class LimitGroupSettings(Strict):
     """One group's budget; a limit left unset does not bind (set at least one)."""
 
-    rate_per_s: float | None = Field(None, gt=0)
-    burst: int | None = Field(None, ge=1)
+    rate_per_s: float | None = Field(None, gt=0, le=MAX_RATE_PER_S)
+    burst: int | None = Field(None, ge=1, le=MAX_BURST)
     max_inflight: int | None = Field(None, ge=1, le=100_000)
 
     def limits(self) -> tuple[float | None, int | None, int | None]:

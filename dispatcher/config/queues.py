@@ -7,7 +7,7 @@ import math
 
 from pydantic import Field, field_validator, model_validator
 
-from dispatcher.config.base import MAX_DURATION_S, PositiveFloat, Strict
+from dispatcher.config.base import MAX_BURST, MAX_DURATION_S, MAX_RATE_PER_S, PositiveFloat, Strict
 from dispatcher.cron.windows import MAX_WINDOWS, WindowError, parse_windows
 
 
@@ -22,8 +22,8 @@ class DeadLetterNoticeSettings(Strict):
 class QueueSettings(Strict):
     """Limits and retry policy of one queue. Starts obey the token bucket, running jobs the cap."""
 
-    rate_per_s: PositiveFloat = 1000.0
-    burst: int = Field(1000, ge=1)
+    rate_per_s: PositiveFloat = Field(1000.0, le=MAX_RATE_PER_S)
+    burst: int = Field(1000, ge=1, le=MAX_BURST)
     max_inflight: int = Field(200, ge=1, le=100_000)
     max_attempts: int = Field(10, ge=1)
     max_retry_age_s: int = Field(86_400, ge=0, le=MAX_DURATION_S)
@@ -52,8 +52,8 @@ class QueueSettings(Strict):
     group_priority: int = Field(0, ge=-100, le=100)  # within the group: lower goes first
     # every concurrency key of the queue gets these (unset: no limit), all daemons together
     key_max_inflight: int | None = Field(None, ge=1, le=100_000)
-    key_rate_per_s: float | None = Field(None, gt=0)
-    key_burst: int | None = Field(None, ge=1)
+    key_rate_per_s: float | None = Field(None, gt=0, le=MAX_RATE_PER_S)
+    key_burst: int | None = Field(None, ge=1, le=MAX_BURST)
 
     @model_validator(mode="after")
     def _key_burst_needs_a_rate(self) -> QueueSettings:

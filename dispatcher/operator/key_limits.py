@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dispatcher.config.base import MAX_BURST, MAX_RATE_PER_S
 from dispatcher.db.key_limits import KeyLimitsRepository, KeyOverride
 from dispatcher.operator.errors import Invalid, NotFound
 
@@ -38,10 +39,13 @@ class KeyLimits:
             )
         if self.max_inflight is not None and not 1 <= self.max_inflight <= MAX_INFLIGHT:
             raise Invalid(f"must be between 1 and {MAX_INFLIGHT:,}", "max_inflight")
-        if self.rate_per_s is not None and not 0 < self.rate_per_s < float("inf"):
-            raise Invalid("must be a positive number of starts per second", "rate_per_s")
-        if self.burst is not None and self.burst < 1:
-            raise Invalid("must be at least 1", "burst")
+        if self.rate_per_s is not None and not 0 < self.rate_per_s <= MAX_RATE_PER_S:
+            raise Invalid(
+                f"must be a positive number of starts per second, at most {MAX_RATE_PER_S:g}",
+                "rate_per_s",
+            )
+        if self.burst is not None and not 1 <= self.burst <= MAX_BURST:
+            raise Invalid(f"must be between 1 and {MAX_BURST:,}", "burst")
         if self.burst is not None and self.rate_per_s is None:
             raise Invalid("is the burst of rate_per_s: give rate_per_s too", "burst")
 

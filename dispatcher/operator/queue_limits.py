@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from dispatcher.config.base import MAX_BURST, MAX_RATE_PER_S
 from dispatcher.config.settings import QueueSettings
 from dispatcher.core import rfc3339
 from dispatcher.cron.windows import MAX_WINDOWS, WindowError, parse_windows, window_state
@@ -32,7 +33,6 @@ LIVE_SETTINGS = (
     "key_burst",
     "windows",
 )
-MAX_RATE_PER_S = 1e9  # finite and far above anything one database can start
 
 
 class SettingsChangeError(DispatcherError, ValueError):
@@ -56,11 +56,11 @@ class SettingsChange(BaseModel):
     )
 
     rate_per_s: float | None = Field(None, gt=0, le=MAX_RATE_PER_S)
-    burst: int | None = Field(None, ge=1, le=2_147_483_647)
+    burst: int | None = Field(None, ge=1, le=MAX_BURST)
     max_inflight: int | None = Field(None, ge=1, le=100_000)
     key_max_inflight: int | None = Field(None, ge=1, le=100_000)
     key_rate_per_s: float | None = Field(None, gt=0, le=MAX_RATE_PER_S)
-    key_burst: int | None = Field(None, ge=1, le=2_147_483_647)
+    key_burst: int | None = Field(None, ge=1, le=MAX_BURST)
     windows: list[str] | None = Field(None, max_length=MAX_WINDOWS)
 
     @field_validator("rate_per_s", "key_rate_per_s", mode="before")

@@ -76,6 +76,17 @@ def test_a_rate_without_a_burst_gets_one_seconds_worth() -> None:
         ({"DISPATCHER_LIMIT_GROUPS__G__RATE_PER_S": "0"}, "rate_per_s"),
         ({"DISPATCHER_LIMIT_GROUPS__BAD NAME__MAX_INFLIGHT": "3"}, "must match"),
         ({"DISPATCHER_QUEUES__DEFAULT__GROUP_PRIORITY": "101"}, "group_priority"),
+        # past the database's columns: the registry write at start failed (a traceback)
+        ({"DISPATCHER_QUEUES__DEFAULT__BURST": str(2**31)}, "burst"),
+        ({"DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "1e12"}, "rate_per_s"),
+        ({"DISPATCHER_QUEUES__DEFAULT__KEY_BURST": str(2**31)}, "key_burst"),
+        (
+            {
+                "DISPATCHER_LIMIT_GROUPS__G__RATE_PER_S": "1",
+                "DISPATCHER_LIMIT_GROUPS__G__BURST": str(2**31),
+            },
+            "burst",
+        ),
         (
             {
                 "DISPATCHER_LIMIT_GROUPS__G__MAX_INFLIGHT": "3",
