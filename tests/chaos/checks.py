@@ -113,6 +113,12 @@ def _cause(ok: Hit, repeat: Hit, faults: list[Fault]) -> str | None:
             continue
         if fault.kind == "pg_restart" or fault.subject == ok.sender:
             return fault.kind
+    # The repeat's own sender was frozen while it held an attempt claimed before the freeze:
+    # its lease expired, another daemon ran the job and got the 2xx, and the thawed process
+    # sent its stale request (seen in CI: frozen at t=121.1 s for 13.9 s, the stale request
+    # 3.9 s after the other daemon's 200). No process can check its lease and send atomically.
+    if excluded_as_frozen(repeat, faults):
+        return "freeze"
     return None
 
 

@@ -44,6 +44,17 @@ def test_a_repeat_after_a_2xx_needs_a_crash_of_its_sender() -> None:
     assert cut.violations, "a broker cut is no reason to repeat a recorded 2xx"
 
 
+def test_a_stale_request_of_a_thawed_daemon_is_explained_by_its_freeze() -> None:
+    """d2 claims, is frozen before it sends; its lease expires, d1 runs the job and gets the
+    200; d2 thaws and sends its stale request: caused by d2's freeze, not unexplained."""
+    hits = [hit("k", 10.0, sender="chaos-d1"), hit("k", 13.9, sender="chaos-d2")]
+    thawed = checks.http_repeats(hits, [Fault("freeze", "chaos-d2", 0.0, 13.8)])
+    assert thawed.violations == []
+    assert thawed.figures["repeats_by_cause"] == {"freeze": 1}
+    long_after = checks.http_repeats(hits, [Fault("freeze", "chaos-d2", 0.0, 5.0)])
+    assert long_after.violations, "a freeze that ended long before explains nothing"
+
+
 def test_retries_before_a_2xx_are_not_repeats() -> None:
     hits = [hit("k", 1.0, status=500), hit("k", 2.0)]
     assert checks.http_repeats(hits, []).violations == []
