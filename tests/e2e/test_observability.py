@@ -10,7 +10,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import LOOPBACK_ENV, Target, job_changes, serve_target
+from tests.harness import LOOPBACK_ENV, Target, job_changes, serve_target, wait_until
 from tests.harness.fixtures import Spawn
 
 SECRET = "whsec_" + "c2VjcmV0LXNpZ25pbmcta2V5LWZvci10ZXN0cw=="
@@ -67,8 +67,23 @@ async def test_scrape_after_mixed_workload_and_json_logs(db_url: str, spawn: Spa
                     ),
                     what="the four jobs ended",
                 )
-            async with s.get(f"{daemon.base_url}/metrics") as r:
-                scrape = await r.text()
+            scrape = ""
+
+            async def counted() -> bool:
+                # the counters move after the outcome's commit, which the rows above show
+                nonlocal scrape
+                async with s.get(f"{daemon.base_url}/metrics") as r:
+                    scrape = await r.text()
+                return (
+                    sample(scrape, "dispatcher_jobs_completed_total")
+                    + sum(
+                        sample(scrape, "dispatcher_jobs_completed_total", outcome=o)
+                        for o in ("succeeded", "dead")
+                    )
+                    >= 4
+                )
+
+            await wait_until(counted, timeout_s=10, what="the four outcomes counted")
         assert await daemon.stop() == 0
 
     assert sample(scrape, "dispatcher_jobs_accepted_total", queue="default") == 4
