@@ -998,15 +998,19 @@ BEGIN
             ON CONFLICT ON CONSTRAINT jobs_key_key DO NOTHING
         RETURNING j.id INTO new_id;
         IF new_id IS NOT NULL THEN
-            SELECT * INTO pruned FROM dispatcher.take_back_pruned(ARRAY[new_id], ARRAY[key]);
-            IF pruned.job_id IS NOT NULL THEN
-                IF NOT pruned.same THEN
-                    RAISE EXCEPTION 'dispatcher.enqueue: key % named job % (%, since pruned) with a different request',
-                        key, pruned.job_id, pruned.state
-                        USING ERRCODE = '23505',
-                              HINT = 'choose a new key for new work (a key is kept for the daemon''s retention.keys_s after its job is pruned)';
+            -- one cached index probe first: the ledger almost never holds a new job's key, and
+            -- take_back_pruned (three deletes) is planned anew on every call
+            IF EXISTS (SELECT 1 FROM dispatcher.key_ledger x WHERE x.key = enqueue.key) THEN
+                SELECT * INTO pruned FROM dispatcher.take_back_pruned(ARRAY[new_id], ARRAY[key]);
+                IF pruned.job_id IS NOT NULL THEN
+                    IF NOT pruned.same THEN
+                        RAISE EXCEPTION 'dispatcher.enqueue: key % named job % (%, since pruned) with a different request',
+                            key, pruned.job_id, pruned.state
+                            USING ERRCODE = '23505',
+                                  HINT = 'choose a new key for new work (a key is kept for the daemon''s retention.keys_s after its job is pruned)';
+                    END IF;
+                    RETURN pruned.job_id;  -- the same request: the job ran, and is not run again
                 END IF;
-                RETURN pruned.job_id;  -- the same request: the job ran, and is not run again
             END IF;
             new_state := CASE WHEN effective <= now() THEN 'ready' ELSE 'scheduled' END;
             INSERT INTO dispatcher.job_state (id, queue, tenant, capability, state, due_at,
@@ -1254,7 +1258,11 @@ BEGIN
         SELECT count(*) INTO created FROM ins_state;
         -- after the insert, not before: an insert that waited on a row being pruned proceeds
         -- only once the pruner committed, its ledger row with it (one probe per job)
-        SELECT count(*) INTO taken FROM dispatcher.take_back_pruned(ids, keys);
+        -- (a cached probe per key first: take_back_pruned is planned anew on every call)
+        taken := 0;
+        IF EXISTS (SELECT 1 FROM dispatcher.key_ledger x WHERE x.key = ANY (keys)) THEN
+            SELECT count(*) INTO taken FROM dispatcher.take_back_pruned(ids, keys);
+        END IF;
         IF created = coalesce(cardinality(pending), n) AND taken = 0 THEN
             -- every item created: its answer is what was written (created_at = now())
             RETURN QUERY

@@ -127,7 +127,11 @@ BEGIN
         SELECT count(*) INTO created FROM ins_state;
         -- after the insert, not before: an insert that waited on a row being pruned proceeds
         -- only once the pruner committed, its ledger row with it (one probe per job)
-        SELECT count(*) INTO taken FROM dispatcher.take_back_pruned(ids, keys);
+        -- (a cached probe per key first: take_back_pruned is planned anew on every call)
+        taken := 0;
+        IF EXISTS (SELECT 1 FROM dispatcher.key_ledger x WHERE x.key = ANY (keys)) THEN
+            SELECT count(*) INTO taken FROM dispatcher.take_back_pruned(ids, keys);
+        END IF;
         IF created = coalesce(cardinality(pending), n) AND taken = 0 THEN
             -- every item created: its answer is what was written (created_at = now())
             RETURN QUERY
