@@ -18,13 +18,13 @@ from standardwebhooks.webhooks import Webhook
 
 from tests.harness import (
     LOOPBACK_ENV,
-    DaemonProcess,
     Target,
     make_settings,
     running_daemon,
     serve_target,
     wait_until,
 )
+from tests.harness.fixtures import Spawn
 from tests.transports import transport  # noqa: F401 (a fixture: both transports)
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -167,7 +167,7 @@ async def callback_jobs(conn: asyncpg.Connection) -> list[asyncpg.Record]:
 
 @pytest.mark.parametrize("fault", ["after_effect", "after_complete"])
 async def test_a_callback_is_pushed_once_through_a_sigkill_around_the_completion(
-    db_url: str, fault: str
+    db_url: str, fault: str, spawn: Spawn
 ) -> None:
     conn = await asyncpg.connect(db_url)
     env = {
@@ -177,7 +177,7 @@ async def test_a_callback_is_pushed_once_through_a_sigkill_around_the_completion
         "DISPATCHER_HTTP__SIGNING_SECRET": SECRET,
     }
     async with serve_target(Target()) as effect, serve_target(Target()) as hooks:
-        crashing = await DaemonProcess({**env, "DISPATCHER_FAULT": fault}).start()
+        crashing = await spawn({**env, "DISPATCHER_FAULT": fault})
         async with (
             aiohttp.ClientSession() as s,
             s.post(
@@ -190,7 +190,7 @@ async def test_a_callback_is_pushed_once_through_a_sigkill_around_the_completion
             job_id = (await r.json())["id"]
         await with_contract(conn, job_id, on_success={"url": hooks.url})
         assert await crashing.wait() == -signal.SIGKILL
-        restarted = await DaemonProcess(env).start()
+        restarted = await spawn(env)
 
         async def pushed() -> bool:
             jobs = await callback_jobs(conn)

@@ -19,6 +19,7 @@ import pytest
 from aiohttp import web
 
 from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, serve_target, wait_until
+from tests.harness.fixtures import Spawn
 from tests.transports import transport, transport_env  # noqa: F401 (fixtures: both transports)
 
 KEY_INFLIGHT, KEY_RATE, KEY_BURST, JOB_S = 2, 4.0, 1, 0.3
@@ -94,12 +95,12 @@ async def test_two_daemons_hold_each_accounts_limits_and_no_account_waits_for_an
     db_url: str,
     target: AccountTarget,
     transport_env: dict[str, str],  # noqa: F811
+    spawn: Spawn,
 ) -> None:
     env = {"DISPATCHER_DATABASE_URL": db_url, **ENV, **transport_env}
-    pair = [DaemonProcess(env) for _ in range(2)]
+    pair = await asyncio.gather(*(spawn(env) for _ in range(2)))
     conn = await asyncpg.connect(db_url)
     try:
-        await asyncio.gather(*(d.start() for d in pair))
         await enqueue(conn, target)
         await wait_until(
             lambda: len(target.requests) == sum(BACKLOG.values()),

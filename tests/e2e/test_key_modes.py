@@ -13,7 +13,8 @@ import asyncpg
 import pytest
 
 from dispatcher.core import rfc3339
-from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, serve_target, wait_until
+from tests.harness import LOOPBACK_ENV, Target, serve_target, wait_until
+from tests.harness.fixtures import Spawn
 
 REPLACEMENTS = 50
 
@@ -25,10 +26,10 @@ async def target() -> AsyncIterator[Target]:
 
 
 async def test_fifty_concurrent_replacements_on_two_daemons_make_one_run_of_the_last_body(
-    db_url: str, target: Target
+    db_url: str, target: Target, spawn: Spawn
 ) -> None:
     env = {"DISPATCHER_DATABASE_URL": db_url, **LOOPBACK_ENV}
-    daemons = [DaemonProcess(env) for _ in range(2)]
+    daemons = await asyncio.gather(*(spawn(env) for _ in range(2)))
     due = ""
 
     def body(n: int) -> dict[str, object]:
@@ -41,7 +42,6 @@ async def test_fifty_concurrent_replacements_on_two_daemons_make_one_run_of_the_
         }
 
     try:
-        await asyncio.gather(*(d.start() for d in daemons))
         # due after the replacements (a loaded machine included), so all of them find it scheduled
         due = rfc3339.format(datetime.now(UTC) + timedelta(seconds=10))
         async with aiohttp.ClientSession() as s:

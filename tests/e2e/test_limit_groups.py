@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, serve_target, wait_until
+from tests.harness import LOOPBACK_ENV, Target, serve_target, wait_until
+from tests.harness.fixtures import Spawn
 from tests.transports import transport, transport_env  # noqa: F401 (fixtures: both transports)
 
 GROUP_RATE, GROUP_BURST, GROUP_INFLIGHT, CLEANUP_INFLIGHT = 30, 10, 6, 2
@@ -75,12 +76,12 @@ async def test_two_daemons_share_a_groups_budget_better_priority_first(
     db_url: str,
     target: CountingTarget,
     transport_env: dict[str, str],  # noqa: F811
+    spawn: Spawn,
 ) -> None:
     env = {"DISPATCHER_DATABASE_URL": db_url, **ENV, **transport_env}
-    pair = [DaemonProcess(env) for _ in range(2)]
+    pair = await asyncio.gather(*(spawn(env) for _ in range(2)))
     conn = await asyncpg.connect(db_url)
     try:
-        await asyncio.gather(*(d.start() for d in pair))
         async with conn.transaction():  # both backlogs at once
             await enqueue(conn, target, "cleanup")
             await enqueue(conn, target, "notifications")

@@ -19,7 +19,8 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, serve_target, wait_until
+from tests.harness import LOOPBACK_ENV, Target, serve_target, wait_until
+from tests.harness.fixtures import Spawn
 from tests.transports import transport, transport_env  # noqa: F401 (fixtures: both transports)
 
 DRAIN_JOBS = 3_000
@@ -91,44 +92,39 @@ async def wake_until_parked(db_url: str, target: Target) -> None:
     await wait_until(parked_after_a_claim, timeout_s=30, interval_s=0.2, what="permits parked")
 
 
-async def drain_and_kill_one(env: dict[str, str], db_url: str, target: Target) -> None:
+async def drain_and_kill_one(
+    spawn: Spawn, env: dict[str, str], db_url: str, target: Target
+) -> None:
     """Two daemons drain DRAIN_JOBS at generous limits; one is SIGKILLed mid-drain, the other
     finishes the drain (rescuing the killed one's jobs) and stops."""
-    pair = [DaemonProcess({**env, **GENEROUS}) for _ in range(2)]
-    try:
-        await asyncio.gather(*(d.start() for d in pair))
-        await enqueue(db_url, target, "drain-", DRAIN_JOBS)
-        await wait_until(
-            lambda: len(target.requests) >= DRAIN_JOBS // 3, timeout_s=60, what="a third started"
-        )
-        pair[0].signal(signal.SIGKILL)
-        await pair[0].wait()
+    pair = await asyncio.gather(*(spawn({**env, **GENEROUS}) for _ in range(2)))
+    await enqueue(db_url, target, "drain-", DRAIN_JOBS)
+    await wait_until(
+        lambda: len(target.requests) >= DRAIN_JOBS // 3, timeout_s=60, what="a third started"
+    )
+    pair[0].signal(signal.SIGKILL)
+    await pair[0].wait()
 
-        async def drained() -> bool:
-            return await succeeded(db_url) == DRAIN_JOBS
+    async def drained() -> bool:
+        return await succeeded(db_url) == DRAIN_JOBS
 
-        await wait_until(drained, timeout_s=90, interval_s=0.2, what="the drain")
-        await wake_until_parked(db_url, target)
-        assert await pair[1].stop() == 0
-    finally:
-        for daemon in pair:
-            if daemon.proc is not None and daemon.proc.returncode is None:
-                daemon.proc.kill()
-                await daemon.proc.wait()
+    await wait_until(drained, timeout_s=90, interval_s=0.2, what="the drain")
+    await wake_until_parked(db_url, target)
+    assert await pair[1].stop() == 0
 
 
 async def test_three_daemons_with_lower_limits_after_a_drain_and_a_kill_do_not_stall(
     db_url: str,
     target: Target,
     transport_env: dict[str, str],  # noqa: F811
+    spawn: Spawn,
 ) -> None:
     env = {"DISPATCHER_DATABASE_URL": db_url, **LOOPBACK_ENV, **transport_env}
-    await drain_and_kill_one(env, db_url, target)
+    await drain_and_kill_one(spawn, env, db_url, target)
     target.requests.clear()
     target.delay_s, target.max_inflight = JOB_S, 0
-    trio = [DaemonProcess({**env, **LOWER}) for _ in range(3)]
+    trio = await asyncio.gather(*(spawn({**env, **LOWER}) for _ in range(3)))
     try:
-        await asyncio.gather(*(d.start() for d in trio))
         loop = asyncio.get_running_loop()
         await enqueue(db_url, target, "after-", 1_000)
         enqueued = loop.time()
@@ -172,13 +168,13 @@ async def test_after_a_pause_the_queue_starts_at_once_within_its_limits(
     db_url: str,
     target: Target,
     transport_env: dict[str, str],  # noqa: F811
+    spawn: Spawn,
 ) -> None:
     env = {"DISPATCHER_DATABASE_URL": db_url, **LOOPBACK_ENV, **transport_env, **LOWER}
     target.delay_s = JOB_S
-    pair = [DaemonProcess(env) for _ in range(2)]
+    pair = await asyncio.gather(*(spawn(env) for _ in range(2)))
     conn = await asyncpg.connect(db_url)
     try:
-        await asyncio.gather(*(d.start() for d in pair))
         await conn.execute(
             "UPDATE dispatcher.queues SET paused = true, paused_at = now() WHERE name = 'default'"
         )

@@ -25,7 +25,8 @@ from tests.e2e.test_limits_change import (
     succeeded,
     wake_until_parked,
 )
-from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, cli, serve_target, wait_until
+from tests.harness import LOOPBACK_ENV, Target, cli, serve_target, wait_until
+from tests.harness.fixtures import Spawn
 from tests.transports import transport, transport_env  # noqa: F401 (fixtures: both transports)
 
 DRAIN_JOBS = 2_000
@@ -42,45 +43,38 @@ async def test_limits_lowered_at_run_time_after_a_drain_and_a_kill_hold_without_
     db_url: str,
     target: Target,
     transport_env: dict[str, str],  # noqa: F811
+    spawn: Spawn,
 ) -> None:
     env = {"DISPATCHER_DATABASE_URL": db_url, **LOOPBACK_ENV, **transport_env, **GENEROUS}
-    pair = [DaemonProcess(env) for _ in range(2)]
-    fresh = [DaemonProcess(env) for _ in range(2)]
-    try:
-        await asyncio.gather(*(d.start() for d in pair))
-        await enqueue(db_url, target, "drain-", DRAIN_JOBS)
-        await wait_until(
-            lambda: len(target.requests) >= DRAIN_JOBS // 3, timeout_s=60, what="a third started"
-        )
-        pair[0].signal(signal.SIGKILL)
-        await pair[0].wait()
+    pair = await asyncio.gather(*(spawn(env) for _ in range(2)))
+    await enqueue(db_url, target, "drain-", DRAIN_JOBS)
+    await wait_until(
+        lambda: len(target.requests) >= DRAIN_JOBS // 3, timeout_s=60, what="a third started"
+    )
+    pair[0].signal(signal.SIGKILL)
+    await pair[0].wait()
 
-        async def drained() -> bool:
-            return await succeeded(db_url) == DRAIN_JOBS
+    async def drained() -> bool:
+        return await succeeded(db_url) == DRAIN_JOBS
 
-        await wait_until(drained, timeout_s=90, interval_s=0.2, what="the drain")
-        await wake_until_parked(db_url, target)
-        await asyncio.gather(*(d.start() for d in fresh))
-        result = await cli(
-            "queues",
-            "set",
-            "default",
-            *("--rate-per-s", str(RATE_PER_S), "--burst", str(BURST)),
-            *("--max-inflight", str(MAX_INFLIGHT)),
-            cwd=Path.cwd(),
-            env=env,
-        )
-        assert result.code == 0, result.stderr
-        target.requests.clear()
-        target.delay_s, target.max_inflight = JOB_S, 0
-        changed = asyncio.get_running_loop().time()
-        await enqueue(db_url, target, "after-", 500)
-        starts = await starts_after(target, changed, WINDOW_S)
-    finally:
-        for daemon in (*pair, *fresh):
-            if daemon.proc is not None and daemon.proc.returncode is None:
-                daemon.proc.kill()
-                await daemon.proc.wait()
+    await wait_until(drained, timeout_s=90, interval_s=0.2, what="the drain")
+    await wake_until_parked(db_url, target)
+    await asyncio.gather(*(spawn(env) for _ in range(2)))
+    result = await cli(
+        "queues",
+        "set",
+        "default",
+        *("--rate-per-s", str(RATE_PER_S), "--burst", str(BURST)),
+        *("--max-inflight", str(MAX_INFLIGHT)),
+        cwd=Path.cwd(),
+        env=env,
+    )
+    assert result.code == 0, result.stderr
+    target.requests.clear()
+    target.delay_s, target.max_inflight = JOB_S, 0
+    changed = asyncio.get_running_loop().time()
+    await enqueue(db_url, target, "after-", 500)
+    starts = await starts_after(target, changed, WINDOW_S)
     assert starts[0] <= 1 / RATE_PER_S + 1, f"first start {starts[0]:.2f} s after the change"
     assert len(starts) >= 0.75 * MAX_INFLIGHT / JOB_S * WINDOW_S, f"{len(starts)} starts"
     assert_within_limits(starts, target)

@@ -5,8 +5,7 @@ daemon's API or the CLI holds on every daemon within a second, and a reset undoe
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import aiohttp
 import asyncpg
 
 from tests.harness import LOOPBACK_ENV, DaemonProcess, Target, cli, serve_target, wait_until
+from tests.harness.fixtures import Spawn
 from tests.transports import transport, transport_env  # noqa: F401 (fixtures)
 
 QUEUE = "default"
@@ -30,18 +30,8 @@ def daemon_env(db_url: str, broker: dict[str, str], **queue: str) -> dict[str, s
     }
 
 
-@asynccontextmanager
-async def daemons(env: dict[str, str], n: int) -> AsyncIterator[list[DaemonProcess]]:
-    started = [DaemonProcess(env) for _ in range(n)]
-    try:
-        for daemon in started:
-            await daemon.start()
-        yield started
-    finally:
-        for daemon in started:
-            if daemon.proc is not None and daemon.proc.returncode is None:
-                daemon.proc.kill()
-                await daemon.proc.wait()
+async def start(spawn: Spawn, env: dict[str, str], n: int) -> list[DaemonProcess]:
+    return list(await asyncio.gather(*(spawn(env) for _ in range(n))))
 
 
 async def call(method: str, url: str, body: Any = None) -> tuple[int, Any]:
@@ -77,12 +67,14 @@ async def metric(daemon: DaemonProcess, line_start: str) -> str | None:
 async def test_nothing_is_claimed_outside_the_window_and_claims_begin_as_it_opens(
     db_url: str,
     transport_env: dict[str, str],  # noqa: F811
+    spawn: Spawn,
 ) -> None:
     # the file's window opens in two hours: closed while the daemons start and work falls due
     later = (datetime.now(UTC) + timedelta(hours=2)).replace(microsecond=0)
     env = daemon_env(db_url, transport_env, windows=window_from(later, 60))
     conn = await asyncpg.connect(db_url)
-    async with serve_target(Target()) as target, daemons(env, 2) as (a, b):
+    async with serve_target(Target()) as target:
+        a, b = await start(spawn, env, 2)
         soon = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
         await enqueue(a, 20, target.url, "now")
         await enqueue(b, 10, target.url, "soon", due_at=soon)
@@ -125,10 +117,12 @@ async def _ready_is(conn: asyncpg.Connection, n: int) -> bool:
 async def test_a_window_closed_at_run_time_stops_every_daemon_within_a_second(
     db_url: str,
     transport_env: dict[str, str],  # noqa: F811
+    spawn: Spawn,
 ) -> None:
     env = daemon_env(db_url, transport_env, max_inflight="2", claim_batch="2")
     conn = await asyncpg.connect(db_url)
-    async with serve_target(Target(delay_s=0.2)) as target, daemons(env, 2) as (a, b):
+    async with serve_target(Target(delay_s=0.2)) as target:
+        a, b = await start(spawn, env, 2)
         await enqueue(a, 200, target.url, "w")
         await wait_until(lambda: len(target.requests) >= 4, what="work under way")
         closed = window_from(datetime.now(UTC) + timedelta(hours=2), 60)
@@ -167,11 +161,13 @@ async def starts_between(conn: asyncpg.Connection, since: datetime, until: datet
 async def test_limits_changed_at_run_time_hold_on_every_daemon(
     db_url: str,
     transport_env: dict[str, str],  # noqa: F811
+    spawn: Spawn,
 ) -> None:
     # the file: 2 starts a second; raised at run time to 20, then the in-flight cap lowered
     env = daemon_env(db_url, transport_env, rate_per_s="2", burst="1", max_inflight="50")
     conn = await asyncpg.connect(db_url)
-    async with serve_target(Target(delay_s=0.3)) as target, daemons(env, 2) as (a, b):
+    async with serve_target(Target(delay_s=0.3)) as target:
+        a, b = await start(spawn, env, 2)
         await enqueue(a, 400, target.url, "r")
         await wait_until(lambda: len(target.requests) >= 2, what="work under way")
 
@@ -228,10 +224,12 @@ async def _running_at_most(conn: asyncpg.Connection, n: int) -> bool:
 async def test_a_change_made_while_paused_holds_from_the_resume(
     db_url: str,
     transport_env: dict[str, str],  # noqa: F811
+    spawn: Spawn,
 ) -> None:
     env = daemon_env(db_url, transport_env, rate_per_s="1", burst="1", max_inflight="10")
     conn = await asyncpg.connect(db_url)
-    async with serve_target(Target(delay_s=0.3)) as target, daemons(env, 2) as (a, b):
+    async with serve_target(Target(delay_s=0.3)) as target:
+        a, b = await start(spawn, env, 2)
         await enqueue(a, 300, target.url, "p")
         await wait_until(lambda: len(target.requests) >= 1, what="work under way")
         status, _ = await call("POST", f"{a.base_url}/v1/queues/{QUEUE}/pause")
@@ -262,10 +260,12 @@ async def test_a_change_made_while_paused_holds_from_the_resume(
 async def test_a_raised_inflight_cap_is_used_on_both_transports(
     db_url: str,
     transport_env: dict[str, str],  # noqa: F811
+    spawn: Spawn,
 ) -> None:
     # RabbitMQ: the broker's prefetch follows the cap (it was the file's, 2, since the start)
     env = daemon_env(db_url, transport_env, max_inflight="2")
-    async with serve_target(Target(delay_s=0.5)) as target, daemons(env, 1) as (a,):
+    async with serve_target(Target(delay_s=0.5)) as target:
+        (a,) = await start(spawn, env, 1)
         await enqueue(a, 200, target.url, "c")
         await wait_until(lambda: target.inflight == 2, what="2 in flight, the file's cap")
         assert target.max_inflight == 2
