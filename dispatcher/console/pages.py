@@ -279,7 +279,7 @@ async def schedules(request: web.Request) -> web.StreamResponse:
             {**status, "receipts": receipts, "catch_from": catch_from, "catch_to": catch_to}
         )
     context = base_context(request, "Schedules", "schedules")
-    context.update(schedules=shown)
+    context.update(schedules=shown, receipts_shown=RECEIPTS_SHOWN)
     return render(request, "schedules.html", context)
 
 
