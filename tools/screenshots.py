@@ -92,13 +92,16 @@ PAGES = (
 
 # the loopback target -----------------------------------------------------------------------
 async def target_app(release: asyncio.Event) -> web.Application:
-    """Refuses keys starting with 'bad-' (400: the job dies at once), holds keys starting with
-    'slow-' until `release` (a running job to look at), answers 200 to the rest."""
+    """Refuses keys starting with 'bad-' (400: the job dies at once) and 'flaky-' (503: dies
+    when its attempts are used up), holds keys starting with 'slow-' until `release` (a
+    running job to look at), answers 200 to the rest."""
 
     async def respond(request: web.Request) -> web.StreamResponse:
         key = request.headers.get("Idempotency-Key", "")
         if key.startswith("bad-"):
             return web.Response(status=400, text="unknown customer id: 'cus_0000'")
+        if key.startswith("flaky-"):
+            return web.Response(status=503, text="upstream maintenance")
         if key.startswith("slow-"):
             await release.wait()
         return web.json_response({"ok": True})
@@ -245,6 +248,8 @@ async def seed(api: Api) -> int:
                           payload={"user": 4100 + n, "template": "welcome"})  # fmt: skip
     for n in range(1, 4):
         await api.enqueue(f"bad-invoice:{n}", "emails", tenant="shop-1", payload={"n": n})
+    for n in range(1, 3):
+        await api.enqueue(f"flaky-webhook:{n}", "default", max_attempts=1, payload={"n": n})
     for n in range(1, 6):
         await api.enqueue(f"renewal-reminder:{n}", "default", due_at=later, payload={"n": n})
     # held by the target for as long as the screenshots take; its credentials show masked
@@ -268,7 +273,7 @@ async def seed(api: Api) -> int:
 
     async def settled() -> bool:
         job = await api.call("GET", f"/v1/jobs/{running}")
-        return job["state"] == "running" and await api.count("dead") >= 3
+        return job["state"] == "running" and await api.count("dead") >= 5
 
     await until(settled, 60, "the seeded jobs to settle")
     # a paused queue keeps accepting: its jobs wait as ready

@@ -215,5 +215,8 @@
     refresh();  // back in view: catch up at once
   });
   window.addEventListener("pagehide", stop);
+  window.addEventListener("pageshow", function (e) {
+    if (e.persisted) { start(); refresh(); }  // back from the browser's page cache
+  });
   start();
 }());
