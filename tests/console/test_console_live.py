@@ -236,7 +236,7 @@ async def test_a_hidden_tab_stops_refreshing_the_queue_page(
     assert await same_document(browser)
 
 
-async def test_the_job_page_follows_a_running_job(
+async def test_the_job_page_follows_a_running_job_but_keeps_a_selection(
     daemon: DaemonProcess, browser: Browser, target: Target
 ) -> None:
     jid = await enqueue(daemon, "hold-1", target)
@@ -247,7 +247,19 @@ async def test_the_job_page_follows_a_running_job(
     assert "running" in await shown_text(browser, "h1")
     assert "Cancel" in await shown_text(browser, "[data-live-region=job-actions]")
 
+    # text selected on the page (to copy it): the refresh waits rather than lose it
+    await browser.script(
+        "const range = document.createRange();"
+        "range.selectNodeContents(document.getElementById('job-key'));"
+        "getSelection().removeAllRanges(); getSelection().addRange(range);"
+    )
     target.release.set()  # type: ignore[attr-defined]
+    await until_state(daemon, jid, "succeeded")
+    await quiet(browser)
+    assert "running" in await shown_text(browser, "h1")
+    assert await browser.script("return getSelection().toString()") == "hold-1"
+
+    await browser.script("getSelection().removeAllRanges()")
     await until_shown(browser, "h1", "succeeded")
     await until_shown(browser, "#attempts", "succeeded")
     assert await same_document(browser)
