@@ -34,6 +34,7 @@ from dispatcher.console.toolkit import (
     base_context,
     render,
 )
+from dispatcher.db.runs import RunRepository
 from dispatcher.model import STATES
 
 PAGE_SIZES = (25, 50, 100)
@@ -268,10 +269,16 @@ async def dead(request: web.Request) -> web.StreamResponse:
 # schedules --------------------------------------------------------------------------------------
 async def schedules(request: web.Request) -> web.StreamResponse:
     operator = api_of(request)[OPERATOR]
+    repo = api_of(request)[REPO]
+    runs = RunRepository(repo.pool, repo)
     shown = []
     for status in await operator.schedule_status():
         service = operator.schedule(status["name"])
         receipts = [r.to_json() for r in await service.receipts(status["name"], RECEIPTS_SHOWN)]
+        # of the pending units, those an earlier attempt failed: a run in trouble shows here
+        retrying = await runs.retrying([r["run_key"] for r in receipts])
+        for r in receipts:
+            r["units"]["retrying"] = retrying.get(r["run_key"], 0)
         missed = status["missed"]["periods"]
         catch_from = min((m["period_start"] for m in missed), default="")
         catch_to = max((m["period_start"] for m in missed), default="")
@@ -279,7 +286,7 @@ async def schedules(request: web.Request) -> web.StreamResponse:
             {**status, "receipts": receipts, "catch_from": catch_from, "catch_to": catch_to}
         )
     context = base_context(request, "Schedules", "schedules")
-    context.update(schedules=shown)
+    context.update(schedules=shown, receipts_shown=RECEIPTS_SHOWN)
     return render(request, "schedules.html", context)
 
 

@@ -1,9 +1,11 @@
 """The console's aiohttp application: its routes, sign-in and sign-out, and where it is
 mounted (under /console/ on the API listener, or on a listener of its own).
 
-The only script is static/console.js (Content-Security-Policy allows no inline script), which
-polls `live.json` for the overview's counters and chart. The toolkit the pages share (keys,
-middlewares, rendering, `printable`) is dispatcher.console.toolkit.
+The scripts are static files (Content-Security-Policy allows no inline script):
+static/console.js polls `live.json` for the overview's counters and chart; static/live.js
+refreshes the parts of the other pages marked `data-live-region` while they are visible.
+The toolkit the pages share (keys, middlewares, rendering, `printable`) is
+dispatcher.console.toolkit.
 """
 
 from __future__ import annotations

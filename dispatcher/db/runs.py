@@ -347,6 +347,12 @@ class RunRepository:
         return [_receipt(row, "existing") for row in rows]
 
     @translate_unavailable
+    async def retrying(self, run_keys: Sequence[str]) -> dict[str, int]:
+        """Per run key: its unfinished units whose earlier attempt failed (absent: none)."""
+        rows = await self.pool.fetch(query("runs_retrying"), list(run_keys))
+        return {row["run_key"]: row["retrying"] for row in rows}
+
+    @translate_unavailable
     async def count_queued(self, schedule: str) -> int:
         return int(await self.pool.fetchval(query("count_queued_runs"), schedule))
 

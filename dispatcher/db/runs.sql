@@ -157,3 +157,12 @@ DELETE FROM dispatcher.runs r USING doomed WHERE r.run_key = doomed.run_key;
 -- name: recent_runs
 -- The receipts of schedule $1's latest $2 periods, newest first (the console's schedule page).
 SELECT * FROM dispatcher.run_receipts WHERE schedule = $1 ORDER BY period_start DESC LIMIT $2;
+
+-- name: runs_retrying
+-- Per run among $1 (run keys): its units not finished yet that an earlier attempt failed (they
+-- carry its error), through the partial index of unfinished units (the console's last runs).
+SELECT run_key, count(*)::int AS retrying
+  FROM dispatcher.job_state
+ WHERE run_key = ANY($1::text[]) AND state IN ('scheduled', 'ready', 'running')
+   AND last_error IS NOT NULL
+ GROUP BY run_key;

@@ -3,7 +3,7 @@ job, retry it and redrive another (the dry-run count shown first) and watch them
 and resume a queue and watch the live counters change; a catch-up's dry run, then the catch-up;
 a read-only token; a hostile payload stays inert; 320 px wide; the keyboard. A screenshot of
 each page goes to the test's temporary directory (CONSOLE_SCREENSHOT=path also writes the
-overview there: the README's picture is made so)."""
+overview there; the documentation's pictures come from tools/screenshots.py)."""
 
 from __future__ import annotations
 

@@ -88,6 +88,28 @@ async def test_recent_receipts_read_a_few_runs_by_their_unique_index(
     assert [r["run_key"] for r in rows] == [f"hourly:{g}" for g in range(1, RECEIPTS_SHOWN + 1)]
 
 
+async def test_retrying_units_of_the_last_runs_come_from_the_unfinished_units_index(
+    console_tables: asyncpg.Pool,
+) -> None:
+    keys = [f"hourly:{g}" for g in range(90, 90 + RECEIPTS_SHOWN)]  # hourly:97 has a ready unit
+    text = await plan(console_tables, query("runs_retrying"), keys)
+    assert_no_job_scan(text)
+    assert "jobs_run_unfinished" in text, text
+    async with console_tables.acquire() as conn:
+        assert await conn.fetch(query("runs_retrying"), keys) == []  # ready, never failed
+        change = conn.transaction()  # rolled back: the module's tables stay as built
+        await change.start()
+        try:
+            await conn.execute(
+                "UPDATE dispatcher.job_state SET last_error = 'HTTP 503'"
+                " WHERE run_key = 'hourly:97'"
+            )
+            rows = await conn.fetch(query("runs_retrying"), keys)
+        finally:
+            await change.rollback()
+    assert [(r["run_key"], r["retrying"]) for r in rows] == [("hourly:97", 1)]
+
+
 @pytest.mark.parametrize(
     ("name", "args"),
     [
