@@ -21,12 +21,16 @@ SELECT ord, id, key, state, due_at, created_at, outcome
 
 -- name: replace_scheduled
 -- Key modes: replace the jobs these items name by key while they are still scheduled
--- ($10 keep the due time, $11 debounce_max_s); answers "replaced", "not_replaced" or "conflict"
--- per item it found (dispatcher.replace_scheduled).
+-- ($10 keep the due time, $11 debounce_max_s; the whole request: $12 priorities, $13
+-- concurrency keys, $14-$17 the contract, callbacks as JSON text); answers "replaced",
+-- "not_replaced" or "conflict" per item it found (dispatcher.replace_scheduled).
 SELECT ord, id, key, state, due_at, created_at, outcome
   FROM dispatcher.replace_scheduled($1::text[], $2::text[], $3::jsonb[], $4::timestamptz[],
                                     $5::text[], $6::text[], $7::jsonb[], $8::integer[],
-                                    $9::integer[], $10::boolean[], $11::integer[]);
+                                    $9::integer[], $10::boolean[], $11::integer[],
+                                    $12::integer[], $13::text[], $14::float8[],
+                                    $15::timestamptz[], $16::text[]::jsonb[],
+                                    $17::text[]::jsonb[]);
 
 -- name: set_traceparents
 -- Store the W3C trace context jobs were accepted in ($1 ids, $2 traceparents, in parallel), in
