@@ -409,7 +409,8 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent, priority, concurrency_key
+       traceparent, priority, concurrency_key, timeout_s, expires_at, on_success, on_failure,
+       replaced_by, replacements, replaced_at, debounce_until
   FROM dispatcher.jobs WHERE id = $1;
 
 -- name: get_job_by_key
@@ -418,7 +419,8 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent, priority, concurrency_key
+       traceparent, priority, concurrency_key, timeout_s, expires_at, on_success, on_failure,
+       replaced_by, replacements, replaced_at, debounce_until
   FROM dispatcher.jobs WHERE key = $1;
 
 -- name: get_job_page
@@ -430,7 +432,8 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        CASE WHEN octet_length(target::text) <= $2 THEN target END AS target, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent, priority, concurrency_key,
+       traceparent, priority, concurrency_key, timeout_s, expires_at, on_success, on_failure,
+       replaced_by, replacements, replaced_at, debounce_until,
        p.bytes AS payload_bytes,
        CASE WHEN p.bytes <= $2 THEN payload END AS payload,
        CASE WHEN p.bytes > $2 THEN left(p.text, $2) END AS payload_excerpt
@@ -512,7 +515,8 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent, priority, concurrency_key
+       traceparent, priority, concurrency_key, timeout_s, expires_at, on_success, on_failure,
+       replaced_by, replacements, replaced_at, debounce_until
   FROM retried;
 
 -- name: cancel_job
@@ -534,7 +538,8 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent, priority, concurrency_key
+       traceparent, priority, concurrency_key, timeout_s, expires_at, on_success, on_failure,
+       replaced_by, replacements, replaced_at, debounce_until
   FROM cancelled;
 
 -- name: discard_job
@@ -544,7 +549,8 @@ RETURNING id, key, request_hash, queue, tenant, handler, handler_version,
           target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
           budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
           last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-          traceparent, priority, concurrency_key;
+          traceparent, priority, concurrency_key, timeout_s, expires_at, on_success,
+          on_failure, replaced_by, replacements, replaced_at, debounce_until;
 
 -- name: move_dead
 -- Bulk redrive ($8 = 'ready': like a retry, with a fresh attempt budget and an outbox row) or

@@ -92,7 +92,11 @@ CREATE TABLE dispatcher.intents (
     timeout_s double precision,
     on_success jsonb,
     on_failure jsonb,
-    callback_of bigint
+    callback_of bigint,
+    replaced_by text,
+    replacements integer,
+    replaced_at timestamp with time zone,
+    debounce_until timestamp with time zone
 );
 
 CREATE TABLE dispatcher.job_state (
@@ -150,7 +154,15 @@ CREATE TABLE dispatcher.jobs (
     dead_letter_of bigint,
     traceparent text,
     priority smallint DEFAULT 0,
-    concurrency_key text
+    concurrency_key text,
+    timeout_s double precision,
+    expires_at timestamp with time zone,
+    on_success jsonb,
+    on_failure jsonb,
+    replaced_by text,
+    replacements integer,
+    replaced_at timestamp with time zone,
+    debounce_until timestamp with time zone
 );
 
 CREATE TABLE dispatcher.key_ledger (
@@ -315,6 +327,8 @@ ALTER TABLE dispatcher.intake_settings ADD CONSTRAINT intake_settings_singleton_
 ALTER TABLE dispatcher.intents ADD CONSTRAINT intents_concurrency_key_length CHECK (length(concurrency_key) >= 1 AND length(concurrency_key) <= 200) NOT VALID NOT VALID;
 
 ALTER TABLE dispatcher.intents ADD CONSTRAINT intents_priority_range CHECK (priority >= '-100'::integer AND priority <= 100) NOT VALID NOT VALID;
+
+ALTER TABLE dispatcher.intents ADD CONSTRAINT intents_replaced_by_mode CHECK (replaced_by = ANY (ARRAY['replace'::text, 'keep_due'::text]));
 
 ALTER TABLE dispatcher.intents ADD CONSTRAINT intents_timeout_s_positive CHECK (timeout_s > 0::double precision AND timeout_s < 'Infinity'::double precision);
 
@@ -2191,7 +2205,11 @@ BEGIN
                    max_attempts = coalesce(r.ma, qd.max_attempts),
                    max_retry_age_s = coalesce(r.mra, qd.max_retry_age_s),
                    priority = r.prio, concurrency_key = r.ckey,
-                   timeout_s = r.ts, on_success = r.os, on_failure = r.ofl
+                   timeout_s = r.ts, on_success = r.os, on_failure = r.ofl,
+                   replaced_by = CASE WHEN r.kd THEN 'keep_due' ELSE 'replace' END,
+                   replacements = coalesce(i.replacements, 0) + 1, replaced_at = now(),
+                   debounce_until = CASE WHEN NOT r.kd
+                                         THEN job.created_at + make_interval(secs => r.dm) END
               FROM dispatcher.queues qd
              WHERE i.id = job.id AND qd.name = r.qn;
             UPDATE dispatcher.job_state

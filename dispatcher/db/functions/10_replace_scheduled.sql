@@ -11,6 +11,8 @@
 -- `concurrency_key` (on the intent and the state row, which the claim orders and limits by)
 -- and the contract (deadline, time to live, callbacks), so the fingerprint and the contract
 -- stored are the replacing request's: sending it again is a replay, not another request.
+-- Each replacement is counted on the intent (replaced_by, replacements, replaced_at,
+-- debounce_until: the job's status shows them).
 CREATE OR REPLACE FUNCTION dispatcher.replace_scheduled(
     keys text[], handlers text[], payloads jsonb[], due_ats timestamptz[], queues text[],
     tenants text[], targets jsonb[], max_attempts integer[], max_retry_age_s integer[],
@@ -62,7 +64,11 @@ BEGIN
                    max_attempts = coalesce(r.ma, qd.max_attempts),
                    max_retry_age_s = coalesce(r.mra, qd.max_retry_age_s),
                    priority = r.prio, concurrency_key = r.ckey,
-                   timeout_s = r.ts, on_success = r.os, on_failure = r.ofl
+                   timeout_s = r.ts, on_success = r.os, on_failure = r.ofl,
+                   replaced_by = CASE WHEN r.kd THEN 'keep_due' ELSE 'replace' END,
+                   replacements = coalesce(i.replacements, 0) + 1, replaced_at = now(),
+                   debounce_until = CASE WHEN NOT r.kd
+                                         THEN job.created_at + make_interval(secs => r.dm) END
               FROM dispatcher.queues qd
              WHERE i.id = job.id AND qd.name = r.qn;
             UPDATE dispatcher.job_state

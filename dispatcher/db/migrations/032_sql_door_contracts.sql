@@ -19,3 +19,16 @@ DROP FUNCTION IF EXISTS
 DROP FUNCTION IF EXISTS
     dispatcher.replace_scheduled(text[], text[], jsonb[], timestamptz[], text[], text[], jsonb[],
                                  integer[], integer[], boolean[], integer[]);
+
+-- What a key mode did to a job, for its status (GET /v1/jobs/{id}, the console's job page,
+-- `dispatcher jobs show`): the mode of the last replacement (`replace` or `keep_due`), how many
+-- replacements it took, the last one's time, and the latest due time the last replacement's
+-- `debounce_max_s` allows (acceptance + debounce_max_s; NULL: unbounded, or keep_due).
+-- Written by dispatcher.replace_scheduled only; NULL on every job never replaced, so a job
+-- that no key mode touched stores nothing more (nullable columns take only their null bit).
+ALTER TABLE dispatcher.intents
+    ADD COLUMN replaced_by text CONSTRAINT intents_replaced_by_mode
+        CHECK (replaced_by IN ('replace', 'keep_due')),
+    ADD COLUMN replacements integer,
+    ADD COLUMN replaced_at timestamptz,
+    ADD COLUMN debounce_until timestamptz;
