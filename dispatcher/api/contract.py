@@ -420,6 +420,30 @@ def _job_schemas() -> dict[str, Any]:
                     "type": ["integer", "null"],
                     "description": "a dead-letter notification: the job it reports on",
                 },
+                "timeout_s": {
+                    "type": ["number", "null"],
+                    "description": "the job's own deadline per attempt (null: the handler's)",
+                },
+                "expires_at": {
+                    **nullable_str,
+                    "format": "date-time",
+                    "description": "no attempt starts after it (null: never expires)",
+                },
+                "on_success": {
+                    "type": ["object", "null"],
+                    "description": "the target pushed when it succeeds (header values and URL "
+                    "secrets masked)",
+                },
+                "on_failure": {
+                    "type": ["object", "null"],
+                    "description": "the target pushed when it dies (masked as on_success)",
+                },
+                "replaced": {
+                    "type": ["object", "null"],
+                    "description": "what key modes did (null: never replaced): on_key of the "
+                    "last replacement, times, last_at, due_at_bound (the latest due time its "
+                    "debounce_max_s allows, null: none)",
+                },
             },
         },
     }

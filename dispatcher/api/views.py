@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from dispatcher.core import rfc3339
+from dispatcher.core.redact import masked_target
 from dispatcher.model import EnqueueResult
 
 
@@ -69,6 +70,29 @@ def job_view(row: dict[str, Any]) -> dict[str, Any]:
         "progress": row["progress"],
         # a dead-letter notification: the id of the job whose death it reports
         "dead_letter_of": row.get("dead_letter_of"),
+        **contract_view(row),
+    }
+
+
+def contract_view(row: dict[str, Any]) -> dict[str, Any]:
+    """A job's contract (docs/guides/intake-contracts.md): its deadline, its time to live, its
+    callback targets (masked as the console masks a target: header values and URL secrets are
+    never shown) and what key modes did to it (`replaced`: None while no request replaced it)."""
+    replaced = None
+    if row.get("replacements"):
+        replaced = {
+            "on_key": row["replaced_by"],
+            "times": row["replacements"],
+            "last_at": _ts(row["replaced_at"]),
+            # the latest due time the last replacement's debounce_max_s allows (None: no bound)
+            "due_at_bound": _ts(row["debounce_until"]),
+        }
+    return {
+        "timeout_s": row.get("timeout_s"),
+        "expires_at": _ts(row.get("expires_at")),
+        "on_success": masked_target(row.get("on_success")),
+        "on_failure": masked_target(row.get("on_failure")),
+        "replaced": replaced,
     }
 
 

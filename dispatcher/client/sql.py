@@ -34,7 +34,12 @@ SELECT dispatcher.enqueue(
     target => CAST(CAST(:target AS text) AS jsonb),
     max_attempts => CAST(CAST(:max_attempts AS text) AS integer),
     max_retry_age_s => CAST(CAST(:max_retry_age_s AS text) AS integer),
-    priority => CAST(CAST(:priority AS text) AS integer), concurrency_key => :concurrency_key)
+    priority => CAST(CAST(:priority AS text) AS integer), concurrency_key => :concurrency_key,
+    timeout_s => CAST(CAST(:timeout_s AS text) AS float8),
+    expires_at => CAST(CAST(:expires_at AS text) AS timestamptz),
+    on_success => CAST(CAST(:on_success AS text) AS jsonb),
+    on_failure => CAST(CAST(:on_failure AS text) AS jsonb),
+    on_key => :on_key, debounce_max_s => CAST(CAST(:debounce_max_s AS text) AS integer))
 """
 
 _ENQUEUE_MANY = """
@@ -47,7 +52,13 @@ SELECT r.id, r.key, r.state, r.outcome FROM dispatcher.enqueue_many(
     max_attempts => CAST(CAST(:max_attempts AS text[]) AS integer[]),
     max_retry_age_s => CAST(CAST(:max_retry_age_s AS text[]) AS integer[]),
     priorities => CAST(CAST(:priority AS text[]) AS integer[]),
-    concurrency_keys => CAST(:concurrency_key AS text[])) r
+    concurrency_keys => CAST(:concurrency_key AS text[]),
+    timeout_s => CAST(CAST(:timeout_s AS text[]) AS float8[]),
+    expires_ats => CAST(CAST(:expires_at AS text[]) AS timestamptz[]),
+    on_success => CAST(CAST(:on_success AS text[]) AS jsonb[]),
+    on_failure => CAST(CAST(:on_failure AS text[]) AS jsonb[]),
+    on_keys => CAST(:on_key AS text[]),
+    debounce_max_s => CAST(CAST(:debounce_max_s AS text[]) AS integer[])) r
 ORDER BY r.ord
 """
 
@@ -58,7 +69,14 @@ _PARAM = re.compile(r"(?<![:\w]):(\w+)")
 class SqlJob:
     """One job for `enqueue_many`: the arguments of `enqueue`. `due_at` None means now;
     `priority` -100..100, lower runs first (None: 0); `concurrency_key` None means the tenant,
-    "" no key."""
+    "" no key. The contract (docs/guides/intake-contracts.md), each None when not asked:
+    `timeout_s`, the job's deadline per attempt (not for "http": its target has one);
+    `expires_at`, after which no attempt starts (the job ends dead, `expired`); `on_success` /
+    `on_failure`, a target (`{"url": ...}`) pushed when the job succeeds / dies; `on_key`,
+    what to do when the key names a job with another request: "reject" (the default: a
+    conflict), "replace" (debounce: the new request and due time replace a scheduled job's,
+    the due time never later than its acceptance plus `debounce_max_s`) or "keep_due"
+    (throttle: the first due time stays)."""
 
     key: str
     handler: str
@@ -71,6 +89,12 @@ class SqlJob:
     max_retry_age_s: int | None = None
     priority: int | None = None
     concurrency_key: str | None = None
+    timeout_s: float | None = None
+    expires_at: datetime | None = None
+    on_success: dict[str, Any] | None = None
+    on_failure: dict[str, Any] | None = None
+    on_key: str | None = None
+    debounce_max_s: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +102,10 @@ class Enqueued:
     """What `enqueue_many` did with one item, in the items' order. `outcome` is "created",
     "existing" (the same key and request: the same job), "pruned" (the same key and request
     as a job that finished and was pruned: its id and final state, nothing enqueued) or
-    "conflict" (the key names a job with another request; nothing was enqueued for this
-    item)."""
+    "conflict" (the key names a job with another request, or a contract; nothing was enqueued
+    for this item), and for an item with `on_key` "replace" or "keep_due": "replaced" (the
+    scheduled job now carries this request) or "not_replaced" (the job is already `state`,
+    ready, running or finished: unchanged)."""
 
     id: int
     key: str
@@ -101,26 +127,41 @@ async def enqueue(
     max_retry_age_s: int | None = None,
     priority: int | None = None,
     concurrency_key: str | None = None,
+    timeout_s: float | None = None,
+    expires_at: datetime | None = None,
+    on_success: dict[str, Any] | None = None,
+    on_failure: dict[str, Any] | None = None,
+    on_key: str | None = None,
+    debounce_max_s: int | None = None,
 ) -> int:
     """Enqueue one job on `conn` (inside its current transaction, if any); return the job id.
 
     The same key with the same request returns the existing job's id; `due_at` omitted means
     now, and one more than the daemon's `due_at_past_tolerance_s` ago is refused (22023).
-    `target` is required for handler "http" and refused for the others. `priority` and
-    `concurrency_key` as in `SqlJob`.
+    `target` is required for handler "http" and refused for the others. `priority`,
+    `concurrency_key` and the contract (`timeout_s`, `expires_at`, `on_success`, `on_failure`,
+    `on_key`, `debounce_max_s`) as in `SqlJob`. With `on_key` "replace" or "keep_due", a key
+    naming a scheduled job with another request replaces it and returns its id; a job already
+    ready, running or finished is never replaced (23505, naming its state).
     """
     job = SqlJob(
         key,
         handler,
         payload,
-        due_at,
-        queue,
-        tenant,
-        target,
-        max_attempts,
-        max_retry_age_s,
-        priority,
-        concurrency_key,
+        due_at=due_at,
+        queue=queue,
+        tenant=tenant,
+        target=target,
+        max_attempts=max_attempts,
+        max_retry_age_s=max_retry_age_s,
+        priority=priority,
+        concurrency_key=concurrency_key,
+        timeout_s=timeout_s,
+        expires_at=expires_at,
+        on_success=on_success,
+        on_failure=on_failure,
+        on_key=on_key,
+        debounce_max_s=debounce_max_s,
     )
     row = await _fetch_async(conn, _ENQUEUE, _one(job))
     return int(row[0][0])
@@ -147,20 +188,32 @@ def enqueue_sync(
     max_retry_age_s: int | None = None,
     priority: int | None = None,
     concurrency_key: str | None = None,
+    timeout_s: float | None = None,
+    expires_at: datetime | None = None,
+    on_success: dict[str, Any] | None = None,
+    on_failure: dict[str, Any] | None = None,
+    on_key: str | None = None,
+    debounce_max_s: int | None = None,
 ) -> int:
     """`enqueue` for a psycopg 3 `Connection` or a SQLAlchemy `Session` / `Connection`."""
     job = SqlJob(
         key,
         handler,
         payload,
-        due_at,
-        queue,
-        tenant,
-        target,
-        max_attempts,
-        max_retry_age_s,
-        priority,
-        concurrency_key,
+        due_at=due_at,
+        queue=queue,
+        tenant=tenant,
+        target=target,
+        max_attempts=max_attempts,
+        max_retry_age_s=max_retry_age_s,
+        priority=priority,
+        concurrency_key=concurrency_key,
+        timeout_s=timeout_s,
+        expires_at=expires_at,
+        on_success=on_success,
+        on_failure=on_failure,
+        on_key=on_key,
+        debounce_max_s=debounce_max_s,
     )
     return int(_fetch_sync(conn, _ENQUEUE, _one(job))[0][0])
 
@@ -172,13 +225,13 @@ def enqueue_many_sync(conn: Any, jobs: Sequence[SqlJob]) -> list[Enqueued]:
 
 
 # parameters ------------------------------------------------------------------------------------
-def _due(due_at: datetime | None) -> str | None:
-    if due_at is None:
+def _time(name: str, value: datetime | None) -> str | None:
+    if value is None:
         return None
     try:
-        return rfc3339.format(due_at)
+        return rfc3339.format(value)
     except rfc3339.TimeError as exc:
-        raise ValueError(f"due_at needs a timezone (e.g. datetime.now(UTC)): {exc}") from None
+        raise ValueError(f"{name} needs a timezone (e.g. datetime.now(UTC)): {exc}") from None
 
 
 def _json(value: dict[str, Any] | None) -> str | None:
@@ -194,7 +247,7 @@ def _one(job: SqlJob) -> dict[str, Any]:
         "key": job.key,
         "handler": job.handler,
         "payload": json.dumps({} if job.payload is None else job.payload),
-        "due_at": _due(job.due_at),
+        "due_at": _time("due_at", job.due_at),
         "queue": job.queue,
         "tenant": job.tenant,
         "target": _json(job.target),
@@ -202,6 +255,12 @@ def _one(job: SqlJob) -> dict[str, Any]:
         "max_retry_age_s": _text(job.max_retry_age_s),
         "priority": _text(job.priority),
         "concurrency_key": job.concurrency_key,
+        "timeout_s": None if job.timeout_s is None else repr(float(job.timeout_s)),
+        "expires_at": _time("expires_at", job.expires_at),
+        "on_success": _json(job.on_success),
+        "on_failure": _json(job.on_failure),
+        "on_key": job.on_key,
+        "debounce_max_s": _text(job.debounce_max_s),
     }
 
 
@@ -221,6 +280,12 @@ def _many(jobs: Sequence[SqlJob]) -> dict[str, list[str | None] | None]:
         ("max_retry_age_s", "max_retry_age_s"),
         ("priority", "priority"),
         ("concurrency_key", "concurrency_key"),
+        ("timeout_s", "timeout_s"),
+        ("expires_at", "expires_at"),
+        ("on_success", "on_success"),
+        ("on_failure", "on_failure"),
+        ("on_key", "on_key"),
+        ("debounce_max_s", "debounce_max_s"),
     ):
         values = [row[name] for row in rows]
         columns[plural] = values if any(v is not None for v in values) else None

@@ -240,6 +240,12 @@ class Settings(Strict):
                 raise ValueError(
                     f'{where}: handler {schedule.handler!r} is neither "http" nor in [handlers]'
                 )
+            limit_s = self.handlers[schedule.handler].timeout_s if schedule.timeout_s else 0
+            if schedule.timeout_s is not None and schedule.timeout_s > limit_s:
+                raise ValueError(
+                    f"{where}: timeout_s {schedule.timeout_s:g} is more than handler "
+                    f"{schedule.handler!r} allows ({limit_s:g} s, its timeout_s)"
+                )
             follow = schedule.on_finished
             if follow is not None and follow.queue not in (None, *self.queues):
                 raise ValueError(f"{where}: on_finished queue {follow.queue!r} is not in [queues]")

@@ -24,9 +24,9 @@ from dispatcher.api.jobs import LIST_PARAMETERS
 from dispatcher.api.keys import OPERATOR, REPO
 from dispatcher.api.problems import Problem
 from dispatcher.api.schemas import is_ascii_number
+from dispatcher.api.views import contract_view
 from dispatcher.console import actions
 from dispatcher.console.actions import JOB_ACTIONS, job_id
-from dispatcher.console.redact import masked_target
 from dispatcher.console.toolkit import (
     SERIES,
     Route,
@@ -34,6 +34,7 @@ from dispatcher.console.toolkit import (
     base_context,
     render,
 )
+from dispatcher.core.redact import masked_target
 from dispatcher.db.runs import RunRepository
 from dispatcher.model import STATES
 
@@ -234,6 +235,7 @@ async def job_page(request: web.Request) -> web.StreamResponse:
         payload_limit=PAYLOAD_SHOWN_BYTES,
         result=None if job["result"] is None else pretty(job["result"]),
         target=masked_target(job["target"], job["target_url"]),
+        contract=contract_view(job),
         attempts=attempts,
         older=attempts[-1]["id"] if len(attempts) == ATTEMPTS_SHOWN else None,
         timeline=timeline(job, attempts) if before is None else [],

@@ -31,7 +31,7 @@ and no follow-up.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -233,6 +233,21 @@ class ScheduleSettings(_Strict):
     # None: each unit's tenant (none without one); "": no key (TOML has no null)
     concurrency_key: str | None = Field(None, max_length=200)
     on_finished: FollowUp | None = None
+    # each unit's contract (docs/guides/intake-contracts.md): its deadline per attempt (not for
+    # "http": a target has its own timeout_s), how long after its period's start a unit may
+    # still start (then it ends dead, `expired`: a fire never runs late), and the targets
+    # pushed when a unit succeeds / dies. Key modes do not apply: a unit's key is its run's.
+    timeout_s: float | None = Field(None, gt=0, le=10 * 365 * 86_400)
+    expires_after_s: float | None = Field(None, gt=0, le=10 * 365 * 86_400)
+    on_success: dict[str, Any] | None = None
+    on_failure: dict[str, Any] | None = None
+
+    @field_validator("on_success", "on_failure")
+    @classmethod
+    def _callback(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and not isinstance(value.get("url"), str):
+            raise ValueError('a callback is a target: { url = "https://..." }')
+        return value
 
     @field_validator("concurrency_key")
     @classmethod
@@ -275,6 +290,10 @@ class ScheduleSettings(_Strict):
                 raise ValueError('handler "http" needs target = { url = "https://..." }')
         elif self.target is not None:
             raise ValueError(f'handler {self.handler!r} takes no target (only "http" does)')
+        if self.handler == "http" and self.timeout_s is not None:
+            raise ValueError(
+                'timeout_s: an "http" unit\'s deadline is target.timeout_s; move it there'
+            )
         return self
 
     @model_validator(mode="after")
@@ -315,6 +334,10 @@ class ScheduleSettings(_Strict):
             )
         run = run_key(self.name, period_start)
         base = {**self.params, "schedule": self.name, "period_start": rfc3339.format(period_start)}
+        # from the period, not the clock: a retried trigger asks for the same contract
+        expires_at = None
+        if self.expires_after_s is not None:
+            expires_at = period_start + timedelta(seconds=self.expires_after_s)
         return [
             NewJob(
                 key=unit_key(run, unit.name),
@@ -328,6 +351,10 @@ class ScheduleSettings(_Strict):
                 run_key=run,
                 priority=self.priority,
                 concurrency_key=self.concurrency_key,
+                timeout_s=self.timeout_s,
+                expires_at=expires_at,
+                on_success=self.on_success,
+                on_failure=self.on_failure,
             )
             for unit in units
         ]

@@ -21,10 +21,18 @@ async def store(conn: asyncpg.Connection, created: list[tuple[int, NewJob]]) -> 
     await conn.execute(
         query("set_contracts"),
         [job_id for job_id, _ in created],
-        [item.timeout_s for _, item in created],
-        [item.expires_at for _, item in created],
-        [_json(item.on_success) for _, item in created],
-        [_json(item.on_failure) for _, item in created],
+        *columns([item for _, item in created]),
+    )
+
+
+def columns(items: Sequence[NewJob]) -> tuple[list[Any], ...]:
+    """The contract as statement arguments, one array per field: timeout_s, expires_at, and
+    on_success and on_failure as JSON text."""
+    return (
+        [item.timeout_s for item in items],
+        [item.expires_at for item in items],
+        [_json(item.on_success) for item in items],
+        [_json(item.on_failure) for item in items],
     )
 
 

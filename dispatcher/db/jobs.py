@@ -99,6 +99,9 @@ class JobRepository(JobReads, JobControl):
             *item_columns(items),
             [i.on_key == "keep_due" for i in items],
             [i.debounce_max_s for i in items],
+            [i.priority for i in items],
+            [i.concurrency_key for i in items],
+            *contracts.columns(items),
         )
         results: list[EnqueueResult | None] = [None] * len(items)
         for r in rows:

@@ -21,12 +21,16 @@ SELECT ord, id, key, state, due_at, created_at, outcome
 
 -- name: replace_scheduled
 -- Key modes: replace the jobs these items name by key while they are still scheduled
--- ($10 keep the due time, $11 debounce_max_s); answers "replaced", "not_replaced" or "conflict"
--- per item it found (dispatcher.replace_scheduled).
+-- ($10 keep the due time, $11 debounce_max_s; the whole request: $12 priorities, $13
+-- concurrency keys, $14-$17 the contract, callbacks as JSON text); answers "replaced",
+-- "not_replaced" or "conflict" per item it found (dispatcher.replace_scheduled).
 SELECT ord, id, key, state, due_at, created_at, outcome
   FROM dispatcher.replace_scheduled($1::text[], $2::text[], $3::jsonb[], $4::timestamptz[],
                                     $5::text[], $6::text[], $7::jsonb[], $8::integer[],
-                                    $9::integer[], $10::boolean[], $11::integer[]);
+                                    $9::integer[], $10::boolean[], $11::integer[],
+                                    $12::integer[], $13::text[], $14::float8[],
+                                    $15::timestamptz[], $16::text[]::jsonb[],
+                                    $17::text[]::jsonb[]);
 
 -- name: set_traceparents
 -- Store the W3C trace context jobs were accepted in ($1 ids, $2 traceparents, in parallel), in
@@ -405,7 +409,8 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent, priority, concurrency_key
+       traceparent, priority, concurrency_key, timeout_s, expires_at, on_success, on_failure,
+       replaced_by, replacements, replaced_at, debounce_until
   FROM dispatcher.jobs WHERE id = $1;
 
 -- name: get_job_by_key
@@ -414,7 +419,8 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent, priority, concurrency_key
+       traceparent, priority, concurrency_key, timeout_s, expires_at, on_success, on_failure,
+       replaced_by, replacements, replaced_at, debounce_until
   FROM dispatcher.jobs WHERE key = $1;
 
 -- name: get_job_page
@@ -426,7 +432,8 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        CASE WHEN octet_length(target::text) <= $2 THEN target END AS target, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent, priority, concurrency_key,
+       traceparent, priority, concurrency_key, timeout_s, expires_at, on_success, on_failure,
+       replaced_by, replacements, replaced_at, debounce_until,
        p.bytes AS payload_bytes,
        CASE WHEN p.bytes <= $2 THEN payload END AS payload,
        CASE WHEN p.bytes > $2 THEN left(p.text, $2) END AS payload_excerpt
@@ -508,7 +515,8 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent, priority, concurrency_key
+       traceparent, priority, concurrency_key, timeout_s, expires_at, on_success, on_failure,
+       replaced_by, replacements, replaced_at, debounce_until
   FROM retried;
 
 -- name: cancel_job
@@ -530,7 +538,8 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
        target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
        budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
        last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-       traceparent, priority, concurrency_key
+       traceparent, priority, concurrency_key, timeout_s, expires_at, on_success, on_failure,
+       replaced_by, replacements, replaced_at, debounce_until
   FROM cancelled;
 
 -- name: discard_job
@@ -540,7 +549,8 @@ RETURNING id, key, request_hash, queue, tenant, handler, handler_version,
           target ->> 'url' AS target_url, state, due_at, attempt, max_attempts, max_retry_age_s,
           budget_started_at, lease_owner, lease_expires_at, cancel_requested, progress, result,
           last_error, dead_reason, run_key, created_at, started_at, finished_at, dead_letter_of,
-          traceparent, priority, concurrency_key;
+          traceparent, priority, concurrency_key, timeout_s, expires_at, on_success,
+          on_failure, replaced_by, replacements, replaced_at, debounce_until;
 
 -- name: move_dead
 -- Bulk redrive ($8 = 'ready': like a retry, with a fresh attempt budget and an outbox row) or

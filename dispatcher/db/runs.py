@@ -282,7 +282,7 @@ class RunRepository:
                     )
                     if earlier is not None:
                         break
-                    jobs = [NewJob(**item) for item in row["queued_jobs"]]
+                    jobs = [queued_job(item) for item in row["queued_jobs"]]
                     created += await self._enqueue(conn, jobs)
                     await conn.execute(query("release_run"), row["run_key"])
                     released.append(row["run_key"])
@@ -421,3 +421,11 @@ def _describe(exc: BaseException) -> str:
         hint = getattr(exc, "hint", None)
         return f"{exc}" + (f" ({hint})" if hint else "")
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def queued_job(item: dict[str, Any]) -> NewJob:
+    """A unit of a queued run as stored (JSON): its time to live is RFC 3339 text there."""
+    expires_at = item.get("expires_at")
+    if isinstance(expires_at, str):
+        item = {**item, "expires_at": datetime.fromisoformat(expires_at)}
+    return NewJob(**item)

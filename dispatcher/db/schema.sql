@@ -92,7 +92,11 @@ CREATE TABLE dispatcher.intents (
     timeout_s double precision,
     on_success jsonb,
     on_failure jsonb,
-    callback_of bigint
+    callback_of bigint,
+    replaced_by text,
+    replacements integer,
+    replaced_at timestamp with time zone,
+    debounce_until timestamp with time zone
 );
 
 CREATE TABLE dispatcher.job_state (
@@ -150,7 +154,15 @@ CREATE TABLE dispatcher.jobs (
     dead_letter_of bigint,
     traceparent text,
     priority smallint DEFAULT 0,
-    concurrency_key text
+    concurrency_key text,
+    timeout_s double precision,
+    expires_at timestamp with time zone,
+    on_success jsonb,
+    on_failure jsonb,
+    replaced_by text,
+    replacements integer,
+    replaced_at timestamp with time zone,
+    debounce_until timestamp with time zone
 );
 
 CREATE TABLE dispatcher.key_ledger (
@@ -315,6 +327,8 @@ ALTER TABLE dispatcher.intake_settings ADD CONSTRAINT intake_settings_singleton_
 ALTER TABLE dispatcher.intents ADD CONSTRAINT intents_concurrency_key_length CHECK (length(concurrency_key) >= 1 AND length(concurrency_key) <= 200) NOT VALID NOT VALID;
 
 ALTER TABLE dispatcher.intents ADD CONSTRAINT intents_priority_range CHECK (priority >= '-100'::integer AND priority <= 100) NOT VALID NOT VALID;
+
+ALTER TABLE dispatcher.intents ADD CONSTRAINT intents_replaced_by_mode CHECK (replaced_by = ANY (ARRAY['replace'::text, 'keep_due'::text]));
 
 ALTER TABLE dispatcher.intents ADD CONSTRAINT intents_timeout_s_positive CHECK (timeout_s > 0::double precision AND timeout_s < 'Infinity'::double precision);
 
@@ -893,7 +907,7 @@ AS $function$
     SELECT CASE WHEN requested IS NULL THEN nullif(tenant, '') ELSE nullif(requested, '') END
 $function$;
 
-CREATE OR REPLACE FUNCTION dispatcher.enqueue(key text, handler text, payload jsonb DEFAULT '{}'::jsonb, due_at timestamp with time zone DEFAULT NULL::timestamp with time zone, queue text DEFAULT NULL::text, tenant text DEFAULT NULL::text, target jsonb DEFAULT NULL::jsonb, max_attempts integer DEFAULT NULL::integer, max_retry_age_s integer DEFAULT NULL::integer, priority integer DEFAULT NULL::integer, concurrency_key text DEFAULT NULL::text, timeout_s double precision DEFAULT NULL::double precision, expires_at timestamp with time zone DEFAULT NULL::timestamp with time zone, on_success jsonb DEFAULT NULL::jsonb, on_failure jsonb DEFAULT NULL::jsonb)
+CREATE OR REPLACE FUNCTION dispatcher.enqueue(key text, handler text, payload jsonb DEFAULT '{}'::jsonb, due_at timestamp with time zone DEFAULT NULL::timestamp with time zone, queue text DEFAULT NULL::text, tenant text DEFAULT NULL::text, target jsonb DEFAULT NULL::jsonb, max_attempts integer DEFAULT NULL::integer, max_retry_age_s integer DEFAULT NULL::integer, priority integer DEFAULT NULL::integer, concurrency_key text DEFAULT NULL::text, timeout_s double precision DEFAULT NULL::double precision, expires_at timestamp with time zone DEFAULT NULL::timestamp with time zone, on_success jsonb DEFAULT NULL::jsonb, on_failure jsonb DEFAULT NULL::jsonb, on_key text DEFAULT NULL::text, debounce_max_s integer DEFAULT NULL::integer)
  RETURNS bigint
  LANGUAGE plpgsql
 AS $function$
@@ -915,6 +929,7 @@ DECLARE
     max_bytes   bigint := dispatcher.max_payload_bytes();
     size        bigint;
     pruned      record;
+    replacing   boolean := false;
 BEGIN
     IF key IS NULL OR length(key) NOT BETWEEN 1 AND 255 OR key ~ '[^ -~]' THEN
         RAISE EXCEPTION 'dispatcher.enqueue: invalid key %', quote_nullable(key)
@@ -963,24 +978,9 @@ BEGIN
     IF NOT (due_at <@ dispatcher.due_at_range()) THEN
         PERFORM dispatcher.refuse_due_at(due_at);
     END IF;
-    IF timeout_s IS NOT NULL AND (handler = 'http' OR NOT timeout_s > 0 OR timeout_s
-           > coalesce((SELECT h.max_timeout_s FROM dispatcher.handlers h
-                        WHERE h.name = enqueue.handler), 'infinity')) THEN
-        RAISE EXCEPTION 'dispatcher.enqueue: timeout_s % is not a deadline handler % allows', timeout_s,
-            quote_literal(handler)
-            USING ERRCODE = '22023',
-                  HINT = 'more than 0 and at most the handler''s timeout_s (dispatcher.handlers.max_timeout_s); an http job''s deadline is target.timeout_s';
-    END IF;
-    IF expires_at IS NOT NULL AND (NOT (expires_at <@ dispatcher.due_at_range())
-                                   OR expires_at <= greatest(effective, now())) THEN
-        RAISE EXCEPTION 'dispatcher.enqueue: expires_at % is not after the due time, or out of range', expires_at
-            USING ERRCODE = '22023',
-                  HINT = 'a time to live later than due_at (and now): the job could never start';
-    END IF;
-    IF jsonb_typeof(on_success -> 'url') IS DISTINCT FROM 'string' AND on_success IS NOT NULL
-       OR jsonb_typeof(on_failure -> 'url') IS DISTINCT FROM 'string' AND on_failure IS NOT NULL THEN
-        RAISE EXCEPTION 'dispatcher.enqueue: on_success and on_failure are targets {"url": ...}'
-            USING ERRCODE = '22023', HINT = 'e.g. jsonb_build_object(''url'', ''https://...'')';
+    IF num_nonnulls(timeout_s, expires_at, on_success, on_failure, on_key, debounce_max_s) > 0 THEN
+        PERFORM dispatcher.refuse_contract(handler, due_at, timeout_s, expires_at, on_success,
+                                           on_failure, on_key, debounce_max_s);
     END IF;
     IF due_at < now() - make_interval(secs => tolerance_s) THEN
         PERFORM dispatcher.refuse_past_due(due_at, tolerance_s);
@@ -1041,20 +1041,31 @@ BEGIN
                    OR ckey IS DISTINCT FROM nullif(tenant_name, '') OR found_hash
                    <> dispatcher.request_hash(handler, target, payload, queue_name, tenant_name,
                                               due_at, max_attempts, max_retry_age_s)) THEN
-                RAISE EXCEPTION 'dispatcher.enqueue: key % already names job % with a different request',
-                    key, found_id
-                    USING ERRCODE = '23505',
-                          HINT = 'resend the original request unchanged, or choose a new key for new work';
-            END IF;
-            IF EXISTS (SELECT 1 FROM dispatcher.intents i JOIN dispatcher.job_state s ON s.id = i.id
+                IF coalesce(on_key, 'reject') = 'reject' THEN
+                    RAISE EXCEPTION 'dispatcher.enqueue: key % already names job % with a different request',
+                        key, found_id
+                        USING ERRCODE = '23505',
+                              HINT = 'resend the original request unchanged, or choose a new key for new work';
+                END IF;
+                replacing := true;
+            ELSIF EXISTS (SELECT 1 FROM dispatcher.intents i JOIN dispatcher.job_state s ON s.id = i.id
                         WHERE i.id = found_id
                           AND (i.timeout_s, s.expires_at, i.on_success, i.on_failure)
                               IS DISTINCT FROM (enqueue.timeout_s, enqueue.expires_at,
                                                 enqueue.on_success, enqueue.on_failure)) THEN
-                RAISE EXCEPTION 'dispatcher.enqueue: key % already names job % with a different contract',
-                    key, found_id
-                    USING ERRCODE = '23505',
-                          HINT = 'resend the original timeout_s, expires_at, on_success and on_failure, or choose a new key';
+                IF coalesce(on_key, 'reject') = 'reject' THEN
+                    RAISE EXCEPTION 'dispatcher.enqueue: key % already names job % with a different contract',
+                        key, found_id
+                        USING ERRCODE = '23505',
+                              HINT = 'resend the original timeout_s, expires_at, on_success and on_failure, or choose a new key';
+                END IF;
+                replacing := true;
+            END IF;
+            IF replacing THEN  -- on_key replace or keep_due: the scheduled job takes this request
+                RETURN dispatcher.replace_one(key, handler, payload, due_at, queue, tenant, target,
+                                              max_attempts, max_retry_age_s, priority,
+                                              concurrency_key, timeout_s, expires_at, on_success,
+                                              on_failure, on_key, debounce_max_s);
             END IF;
             RETURN found_id;
         END IF;
@@ -1113,7 +1124,7 @@ BEGIN
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION dispatcher.enqueue_many(keys text[], handlers text[], payloads jsonb[], due_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], queues text[] DEFAULT NULL::text[], tenants text[] DEFAULT NULL::text[], targets jsonb[] DEFAULT NULL::jsonb[], max_attempts integer[] DEFAULT NULL::integer[], max_retry_age_s integer[] DEFAULT NULL::integer[], run_keys text[] DEFAULT NULL::text[], priorities integer[] DEFAULT NULL::integer[], concurrency_keys text[] DEFAULT NULL::text[])
+CREATE OR REPLACE FUNCTION dispatcher.enqueue_many(keys text[], handlers text[], payloads jsonb[], due_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], queues text[] DEFAULT NULL::text[], tenants text[] DEFAULT NULL::text[], targets jsonb[] DEFAULT NULL::jsonb[], max_attempts integer[] DEFAULT NULL::integer[], max_retry_age_s integer[] DEFAULT NULL::integer[], run_keys text[] DEFAULT NULL::text[], priorities integer[] DEFAULT NULL::integer[], concurrency_keys text[] DEFAULT NULL::text[], on_keys text[] DEFAULT NULL::text[], debounce_max_s integer[] DEFAULT NULL::integer[], timeout_s double precision[] DEFAULT NULL::double precision[], expires_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], on_success jsonb[] DEFAULT NULL::jsonb[], on_failure jsonb[] DEFAULT NULL::jsonb[])
  RETURNS SETOF dispatcher.enqueue_result
  LANGUAGE plpgsql
 AS $function$
@@ -1144,9 +1155,110 @@ BEGIN
     IF bad_item IS NOT NULL THEN
         PERFORM dispatcher.refuse_payload(bad_key, bad_size, max_bytes, bad_item);
     END IF;
+    IF num_nonnulls(on_keys, debounce_max_s, timeout_s, expires_ats, on_success,
+                    on_failure) > 0 THEN
+        RETURN QUERY SELECT * FROM dispatcher.enqueue_many_contracts(
+            keys, handlers, payloads, due_ats, queues, tenants, targets, max_attempts,
+            max_retry_age_s, run_keys, priorities, concurrency_keys, on_keys, debounce_max_s,
+            timeout_s, expires_ats, on_success, on_failure);
+        RETURN;
+    END IF;
     RETURN QUERY SELECT * FROM dispatcher.enqueue_many_internal(
         keys, handlers, payloads, due_ats, queues, tenants, targets, max_attempts,
         max_retry_age_s, run_keys, priorities, concurrency_keys);
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.enqueue_many_contracts(keys text[], handlers text[], payloads jsonb[], due_ats timestamp with time zone[], queues text[], tenants text[], targets jsonb[], max_attempts integer[], max_retry_age_s integer[], run_keys text[], priorities integer[], concurrency_keys text[], on_keys text[], debounce_max_s integer[], timeout_s double precision[], expires_ats timestamp with time zone[], on_success jsonb[], on_failure jsonb[])
+ RETURNS SETOF dispatcher.enqueue_result
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    n       integer := coalesce(cardinality(keys), 0);
+    c       record;
+    results dispatcher.enqueue_result[];
+    asked   integer[];   -- the ordinals of the conflicts that asked to replace their job
+    replaced dispatcher.enqueue_result[];
+BEGIN
+    IF cardinality(on_keys) <> n OR cardinality(debounce_max_s) <> n
+       OR cardinality(timeout_s) <> n OR cardinality(expires_ats) <> n
+       OR cardinality(on_success) <> n OR cardinality(on_failure) <> n THEN
+        RAISE EXCEPTION 'dispatcher.enqueue_many: every array must have % elements, one per job', n
+            USING ERRCODE = '22023', HINT = 'pass NULL instead of an array to use the defaults';
+    END IF;
+    FOR c IN SELECT u.*
+               FROM unnest(handlers, due_ats, timeout_s, expires_ats, on_success, on_failure,
+                           on_keys, debounce_max_s)
+                    WITH ORDINALITY AS u(h, d, ts, ex, os, ofl, ok, dm, o)
+              WHERE num_nonnulls(u.ts, u.ex, u.os, u.ofl, u.ok, u.dm) > 0
+              ORDER BY u.o
+    LOOP
+        PERFORM dispatcher.refuse_contract(c.h, c.d, c.ts, c.ex, c.os, c.ofl, c.ok, c.dm, c.o);
+    END LOOP;
+    results := ARRAY(SELECT r::dispatcher.enqueue_result FROM dispatcher.enqueue_many_internal(
+        keys, handlers, payloads, due_ats, queues, tenants, targets, max_attempts,
+        max_retry_age_s, run_keys, priorities, concurrency_keys) r);
+
+    -- the contracts of the jobs created (= ANY: index probes, as db/queries.sql set_contracts)
+    WITH made AS (
+        SELECT r.id, u.ts, u.ex, u.os, u.ofl
+          FROM unnest(results) r
+          JOIN unnest(timeout_s, expires_ats, on_success, on_failure)
+               WITH ORDINALITY AS u(ts, ex, os, ofl, o) ON u.o = r.ord
+         WHERE r.outcome = 'created' AND num_nonnulls(u.ts, u.ex, u.os, u.ofl) > 0
+    ), intent AS (
+        UPDATE dispatcher.intents i SET timeout_s = m.ts, on_success = m.os, on_failure = m.ofl
+          FROM made m WHERE i.id = ANY (ARRAY(SELECT id FROM made)) AND i.id = m.id
+    )
+    UPDATE dispatcher.job_state s
+       SET expires_at = m.ex, has_callback = num_nonnulls(m.os, m.ofl) > 0
+      FROM made m WHERE s.id = ANY (ARRAY(SELECT id FROM made)) AND s.id = m.id;
+
+    -- a replay is the same request only with the same contract
+    results := ARRAY(
+        SELECT CASE WHEN r.outcome = 'existing' AND EXISTS (
+                        SELECT 1 FROM dispatcher.intents i JOIN dispatcher.job_state s ON s.id = i.id
+                         WHERE i.id = r.id
+                           AND (i.timeout_s, s.expires_at, i.on_success, i.on_failure)
+                               IS DISTINCT FROM (u.ts, u.ex, u.os, u.ofl))
+                    THEN ROW(r.ord, r.id, r.key, r.state, r.due_at, r.created_at,
+                             'conflict')::dispatcher.enqueue_result
+                    ELSE r END
+          FROM unnest(results) r
+          LEFT JOIN unnest(timeout_s, expires_ats, on_success, on_failure)
+               WITH ORDINALITY AS u(ts, ex, os, ofl, o) ON u.o = r.ord);
+
+    asked := ARRAY(SELECT r.ord FROM unnest(results) r
+                    WHERE r.outcome = 'conflict' AND coalesce(on_keys[r.ord], 'reject') <> 'reject'
+                    ORDER BY r.ord);
+    IF cardinality(asked) > 0 THEN
+        -- into an array first: a function scan inside a join may be run again per row
+        replaced := ARRAY(SELECT x::dispatcher.enqueue_result FROM dispatcher.replace_scheduled(
+            ARRAY(SELECT keys[a.o] FROM unnest(asked) WITH ORDINALITY AS a(o, n) ORDER BY a.n),
+            ARRAY(SELECT handlers[a.o] FROM unnest(asked) WITH ORDINALITY AS a(o, n) ORDER BY a.n),
+            ARRAY(SELECT payloads[a.o] FROM unnest(asked) WITH ORDINALITY AS a(o, n) ORDER BY a.n),
+            ARRAY(SELECT due_ats[a.o] FROM unnest(asked) WITH ORDINALITY AS a(o, n) ORDER BY a.n),
+            ARRAY(SELECT queues[a.o] FROM unnest(asked) WITH ORDINALITY AS a(o, n) ORDER BY a.n),
+            ARRAY(SELECT tenants[a.o] FROM unnest(asked) WITH ORDINALITY AS a(o, n) ORDER BY a.n),
+            ARRAY(SELECT targets[a.o] FROM unnest(asked) WITH ORDINALITY AS a(o, n) ORDER BY a.n),
+            ARRAY(SELECT max_attempts[a.o] FROM unnest(asked) WITH ORDINALITY AS a(o, n) ORDER BY a.n),
+            ARRAY(SELECT max_retry_age_s[a.o] FROM unnest(asked) WITH ORDINALITY AS a(o, n) ORDER BY a.n),
+            ARRAY(SELECT on_keys[a.o] = 'keep_due' FROM unnest(asked) WITH ORDINALITY AS a(o, n) ORDER BY a.n),
+            ARRAY(SELECT debounce_max_s[a.o] FROM unnest(asked) WITH ORDINALITY AS a(o, n) ORDER BY a.n),
+            ARRAY(SELECT priorities[a.o] FROM unnest(asked) WITH ORDINALITY AS a(o, n) ORDER BY a.n),
+            ARRAY(SELECT concurrency_keys[a.o] FROM unnest(asked) WITH ORDINALITY AS a(o, n) ORDER BY a.n),
+            ARRAY(SELECT timeout_s[a.o] FROM unnest(asked) WITH ORDINALITY AS a(o, n) ORDER BY a.n),
+            ARRAY(SELECT expires_ats[a.o] FROM unnest(asked) WITH ORDINALITY AS a(o, n) ORDER BY a.n),
+            ARRAY(SELECT on_success[a.o] FROM unnest(asked) WITH ORDINALITY AS a(o, n) ORDER BY a.n),
+            ARRAY(SELECT on_failure[a.o] FROM unnest(asked) WITH ORDINALITY AS a(o, n) ORDER BY a.n)) x);
+        results := ARRAY(
+            SELECT CASE WHEN x.ord IS NULL THEN r  -- not asked, or its job gone meanwhile
+                        ELSE ROW(r.ord, x.id, x.key, x.state, x.due_at, x.created_at,
+                                 x.outcome)::dispatcher.enqueue_result END
+              FROM unnest(results) r
+              LEFT JOIN unnest(replaced) x ON asked[x.ord] = r.ord);
+    END IF;
+    RETURN QUERY SELECT * FROM unnest(results) r ORDER BY r.ord;
 END
 $function$;
 
@@ -1816,6 +1928,50 @@ AS $function$
     SELECT coalesce((SELECT s.ready_outbox FROM dispatcher.intake_settings s), false)
 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.refuse_contract(handler text, due_at timestamp with time zone, timeout_s double precision, expires_at timestamp with time zone, on_success jsonb, on_failure jsonb, on_key text, debounce_max_s integer, item bigint DEFAULT NULL::bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_variable
+DECLARE
+    at   text := CASE WHEN item IS NULL THEN '' ELSE format(' (item %s)', item) END;
+BEGIN
+    IF on_key IS NOT NULL AND on_key NOT IN ('reject', 'replace', 'keep_due') THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: on_key % is not a key mode', quote_literal(on_key) || at
+            USING ERRCODE = '22023',
+                  HINT = 'reject (the default: another request under the key is a conflict), '
+                         'replace (debounce) or keep_due (throttle)';
+    END IF;
+    IF debounce_max_s IS NOT NULL AND (coalesce(on_key, 'reject') <> 'replace'
+                                       OR debounce_max_s NOT BETWEEN 0 AND 315360000) THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: debounce_max_s % needs on_key ''replace'' and 0 to 315360000 s',
+            debounce_max_s || at
+            USING ERRCODE = '22023',
+                  HINT = 'keep_due never moves the due time and reject never replaces: pass NULL';
+    END IF;
+    IF timeout_s IS NOT NULL AND (handler = 'http' OR NOT timeout_s > 0 OR timeout_s
+           > coalesce((SELECT h.max_timeout_s FROM dispatcher.handlers h
+                        WHERE h.name = refuse_contract.handler), 'infinity')) THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: timeout_s % is not a deadline handler % allows',
+            timeout_s || at, quote_literal(handler)
+            USING ERRCODE = '22023',
+                  HINT = 'more than 0 and at most the handler''s timeout_s (dispatcher.handlers.max_timeout_s); an http job''s deadline is target.timeout_s';
+    END IF;
+    IF expires_at IS NOT NULL AND (NOT (expires_at <@ dispatcher.due_at_range())
+                                   OR expires_at <= greatest(coalesce(due_at, now()), now())) THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: expires_at % is not after the due time, or out of range',
+            expires_at || at
+            USING ERRCODE = '22023',
+                  HINT = 'a time to live later than due_at (and now): the job could never start';
+    END IF;
+    IF jsonb_typeof(on_success -> 'url') IS DISTINCT FROM 'string' AND on_success IS NOT NULL
+       OR jsonb_typeof(on_failure -> 'url') IS DISTINCT FROM 'string' AND on_failure IS NOT NULL THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: on_success and on_failure are targets {"url": ...}%', at
+            USING ERRCODE = '22023', HINT = 'e.g. jsonb_build_object(''url'', ''https://...'')';
+    END IF;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION dispatcher.refuse_due_at(due timestamp with time zone, item bigint DEFAULT NULL::bigint)
  RETURNS void
  LANGUAGE plpgsql
@@ -1971,7 +2127,38 @@ BEGIN
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION dispatcher.replace_scheduled(keys text[], handlers text[], payloads jsonb[], due_ats timestamp with time zone[], queues text[], tenants text[], targets jsonb[], max_attempts integer[], max_retry_age_s integer[], keep_due boolean[], debounce_max_s integer[])
+CREATE OR REPLACE FUNCTION dispatcher.replace_one(key text, handler text, payload jsonb, due_at timestamp with time zone, queue text, tenant text, target jsonb, max_attempts integer, max_retry_age_s integer, priority integer, concurrency_key text, timeout_s double precision, expires_at timestamp with time zone, on_success jsonb, on_failure jsonb, on_key text, debounce_max_s integer)
+ RETURNS bigint
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_variable
+DECLARE
+    r dispatcher.enqueue_result;
+BEGIN
+    SELECT * INTO r FROM dispatcher.replace_scheduled(
+        ARRAY[key], ARRAY[handler], ARRAY[payload], ARRAY[due_at], ARRAY[queue], ARRAY[tenant],
+        ARRAY[target], ARRAY[max_attempts], ARRAY[max_retry_age_s], ARRAY[on_key = 'keep_due'],
+        ARRAY[debounce_max_s], ARRAY[priority], ARRAY[concurrency_key], ARRAY[timeout_s],
+        ARRAY[expires_at], ARRAY[on_success], ARRAY[on_failure]);
+    IF r.outcome = 'replaced' THEN
+        RETURN r.id;
+    ELSIF r.outcome = 'not_replaced' THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: key % names job %, which is %: on_key % replaces only a scheduled job, so it was not changed',
+            key, r.id, r.state, quote_literal(on_key)
+            USING ERRCODE = '23505',
+                  HINT = 'the job already started or ended with its request; choose a new key for new work';
+    ELSIF r.outcome = 'conflict' THEN
+        RAISE EXCEPTION 'dispatcher.enqueue: key % already names job % of another handler, queue or tenant',
+            key, r.id
+            USING ERRCODE = '23505',
+                  HINT = 'a replacement keeps the job''s handler, queue and tenant; choose a new key for new work';
+    END IF;
+    RAISE EXCEPTION 'dispatcher.enqueue: the job key % named was pruned while it was replaced', key
+        USING ERRCODE = '40001', HINT = 'retry the transaction';
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.replace_scheduled(keys text[], handlers text[], payloads jsonb[], due_ats timestamp with time zone[], queues text[], tenants text[], targets jsonb[], max_attempts integer[], max_retry_age_s integer[], keep_due boolean[], debounce_max_s integer[], priorities integer[] DEFAULT NULL::integer[], concurrency_keys text[] DEFAULT NULL::text[], timeouts_s double precision[] DEFAULT NULL::double precision[], expires_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], on_success jsonb[] DEFAULT NULL::jsonb[], on_failure jsonb[] DEFAULT NULL::jsonb[])
  RETURNS SETOF dispatcher.enqueue_result
  LANGUAGE plpgsql
 AS $function$
@@ -1981,10 +2168,15 @@ DECLARE
     due    timestamptz;
     woken  boolean := false;
 BEGIN
-    FOR r IN SELECT u.*, coalesce(u.q, 'default') AS qn, coalesce(u.t, '') AS tn
+    FOR r IN SELECT u.*, coalesce(u.q, 'default') AS qn, coalesce(u.t, '') AS tn,
+                    coalesce(u.pr, 0) AS prio,
+                    dispatcher.effective_concurrency_key(u.ck, coalesce(u.t, '')) AS ckey
                FROM unnest(keys, handlers, payloads, due_ats, queues, tenants, targets,
-                           max_attempts, max_retry_age_s, keep_due, debounce_max_s)
-                    WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, kd, dm, o)
+                           max_attempts, max_retry_age_s, keep_due, debounce_max_s,
+                           priorities, concurrency_keys, timeouts_s, expires_ats, on_success,
+                           on_failure)
+                    WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, kd, dm, pr, ck, ts, ex,
+                                         os, ofl, o)
     LOOP
         SELECT i.id, i.handler, i.queue, i.tenant, i.created_at, s.state, s.due_at
           INTO job
@@ -2006,12 +2198,24 @@ BEGIN
                                    job.created_at + make_interval(secs => r.dm))
                    END;
             due := coalesce(due, greatest(coalesce(r.d, now()), now()));
-            UPDATE dispatcher.intents
+            UPDATE dispatcher.intents i
                SET payload = r.p, target = r.tg,
                    request_hash = dispatcher.request_fingerprint(r.h, r.tg, r.p, r.qn, r.tn,
-                                                                 r.d, r.ma, r.mra)
-             WHERE id = job.id;
-            UPDATE dispatcher.job_state SET due_at = due, budget_started_at = due
+                                                                 r.d, r.ma, r.mra, r.prio, r.ck),
+                   max_attempts = coalesce(r.ma, qd.max_attempts),
+                   max_retry_age_s = coalesce(r.mra, qd.max_retry_age_s),
+                   priority = r.prio, concurrency_key = r.ckey,
+                   timeout_s = r.ts, on_success = r.os, on_failure = r.ofl,
+                   replaced_by = CASE WHEN r.kd THEN 'keep_due' ELSE 'replace' END,
+                   replacements = coalesce(i.replacements, 0) + 1, replaced_at = now(),
+                   debounce_until = CASE WHEN NOT r.kd
+                                         THEN job.created_at + make_interval(secs => r.dm) END
+              FROM dispatcher.queues qd
+             WHERE i.id = job.id AND qd.name = r.qn;
+            UPDATE dispatcher.job_state
+               SET due_at = due, budget_started_at = due, priority = r.prio,
+                   concurrency_key = r.ckey, expires_at = r.ex,
+                   has_callback = num_nonnulls(r.os, r.ofl) > 0
              WHERE id = job.id;
             woken := woken OR due <> job.due_at;
             RETURN NEXT ROW(r.o::integer, job.id, r.k, 'scheduled', due, job.created_at,

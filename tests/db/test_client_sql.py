@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 
 from dispatcher.client import SqlJob, enqueue, enqueue_many, enqueue_many_sync, enqueue_sync
+from dispatcher.db.jobs import JobRepository
 
 TARGET = {"url": "https://hooks.example.com/orders"}
 LATER = datetime.now(UTC) + timedelta(days=1)
@@ -276,3 +277,66 @@ async def test_priority_and_concurrency_key_reach_the_job_on_every_driver(door: 
         ("p-3", 7, "acct-3"),
         ("p-4", 0, "u"),
     ]
+
+
+@pytest.fixture
+async def work(repo: JobRepository) -> None:
+    """A Python handler whose jobs may ask for a deadline of up to 60 s."""
+    await repo.sync_registry(
+        {"default": (10, 86_400)},
+        {"work": ("python", 1), "http": ("http", 1)},
+        max_timeout_s={"work": 60.0},
+    )
+
+
+@pytest.mark.usefixtures("work")
+async def test_the_contract_and_key_modes_reach_the_job_on_every_driver(door: Door) -> None:
+    hook = {"url": "https://hooks.example.com/done"}
+    expires = LATER + timedelta(hours=1)
+    async with door.transaction(commit=True) as run:
+        first = await run(
+            "one", "c-1", "work", {"v": 1}, due_at=LATER, timeout_s=12.5, expires_at=expires,
+            on_success=hook,
+        )  # fmt: skip
+        again = await run(
+            "one", "c-1", "work", {"v": 2}, due_at=LATER, on_key="replace", debounce_max_s=3600,
+            on_failure=hook,
+        )  # fmt: skip
+        results = await run(
+            "many",
+            [
+                SqlJob("c-2", "work", {}, due_at=LATER, timeout_s=3.0, on_failure=hook),
+                SqlJob("c-1", "work", {"v": 3}, due_at=LATER, on_key="keep_due", priority=4),
+                SqlJob("c-1", "work", {"v": 4}, due_at=LATER),  # reject: another request
+            ],
+        )
+    assert again == first
+    assert [(r.key, r.outcome) for r in results] == [
+        ("c-2", "created"),
+        ("c-1", "replaced"),
+        ("c-1", "conflict"),
+    ]
+    conn = await asyncpg.connect(door.url)
+    try:
+        rows = await conn.fetch(
+            "SELECT i.key, i.payload::text, i.priority, i.timeout_s, i.on_success::text,"
+            " i.on_failure::text, s.expires_at FROM dispatcher.intents i"
+            " JOIN dispatcher.job_state s ON s.id = i.id ORDER BY i.key"
+        )
+    finally:
+        await conn.close()
+    hook_text = '{"url": "https://hooks.example.com/done"}'
+    assert [tuple(r) for r in rows] == [
+        # replaced twice: the last request whole (its contract has no callback on success)
+        ("c-1", '{"v": 3}', 4, None, None, None, None),
+        ("c-2", "{}", 0, 3.0, None, hook_text, None),
+    ]
+
+
+@pytest.mark.usefixtures("work")
+async def test_a_bad_contract_is_refused_on_every_driver(door: Door) -> None:
+    with pytest.raises(Exception) as refused:
+        async with door.transaction(commit=True) as run:
+            await run("many", [SqlJob("ok", "work", {}), SqlJob("bad", "work", {}, on_key="x")])
+    assert "on_key 'x' (item 2) is not a key mode" in str(refused.value)
+    assert await counts(door.url) == (0, 0)

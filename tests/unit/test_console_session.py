@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from dispatcher.config.tokens import parse_entry
-from dispatcher.console.redact import MASK, masked_target, masked_url
 from dispatcher.console.series import StartSeries, Totals, percentile_bound
 from dispatcher.console.session import SessionSigner
 from dispatcher.console.toolkit import printable
 from dispatcher.console.web import safe_next
+from dispatcher.core.redact import MASK, masked_target, masked_url
 
 OPERATOR = parse_entry("op-secret operate,read # ops", "test", "ops")
 VIEWER = parse_entry("ro-secret read # viewer", "test", "viewer")

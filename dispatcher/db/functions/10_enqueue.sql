@@ -8,7 +8,10 @@
 -- default 0) and `concurrency_key` (NULL: the tenant; '': no key) are stored on the intent and
 -- the state row (migration 023). `timeout_s`, `expires_at`, `on_success` and `on_failure` are
 -- the job's contract (migration 030): a deadline of at most the handler's, a time to live, and
--- callback targets; another contract under the same key is a conflict.
+-- callback targets; another contract under the same key is a conflict. `on_key` and
+-- `debounce_max_s` (migration 032): when the key names a job with another request, `replace`
+-- or `keep_due` replace it while it is scheduled (dispatcher.replace_scheduled), and the id is
+-- returned; a job already ready, running or finished is never replaced: 23505 names its state.
 CREATE OR REPLACE FUNCTION dispatcher.enqueue(
     key             text,
     handler         text,
@@ -24,7 +27,9 @@ CREATE OR REPLACE FUNCTION dispatcher.enqueue(
     timeout_s       float8 DEFAULT NULL,
     expires_at      timestamptz DEFAULT NULL,
     on_success      jsonb DEFAULT NULL,
-    on_failure      jsonb DEFAULT NULL
+    on_failure      jsonb DEFAULT NULL,
+    on_key          text DEFAULT NULL,
+    debounce_max_s  integer DEFAULT NULL
 ) RETURNS bigint LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
 DECLARE
@@ -44,6 +49,7 @@ DECLARE
     max_bytes   bigint := dispatcher.max_payload_bytes();
     size        bigint;
     pruned      record;
+    replacing   boolean := false;
 BEGIN
     IF key IS NULL OR length(key) NOT BETWEEN 1 AND 255 OR key ~ '[^ -~]' THEN
         RAISE EXCEPTION 'dispatcher.enqueue: invalid key %', quote_nullable(key)
@@ -92,24 +98,9 @@ BEGIN
     IF NOT (due_at <@ dispatcher.due_at_range()) THEN
         PERFORM dispatcher.refuse_due_at(due_at);
     END IF;
-    IF timeout_s IS NOT NULL AND (handler = 'http' OR NOT timeout_s > 0 OR timeout_s
-           > coalesce((SELECT h.max_timeout_s FROM dispatcher.handlers h
-                        WHERE h.name = enqueue.handler), 'infinity')) THEN
-        RAISE EXCEPTION 'dispatcher.enqueue: timeout_s % is not a deadline handler % allows', timeout_s,
-            quote_literal(handler)
-            USING ERRCODE = '22023',
-                  HINT = 'more than 0 and at most the handler''s timeout_s (dispatcher.handlers.max_timeout_s); an http job''s deadline is target.timeout_s';
-    END IF;
-    IF expires_at IS NOT NULL AND (NOT (expires_at <@ dispatcher.due_at_range())
-                                   OR expires_at <= greatest(effective, now())) THEN
-        RAISE EXCEPTION 'dispatcher.enqueue: expires_at % is not after the due time, or out of range', expires_at
-            USING ERRCODE = '22023',
-                  HINT = 'a time to live later than due_at (and now): the job could never start';
-    END IF;
-    IF jsonb_typeof(on_success -> 'url') IS DISTINCT FROM 'string' AND on_success IS NOT NULL
-       OR jsonb_typeof(on_failure -> 'url') IS DISTINCT FROM 'string' AND on_failure IS NOT NULL THEN
-        RAISE EXCEPTION 'dispatcher.enqueue: on_success and on_failure are targets {"url": ...}'
-            USING ERRCODE = '22023', HINT = 'e.g. jsonb_build_object(''url'', ''https://...'')';
+    IF num_nonnulls(timeout_s, expires_at, on_success, on_failure, on_key, debounce_max_s) > 0 THEN
+        PERFORM dispatcher.refuse_contract(handler, due_at, timeout_s, expires_at, on_success,
+                                           on_failure, on_key, debounce_max_s);
     END IF;
     IF due_at < now() - make_interval(secs => tolerance_s) THEN
         PERFORM dispatcher.refuse_past_due(due_at, tolerance_s);
@@ -170,20 +161,31 @@ BEGIN
                    OR ckey IS DISTINCT FROM nullif(tenant_name, '') OR found_hash
                    <> dispatcher.request_hash(handler, target, payload, queue_name, tenant_name,
                                               due_at, max_attempts, max_retry_age_s)) THEN
-                RAISE EXCEPTION 'dispatcher.enqueue: key % already names job % with a different request',
-                    key, found_id
-                    USING ERRCODE = '23505',
-                          HINT = 'resend the original request unchanged, or choose a new key for new work';
-            END IF;
-            IF EXISTS (SELECT 1 FROM dispatcher.intents i JOIN dispatcher.job_state s ON s.id = i.id
+                IF coalesce(on_key, 'reject') = 'reject' THEN
+                    RAISE EXCEPTION 'dispatcher.enqueue: key % already names job % with a different request',
+                        key, found_id
+                        USING ERRCODE = '23505',
+                              HINT = 'resend the original request unchanged, or choose a new key for new work';
+                END IF;
+                replacing := true;
+            ELSIF EXISTS (SELECT 1 FROM dispatcher.intents i JOIN dispatcher.job_state s ON s.id = i.id
                         WHERE i.id = found_id
                           AND (i.timeout_s, s.expires_at, i.on_success, i.on_failure)
                               IS DISTINCT FROM (enqueue.timeout_s, enqueue.expires_at,
                                                 enqueue.on_success, enqueue.on_failure)) THEN
-                RAISE EXCEPTION 'dispatcher.enqueue: key % already names job % with a different contract',
-                    key, found_id
-                    USING ERRCODE = '23505',
-                          HINT = 'resend the original timeout_s, expires_at, on_success and on_failure, or choose a new key';
+                IF coalesce(on_key, 'reject') = 'reject' THEN
+                    RAISE EXCEPTION 'dispatcher.enqueue: key % already names job % with a different contract',
+                        key, found_id
+                        USING ERRCODE = '23505',
+                              HINT = 'resend the original timeout_s, expires_at, on_success and on_failure, or choose a new key';
+                END IF;
+                replacing := true;
+            END IF;
+            IF replacing THEN  -- on_key replace or keep_due: the scheduled job takes this request
+                RETURN dispatcher.replace_one(key, handler, payload, due_at, queue, tenant, target,
+                                              max_attempts, max_retry_age_s, priority,
+                                              concurrency_key, timeout_s, expires_at, on_success,
+                                              on_failure, on_key, debounce_max_s);
             END IF;
             RETURN found_id;
         END IF;

@@ -1,6 +1,13 @@
 -- The SQL door for batches: refuses the call when an item is due long past or carries a
 -- payload and target over limits.max_payload_bytes (the daemon's door checks both per item
 -- before calling), then does what the daemon's door does.
+-- Each item's contract (migration 032; NULL arrays: none): `on_keys` and `debounce_max_s`
+-- (key modes), `timeout_s`, `expires_ats`, `on_success` and `on_failure`, checked as
+-- dispatcher.enqueue checks them (an invalid one refuses the call, naming the item) and
+-- answered as the HTTP batch answers them: a replay with another contract is a "conflict";
+-- an item whose key names a job with another request and that asked to replace it answers
+-- "replaced" (the scheduled job now carries it) or "not_replaced" (the job is already ready,
+-- running or finished: unchanged, its state in the answer).
 CREATE OR REPLACE FUNCTION dispatcher.enqueue_many(
     keys            text[],
     handlers        text[],
@@ -13,7 +20,13 @@ CREATE OR REPLACE FUNCTION dispatcher.enqueue_many(
     max_retry_age_s integer[] DEFAULT NULL,
     run_keys        text[] DEFAULT NULL,
     priorities      integer[] DEFAULT NULL,
-    concurrency_keys text[] DEFAULT NULL
+    concurrency_keys text[] DEFAULT NULL,
+    on_keys         text[] DEFAULT NULL,
+    debounce_max_s  integer[] DEFAULT NULL,
+    timeout_s       float8[] DEFAULT NULL,
+    expires_ats     timestamptz[] DEFAULT NULL,
+    on_success      jsonb[] DEFAULT NULL,
+    on_failure      jsonb[] DEFAULT NULL
 ) RETURNS SETOF dispatcher.enqueue_result
 LANGUAGE plpgsql
 AS $$
@@ -43,6 +56,14 @@ BEGIN
      LIMIT 1;
     IF bad_item IS NOT NULL THEN
         PERFORM dispatcher.refuse_payload(bad_key, bad_size, max_bytes, bad_item);
+    END IF;
+    IF num_nonnulls(on_keys, debounce_max_s, timeout_s, expires_ats, on_success,
+                    on_failure) > 0 THEN
+        RETURN QUERY SELECT * FROM dispatcher.enqueue_many_contracts(
+            keys, handlers, payloads, due_ats, queues, tenants, targets, max_attempts,
+            max_retry_age_s, run_keys, priorities, concurrency_keys, on_keys, debounce_max_s,
+            timeout_s, expires_ats, on_success, on_failure);
+        RETURN;
     END IF;
     RETURN QUERY SELECT * FROM dispatcher.enqueue_many_internal(
         keys, handlers, payloads, due_ats, queues, tenants, targets, max_attempts,

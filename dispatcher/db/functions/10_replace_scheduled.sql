@@ -7,10 +7,19 @@
 -- never past the job's acceptance plus `debounce_max_s` (NULL: no bound). A job of another
 -- handler, queue or tenant is not replaced (outcome "conflict"); one already ready, running
 -- or finished is not either (outcome "not_replaced", with its state).
+-- The whole request is replaced (migration 032): the retry settings, `priority` and
+-- `concurrency_key` (on the intent and the state row, which the claim orders and limits by)
+-- and the contract (deadline, time to live, callbacks), so the fingerprint and the contract
+-- stored are the replacing request's: sending it again is a replay, not another request.
+-- Each replacement is counted on the intent (replaced_by, replacements, replaced_at,
+-- debounce_until: the job's status shows them).
 CREATE OR REPLACE FUNCTION dispatcher.replace_scheduled(
     keys text[], handlers text[], payloads jsonb[], due_ats timestamptz[], queues text[],
     tenants text[], targets jsonb[], max_attempts integer[], max_retry_age_s integer[],
-    keep_due boolean[], debounce_max_s integer[]
+    keep_due boolean[], debounce_max_s integer[], priorities integer[] DEFAULT NULL,
+    concurrency_keys text[] DEFAULT NULL, timeouts_s float8[] DEFAULT NULL,
+    expires_ats timestamptz[] DEFAULT NULL, on_success jsonb[] DEFAULT NULL,
+    on_failure jsonb[] DEFAULT NULL
 ) RETURNS SETOF dispatcher.enqueue_result LANGUAGE plpgsql AS $$
 DECLARE
     r      record;
@@ -18,10 +27,15 @@ DECLARE
     due    timestamptz;
     woken  boolean := false;
 BEGIN
-    FOR r IN SELECT u.*, coalesce(u.q, 'default') AS qn, coalesce(u.t, '') AS tn
+    FOR r IN SELECT u.*, coalesce(u.q, 'default') AS qn, coalesce(u.t, '') AS tn,
+                    coalesce(u.pr, 0) AS prio,
+                    dispatcher.effective_concurrency_key(u.ck, coalesce(u.t, '')) AS ckey
                FROM unnest(keys, handlers, payloads, due_ats, queues, tenants, targets,
-                           max_attempts, max_retry_age_s, keep_due, debounce_max_s)
-                    WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, kd, dm, o)
+                           max_attempts, max_retry_age_s, keep_due, debounce_max_s,
+                           priorities, concurrency_keys, timeouts_s, expires_ats, on_success,
+                           on_failure)
+                    WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, kd, dm, pr, ck, ts, ex,
+                                         os, ofl, o)
     LOOP
         SELECT i.id, i.handler, i.queue, i.tenant, i.created_at, s.state, s.due_at
           INTO job
@@ -43,12 +57,24 @@ BEGIN
                                    job.created_at + make_interval(secs => r.dm))
                    END;
             due := coalesce(due, greatest(coalesce(r.d, now()), now()));
-            UPDATE dispatcher.intents
+            UPDATE dispatcher.intents i
                SET payload = r.p, target = r.tg,
                    request_hash = dispatcher.request_fingerprint(r.h, r.tg, r.p, r.qn, r.tn,
-                                                                 r.d, r.ma, r.mra)
-             WHERE id = job.id;
-            UPDATE dispatcher.job_state SET due_at = due, budget_started_at = due
+                                                                 r.d, r.ma, r.mra, r.prio, r.ck),
+                   max_attempts = coalesce(r.ma, qd.max_attempts),
+                   max_retry_age_s = coalesce(r.mra, qd.max_retry_age_s),
+                   priority = r.prio, concurrency_key = r.ckey,
+                   timeout_s = r.ts, on_success = r.os, on_failure = r.ofl,
+                   replaced_by = CASE WHEN r.kd THEN 'keep_due' ELSE 'replace' END,
+                   replacements = coalesce(i.replacements, 0) + 1, replaced_at = now(),
+                   debounce_until = CASE WHEN NOT r.kd
+                                         THEN job.created_at + make_interval(secs => r.dm) END
+              FROM dispatcher.queues qd
+             WHERE i.id = job.id AND qd.name = r.qn;
+            UPDATE dispatcher.job_state
+               SET due_at = due, budget_started_at = due, priority = r.prio,
+                   concurrency_key = r.ckey, expires_at = r.ex,
+                   has_callback = num_nonnulls(r.os, r.ofl) > 0
              WHERE id = job.id;
             woken := woken OR due <> job.due_at;
             RETURN NEXT ROW(r.o::integer, job.id, r.k, 'scheduled', due, job.created_at,

@@ -1,4 +1,5 @@
-"""What the console shows of an http job's target: where it goes, never what authenticates it.
+"""What an operator sees of a target (the console's job page, a job's callback targets in the
+API and the CLI): where it goes, never what authenticates it.
 
 Header values (Authorization, API keys, cookies: any header may carry a secret), the password
 of a URL's user information and the values of its query string are replaced by a mask; names
