@@ -95,23 +95,15 @@ class BulkStore:
         return [dict(r) for r in await self.pool.fetch(query("list_jobs"), *args)]
 
     @asynccontextmanager
-    async def walker(self, key: str) -> AsyncIterator[Walker | None]:
-        """A connection that alone walks bulk action `key` across daemons, or None when
-        another session walks it now."""
+    async def walker(self) -> AsyncIterator[Walker]:
+        """A connection for the walk of one bulk action."""
         async with self.pool.acquire() as conn:
-            if not await _try(conn.fetchval(query("bulk_lock"), key)):
-                yield None
-                return
-            try:
-                yield Walker(conn)
-            finally:
-                if not conn.is_closed():
-                    await conn.fetchval(query("bulk_unlock"), key)
+            yield Walker(conn)
 
 
-@translate_unavailable
-async def _try(call: Any) -> bool:
-    return bool(await call)
+class Overtaken(Exception):
+    """Another request walks the same bulk action at the same time and its batch went first:
+    this walker stops before it moved anything."""
 
 
 class Walker:
@@ -126,7 +118,13 @@ class Walker:
     ) -> dict[str, Any]:
         """The action's record, created with `fence` if it is new."""
         args = (key, action, request_hash, actor, fence)
-        return dict(await self.conn.fetchrow(query("bulk_begin"), *args))
+        for _ in range(3):
+            row = await self.conn.fetchrow(query("bulk_begin"), *args)
+            # None: another request inserted the key after this statement's snapshot was
+            # taken (its insert waited for that one's commit); the next statement sees it
+            if row is not None:
+                return dict(row)
+        raise RuntimeError(f"bulk action {key!r}: its record could not be read")
 
     @translate_unavailable
     async def page(self, selection: Selection, before_id: int, limit: int) -> list[tuple[int, str]]:
@@ -158,11 +156,21 @@ class Walker:
         return moved
 
     @translate_unavailable
+    async def turn(self, record_id: int, seen: int | None) -> None:
+        """Begin a batch (in its transaction): Overtaken if the walk is no longer at `seen`,
+        before any job is locked."""
+        if await self.conn.fetchval(query("bulk_turn"), record_id, seen) is None:
+            raise Overtaken
+
+    @translate_unavailable
     async def progress(
-        self, record_id: int, cursor: int, counts: dict[str, Any], *, done: bool
+        self, record_id: int, seen: int | None, cursor: int, counts: dict[str, Any], *, done: bool
     ) -> None:
-        """The walk has looked at every job down to id `cursor`, with `counts` so far."""
-        await self.conn.execute(query("bulk_progress"), record_id, cursor, counts, done)
+        """The walk, which this walker left at `seen`, has looked at every job down to id
+        `cursor`, with `counts` so far. Overtaken (roll the batch back) if it was not at `seen`."""
+        args = (record_id, cursor, counts, done, seen)
+        if await self.conn.fetchval(query("bulk_progress"), *args) is None:
+            raise Overtaken
 
 
 async def prune(pool: asyncpg.Pool, older_than_s: float, batch: int) -> int:

@@ -109,21 +109,22 @@ SELECT id, key, action, request_hash, fence_id, cursor_id, counts, created_at, f
        false
   FROM dispatcher.bulk_actions WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM made);
 
--- name: bulk_lock
--- Whether this session may walk bulk action $1 (key): one walker at a time across daemons
--- (a session lock, released when the walk ends or its connection goes back to the pool).
-SELECT pg_try_advisory_lock(hashtextextended('dispatcher.bulk:' || $1::text, 0));
-
--- name: bulk_unlock
--- The walk of bulk action $1 (key) ended.
-SELECT pg_advisory_unlock(hashtextextended('dispatcher.bulk:' || $1::text, 0));
+-- name: bulk_turn
+-- A batch's first statement: lock bulk action $1's record if its walk is still where this
+-- walker left it ($2) and not over. A second request walking the same action waits here for
+-- the first one's batch, then finds the walk moved on (no row) before it locked any job.
+SELECT id FROM dispatcher.bulk_actions
+ WHERE id = $1 AND cursor_id IS NOT DISTINCT FROM $2::bigint AND finished_at IS NULL
+   FOR UPDATE;
 
 -- name: bulk_progress
 -- After a batch, in its transaction: bulk action $1 has looked at every job down to id $2,
--- with the counts $3 so far; $4 true when the walk is over.
+-- with the counts $3 so far; $4 true when the walk is over (bulk_turn locked the record; the
+-- check is repeated: only if the walk was where this walker left it, $5, and is not over).
 UPDATE dispatcher.bulk_actions
    SET cursor_id = $2, counts = $3, finished_at = CASE WHEN $4 THEN now() END
- WHERE id = $1;
+ WHERE id = $1 AND cursor_id IS NOT DISTINCT FROM $5::bigint AND finished_at IS NULL
+RETURNING id;
 
 -- name: prune_bulk_actions
 -- Forget up to $2 finished bulk actions older than $1 seconds (the dead retention): from then

@@ -7,9 +7,9 @@ counted per state with the reason. Idempotent by key: a bulk action is recorded 
 (migration 037) and each batch advances the record in the transaction that moves its jobs, so
 asking again with the same key resumes an action that was cut off where it stopped, and answers
 a finished one with what it did, changing nothing more. Only jobs that existed when the action
-began are taken (the fence), so it always ends. Two walkers never share a key (a lock across
-daemons); two actions with other keys over the same jobs never move a job twice, since each
-move locks its rows and checks their state."""
+began are taken (the fence), so it always ends. Two requests never walk one key together (a
+batch commits only if the walk was where its walker left it); two actions with other keys over
+the same jobs never move a job twice, since each move locks its rows and checks their state."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from dispatcher.core import rfc3339
-from dispatcher.db.bulk import BulkStore, Move, Selection, Walker
+from dispatcher.db.bulk import BulkStore, Move, Overtaken, Selection, Walker
 from dispatcher.operator.errors import Conflict, Invalid
 
 # Jobs per batch (one statement and one transaction each): a million-row filter never holds a
@@ -154,12 +154,7 @@ async def apply(
     """Walk the selection in batches of `batch` and move what the action applies to; the
     result counts what was applied, skipped (per state, with the reason) and busy."""
     key = request.key or f"bulk-{uuid.uuid4().hex}"
-    async with store.walker(key) as walker:
-        if walker is None:
-            raise Conflict(
-                f"bulk action {key[:80]!r} is running now; ask again once it ended (with the "
-                "same key it answers what it did)"
-            )
+    async with store.walker() as walker:
         fence = await store.fence()
         record = await walker.begin(key, request.action, request.fingerprint(), actor, fence)
         if record["request_hash"] != request.fingerprint():
@@ -169,7 +164,13 @@ async def apply(
             )
         tally = dict(record["counts"]) or _empty()
         if record["finished_at"] is None:
-            await _walk(walker, request, record, tally, batch)
+            try:
+                await _walk(walker, request, record, tally, batch)
+            except Overtaken:
+                raise Conflict(
+                    f"bulk action {key[:80]!r} is running now in another request; ask again "
+                    "once it ended (with the same key it answers what it did)"
+                ) from None
     return _result(request, key, tally, replayed=record["finished_at"] is not None)
 
 
@@ -177,11 +178,14 @@ async def _walk(
     walker: Walker, request: BulkRequest, record: dict[str, Any], tally: dict[str, Any], batch: int
 ) -> None:
     transition = TRANSITIONS[request.action]
-    before = record["cursor_id"] if record["cursor_id"] is not None else record["fence_id"] + 1
+    seen = record["cursor_id"]  # where the walk is; only this walker moves it on
+    before = seen if seen is not None else record["fence_id"] + 1
     while True:
         page = await walker.page(request.selection, before, batch)
         if not page:
-            await walker.progress(record["id"], before, tally, done=True)
+            async with walker.transaction():
+                await walker.turn(record["id"], seen)
+                await walker.progress(record["id"], seen, before, tally, done=True)
             return
         chosen = [job_id for job_id, state in page if state in transition.states]
         for _, state in page:
@@ -194,10 +198,12 @@ async def _walk(
         # the jobs and the record change in one transaction: a walk cut off between two
         # batches resumes after the last one that committed, and its counts are exact
         async with walker.transaction():
+            await walker.turn(record["id"], seen)  # first: a second walker of this key stops
             move = Move(request.action, chosen, request.due_at, transition.states)
             moved = await walker.move(move)
             _count(tally, chosen, moved)
-            await walker.progress(record["id"], before, tally, done=last)
+            await walker.progress(record["id"], seen, before, tally, done=last)
+        seen = before
         if last:
             return
 

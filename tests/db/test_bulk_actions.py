@@ -235,3 +235,31 @@ async def test_invalid_requests_change_nothing(pool: asyncpg.Pool, service: Oper
         later = datetime.now(UTC) + timedelta(days=2)
         await service.bulk(OPS, BulkRequest("retry", Selection(ids=tuple(ids)), due_at=later))
     assert await states(pool) == before
+
+
+async def test_one_key_walked_by_two_requests_at_once_runs_once(
+    pool: asyncpg.Pool, db_url: str
+) -> None:
+    await seed(pool, 3000, ("dead",))
+    other = await create_pool(db_url, size=2, min_size=1)  # another daemon's pool
+    request = BulkRequest("retry", Selection(filters=JobFilter(state="dead")), key="once")
+    try:
+        outcomes = await asyncio.gather(
+            bulk.apply(BulkStore(pool), request, "a", batch=100),
+            bulk.apply(BulkStore(other), request, "b", batch=100),
+            return_exceptions=True,
+        )
+    finally:
+        await other.close()
+    done = [o for o in outcomes if isinstance(o, dict)]
+    refused = [o for o in outcomes if isinstance(o, Conflict)]
+    assert len(done) + len(refused) == 2 and done, outcomes
+    assert all("is running now in another request" in str(c) for c in refused)
+    # the one that ran took every job: the other stopped before it locked any (none busy)
+    assert [(d["applied"], d["busy"]) for d in done if not d["replayed"]] == [(3000, 0)]
+    # the record counts every job once, and every job moved once
+    counts = await pool.fetchval("SELECT counts FROM dispatcher.bulk_actions WHERE key = 'once'")
+    assert (counts["applied"], counts["matched"]) == (3000, 3000), counts
+    assert await states(pool) == Counter({"ready": 3000})
+    again = await bulk.apply(BulkStore(pool), request, "a", batch=100)
+    assert (again["replayed"], again["applied"]) == (True, 3000)
