@@ -31,6 +31,34 @@ SHAPE = (
 )
 
 
+# the answer of POST /v1/jobs/bulk/{action} (dispatcher.operator.bulk builds it)
+ANSWER = {
+    "type": "object",
+    "properties": {
+        "bulk_id": {"type": "string"},
+        "action": {"enum": list(ACTIONS)},
+        "dry_run": {"type": "boolean"},
+        "replayed": {"type": "boolean"},
+        "matched": {"type": "integer"},
+        "applied": {"type": "integer"},
+        "would_apply": {"type": "integer"},
+        "became": {"type": "object", "additionalProperties": {"type": "integer"}},
+        "skipped": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "properties": {"count": {"type": "integer"}, "reason": {"type": "string"}},
+            },
+        },
+        "busy": {"type": "integer"},
+        "not_found": {"type": "integer"},
+        "batches": {"type": "integer"},
+        "count_capped": {"type": "boolean"},
+        "sample": {"type": "array", "items": {"type": "object"}},
+    },
+}
+
+
 class BulkBody(BaseModel):
     """The body of a bulk action. Unknown fields are refused; `filter` values are text (or
     numbers), checked as the job list checks its query."""

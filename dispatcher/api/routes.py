@@ -183,32 +183,6 @@ JOB_ROUTES = [
     ),
 ]
 
-BULK_ANSWER = {
-    "type": "object",
-    "properties": {
-        "bulk_id": {"type": "string"},
-        "action": {"enum": list(ACTIONS)},
-        "dry_run": {"type": "boolean"},
-        "replayed": {"type": "boolean"},
-        "matched": {"type": "integer"},
-        "applied": {"type": "integer"},
-        "would_apply": {"type": "integer"},
-        "became": {"type": "object", "additionalProperties": {"type": "integer"}},
-        "skipped": {
-            "type": "object",
-            "additionalProperties": {
-                "type": "object",
-                "properties": {"count": {"type": "integer"}, "reason": {"type": "string"}},
-            },
-        },
-        "busy": {"type": "integer"},
-        "not_found": {"type": "integer"},
-        "batches": {"type": "integer"},
-        "count_capped": {"type": "boolean"},
-        "sample": {"type": "array", "items": {"type": "object"}},
-    },
-}
-
 # operate: changes what happens to existing jobs, queues and schedules (the bulk row comes
 # first: /v1/jobs/{id}/retry would take /v1/jobs/bulk/retry for job "bulk")
 OPERATOR_ROUTES = [
@@ -234,7 +208,7 @@ OPERATOR_ROUTES = [
             {**IDEMPOTENCY_KEY, "required": False},
         ),
         request=bulk.BulkBody.model_json_schema(),
-        response=BULK_ANSWER,
+        response=bulk.ANSWER,
         problems=(400, 401, 409, 422, 503),
     ),
     Route(

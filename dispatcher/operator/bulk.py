@@ -96,7 +96,7 @@ def check(request: BulkRequest) -> None:
         raise Invalid(f"unknown action {request.action[:40]!r}; actions: {', '.join(ACTIONS)}")
     s = request.selection
     if (s.ids is None) == (s.filters is None):
-        raise Invalid('give "ids" or "filter", not both')
+        raise Invalid('give "ids" or a "filter": one of them')
     if s.ids is not None and not 1 <= len(s.ids) <= MAX_IDS:
         raise Invalid(f"from 1 to {MAX_IDS} job ids; for more, use a filter", "ids")
     if request.due_at is not None and request.action != "reschedule":
