@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
-from dispatcher.api import health, jobs, operate
+from dispatcher.api import bulk, health, jobs, operate
 from dispatcher.api.contract import (
     ACCEPTED,
     ANY_OBJECT,
@@ -52,6 +52,7 @@ from dispatcher.api.contract import (
 from dispatcher.api.schemas import MAX_BATCH, RescheduleRequest
 from dispatcher.intake.requests import DeadLetterRequest, JobRequest
 from dispatcher.model import STATES
+from dispatcher.operator.bulk import ACTIONS, BULK_BATCH, MAX_IDS
 from dispatcher.operator.queue_limits import SettingsChange
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -182,8 +183,34 @@ JOB_ROUTES = [
     ),
 ]
 
-# operate: changes what happens to existing jobs, queues and schedules
+# operate: changes what happens to existing jobs, queues and schedules (the bulk row comes
+# first: /v1/jobs/{id}/retry would take /v1/jobs/bulk/retry for job "bulk")
 OPERATOR_ROUTES = [
+    Route(
+        "POST",
+        "/v1/jobs/bulk/{action}",
+        "operate",
+        bulk.bulk_jobs,
+        "Bulk retry, cancel, discard, reschedule or run_now of jobs by ids or by filter",
+        description=(
+            f"`ids` (up to {MAX_IDS:,}) or `filter` (the job list's filters by name; an empty "
+            f'one needs `"all": true`). In batches of {BULK_BATCH} jobs, each committed on its '
+            "own; only jobs that existed when it began. A job moves only from the states its "
+            "one-job action accepts; `skipped` counts the others per state with the reason, "
+            "`busy` those locked or moved on meanwhile (ask again with a new key to take "
+            "them). `Idempotency-Key` names the action: the same key resumes one cut off, and "
+            "answers a finished one (`replayed`) without changing anything more; without one, "
+            "each request is a new action (its key is `bulk_id`). `dry_run`: counts per state "
+            'and a sample, nothing changed. A reschedule takes `due_at` ("now" or RFC 3339).'
+        ),
+        parameters=(
+            {"name": "action", "in": "path", "required": True, "schema": {"enum": list(ACTIONS)}},
+            {**IDEMPOTENCY_KEY, "required": False},
+        ),
+        request=bulk.BulkBody.model_json_schema(),
+        response=bulk.ANSWER,
+        problems=(400, 401, 409, 422, 503),
+    ),
     Route(
         "POST",
         "/v1/jobs/{id}/retry",

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dispatcher.api.filters import FILTERS as JOB_FILTERS
 from dispatcher.config.settings import Settings
 from dispatcher.operator.errors import Invalid, OperatorError
 
@@ -114,6 +115,10 @@ FIELD_OPTIONS = {
     "key_burst": "--key-burst",
     "key_max_inflight": "--key-max-inflight",
     "windows": "--window",
+    # jobs bulk: the job list's filters by their options
+    "ids": "--id",
+    "all": "--all",
+    **{f"filter.{name}": f"--{name.replace('_', '-')}" for name in JOB_FILTERS},
 }
 
 

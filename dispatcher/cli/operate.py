@@ -29,6 +29,10 @@ DEAD_LETTER_OPTIONS = ("queue", "dead_reason", "tenant", "dead_since", "dead_bef
 
 
 def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
+    if args.action == "bulk":
+        from dispatcher.cli.bulk import cmd_jobs_bulk
+
+        return cmd_jobs_bulk(settings, args)
     if args.action in ("discard", "redrive", "reschedule"):
         return cmd_jobs_operate(settings, args)
     if args.action in ("list", "show"):

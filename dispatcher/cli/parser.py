@@ -180,22 +180,7 @@ def _job_commands(command: Command) -> None:
     jobs = command("jobs", "inspect and operate jobs (works whether the daemon runs or not)")
     jobs_sub = jobs.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = jobs_sub.add_parser("list", help="list jobs, newest first")
-    listing.add_argument("--state", choices=STATES)
-    listing.add_argument("--queue")
-    listing.add_argument("--key", help="the job with this idempotency key (exact)")
-    listing.add_argument("--tenant", help="jobs of this tenant")
-    listing.add_argument("--run-key", help="units of a cron run, e.g. nightly:2026-05-31T02:00:00Z")
-    listing.add_argument("--handler", help='"http" or a handler name from the configuration')
-    listing.add_argument("--priority", help="jobs of this priority (-100 to 100)")
-    listing.add_argument(
-        "--reason", help="dead and discarded jobs with this dead reason (exact, as listed)"
-    )
-    listing.add_argument(
-        "--due-before", metavar="T", help="due before T (exclusive), RFC 3339 with offset"
-    )
-    listing.add_argument(
-        "--due-after", metavar="T", help="due at or after T (inclusive), RFC 3339 with offset"
-    )
+    job_filter_options(listing)
     listing.add_argument(
         "--limit", type=bounded_int(1, 1000), default=50, help="1 to 1000 (default 50)"
     )
@@ -217,6 +202,51 @@ def _job_commands(command: Command) -> None:
                 help="also show the newest N attempts of its history (default 10; 0: none)",
             )
     add_operator_commands(command, jobs_sub)
+    bulk_command(jobs_sub)
+
+
+def job_filter_options(p: argparse.ArgumentParser) -> None:
+    """The job list's filters (GET /v1/jobs), for `jobs list` and `jobs bulk`."""
+    p.add_argument("--state", choices=STATES)
+    p.add_argument("--queue")
+    p.add_argument("--key", help="the job with this idempotency key (exact)")
+    p.add_argument("--tenant", help="jobs of this tenant")
+    p.add_argument("--run-key", help="units of a cron run, e.g. nightly:2026-05-31T02:00:00Z")
+    p.add_argument("--handler", help='"http" or a handler name from the configuration')
+    p.add_argument("--priority", help="jobs of this priority (-100 to 100)")
+    p.add_argument(
+        "--reason", help="dead and discarded jobs with this dead reason (exact, as listed)"
+    )
+    p.add_argument(
+        "--due-before", metavar="T", help="due before T (exclusive), RFC 3339 with offset"
+    )
+    p.add_argument(
+        "--due-after", metavar="T", help="due at or after T (inclusive), RFC 3339 with offset"
+    )
+
+
+def bulk_command(jobs_sub: Any) -> None:
+    """`jobs bulk ACTION`: one action on many jobs, by --id or by the list's filters."""
+    from dispatcher.operator.bulk import ACTIONS, BULK_BATCH, MAX_IDS
+
+    text = (
+        f"retry, cancel, discard, reschedule or run_now many jobs: --id (up to {MAX_IDS:,}) or "
+        f"the filters of `jobs list` (--all for every job), in batches of {BULK_BATCH}; a job "
+        "moves only from the states its one-job action accepts. Shows the dry run and asks "
+        "first, unless --yes"
+    )
+    p = jobs_sub.add_parser("bulk", help=text, description=text)
+    p.add_argument("bulk_action", choices=ACTIONS, metavar="ACTION", help=", ".join(ACTIONS))
+    p.add_argument("--id", dest="ids", action="append", type=bounded_int(1, JOB_ID_MAX),
+                   metavar="ID", help="a job; repeat for several")  # fmt: skip
+    job_filter_options(p)
+    p.add_argument("--all", action="store_true", help="every job (needed without a filter)")
+    p.add_argument("--at", metavar="TIME|now", help='reschedule: RFC 3339 with offset, or "now"')
+    p.add_argument("--dry-run", action="store_true", help="count per state; change nothing")
+    p.add_argument("--yes", action="store_true", help="act without showing the dry run and asking")
+    p.add_argument("--bulk-key", metavar="KEY", help="name the action: the same key resumes "
+                   "one cut off, or answers a finished one without acting again")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="one JSON document for scripts")
 
 
 def accept_config_after_actions(parser: argparse.ArgumentParser, depth: int = 0) -> None:

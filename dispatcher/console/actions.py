@@ -24,23 +24,24 @@ from dispatcher.console.toolkit import (
 )
 from dispatcher.intake.requests import DeadLetterRequest
 from dispatcher.operator.audit import Actor
+from dispatcher.operator.bulk import TRANSITIONS
 from dispatcher.operator.service import Operator
 
 JOB_ACTIONS = {
     # the operator service's method: (verb shown, states it applies to, what it does)
     "retry": (
         "Retry",
-        ("dead", "cancelled", "discarded"),
+        TRANSITIONS["retry"].states,
         "back to ready now, with a fresh attempt budget",
     ),
     "cancel": (
         "Cancel",
-        ("scheduled", "ready", "running"),
+        TRANSITIONS["cancel"].states,
         "no further attempt; a running attempt is asked to stop",
     ),
     "discard": (
         "Discard",
-        ("dead",),
+        TRANSITIONS["discard"].states,
         "set the dead letter aside (kept visible until the dead retention)",
     ),
 }

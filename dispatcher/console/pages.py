@@ -25,7 +25,7 @@ from dispatcher.api.keys import OPERATOR, REPO
 from dispatcher.api.problems import Problem
 from dispatcher.api.schemas import is_ascii_number
 from dispatcher.api.views import contract_view
-from dispatcher.console import actions
+from dispatcher.console import actions, bulk
 from dispatcher.console.actions import JOB_ACTIONS, job_id
 from dispatcher.console.toolkit import (
     SERIES,
@@ -160,6 +160,7 @@ async def jobs(request: web.Request) -> web.StreamResponse:
         next=None,
         queues=[row["name"] for row in await api[REPO].list_queues()],
         error="",
+        bulk_actions=bulk.BULK_VERBS,
     )
     unknown = [name for name in q if name not in LIST_PARAMETERS]
     try:
@@ -296,6 +297,7 @@ ROUTES: list[Route] = [
     ("GET", "/", overview),
     ("GET", "/live.json", live),
     ("GET", "/jobs", jobs),
+    *bulk.ROUTES,  # before /jobs/{id}, which would take "bulk" for a job id
     ("GET", "/jobs/{id}", job_page),
     ("GET", "/jobs/{id}/{action}", actions.job_confirm),
     ("POST", "/jobs/{id}/{action}", actions.job_act),

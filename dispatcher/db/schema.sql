@@ -17,6 +17,19 @@ CREATE TABLE dispatcher.attempts (
     excerpt text
 );
 
+CREATE TABLE dispatcher.bulk_actions (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    key text NOT NULL,
+    action text NOT NULL,
+    request_hash text NOT NULL,
+    actor text NOT NULL,
+    fence_id bigint NOT NULL,
+    cursor_id bigint,
+    counts jsonb DEFAULT '{}'::jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone
+);
+
 CREATE TABLE dispatcher.claim_permits (
     queue text NOT NULL,
     slot integer NOT NULL,
@@ -296,6 +309,12 @@ ALTER TABLE dispatcher.attempts ADD CONSTRAINT attempts_outcome_check CHECK (out
 
 ALTER TABLE dispatcher.attempts ADD CONSTRAINT attempts_pkey PRIMARY KEY (job_id, id);
 
+ALTER TABLE dispatcher.bulk_actions ADD CONSTRAINT bulk_actions_key_check CHECK (length(key) >= 1 AND length(key) <= 255 AND key ~ '^[ -~]+$'::text);
+
+ALTER TABLE dispatcher.bulk_actions ADD CONSTRAINT bulk_actions_key_key UNIQUE (key);
+
+ALTER TABLE dispatcher.bulk_actions ADD CONSTRAINT bulk_actions_pkey PRIMARY KEY (id);
+
 ALTER TABLE dispatcher.claim_permits ADD CONSTRAINT claim_permits_n_check CHECK (n >= 0);
 
 ALTER TABLE dispatcher.claim_permits ADD CONSTRAINT claim_permits_pkey PRIMARY KEY (queue, slot);
@@ -443,6 +462,8 @@ ALTER TABLE dispatcher.runs ADD CONSTRAINT runs_via_check CHECK (via = ANY (ARRA
 ALTER TABLE dispatcher.schedule_state ADD CONSTRAINT schedule_state_paused_at CHECK (paused = (paused_at IS NOT NULL));
 
 ALTER TABLE dispatcher.schedule_state ADD CONSTRAINT schedule_state_pkey PRIMARY KEY (schedule);
+
+CREATE INDEX bulk_actions_finished_at ON dispatcher.bulk_actions USING btree (finished_at) WHERE (finished_at IS NOT NULL);
 
 CREATE INDEX console_sessions_expiry ON dispatcher.console_sessions USING btree (expires_at);
 

@@ -1,5 +1,6 @@
 """Retention: terminal jobs (their keys kept in the key ledger), then run receipts whose units are
-gone, then ledger keys past `keys_s`, deleted in bounded batches."""
+gone, then ledger keys past `keys_s`, then finished bulk actions' records (kept as long as dead
+letters), deleted in bounded batches."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from dispatcher.config.settings import RetentionSettings
+from dispatcher.db import bulk
 from dispatcher.db.jobs import JobRepository
 from dispatcher.observability import metrics
 
@@ -41,6 +43,11 @@ class Pruner:
         )
         pruned["keys"] = await self._batches(
             "keys", s.keys_s, lambda: self._repo.prune_keys(s.keys_s, s.batch)
+        )
+        # a finished bulk action's key answers a replay for as long as a dead letter it may
+        # have moved is kept
+        pruned["bulk_actions"] = await self._batches(
+            "bulk_actions", s.dead_s, lambda: bulk.prune(self._repo.pool, s.dead_s, s.batch)
         )
         return pruned
 

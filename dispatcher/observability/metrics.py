@@ -217,6 +217,14 @@ QUEUE_PAUSED = Gauge(
     ["queue"],
     registry=REGISTRY,
 )
+BULK_JOBS = Counter(
+    "dispatcher_bulk_jobs",
+    "Jobs looked at by operators' bulk actions (retry, cancel, discard, reschedule, run_now), by"
+    " outcome: applied, skipped (a state the action does not apply to), busy (locked or moved"
+    " on meanwhile).",
+    ["action", "outcome"],
+    registry=REGISTRY,
+)
 PRUNED = Counter(
     "dispatcher_pruned_jobs", "Terminal jobs deleted by retention.", ["state"], registry=REGISTRY
 )

@@ -20,6 +20,7 @@ from dispatcher.config.settings import NAME_PATTERN, Settings
 from dispatcher.core import rfc3339
 from dispatcher.cron.expression import PeriodError
 from dispatcher.cron.service import CronService, UnknownSchedule
+from dispatcher.db.bulk import BulkStore
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.key_limits import KeyLimitsRepository
 from dispatcher.db.queue_limits import QueueSettingsRepository, QueueSettingsRow
@@ -27,8 +28,9 @@ from dispatcher.db.runs import TriggerFailed
 from dispatcher.engine.sampler import MetricsSampler
 from dispatcher.intake.requests import DeadLetterRequest
 from dispatcher.observability import metrics
-from dispatcher.operator import audit
+from dispatcher.operator import audit, bulk
 from dispatcher.operator.audit import Actor
+from dispatcher.operator.bulk import TRANSITIONS, BulkRequest
 from dispatcher.operator.errors import Conflict, Invalid, NotFound, OperatorError, Unavailable
 from dispatcher.operator.key_limits import KeyLimits, clear_key_limits, set_key_limits
 from dispatcher.operator.operations import (
@@ -44,17 +46,15 @@ log = logging.getLogger("dispatcher.operator")
 # The queue overview's job counts may be this old: concurrent requests share one sample.
 OVERVIEW_MAX_AGE_S = 1.0
 # Why each one-job action refuses in the state it finds (`{id}`, `{state}`), and a hint for
-# some states.
+# some states: the rules of the bulk actions (one table for both).
 JOB_REFUSALS: dict[str, tuple[str, dict[str, str]]] = {
-    "retry": ("job {id} is {state}; only dead, cancelled or discarded jobs can be retried", {}),
-    "cancel": (
-        "job {id} is already {state}; nothing to cancel",
-        # a dead job is not cancelled: an operator discards it (one verb per verdict)
-        {"dead": "; to set a dead letter aside, discard it"},
-    ),
-    "discard": ("job {id} is {state}; only dead jobs can be discarded", {}),
-    "reschedule": ("job {id} is {state}; only scheduled or ready jobs can be rescheduled", {}),
+    action: ("job {id} is {state}; " + TRANSITIONS[action].rule, TRANSITIONS[action].hints)
+    for action in ("retry", "discard", "reschedule")
 }
+JOB_REFUSALS["cancel"] = (
+    "job {id} is already {state}; nothing to cancel",
+    TRANSITIONS["cancel"].hints,
+)
 
 
 def _nothing() -> None:
@@ -158,6 +158,43 @@ class Operator:
                 if action == "redrive":
                     self._on_ready()
             return result
+
+    async def bulk(self, actor: Actor, request: BulkRequest) -> dict[str, Any]:
+        """A bulk action (`request.action`: retry, cancel, discard, reschedule, run_now) on the
+        jobs of a selection, or its dry run (dispatcher.operator.bulk): what was applied, what
+        was skipped per state and why, what was busy."""
+        verb = f"bulk {request.action}{' (dry run)' if request.dry_run else ''}"
+        with _audited(actor, verb, bulk.describe(request)) as outcome:
+            bulk.check(request)
+            tolerance_s = self.settings.due_at_past_tolerance_s
+            due_at = request.due_at
+            if due_at is not None and (why := long_past(due_at, datetime.now(UTC), tolerance_s)):
+                raise Invalid(why, "due_at")
+            queue = request.selection.filters.queue if request.selection.filters else None
+            if queue is not None and (why := await unknown_queue(self.repo, queue)):
+                raise Invalid(why, "filter.queue")
+            store = BulkStore(self.repo.pool)
+            if request.dry_run:
+                result = await bulk.dry_run(store, request)
+                outcome[0] = f"would apply {result['would_apply']} of {result['matched']}"
+                return result
+            result = await bulk.apply(store, request, actor.name)
+            outcome[0] = _bulk_outcome(result)
+            if not result["replayed"]:
+                self._count_bulk(request.action, result)
+            if result["became"].get("ready"):
+                self._on_ready()
+            return result
+
+    @staticmethod
+    def _count_bulk(action: str, result: dict[str, Any]) -> None:
+        skipped = sum(s["count"] for s in result["skipped"].values())
+        for outcome, n in (("applied", result["applied"]), ("skipped", skipped),
+                           ("busy", result["busy"])):  # fmt: skip
+            if n:
+                metrics.BULK_JOBS.labels(action, outcome).inc(n)
+        if result["applied"]:
+            log.warning("bulk %s of %d jobs by an operator", action, result["applied"])
 
     # queues -------------------------------------------------------------------------------
     async def queues(self, max_age_s: float = OVERVIEW_MAX_AGE_S) -> list[dict[str, Any]]:
@@ -323,6 +360,18 @@ def _instant(value: str, field: str) -> datetime:
         return rfc3339.parse(value.strip())
     except rfc3339.TimeError as exc:
         raise Invalid(str(exc), field) from None
+
+
+def _bulk_outcome(result: dict[str, Any]) -> str:
+    """A bulk action's counts, for its audit line."""
+    skipped = ", ".join(f"{s} {v['count']}" for s, v in result["skipped"].items())
+    text = f"applied {result['applied']} of {result['matched']}"
+    text += f", skipped {skipped}" if skipped else ""
+    text += f", busy {result['busy']}" if result["busy"] else ""
+    if result.get("not_found"):
+        text += f", not found {result['not_found']}"
+    replayed = ", replayed" if result["replayed"] else ""
+    return text + f" (bulk_id {result['bulk_id'][:80]!r}{replayed})"
 
 
 def _selection(request: DeadLetterRequest) -> str:

@@ -224,7 +224,11 @@ async def test_the_pages_weigh_less_than_150_kb(daemon: DaemonHandle) -> None:
     async with session() as client:
         await sign_in(client, daemon.base_url, OPERATOR_TOKEN)
         static = 0
-        for asset in ("/console/static/console.css", "/console/static/console.js"):
+        for asset in (
+            "/console/static/console.css",
+            "/console/static/console.js",
+            "/console/static/bulk.js",
+        ):
             async with client.get(daemon.base_url + asset) as r:
                 assert r.status == 200
                 static += len(await r.read())

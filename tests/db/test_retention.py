@@ -37,6 +37,15 @@ async def test_pruning_deletes_exactly_the_expired_terminal_rows(pool: asyncpg.P
         await seed(conn, "discarded", 9, 29, "young-discarded-")
         await seed(conn, "scheduled", 60, None, "waiting-")
         await seed(conn, "running", 7, None, "running-")
+        # bulk actions' records: finished long ago, finished lately, unfinished long ago
+        await conn.execute(
+            """INSERT INTO dispatcher.bulk_actions (key, action, request_hash, actor, fence_id,
+                   created_at, finished_at)
+               VALUES ('old', 'retry', 'h', 'ops', 1, now() - interval '40 days',
+                       now() - interval '31 days'),
+                      ('young', 'retry', 'h', 'ops', 1, now(), now()),
+                      ('cut-off', 'retry', 'h', 'ops', 1, now() - interval '40 days', NULL)"""
+        )
     pruner = Pruner(JobRepository(pool), RetentionSettings(batch=1000))
     assert await pruner.run_once() == {
         "succeeded": 2500,
@@ -45,6 +54,11 @@ async def test_pruning_deletes_exactly_the_expired_terminal_rows(pool: asyncpg.P
         "discarded": 12,
         "runs": 0,
         "keys": 0,
+        "bulk_actions": 1,
+    }
+    assert {r["key"] for r in await pool.fetch("SELECT key FROM dispatcher.bulk_actions")} == {
+        "young",
+        "cut-off",
     }
     async with pool.acquire() as conn:
         left = await conn.fetch(
@@ -65,6 +79,7 @@ async def test_pruning_deletes_exactly_the_expired_terminal_rows(pool: asyncpg.P
         "discarded": 0,
         "runs": 0,
         "keys": 0,
+        "bulk_actions": 0,
     }
 
 

@@ -87,7 +87,7 @@ def concrete(method: str, route: str, job_id: int, n: int) -> tuple[str, Any, di
     """A real call of `route`: a job that exists, the configured schedule and queue."""
     path = route.replace("{id}", str(job_id))
     path = path.replace("{name}", "nightly" if "schedules" in route else "default")
-    path = path.replace("{key}", "tenant-a")
+    path = path.replace("{key}", "tenant-a").replace("{action}", "retry")
     yesterday = datetime.now(UTC) - timedelta(days=1)
     period = yesterday.replace(hour=3, minute=0, second=0, microsecond=0).isoformat()
     bodies: dict[str, Any] = {
@@ -98,6 +98,7 @@ def concrete(method: str, route: str, job_id: int, n: int) -> tuple[str, Any, di
         "/v1/schedules/{name}/catch-up": {"from": period, "to": period, "dry_run": True},
         "/v1/jobs/redrive": {"dry_run": True, "all": True},
         "/v1/jobs/discard": {"dry_run": True, "all": True},
+        "/v1/jobs/bulk/{action}": {"ids": [job_id], "dry_run": True},
         "/v1/queues/{name}": {"rate_per_s": 50},
         "/v1/queues/{name}/keys/{key}": {"max_inflight": 5},
     }
