@@ -123,6 +123,13 @@ class Browser:
         assert (await self.path()).startswith("/console/login"), await self.path()
         await self.type_into("#token", token)
         await self.click(await self.find("form button[type=submit]"))
+        # a page asked for before the sign-in's redirect lands would race it (and, under
+        # load, open without the session cookie): wait until the browser has left the form
+        deadline = asyncio.get_running_loop().time() + ELEMENT_WAIT_S
+        while (await self.path()).startswith("/console/login"):
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"still on the sign-in form: {await self.page_text()}")
+            await asyncio.sleep(0.05)
 
     def close(self) -> None:
         self.driver.quit()

@@ -12,7 +12,7 @@ from tests.console import test_console_browser as shared
 from tests.console.browser import Browser, needs_chromium
 from tests.console.common import OPERATOR_TOKEN, VIEWER_TOKEN
 from tests.console.test_console_browser import enqueue, job_state, until_state
-from tests.harness import DaemonProcess, Target, wait_until
+from tests.harness import DaemonProcess, Target
 
 pytestmark = needs_chromium
 # that module's daemon (a target that refuses until fixed), browser and target
@@ -30,17 +30,6 @@ async def review(browser: Browser, action: str, *, scope: str = "selected", due:
     return await browser.text("#dry-run-count")
 
 
-async def signed_in(browser: Browser, token: str) -> None:
-    """Sign in and wait for the overview it lands on (a page asked for before that would
-    race the sign-in's redirect)."""
-    await browser.sign_in(token)
-
-    async def landed() -> bool:
-        return await browser.path() == "/console/"
-
-    await wait_until(landed, timeout_s=30, interval_s=0.1, what="signed in")
-
-
 async def tick(browser: Browser, *ids: int) -> None:
     for job_id in ids:
         await browser.click(await browser.find(f'input[name="id"][value="{job_id}"]'))
@@ -54,7 +43,7 @@ async def test_each_bulk_action_from_the_job_list(
              for n in range(4)]  # fmt: skip
     for job_id in dead:
         await until_state(daemon, job_id, "dead")
-    await signed_in(browser, OPERATOR_TOKEN)
+    await browser.sign_in(OPERATOR_TOKEN)
 
     # discard two ticked dead jobs
     await browser.get("/console/jobs?state=dead")
@@ -108,12 +97,12 @@ async def test_nothing_ticked_is_explained_and_a_viewer_has_no_checkboxes(
     daemon: DaemonProcess, browser: Browser, target: Target
 ) -> None:
     await enqueue(daemon, "one", target, due_at=FAR)
-    await signed_in(browser, OPERATOR_TOKEN)
+    await browser.sign_in(OPERATOR_TOKEN)
     await browser.get("/console/jobs")
     await browser.click(await browser.find("#bulk-review"))
     assert "Tick the jobs to act on" in await browser.page_text()
     await browser.click(await browser.find("form.inline button"))  # sign out
-    await signed_in(browser, VIEWER_TOKEN)
+    await browser.sign_in(VIEWER_TOKEN)
     await browser.get("/console/jobs")
     assert "one" in await browser.page_text()
     assert await browser.finds('input[name="id"]') == []

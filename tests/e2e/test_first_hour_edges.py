@@ -43,6 +43,7 @@ POSITIONALS = {
     "key-limits": ["default", "tenant-a", "--max-inflight", "2"],
     "set": ["default", "--rate-per-s", "5"],
     "reset": ["default"],
+    "bulk": ["retry", "--all"],
 }
 
 
