@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,19 @@ class Browser:
         await self.call(element.click)
 
     async def text(self, css: str) -> str:
-        return str(await self.call(lambda: self._present("css selector", css).text))
+        return str(await self.call(self._text_of, css))
+
+    def _text_of(self, css: str) -> str:
+        """The element's text; found again if the page a click started replaced it between
+        the lookup and the read (a stale element), until the deadline."""
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        for _ in range(ELEMENT_WAIT_S * 10):
+            try:
+                return str(self._present("css selector", css).text)
+            except StaleElementReferenceException:
+                time.sleep(0.1)  # a worker thread (`call`): the page is loading
+        return str(self._present("css selector", css).text)
 
     async def page_text(self) -> str:
         return await self.text("body")

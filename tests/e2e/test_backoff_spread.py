@@ -15,10 +15,11 @@ from aiohttp import web
 from tests.harness import Target, make_settings, running_daemon, serve_target, wait_until
 
 JOBS = 30
-BASE_S, CAP_S, ATTEMPTS = 0.2, 0.8, 6
+BASE_S, CAP_S, ATTEMPTS = 0.5, 2.0, 6
 # the due-scan moves a due job within milliseconds (it is armed for the next due time); the
-# claim and the request add a little on a loaded machine
-SLACK_S = 0.4
+# claim and the request add a little, and up to a second when the machine runs other tests
+# beside this one (CI's parallel workers): the ceilings are wide enough to tell apart anyway
+SLACK_S = 1.0
 
 
 def ceiling(after_attempt: int) -> float:
@@ -44,7 +45,7 @@ async def test_a_failing_jobs_attempts_spread_out_as_configured(db_url: str) -> 
                 )
                 return bool(dead == JOBS)
 
-            await wait_until(all_dead, timeout_s=60, what="every job dead after its attempts")
+            await wait_until(all_dead, timeout_s=120, what="every job dead after its attempts")
         rows = await conn.fetch(
             "SELECT job_id, attempt, started_at, finished_at FROM dispatcher.attempts "
             "ORDER BY job_id, attempt"
@@ -62,7 +63,7 @@ async def test_a_failing_jobs_attempts_spread_out_as_configured(db_url: str) -> 
             assert 0 <= gap <= ceiling(before["attempt"]) + SLACK_S, (before["attempt"], gap)
             gaps[before["attempt"]].append(gap)
     means = {n: statistics.fmean(g) for n, g in gaps.items()}
-    # uniform [0, c] has mean c/2: 0.1, 0.2, 0.4 s, then capped at 0.4 s
+    # uniform [0, c] has mean c/2: 0.25, 0.5, 1.0 s, then capped at 1.0 s
     assert means[1] < means[2] < means[3], means
     for n in (3, 4, 5):
         assert means[n] <= CAP_S / 2 + SLACK_S / 2, means
