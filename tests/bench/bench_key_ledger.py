@@ -1,10 +1,13 @@
 """What the key ledger and the per-job payload limit cost (issue 23, points 1 and 3), measured
 in one process that alternates the two variants round by round on one database, so a machine's
-drift hits both alike:
+drift hits both alike. "After" is the release: a ledger already holding `--ledger-rows` keys
+that every created job's key is probed against, and the payload check. "Before" swaps in an
+empty ledger (the same statements, nothing to find: the probe of one empty index page is what
+is left) and a payload check that reads nothing.
 
-- the SQL door in bulk (`enqueue_many`, 10,000 jobs per statement, W1's bulk shape), with the
-  ledger probe and the payload check (after) and with both replaced by no-ops (before), against
-  a ledger already holding `--ledger-rows` keys;
+- the SQL door in bulk (`enqueue_many`, 10,000 jobs per statement, W1's bulk shape);
+- the SQL door one per call (`dispatcher.enqueue`, one job per statement and transaction, from
+  16 connections at once: W1's one-per-call shape);
 - the pruner (`prune_terminal`, 1,000 jobs per statement) writing the ledger (after) or not
   (before: the statement as it was);
 - the bytes a ledger row takes (table and indexes, per row);
@@ -19,6 +22,7 @@ ledger being written by the pruner.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import time
 from typing import Any
@@ -39,15 +43,23 @@ SELECT count(*) FILTER (WHERE outcome = 'created')
        array_fill(now() + interval '1 day', ARRAY[$2]), NULL, NULL,
        array_fill('{"url": "https://hooks.example.com/a"}'::jsonb, ARRAY[$2]))
 """
-# the variant "before": the ledger probe and the payload check answer without reading anything
-NO_LEDGER = """
-CREATE OR REPLACE FUNCTION dispatcher.take_back_pruned(ids bigint[], keys text[])
-RETURNS TABLE (ord integer, id bigint, job_id bigint, state text, same boolean)
-LANGUAGE sql AS $$ SELECT NULL::integer, NULL::bigint, NULL::bigint, NULL::text, NULL::boolean
-                   WHERE false $$;
+ONE = """
+SELECT dispatcher.enqueue(key => $1, handler => 'http', payload => '{"n": 1}'::jsonb,
+       due_at => now() + interval '1 day', target => '{"url": "https://hooks.example.com/a"}')
+"""
+CLIENTS, ONE_PER_CLIENT = 16, 250
+# the variant "before": a payload check that answers without reading anything
+NO_PAYLOAD_CHECK = """
 CREATE OR REPLACE FUNCTION dispatcher.payload_oversize(payload jsonb, target jsonb,
                                                         max_bytes bigint)
 RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT NULL::bigint $$;
+"""
+# ... and an empty ledger in the full one's place (the functions find the table by name; the
+# renames invalidate their cached plans)
+SWAP_LEDGERS = """
+ALTER TABLE dispatcher.key_ledger RENAME TO key_ledger_swap;
+ALTER TABLE dispatcher.key_ledger_other RENAME TO key_ledger;
+ALTER TABLE dispatcher.key_ledger_swap RENAME TO key_ledger_other;
 """
 PRUNE_BEFORE = """
 WITH doomed AS (
@@ -66,8 +78,21 @@ SELECT count(*)::int FROM pruned
 """
 
 
-async def variant(conn: asyncpg.Connection, after: bool, originals: str) -> None:
-    await conn.execute(originals if after else NO_LEDGER)
+class Variants:
+    """Switches the database between the release (after) and the variant without the ledger and
+    the payload check (before)."""
+
+    def __init__(self, conn: asyncpg.Connection, original_check: str):
+        self.conn = conn
+        self.original_check = original_check
+        self.after = True
+
+    async def use(self, after: bool) -> None:
+        if after == self.after:
+            return
+        await self.conn.execute(self.original_check if after else NO_PAYLOAD_CHECK)
+        await self.conn.execute(SWAP_LEDGERS)
+        self.after = after
 
 
 async def intake_round(conn: asyncpg.Connection, prefix: str) -> float:
@@ -75,6 +100,17 @@ async def intake_round(conn: asyncpg.Connection, prefix: str) -> float:
     created = await conn.fetchval(SQL_BULK, prefix, BULK)
     assert created == BULK
     return BULK / (time.perf_counter() - t0)
+
+
+async def one_per_call_round(pool: asyncpg.Pool, prefix: str) -> float:
+    async def client(c: int) -> None:
+        async with pool.acquire() as conn:
+            for n in range(ONE_PER_CLIENT):
+                await conn.fetchval(ONE, f"{prefix}{c}-{n}")
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(c) for c in range(CLIENTS)))
+    return CLIENTS * ONE_PER_CLIENT / (time.perf_counter() - t0)
 
 
 async def prune_round(conn: asyncpg.Connection, after: bool) -> float:
@@ -108,27 +144,40 @@ async def main(args: argparse.Namespace) -> None:
             args.ledger_rows,
         )
         await conn.execute("ANALYZE dispatcher.key_ledger")
-        originals = "\n".join(
-            [
-                await conn.fetchval("SELECT pg_get_functiondef($1::regproc)", name) + ";"
-                for name in ("dispatcher.take_back_pruned", "dispatcher.payload_oversize")
-            ]
+        await conn.execute(
+            "CREATE TABLE dispatcher.key_ledger_other (LIKE dispatcher.key_ledger INCLUDING ALL)"
         )
-        rates: dict[str, dict[bool, list[float]]] = {"intake": {}, "prune": {}}
+        check = await conn.fetchval(
+            "SELECT pg_get_functiondef('dispatcher.payload_oversize'::regproc)"
+        )
+        variants = Variants(conn, check + ";")
+        pool = await asyncpg.create_pool(dsn, min_size=CLIENTS, max_size=CLIENTS)
+        shapes = ("intake", "one", "prune")
+        rates: dict[str, dict[bool, list[float]]] = {shape: {} for shape in shapes}
         for r in range(args.rounds):
             for after in (r % 2 == 0, r % 2 != 0):  # alternate which goes first
-                await variant(conn, after, originals)
+                await variants.use(after)
+                await pool.expire_connections()  # plans made for the other variant go
                 rates["intake"].setdefault(after, []).append(
                     await intake_round(conn, f"r{r}{int(after)}-")
                 )
-                await variant(conn, True, originals)
+                rates["one"].setdefault(after, []).append(
+                    await one_per_call_round(pool, f"o{r}{int(after)}-")
+                )
+                await variants.use(True)
                 rates["prune"].setdefault(after, []).append(await prune_round(conn, after))
+        await pool.close()
         ledger = await conn.fetchrow(
             "SELECT count(*) AS n, pg_total_relation_size('dispatcher.key_ledger') AS bytes"
             " FROM dispatcher.key_ledger"
         )
         await conn.close()
-    for what, label in (("intake", "SQL enqueue_many x10,000"), ("prune", "prune_terminal")):
+    labels = {
+        "intake": "SQL enqueue_many x10,000",
+        "one": f"SQL enqueue one per call, {CLIENTS} clients",
+        "prune": "prune_terminal",
+    }
+    for what, label in labels.items():
         before = statistics.median(rates[what][False])
         after_ = statistics.median(rates[what][True])
         bench.add(
@@ -137,7 +186,9 @@ async def main(args: argparse.Namespace) -> None:
                 after_ / before,
                 "ratio",
                 note=f"median jobs/s after {after_:,.0f}, before {before:,.0f}; "
-                f"{args.rounds} alternating rounds; ledger {args.ledger_rows:,} rows",
+                f"{args.rounds} alternating rounds; ledger {args.ledger_rows:,} rows; rounds "
+                f"after {[round(x) for x in rates[what][True]]}, "
+                f"before {[round(x) for x in rates[what][False]]}",
             )
         )
     bench.add(
