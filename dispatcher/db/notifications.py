@@ -1,6 +1,15 @@
 """LISTEN for wake-ups from other instances and from the SQL door (channel `dispatcher_wake`),
 and the start-up check that the database URL keeps a session, without which LISTEN hears
-nothing (docs/pooling.md)."""
+nothing (docs/pooling.md).
+
+The listener connection also holds the wake gate (db/functions/10_wake.sql): `dispatcher.wake`
+sends NOTIFY only while some session holds it, because a transaction that notifies commits
+behind every other notifier. The gate is taken after LISTEN and before the first look for work:
+a job committed before the look is found by it, and an enqueue that probes the gate after it is
+taken notifies, and is heard. One that probed before and commits after the look (a transaction
+in flight while the first daemon starts) is found by the work poll, within `scan_interval_s`.
+Every listening daemon holds the gate (a shared lock), so when one dies the others hold it
+already and nothing is taken over; a listener that reconnects takes it again."""
 
 from __future__ import annotations
 
@@ -18,6 +27,9 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "dispatcher_wake"
 CHECK_TIMEOUT_S = 2.0
+# Taking the gate waits only for the probes in flight (microseconds each); a bound turns a
+# gate that cannot be had into the listener's reconnect loop instead of a silent hang.
+GATE_TIMEOUT_MS = 5000
 
 
 async def check_sessions_stay(dsn: str) -> None:
@@ -48,7 +60,7 @@ async def check_sessions_stay(dsn: str) -> None:
 
 
 class WakeListener(LoopService):
-    """Holds one connection LISTENing; reconnects when it drops.
+    """Holds one connection LISTENing, and the wake gate on it; reconnects when it drops.
 
     Calls `on_wake(payload)` per notice: "ready" (work to claim), "scheduled" (a new due time),
     or "" (anything may have changed).
@@ -67,11 +79,17 @@ class WakeListener(LoopService):
             conn = None
             try:
                 conn = await asyncpg.connect(
-                    self._dsn, server_settings={"application_name": "dispatcher:wake-listener"}
+                    self._dsn,
+                    server_settings={
+                        "application_name": "dispatcher:wake-listener",
+                        "lock_timeout": str(GATE_TIMEOUT_MS),
+                    },
                 )
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                 await conn.add_listener(CHANNEL, lambda *args: self._on_wake(args[-1]))
+                # after LISTEN: from here on every wake-up sent is heard
+                await conn.execute("SELECT dispatcher.hold_wake_gate()")
                 if failing:
                     log.warning("wake-up listener connected again")
                     failing = False
@@ -81,7 +99,7 @@ class WakeListener(LoopService):
             except RECONNECT_ERRORS as exc:
                 if not failing:
                     log.warning(
-                        "wake-up listener cannot connect (retrying every %.0f s): %s",
+                        "wake-up listener cannot connect or listen (retrying every %.0f s): %s",
                         self._reconnect_s,
                         exc,
                     )
