@@ -27,9 +27,6 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "dispatcher_wake"
 CHECK_TIMEOUT_S = 2.0
-# Taking the gate waits only for the probes in flight (microseconds each); a bound turns a
-# gate that cannot be had into the listener's reconnect loop instead of a silent hang.
-GATE_TIMEOUT_MS = 5000
 
 
 async def check_sessions_stay(dsn: str) -> None:
@@ -79,16 +76,13 @@ class WakeListener(LoopService):
             conn = None
             try:
                 conn = await asyncpg.connect(
-                    self._dsn,
-                    server_settings={
-                        "application_name": "dispatcher:wake-listener",
-                        "lock_timeout": str(GATE_TIMEOUT_MS),
-                    },
+                    self._dsn, server_settings={"application_name": "dispatcher:wake-listener"}
                 )
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                 await conn.add_listener(CHANNEL, lambda *args: self._on_wake(args[-1]))
-                # after LISTEN: from here on every wake-up sent is heard
+                # after LISTEN: from here on every wake-up sent is heard (the wait is bounded
+                # in the function: a gate it cannot have is an error, and a reconnect)
                 await conn.execute("SELECT dispatcher.hold_wake_gate()")
                 if failing:
                     log.warning("wake-up listener connected again")

@@ -1549,6 +1549,7 @@ $function$;
 CREATE OR REPLACE FUNCTION dispatcher.hold_wake_gate()
  RETURNS void
  LANGUAGE sql
+ SET lock_timeout TO '5s'
 AS $function$
     SELECT pg_advisory_lock_shared(1684632439, 0)
 $function$;

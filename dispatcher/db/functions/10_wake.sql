@@ -35,9 +35,11 @@ $$;
 -- Take the gate for this session: a listening daemon's listener connection calls it after its
 -- LISTEN and keeps it until the session ends (a killed daemon's socket closes, and with it
 -- the lock). Shared, so every listening daemon holds it at once and none has to take it over
--- from another. It waits only for probes in flight (microseconds); set lock_timeout to bound it.
+-- from another. It waits only for probes in flight (microseconds); the 5 s bound turns a gate
+-- that cannot be had into an error (the listener reconnects) rather than a silent hang. A
+-- function-level setting, not a startup parameter: a session-mode pooler refuses those.
 CREATE OR REPLACE FUNCTION dispatcher.hold_wake_gate() RETURNS void
-LANGUAGE sql VOLATILE AS $$
+LANGUAGE sql VOLATILE SET lock_timeout = '5s' AS $$
     SELECT pg_advisory_lock_shared(1684632439, 0)
 $$;
 
