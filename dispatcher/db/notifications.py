@@ -1,6 +1,15 @@
 """LISTEN for wake-ups from other instances and from the SQL door (channel `dispatcher_wake`),
 and the start-up check that the database URL keeps a session, without which LISTEN hears
-nothing (docs/pooling.md)."""
+nothing (docs/pooling.md).
+
+The listener connection also holds the wake gate (db/functions/10_wake.sql): `dispatcher.wake`
+sends NOTIFY only while some session holds it, because a transaction that notifies commits
+behind every other notifier. The gate is taken after LISTEN and before the first look for work:
+a job committed before the look is found by it, and an enqueue that probes the gate after it is
+taken notifies, and is heard. One that probed before and commits after the look (a transaction
+in flight while the first daemon starts) is found by the work poll, within `scan_interval_s`.
+Every listening daemon holds the gate (a shared lock), so when one dies the others hold it
+already and nothing is taken over; a listener that reconnects takes it again."""
 
 from __future__ import annotations
 
@@ -48,7 +57,7 @@ async def check_sessions_stay(dsn: str) -> None:
 
 
 class WakeListener(LoopService):
-    """Holds one connection LISTENing; reconnects when it drops.
+    """Holds one connection LISTENing, and the wake gate on it; reconnects when it drops.
 
     Calls `on_wake(payload)` per notice: "ready" (work to claim), "scheduled" (a new due time),
     or "" (anything may have changed).
@@ -72,6 +81,9 @@ class WakeListener(LoopService):
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                 await conn.add_listener(CHANNEL, lambda *args: self._on_wake(args[-1]))
+                # after LISTEN: from here on every wake-up sent is heard (the wait is bounded
+                # in the function: a gate it cannot have is an error, and a reconnect)
+                await conn.execute("SELECT dispatcher.hold_wake_gate()")
                 if failing:
                     log.warning("wake-up listener connected again")
                     failing = False
@@ -81,7 +93,7 @@ class WakeListener(LoopService):
             except RECONNECT_ERRORS as exc:
                 if not failing:
                     log.warning(
-                        "wake-up listener cannot connect (retrying every %.0f s): %s",
+                        "wake-up listener cannot connect or listen (retrying every %.0f s): %s",
                         self._reconnect_s,
                         exc,
                     )

@@ -898,7 +898,7 @@ BEGIN
             INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
             VALUES (new_id, notice_q.name, j.tenant, 'http:' || coalesce(version, 1));
         END IF;
-        PERFORM pg_notify('dispatcher_wake', 'ready');
+        PERFORM dispatcher.wake('ready');
     END IF;
     RETURN NULL;
 END
@@ -1052,7 +1052,7 @@ BEGIN
                        has_callback = num_nonnulls(enqueue.on_success, enqueue.on_failure) > 0
                  WHERE s.id = new_id;
             END IF;
-            PERFORM pg_notify('dispatcher_wake', new_state);
+            PERFORM dispatcher.wake(new_state);  -- only while a daemon listens
             RETURN new_id;
         END IF;
         SELECT j.id, j.request_hash INTO found_id, found_hash
@@ -1478,10 +1478,10 @@ BEGIN
 
     -- the payload tells listeners whom to wake: workers (ready) or the due-scan (scheduled)
     IF any_ready THEN
-        PERFORM pg_notify('dispatcher_wake', 'ready');
+        PERFORM dispatcher.wake('ready');
     END IF;
     IF any_later THEN
-        PERFORM pg_notify('dispatcher_wake', 'scheduled');
+        PERFORM dispatcher.wake('scheduled');
     END IF;
 END
 $function$;
@@ -1544,6 +1544,14 @@ BEGIN
     END IF;
     RETURN NEW;
 END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.hold_wake_gate()
+ RETURNS void
+ LANGUAGE sql
+ SET lock_timeout TO '5s'
+AS $function$
+    SELECT pg_advisory_lock_shared(1684632439, 0)
 $function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.intent_bytes()
@@ -1613,7 +1621,7 @@ BEGIN
             INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
             VALUES (new_id, NEW.queue, NEW.tenant, 'http:' || coalesce(version, 1));
         END IF;
-        PERFORM pg_notify('dispatcher_wake', 'ready');
+        PERFORM dispatcher.wake('ready');
     END IF;
     RETURN NULL;
 END
@@ -2244,7 +2252,7 @@ BEGIN
         END IF;
     END LOOP;
     IF woken THEN
-        PERFORM pg_notify('dispatcher_wake', 'scheduled');  -- the due-scan's next time moved
+        PERFORM dispatcher.wake('scheduled');  -- the due-scan's next time moved
     END IF;
 END
 $function$;
@@ -2321,6 +2329,36 @@ AS $function$
         DELETE FROM dispatcher.intents i WHERE i.id = ANY (ARRAY(SELECT h.id FROM hit h))
     )
     SELECT h.ord, h.id, h.job_id, h.state, h.same FROM hit h
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.wake(reason text DEFAULT ''::text)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF reason IS NULL OR reason NOT IN ('ready', 'scheduled', '') THEN
+        RAISE EXCEPTION 'dispatcher.wake: unknown reason %', quote_nullable(reason)
+            USING ERRCODE = '22023',
+                  HINT = 'use ''ready'' (work to claim), ''scheduled'' (a new due time) or '''' (look at everything)';
+    END IF;
+    -- one expression: no interrupt can fall between taking the probe's lock and giving it back
+    IF NOT (CASE WHEN pg_try_advisory_lock(1684632439, 0)
+                 THEN pg_advisory_unlock(1684632439, 0) ELSE false END) THEN
+        PERFORM pg_notify('dispatcher_wake', reason);
+    END IF;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.wake_gate_held()
+ RETURNS boolean
+ LANGUAGE sql
+AS $function$
+    SELECT EXISTS (
+        SELECT 1 FROM pg_locks l
+         WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ShareLock'
+           AND l.objsubid = 2
+           AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+           AND l.classid = 1684632439::oid AND l.objid = 0::oid)
 $function$;
 
 CREATE TRIGGER intents_size_bytes BEFORE INSERT OR UPDATE OF payload, target ON dispatcher.intents FOR EACH ROW EXECUTE FUNCTION dispatcher.intent_bytes();

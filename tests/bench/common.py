@@ -269,9 +269,6 @@ class Server:
 
 # Candidate fixes to the SQL door, applied to the throw-away database only (BENCH_PATCHES).
 SQL_PATCHES = {
-    # no NOTIFY in the enqueue transaction: NOTIFY takes a database-wide lock held through
-    # the commit's WAL flush, so every enqueueing transaction commits one after another
-    "nonotify": ("PERFORM pg_notify('dispatcher_wake', '');", "NULL;"),
     # the same key rule without a bounded-repetition regex (slow to match in PostgreSQL)
     "fastkey": (
         "k IS NULL OR k !~ '^[ -~]{1,255}$'",
@@ -282,6 +279,14 @@ SQL_PATCHES = {
 
 # Candidate fixes applied as statements to the throw-away database (BENCH_PATCHES).
 SQL_STATEMENT_PATCHES = {
+    # no NOTIFY from intake even while a daemon listens (the wake gate already sends none when
+    # nobody does): NOTIFY takes a database-wide lock held through the commit's WAL flush, so
+    # enqueueing transactions that notify commit one after another. The ceiling of any
+    # coalescing of wake-ups; jobs then start only by the work poll
+    "nonotify": (
+        "CREATE OR REPLACE FUNCTION dispatcher.wake(reason text DEFAULT '') RETURNS void"
+        " LANGUAGE sql AS 'SELECT NULL::void'"
+    ),
     # a generic plan of enqueue_many's statement assumes tiny arrays and turns quadratic
     "enqcustom": (
         "ALTER FUNCTION dispatcher.enqueue_many_internal SET plan_cache_mode = force_custom_plan"

@@ -16,8 +16,8 @@ Patches (comma-separated in BENCH_PATCHES):
   batchintake  single-job accepts (POST /v1/jobs) share one enqueue_many call: a writer task
                takes every accept queued so far (like the Completer), so concurrent requests
                cost one statement and one commit per batch
-  nonotify     (SQL, applied to the benchmark database by tests.bench.common) enqueue_many
-               without its NOTIFY
+  nonotify     (SQL, applied to the benchmark database by tests.bench.common) dispatcher.wake
+               sends nothing, even while a daemon listens: the ceiling of coalescing wake-ups
   fastkey      (SQL, likewise) the key check without the `{1,255}` regex
   enqcustom    (SQL, likewise) enqueue_many with plan_cache_mode = force_custom_plan
 """

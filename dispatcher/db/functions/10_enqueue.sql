@@ -151,7 +151,7 @@ BEGIN
                        has_callback = num_nonnulls(enqueue.on_success, enqueue.on_failure) > 0
                  WHERE s.id = new_id;
             END IF;
-            PERFORM pg_notify('dispatcher_wake', new_state);
+            PERFORM dispatcher.wake(new_state);  -- only while a daemon listens
             RETURN new_id;
         END IF;
         SELECT j.id, j.request_hash INTO found_id, found_hash

@@ -214,10 +214,10 @@ BEGIN
 
     -- the payload tells listeners whom to wake: workers (ready) or the due-scan (scheduled)
     IF any_ready THEN
-        PERFORM pg_notify('dispatcher_wake', 'ready');
+        PERFORM dispatcher.wake('ready');
     END IF;
     IF any_later THEN
-        PERFORM pg_notify('dispatcher_wake', 'scheduled');
+        PERFORM dispatcher.wake('scheduled');
     END IF;
 END
 $$;

@@ -82,7 +82,7 @@ BEGIN
         END IF;
     END LOOP;
     IF woken THEN
-        PERFORM pg_notify('dispatcher_wake', 'scheduled');  -- the due-scan's next time moved
+        PERFORM dispatcher.wake('scheduled');  -- the due-scan's next time moved
     END IF;
 END
 $$;

@@ -62,7 +62,7 @@ BEGIN
             INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)
             VALUES (new_id, NEW.queue, NEW.tenant, 'http:' || coalesce(version, 1));
         END IF;
-        PERFORM pg_notify('dispatcher_wake', 'ready');
+        PERFORM dispatcher.wake('ready');
     END IF;
     RETURN NULL;
 END
