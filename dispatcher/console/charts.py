@@ -142,6 +142,13 @@ def _lines(
         ]
         if coords:
             parts.append(f'<polyline class="series {prefix}-{name}" points="{" ".join(coords)}"/>')
+        # a dot on every point with a value: a lone point (one busy minute) is seen too
+        parts.extend(
+            f'<circle class="dot {prefix}-{name}" cx="{plot.x(i):.1f}" '
+            f'cy="{plot.y(float(p[field])):.1f}" r="2.5"/>'
+            for i, p in enumerate(points)
+            if p.get(field)
+        )
     return parts
 
 
