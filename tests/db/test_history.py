@@ -15,6 +15,7 @@ import pytest
 from dispatcher.config.settings import RetentionSettings
 from dispatcher.db.history import ALL_QUEUES, Counts, HistoryStore
 from dispatcher.db.jobs import JobRepository
+from dispatcher.db.queries import query
 from dispatcher.engine.history import HistoryRecorder, Reading, with_total
 from dispatcher.engine.pruning import Pruner
 from dispatcher.operator.history import RANGES, read_history, start_of
@@ -151,3 +152,29 @@ async def test_the_recorder_adds_differences_and_flushes_at_stop(pool: asyncpg.P
     latency = await pool.fetch("SELECT latency FROM dispatcher.history WHERE queue = '*'")
     summed = [sum(x) for x in zip(*(r["latency"] + [0] * 2 for r in latency), strict=False)]
     assert summed[:2] == [8, 3]
+
+
+async def test_reads_and_pruning_use_the_indexes(pool: asyncpg.Pool) -> None:
+    """A week of minutes of 20 queues and '*' (211,680 rows): a 7-day read of one queue is a
+    primary-key range scan, the overview's recent starts and the pruner walk the minute index;
+    none reads the whole table."""
+    await pool.execute(
+        """INSERT INTO dispatcher.history (queue, minute, started, latency)
+           SELECT q, date_trunc('minute', now()) - make_interval(mins => g), 1, '{1, 2, 3}'
+             FROM generate_series(0, 7 * 1440 - 1) g,
+                  unnest(array_append(ARRAY(SELECT 'q' || i FROM generate_series(1, 20) i),
+                                      '*')) q"""
+    )
+    await pool.execute("ANALYZE dispatcher.history")
+    now = datetime.now(UTC)
+    statements = {
+        "history_read": (ALL_QUEUES, now - timedelta(days=7), now, 7200),
+        "history_recent_starts": (),
+        "prune_history": (86400, 1000),
+    }
+    for name, args in statements.items():
+        async with pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(f"EXPLAIN {query(name)}", *args)
+        text = "\n".join(r[0] for r in rows)
+        assert "Seq Scan on history" not in text, f"{name}:\n{text}"
+        assert "Index" in text, f"{name}:\n{text}"
