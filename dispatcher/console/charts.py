@@ -40,6 +40,7 @@ COUNT_SERIES = (
     ("dead", "dead"),
 )
 LATENCY_SERIES = (("p50_ms", "p50"), ("p95_ms", "p95"))
+DOTS_UP_TO = 15  # points per chart
 # x tick labels: every this many steps, and how a tick's time reads (UTC)
 X_TICKS = {"15m": (3, "%H:%M"), "24h": (16, "%H:%M"), "7d": (12, "%a %d")}
 
@@ -142,13 +143,15 @@ def _lines(
         ]
         if coords:
             parts.append(f'<polyline class="series {prefix}-{name}" points="{" ".join(coords)}"/>')
-        # a dot on every point with a value: a lone point (one busy minute) is seen too
-        parts.extend(
-            f'<circle class="dot {prefix}-{name}" cx="{plot.x(i):.1f}" '
-            f'cy="{plot.y(float(p[field])):.1f}" r="2.5"/>'
-            for i, p in enumerate(points)
-            if p.get(field)
-        )
+        # dots on the points with a value where there are few (15 minutes), or where a series
+        # has one point (a line needs two); on 96 points they would only weigh (~40 KB)
+        if len(points) <= DOTS_UP_TO or len(coords) == 1:
+            parts.extend(
+                f'<circle class="dot {prefix}-{name}" cx="{plot.x(i):.1f}" '
+                f'cy="{plot.y(float(p[field])):.1f}" r="2.5"/>'
+                for i, p in enumerate(points)
+                if p.get(field)
+            )
     return parts
 
 
@@ -172,9 +175,7 @@ def _hover(
 def _svg(kind: str, label: str, parts: list[str]) -> Markup:
     return Markup(
         f'<svg class="chart history-chart" data-chart="{kind}" viewBox="0 0 {WIDTH} {HEIGHT}" '
-        f'role="img" aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg">'
-        + "".join(parts)
-        + "</svg>"
+        f'role="img" aria-label="{escape(label)}">' + "".join(parts) + "</svg>"
     )
 
 

@@ -35,7 +35,14 @@ from tests.harness import (
     wait_until,
 )
 
-PAGES = ("/console/", "/console/jobs", "/console/dead", "/console/schedules")
+PAGES = (
+    "/console/",
+    "/console/?range=24h",  # the history charts' heaviest range (96 steps)
+    "/console/queues/default?range=7d",
+    "/console/jobs",
+    "/console/dead",
+    "/console/schedules",
+)
 WEIGHT_LIMIT = 150 * 1024
 
 
