@@ -181,9 +181,11 @@ def _svg(kind: str, label: str, parts: list[str]) -> Markup:
 
 def counts_chart(points: list[dict[str, Any]], r: Range) -> Markup:
     """Started, succeeded, retried and dead per step, on a linear axis from zero."""
-    top = nice_ceiling(max((p[f] for p in points for f, _ in COUNT_SERIES), default=0))
+    largest = max((p[f] for p in points for f, _ in COUNT_SERIES), default=0)
+    step = max(nice_ceiling(largest / 4), 1.0)  # whole counts: at most 4 steps of 1, 2, 5 x 10^k
+    top = step * max(math.ceil(largest / step), 1)
     plot = Plot(len(points), lambda v: v / top)
-    ticks = [(top * k / 4, count_label(top * k / 4)) for k in range(5)]
+    ticks = [(step * k, count_label(step * k)) for k in range(round(top / step) + 1)]
 
     def describe(p: dict[str, Any]) -> str:
         return ", ".join(f"{name} {p[f]}" for f, name in COUNT_SERIES)
