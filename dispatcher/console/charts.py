@@ -188,7 +188,9 @@ def counts_chart(points: list[dict[str, Any]], r: Range) -> Markup:
     ticks = [(step * k, count_label(step * k)) for k in range(round(top / step) + 1)]
 
     def describe(p: dict[str, Any]) -> str:
-        return ", ".join(f"{name} {p[f]}" for f, name in COUNT_SERIES)
+        counts = ", ".join(f"{name} {p[f]}" for f, name in COUNT_SERIES)
+        age = p.get("oldest_ready_s")
+        return counts if age is None else f"{counts}; oldest ready {age:g} s"
 
     parts = [
         *_frame(plot, ticks, points, r),

@@ -60,7 +60,7 @@ def points(name: str) -> list[dict[str, object]]:
     r = RANGES[name]
     since = start_of(r, NOW)
     return [
-        point(since + timedelta(seconds=i * r.step_s), Counts(i, i, i % 2, 0, (i, 1)))
+        point(since + timedelta(seconds=i * r.step_s), Counts(i, i, i % 2, 0, (i, 1), 2.5))
         for i in range(r.points)
     ]
 
@@ -72,6 +72,7 @@ def test_charts_have_axes_a_legend_and_a_title_per_step(name: str) -> None:
     assert counts.count("<title>") == r.points
     assert re.findall(r'<g class="legend">.*?</g>', counts)[0].count("<text") == 4
     assert 'class="tick"' in counts and "<polyline" in counts
+    assert "started 1, succeeded 1, retried 1, dead 0; oldest ready 2.5 s</title>" in counts
     latency = str(latency_chart(points(name), r))  # type: ignore[arg-type]
     assert latency.count("<title>") == r.points and "p95 ≤" in latency
     assert "1 ms" in latency  # a decade tick of the log axis
