@@ -26,10 +26,10 @@ from dispatcher.api.listener import HttpListener, check_can_listen
 from dispatcher.api.tls import ServerTls
 from dispatcher.config.settings import Settings
 from dispatcher.console import web as console
-from dispatcher.console.series import StartSeries
 from dispatcher.cron.service import CronService
 from dispatcher.db import schema
 from dispatcher.db.claims import ClaimConnections
+from dispatcher.db.history import HistoryStore
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.liveness import LivenessLock, liveness_lock
 from dispatcher.db.notifications import WakeListener
@@ -49,6 +49,7 @@ from dispatcher.engine.completer import Completer
 from dispatcher.engine.due_scan import DueScanner
 from dispatcher.engine.executor import Executor
 from dispatcher.engine.gone_owners import GoneOwners
+from dispatcher.engine.history import FLUSH_INTERVAL_S, HistoryRecorder
 from dispatcher.engine.live_settings import INTERVAL_S as LIVE_INTERVAL_S
 from dispatcher.engine.live_settings import LiveSettings
 from dispatcher.engine.pool import LeaseHeartbeat, QueueWorker, WorkerPool
@@ -263,11 +264,16 @@ class Daemon:
         # samples; on the API's pool, as an operator read
         sampler = MetricsSampler(repo, s.overdue_after_s)
         api = self._api(repo, wake, disk, sampler, cron)
+        # this daemon's counts, added to the cluster's per-minute history every few seconds
+        recorder = HistoryRecorder(
+            HistoryStore(engine.pool), lambda: sampler.ready_ages(2 * SAMPLE_INTERVAL_S)
+        )
         services: list[Startable] = [
             tracing_service(self.tracing),  # stops after every other service: spans flushed
             # before the first claim, released after the last lease
             *([self._liveness] if self._liveness else []),
             effect_service(effects),
+            recorder,  # its last flush after the completer's: every outcome counted
             completer,
             HttpListener(
                 "api", api, s.listen, "DISPATCHER_LISTEN", self._tls.context if self._tls else None
@@ -286,10 +292,11 @@ class Daemon:
             sdnotify.Watchdog(),
         ]
         timing.every("metrics-sampler", SAMPLE_INTERVAL_S, sampler.run_once)
+        timing.every("history", FLUSH_INTERVAL_S, recorder.run_once)
         timing.every("pruner", s.retention.interval_s, Pruner(engine, s.retention).run_once)
         if disk is not None:
             timing.every("disk-space", CHECK_INTERVAL_S, disk.run_once)
-        services += self._console(api, timing)
+        services += self._console(api)
         if s.metrics_listen is not None:
             metrics_app = create_metrics_app(self.readiness)
             listener = HttpListener(
@@ -339,17 +346,15 @@ class Daemon:
             operator=operator,
         )
 
-    def _console(self, api: web.Application, timing: TimingEngine) -> list[Startable]:
-        """The web console: under /console/ on the API listener, or on its own listener; its
-        chart's ring of samples is filled on the timing engine (dispatcher.console.series)."""
-        s, series = self.settings, StartSeries()
-        timing.every("console-series", series.interval_s, series.run_once)
+    def _console(self, api: web.Application) -> list[Startable]:
+        """The web console: under /console/ on the API listener, or on its own listener."""
+        s = self.settings
         services: list[Startable] = []
         if s.console_listen is None:
-            console.mount(api, series, s.console_session_s)
+            console.mount(api, s.console_session_s)
         else:
             tls = self._tls.context if self._tls else None
-            app = console.standalone(api, series, s.console_session_s)
+            app = console.standalone(api, s.console_session_s)
             services.append(
                 HttpListener("console", app, s.console_listen, "DISPATCHER_CONSOLE_LISTEN", tls)
             )

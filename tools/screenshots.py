@@ -82,6 +82,7 @@ target = {{ url = "{target}/sync" }}
 PAGES = (
     ("sign-in", "/console/login"),
     ("overview", "/console/"),
+    ("history", "/console/"),  # the overview's history charts alone
     ("jobs", "/console/jobs"),
     ("job", "/console/jobs/{job}"),
     ("queue", "/console/queues/reports"),
@@ -322,8 +323,16 @@ def shoot(base: str, token: str, job: int, out: Path, only: set[str]) -> list[Pa
                 continue
             if name not in only:
                 continue
-            if name == "overview":  # the live script has drawn the charts once
-                wait.until(lambda d: d.find_element(By.ID, "starts-now").text != "—")
+            if name in ("overview", "history"):  # the daemon has flushed its first counts:
+                # the server draws the charts, console.js fetches them again every 10 s
+                WebDriverWait(driver, 60).until(
+                    lambda d: not d.find_element(By.ID, "history-totals").text.startswith("0 ")
+                )
+            if name == "history":  # the charts alone
+                path = out / f"console-{name}.png"
+                driver.find_element(By.ID, "history").screenshot(str(path))
+                saved.append(path)
+                continue
             saved.append(save(driver, out, name))
     finally:
         driver.quit()

@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
-from dispatcher.api import bulk, health, jobs, operate
+from dispatcher.api import bulk, health, history, jobs, operate
 from dispatcher.api.contract import (
     ACCEPTED,
     ANY_OBJECT,
@@ -287,6 +287,17 @@ OPERATOR_ROUTES = [
         "Queues: paused or not, jobs per state, oldest ready age, limits",
         response={"type": "object", "properties": {"queues": {"type": "array", "items": QUEUE}}},
         problems=(401, 503),
+    ),
+    Route(
+        "GET",
+        "/v1/history",
+        "read",
+        history.get_history,
+        "Cluster-wide history of a queue (or all): starts, outcomes, latency, oldest ready",
+        description=history.HISTORY_TEXT,
+        parameters=history.HISTORY_PARAMETERS,
+        response=history.HISTORY,
+        problems=(400, 401, 503),
     ),
     Route(
         "POST",

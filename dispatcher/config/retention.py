@@ -1,4 +1,5 @@
-"""The `[retention]` section: how long terminal jobs, their keys and run receipts stay."""
+"""The `[retention]` section: how long terminal jobs, their keys, run receipts and the
+per-minute history stay."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ class RetentionSettings(Strict):
     # A pruned job's key, fingerprint, id and final state (the key ledger): a replay within this
     # long after the job finished answers with that job instead of running again.
     keys_s: int = Field(90 * 86400, ge=86400, le=MAX_DURATION_S)
+    # The per-minute history of every queue (the console's charts, GET /v1/history): at least
+    # an hour, so the 15-minute chart always has its minutes; the 7-day chart wants 7 days.
+    history_s: int = Field(7 * 86400, ge=3600, le=MAX_DURATION_S)
     batch: int = Field(1000, ge=1, le=100_000)
     interval_s: float = Field(60.0, gt=0, le=MAX_DURATION_S)
 

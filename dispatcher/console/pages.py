@@ -25,16 +25,17 @@ from dispatcher.api.keys import OPERATOR, REPO
 from dispatcher.api.problems import Problem
 from dispatcher.api.schemas import is_ascii_number
 from dispatcher.api.views import contract_view
-from dispatcher.console import actions, bulk
+from dispatcher.console import actions, bulk, charts
 from dispatcher.console.actions import JOB_ACTIONS, job_id
 from dispatcher.console.toolkit import (
-    SERIES,
+    HISTORY,
     Route,
     api_of,
     base_context,
     render,
 )
 from dispatcher.core.redact import masked_target
+from dispatcher.db.history import ALL_QUEUES
 from dispatcher.db.runs import RunRepository
 from dispatcher.model import STATES
 
@@ -92,12 +93,12 @@ def add_filters(env: jinja2.Environment) -> None:
 
 
 async def queue_rows(request: web.Request) -> list[dict[str, Any]]:
-    """The API's queue overview (GET /v1/queues), with this daemon's starts per second and the
-    in-flight cap beside the running count."""
+    """The API's queue overview (GET /v1/queues), with every daemon's starts per second (from
+    the history's last two minutes) and the in-flight cap beside the running count."""
     rows = await api_of(request)[OPERATOR].queues(COUNTERS_MAX_AGE_S)
-    series = request.app[SERIES]
+    rates = await request.app[HISTORY].recent_starts_per_s()
     for row in rows:
-        row["starts_per_s"] = round(series.starts_per_s(row["name"]), 2)
+        row["starts_per_s"] = round(rates.get(row["name"], 0.0), 2)
         row["cap"] = row["limits"].get("max_inflight")
     return rows
 
@@ -106,22 +107,12 @@ async def overview(request: web.Request) -> web.StreamResponse:
     context = base_context(request, "Overview", "overview")
     schedules = await api_of(request)[OPERATOR].schedule_status()
     context.update(queues=await queue_rows(request), schedules=schedules, states=STATES)
+    context["charts"] = await charts.history_charts(request, ALL_QUEUES)
     return render(request, "overview.html", context)
 
 
 async def live(request: web.Request) -> web.StreamResponse:
-    """The overview's live numbers: queue counters and the last 15 minutes of the chart."""
-    series = request.app[SERIES]
-    now = series.points()[-1].at if series.points() else 0.0
-    points = [
-        [
-            round(p.at - now, 1),
-            round(p.total / p.seconds, 2),
-            None if p.mean_s is None else round(p.mean_s * 1000, 2),
-            None if p.p95_s is None else round(p.p95_s * 1000, 2),
-        ]
-        for p in series.points()
-    ]
+    """The overview's live numbers: the queue counters (the charts refresh on their own)."""
     queues = {
         row["name"]: {
             **{state: row["jobs"][state] for state in STATES},
@@ -133,8 +124,7 @@ async def live(request: web.Request) -> web.StreamResponse:
         }
         for row in await queue_rows(request)
     }
-    body = {"window_s": series.window_s, "points": points, "queues": queues}
-    return web.json_response(body)
+    return web.json_response({"queues": queues})
 
 
 # jobs --------------------------------------------------------------------------------------------
@@ -296,6 +286,7 @@ async def schedules(request: web.Request) -> web.StreamResponse:
 ROUTES: list[Route] = [
     ("GET", "/", overview),
     ("GET", "/live.json", live),
+    *charts.ROUTES,
     ("GET", "/jobs", jobs),
     *bulk.ROUTES,  # before /jobs/{id}, which would take "bulk" for a job id
     ("GET", "/jobs/{id}", job_page),

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from dispatcher.api.keys import OPERATOR, REPO
 from dispatcher.api.problems import Problem
+from dispatcher.console import charts
 from dispatcher.console.actions import acting, confirm, done
 from dispatcher.console.pages import COUNTERS_MAX_AGE_S
 from dispatcher.console.toolkit import PREFIX, Route, api_of, base_context, operate, render
@@ -52,6 +53,7 @@ async def queue_page(request: web.Request) -> web.StreamResponse:
         scanned=READY_SCANNED,
         bounded=view["jobs"]["ready"] > READY_SCANNED,
         windows_text="\n".join(view["settings"]["windows"]["value"] or []),
+        charts=await charts.history_charts(request, name),
     )
     return render(request, "queue.html", context)
 

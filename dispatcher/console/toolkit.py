@@ -23,8 +23,8 @@ from markupsafe import Markup
 
 from dispatcher.api.operate import http_status
 from dispatcher.api.problems import Problem
-from dispatcher.console.series import StartSeries
 from dispatcher.console.session import Session, SessionSigner
+from dispatcher.db.history import HistoryStore
 from dispatcher.db.sessions import SessionRepository
 from dispatcher.errors import DatabaseUnavailable
 from dispatcher.operator.errors import OperatorError
@@ -39,7 +39,7 @@ LOGIN_COOKIE_S = 600  # the login form must be sent within 10 minutes of being s
 
 API: web.AppKey[web.Application] = web.AppKey("console_api", web.Application)
 SIGNER: web.AppKey[SessionSigner] = web.AppKey("console_signer", SessionSigner)
-SERIES: web.AppKey[StartSeries] = web.AppKey("console_series", StartSeries)
+HISTORY: web.AppKey[HistoryStore] = web.AppKey("console_history", HistoryStore)
 SESSIONS: web.AppKey[SessionRepository] = web.AppKey("console_sessions", SessionRepository)
 # Where a request's session is kept (typed keys for requests exist from aiohttp 3.12 on).
 SESSION: Any = (

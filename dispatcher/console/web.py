@@ -2,8 +2,9 @@
 mounted (under /console/ on the API listener, or on a listener of its own).
 
 The scripts are static files (Content-Security-Policy allows no inline script):
-static/console.js polls `live.json` for the overview's counters and chart; static/live.js
-refreshes the parts of the other pages marked `data-live-region` while they are visible.
+static/console.js polls `live.json` for the overview's counters and fetches the history charts
+(dispatcher.console.charts) again every 10 s; static/live.js refreshes the parts of the other
+pages marked `data-live-region` while they are visible.
 The toolkit the pages share (keys, middlewares, rendering, `printable`) is
 dispatcher.console.toolkit.
 """
@@ -20,15 +21,14 @@ from dispatcher.api.app import authenticate, client_of
 from dispatcher.api.keys import GUESSES, OWN_AUTH, REPO, TOKENS
 from dispatcher.config.tokens import ApiToken
 from dispatcher.console import pages, queue_page
-from dispatcher.console.series import StartSeries
 from dispatcher.console.session import SessionSigner
 from dispatcher.console.toolkit import (
     API,
     COOKIE,
+    HISTORY,
     LOGIN_COOKIE,
     LOGIN_COOKIE_S,
     PREFIX,
-    SERIES,
     SESSIONS,
     SIGNER,
     STATIC,
@@ -41,6 +41,7 @@ from dispatcher.console.toolkit import (
     session_of,
     set_session_cookie,
 )
+from dispatcher.db.history import HistoryStore
 from dispatcher.db.sessions import SessionRepository
 from dispatcher.errors import DatabaseUnavailable
 
@@ -138,15 +139,13 @@ async def logout(request: web.Request) -> web.StreamResponse:
 # the application -------------------------------------------------------------------------------
 
 
-def create_console(
-    api: web.Application, series: StartSeries, session_ttl_s: float
-) -> web.Application:
+def create_console(api: web.Application, session_ttl_s: float) -> web.Application:
     """The console as an application to mount at /console (`mount` or `standalone`). `api` is
     the API application: the console reads its keys and calls its actions."""
     app = web.Application(middlewares=[headers_middleware, session_middleware])
     app[OWN_AUTH] = True
     app[API] = api
-    app[SERIES] = series
+    app[HISTORY] = HistoryStore(api[REPO].pool)
     tokens: list[ApiToken] = api[TOKENS]
     app[SIGNER] = SessionSigner(tokens, session_ttl_s)
     app[SESSIONS] = SessionRepository(api[REPO].pool)
@@ -183,22 +182,22 @@ async def end_sessions_of_removed_tokens(app: web.Application) -> None:
         log.info("console: ended %d session(s) of tokens no longer configured", ended)
 
 
-def mount(api: web.Application, series: StartSeries, session_ttl_s: float) -> None:
+def mount(api: web.Application, session_ttl_s: float) -> None:
     """Serve the console at /console/ on the API's own listener; / and /console lead to it
     (a browser pointed at the daemon's address finds the console, not a 404)."""
     # /console before the sub-application: aiohttp strips a sub-application's trailing slash,
     # so registered after it, /console went to the console's sign-in, not to /console/
     api.router.add_get("/", to_console)
     api.router.add_get(PREFIX, to_console)
-    api.add_subapp(f"{PREFIX}/", create_console(api, series, session_ttl_s))
+    api.add_subapp(f"{PREFIX}/", create_console(api, session_ttl_s))
 
 
-def standalone(api: web.Application, series: StartSeries, session_ttl_s: float) -> web.Application:
+def standalone(api: web.Application, session_ttl_s: float) -> web.Application:
     """An application serving only the console (DISPATCHER_CONSOLE_LISTEN); / leads to it."""
     root = web.Application()
     root.router.add_get("/", to_console)
     root.router.add_get(PREFIX, to_console)
-    root.add_subapp(f"{PREFIX}/", create_console(api, series, session_ttl_s))
+    root.add_subapp(f"{PREFIX}/", create_console(api, session_ttl_s))
     return root
 
 

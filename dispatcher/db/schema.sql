@@ -70,6 +70,17 @@ CREATE TABLE dispatcher.handlers (
     max_timeout_s double precision
 );
 
+CREATE TABLE dispatcher.history (
+    queue text NOT NULL,
+    minute timestamp with time zone NOT NULL,
+    started bigint DEFAULT 0 NOT NULL,
+    succeeded bigint DEFAULT 0 NOT NULL,
+    retried bigint DEFAULT 0 NOT NULL,
+    dead bigint DEFAULT 0 NOT NULL,
+    latency bigint[] DEFAULT '{}'::bigint[] NOT NULL,
+    oldest_ready_s double precision
+) WITH (fillfactor=70);
+
 CREATE TABLE dispatcher.instances (
     owner text NOT NULL,
     started_at timestamp with time zone DEFAULT now() NOT NULL
@@ -333,6 +344,18 @@ ALTER TABLE dispatcher.handlers ADD CONSTRAINT handlers_kind_check CHECK (kind =
 
 ALTER TABLE dispatcher.handlers ADD CONSTRAINT handlers_pkey PRIMARY KEY (name);
 
+ALTER TABLE dispatcher.history ADD CONSTRAINT history_dead_check CHECK (dead >= 0);
+
+ALTER TABLE dispatcher.history ADD CONSTRAINT history_minute_check CHECK (minute = date_trunc('minute'::text, minute));
+
+ALTER TABLE dispatcher.history ADD CONSTRAINT history_pkey PRIMARY KEY (queue, minute);
+
+ALTER TABLE dispatcher.history ADD CONSTRAINT history_retried_check CHECK (retried >= 0);
+
+ALTER TABLE dispatcher.history ADD CONSTRAINT history_started_check CHECK (started >= 0);
+
+ALTER TABLE dispatcher.history ADD CONSTRAINT history_succeeded_check CHECK (succeeded >= 0);
+
 ALTER TABLE dispatcher.instances ADD CONSTRAINT instances_pkey PRIMARY KEY (owner);
 
 ALTER TABLE dispatcher.intake_settings ADD CONSTRAINT intake_settings_due_at_past_tolerance_s_check CHECK (due_at_past_tolerance_s >= 0::double precision AND due_at_past_tolerance_s <= 315360000::double precision);
@@ -466,6 +489,8 @@ ALTER TABLE dispatcher.schedule_state ADD CONSTRAINT schedule_state_pkey PRIMARY
 CREATE INDEX bulk_actions_finished_at ON dispatcher.bulk_actions USING btree (finished_at) WHERE (finished_at IS NOT NULL);
 
 CREATE INDEX console_sessions_expiry ON dispatcher.console_sessions USING btree (expires_at);
+
+CREATE INDEX history_minute ON dispatcher.history USING btree (minute);
 
 CREATE INDEX job_state_expiring ON dispatcher.job_state USING btree (expires_at) WHERE ((expires_at IS NOT NULL) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text])));
 
@@ -1544,6 +1569,15 @@ BEGIN
     END IF;
     RETURN NEW;
 END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.history_add_buckets(a bigint[], b bigint[])
+ RETURNS bigint[]
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT coalesce(array_agg(coalesce(x, 0) + coalesce(y, 0) ORDER BY i), '{}')
+      FROM unnest(coalesce(a, '{}'), coalesce(b, '{}')) WITH ORDINALITY AS u(x, y, i)
 $function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.hold_wake_gate()

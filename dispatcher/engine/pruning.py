@@ -1,6 +1,6 @@
 """Retention: terminal jobs (their keys kept in the key ledger), then run receipts whose units are
 gone, then ledger keys past `keys_s`, then finished bulk actions' records (kept as long as dead
-letters), deleted in bounded batches."""
+letters), then the per-minute history past `history_s`, deleted in bounded batches."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from dispatcher.config.settings import RetentionSettings
 from dispatcher.db import bulk
+from dispatcher.db.history import HistoryStore
 from dispatcher.db.jobs import JobRepository
 from dispatcher.observability import metrics
 
@@ -48,6 +49,10 @@ class Pruner:
         # have moved is kept
         pruned["bulk_actions"] = await self._batches(
             "bulk_actions", s.dead_s, lambda: bulk.prune(self._repo.pool, s.dead_s, s.batch)
+        )
+        history = HistoryStore(self._repo.pool)
+        pruned["history"] = await self._batches(
+            "history", s.history_s, lambda: history.prune(s.history_s, s.batch)
         )
         return pruned
 

@@ -70,6 +70,12 @@ class MetricsSampler:
             return last
         return None
 
+    def ready_ages(self, max_age_s: float) -> dict[str, float]:
+        """The oldest ready job's age per queue from the last sample if at most `max_age_s`
+        old, else nothing (the history recorder's gauge: a stale age is not written)."""
+        last = self.latest(max_age_s)
+        return dict(last.ages) if last is not None else {}
+
     async def run_once(self) -> None:
         try:
             sample = await self.sample()

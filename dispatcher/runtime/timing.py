@@ -5,7 +5,7 @@ contract: `start()` returns once it runs, `stop()` is idempotent and returns onc
 runs any more. Everything else in the daemon says *what* runs *when* through three calls:
 
 - `every(name, interval_s, work)`: a periodic job (the due-scan's safety tick, pruning,
-  sampling, disk checks, the console's series, cron housekeeping). The first round comes one
+  sampling, disk checks, the history flush, cron housekeeping). The first round comes one
   interval after start; rounds never overlap and never catch up in a burst (a late round runs
   once); a failed round is logged and the next one tries again.
 - `at(name, when, work)`: a one-shot job at an instant (a cron fire; the cron service arms

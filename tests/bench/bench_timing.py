@@ -91,7 +91,7 @@ async def idle_cpu(with_engine: bool) -> float:
             ("metrics-sampler", 5.0),
             ("pruner", 60.0),
             ("disk-space", 1.0),
-            ("console-series", 1.0),
+            ("history", 5.0),
             ("cron-housekeeping", 30.0),
         ):
             engine.every(name, interval_s, nothing)

@@ -55,6 +55,7 @@ async def test_pruning_deletes_exactly_the_expired_terminal_rows(pool: asyncpg.P
         "runs": 0,
         "keys": 0,
         "bulk_actions": 1,
+        "history": 0,
     }
     assert {r["key"] for r in await pool.fetch("SELECT key FROM dispatcher.bulk_actions")} == {
         "young",
@@ -80,6 +81,7 @@ async def test_pruning_deletes_exactly_the_expired_terminal_rows(pool: asyncpg.P
         "runs": 0,
         "keys": 0,
         "bulk_actions": 0,
+        "history": 0,
     }
 
 

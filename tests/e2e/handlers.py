@@ -11,3 +11,8 @@ async def record_effect(job: Any, ctx: Any) -> dict[str, Any]:
         "INSERT INTO app_effects (job_key, payload) VALUES ($1, $2::jsonb)", job.key, job.payload
     )
     return {"recorded": job.key}
+
+
+async def fail_always(job: Any, ctx: Any) -> None:
+    """Fails every attempt: a job that is retried until its attempts run out (test_history)."""
+    raise RuntimeError(f"{job.key} fails on purpose")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from dispatcher.config.tokens import parse_entry
-from dispatcher.console.series import StartSeries, Totals, percentile_bound
 from dispatcher.console.session import SessionSigner
 from dispatcher.console.toolkit import printable
 from dispatcher.console.web import safe_next
@@ -135,34 +134,3 @@ def test_targets_are_shown_without_secrets() -> None:
 def test_invisible_characters_are_written_out() -> None:
     assert printable("a\x00b\x1b[31m\u202eevil\u200b") == "a\\u0000b\\u001b[31m\\u202eevil\\u200b"
     assert printable("line one\nline two\ttab é 中") == "line one\nline two\ttab é 中"
-
-
-def totals(count: float, total_s: float, buckets: list[tuple[float, float]]) -> Totals:
-    return Totals(count, total_s, tuple(buckets))
-
-
-def test_the_ring_keeps_differences_and_is_bounded() -> None:
-    clock, readings = Clock(), {"q": totals(0, 0, [(0.1, 0), (1.0, 0), (float("inf"), 0)])}
-    series = StartSeries(window_s=5, interval_s=1, read=lambda: dict(readings), clock=clock)
-    assert series.sample() is None  # the baseline
-    for n in range(1, 11):
-        clock.now += 1
-        readings["q"] = totals(
-            10 * n, 0.05 * 10 * n, [(0.1, 9 * n), (1.0, 10 * n), (float("inf"), 10 * n)]
-        )
-        point = series.sample()
-        assert point is not None and point.starts == {"q": 10}
-        assert point.mean_s == pytest.approx(0.05)
-        assert point.p95_s == 1.0  # 9 of 10 within 0.1 s: the 95th percentile is in (0.1, 1]
-    assert len(series.points()) == 5  # bounded by window / interval
-    assert series.starts_per_s("q", window_s=3) == pytest.approx(10)
-    assert series.starts_per_s("other") == 0
-    clock.now += 1  # nothing started: a point with no latency
-    assert series.sample() is not None and series.points()[-1].mean_s is None
-
-
-def test_the_percentile_bound() -> None:
-    assert percentile_bound([], 0.95) is None
-    assert percentile_bound([(0.1, 0.0), (float("inf"), 0.0)], 0.95) is None
-    assert percentile_bound([(0.1, 50.0), (1.0, 99.0), (float("inf"), 100.0)], 0.5) == 0.1
-    assert percentile_bound([(0.1, 50.0), (1.0, 90.0), (float("inf"), 100.0)], 0.95) == 1.0
