@@ -503,7 +503,7 @@ CREATE INDEX outbox_relayed_job ON dispatcher.outbox USING btree (job_id) WHERE 
 
 CREATE INDEX outbox_relayed_queue ON dispatcher.outbox USING btree (queue) WHERE (leased_until IS NOT NULL);
 
-CREATE INDEX outbox_to_relay ON dispatcher.outbox USING btree (queue, priority, tenant, id) WHERE (leased_until IS NULL);
+CREATE INDEX outbox_to_relay ON dispatcher.outbox USING btree (queue, priority, tenant, created_at, id) WHERE (leased_until IS NULL);
 
 CREATE INDEX queues_limit_group ON dispatcher.queues USING btree (limit_group) WHERE (limit_group IS NOT NULL);
 
@@ -2114,9 +2114,10 @@ BEGIN
                                 WHERE s.queue = q
                                   AND s.leased_until IS NULL AND s.priority = lvl
                                   AND s.tenant = w.tenant AND s.id <> ALL (taken)
-                                -- outbox_to_relay's order (by id alone, the planner walked the
-                                -- primary key past every leased row)
-                                ORDER BY s.queue, s.priority, s.tenant, s.id
+                                -- the oldest first, in outbox_to_relay's order: ordered by id
+                                -- alone, the primary key gave the order too, and the planner
+                                -- walked it past every leased row
+                                ORDER BY s.created_at, s.id
                                 LIMIT share
                                   FOR UPDATE SKIP LOCKED) l) c
             ), ordered AS (

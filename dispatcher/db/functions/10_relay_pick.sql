@@ -1,8 +1,8 @@
 -- The relay's pick (lease_outbox): the outbox rows of queue `q` to publish next, in the order
 -- claim_pick takes ready jobs (priority, then tenants in turn from the caller's cursor, then the
--- oldest row first), among the rows no relay holds (leased_until NULL, the rows of the index
--- outbox_to_relay, migration 041: a lease that ran out unconfirmed is released by
--- release_outbox). The relay publishes them in this order and a broker queue delivers in
+-- oldest row first: created_at, then id), among the rows no relay holds (leased_until NULL,
+-- the rows of the index outbox_to_relay, migration 041: a lease that ran out unconfirmed is
+-- released by release_outbox). The relay publishes them in this order and a broker queue delivers in
 -- publishing order, so the priority survives the broker: what the broker holds ahead of an
 -- urgent job is at most the queue's relay window.
 CREATE OR REPLACE FUNCTION dispatcher.relay_pick(q text, wanted integer, after_priority integer,
@@ -77,9 +77,10 @@ BEGIN
                                 WHERE s.queue = q
                                   AND s.leased_until IS NULL AND s.priority = lvl
                                   AND s.tenant = w.tenant AND s.id <> ALL (taken)
-                                -- outbox_to_relay's order (by id alone, the planner walked the
-                                -- primary key past every leased row)
-                                ORDER BY s.queue, s.priority, s.tenant, s.id
+                                -- the oldest first, in outbox_to_relay's order: ordered by id
+                                -- alone, the primary key gave the order too, and the planner
+                                -- walked it past every leased row
+                                ORDER BY s.created_at, s.id
                                 LIMIT share
                                   FOR UPDATE SKIP LOCKED) l) c
             ), ordered AS (

@@ -17,8 +17,11 @@ CREATE INDEX outbox_relayed_queue ON dispatcher.outbox (queue) WHERE leased_unti
 --    A row leaves this index when a relay leases it; one whose lease ran out before the broker
 --    confirmed it (a relay that stopped mid-batch, a refused delivery's row due again, a row the
 --    sweep unmarked) comes back when a relay releases it (release_outbox, leased_until NULL).
+--    Each tenant's oldest rows are taken by created_at, then id: ordered by id alone, the
+--    primary key offers the same order, and with the statistics of a freshly analyzed table
+--    (no row leased yet) the planner walked it, past every leased row.
 DROP INDEX dispatcher.outbox_claim;
-CREATE INDEX outbox_to_relay ON dispatcher.outbox (queue, priority, tenant, id)
+CREATE INDEX outbox_to_relay ON dispatcher.outbox (queue, priority, tenant, created_at, id)
     WHERE leased_until IS NULL;
 UPDATE dispatcher.outbox SET leased_until = NULL
  WHERE published_at IS NULL AND leased_until < now();
