@@ -15,6 +15,7 @@ from dispatcher.model import UNBOUNDED, AttemptKey, ByteGrant, Job
 _CLAIM_DELIVERED = query("claim_delivered")
 _LEASE_OUTBOX = query("lease_outbox")
 _MARK_PUBLISHED = query("mark_published")
+_RELEASE_OUTBOX = query("release_outbox")
 
 
 class OutboxLease(NamedTuple):
@@ -72,6 +73,11 @@ class RelayRepository:
                 last[lease.queue] = lease
         self._cursors.update({q: (r.priority, r.tenant) for q, r in last.items()})
         return leases
+
+    async def release_outbox(self, batch: int) -> int:
+        """Return up to `batch` rows whose lease ran out unconfirmed to the rows the relays
+        pick from; how many."""
+        return int(await self.pool.fetchval(_RELEASE_OUTBOX, batch))
 
     async def mark_published(self, ids: list[int]) -> None:
         await self.pool.execute(_MARK_PUBLISHED, ids)

@@ -3,7 +3,9 @@
 --
 -- An outbox row's life over RabbitMQ (migration 017): written with the job's move to `ready`;
 -- leased by a relay (leased_until); marked published once the broker confirmed its message
--- (published_at); deleted by the claim that starts its job. The marked rows of a queue are the
+-- (published_at); deleted by the claim that starts its job. A lease that ran out unconfirmed
+-- is released (leased_until NULL again, release_outbox): the relay picks only rows with none
+-- (migration 041). The marked rows of a queue are the
 -- messages published and not yet claimed: the relay's window counts them, the sweep finds the
 -- lost ones among them. Every row a relay touched keeps leased_until set, so the claim reaches
 -- it by job id (outbox_relayed_job) even when the claim wins the race with the relay's mark.
@@ -49,24 +51,57 @@ SELECT l.id, l.job_id, l.queue, i.key, s.attempt,
   JOIN dispatcher.intents i ON i.id = l.job_id
  ORDER BY p.pos, l.queue;
 
+-- name: release_outbox
+-- Relay: the rows whose lease ran out before the broker confirmed their messages (a relay that
+-- stopped or failed mid-batch; a refused delivery's row, written leased until it is due again)
+-- go back to the rows the relays pick from (leased_until NULL, migration 041). Up to $1 rows,
+-- those nobody holds; how many. Run by each relay a few times a second: it walks only the
+-- relayed rows (the windows), where the pick, which walks none of them, does not look.
+-- Per queue through outbox_relayed_queue (OFFSET 0: with the statistics of a young table the
+-- planner chose to read the whole outbox).
+WITH expired AS MATERIALIZED (
+    SELECT o.id
+      FROM dispatcher.queues q
+     CROSS JOIN LATERAL (
+           SELECT x.id FROM dispatcher.outbox x
+            WHERE x.queue = q.name AND x.leased_until IS NOT NULL AND x.published_at IS NULL
+              AND x.leased_until < now()
+            LIMIT $1
+              FOR UPDATE SKIP LOCKED) o
+     LIMIT $1
+), released AS (
+    UPDATE dispatcher.outbox o SET leased_until = NULL
+     WHERE o.id = ANY (ARRAY(SELECT id FROM expired))
+    RETURNING 1
+)
+SELECT count(*)::integer FROM released;
+
 -- name: mark_published
 -- Relay: the broker confirmed the messages of these rows ($1 ids); a claim deletes them.
 UPDATE dispatcher.outbox SET published_at = now() WHERE id = ANY ($1::bigint[]);
 
 -- name: sweep_unclaimed
 -- Relay sweep: up to $2 rows published more than $1 seconds ago and still not claimed (oldest
--- first; not of a paused queue, whose consumers claim nothing). A row whose job is still ready
+-- first; not of a paused queue, whose consumers claim nothing; only registered queues). A row whose job is still ready
 -- is a message the broker lost: unmarked, so the relay publishes it again (if the message was
 -- only slow, one of the two deliveries is a counted duplicate). A row whose job is no longer
 -- ready is left over: deleted. One row per queue: how many were published again, how many
 -- deleted.
+-- Per queue through outbox_relayed_queue (OFFSET 0: with the statistics of a young table the
+-- planner chose to read the whole outbox); each queue's oldest first, at most $2 of each locked.
 WITH stale AS MATERIALIZED (
-    SELECT o.id, o.job_id, o.queue FROM dispatcher.outbox o
-     WHERE o.leased_until IS NOT NULL AND o.published_at < now() - make_interval(secs => $1)
-       AND NOT EXISTS (SELECT 1 FROM dispatcher.queues q WHERE q.name = o.queue AND q.paused)
+    SELECT o.id, o.job_id, o.queue
+      FROM dispatcher.queues q
+     CROSS JOIN LATERAL (
+           SELECT x.id, x.job_id, x.queue, x.published_at FROM dispatcher.outbox x
+            WHERE x.queue = q.name AND x.leased_until IS NOT NULL
+              AND x.published_at < now() - make_interval(secs => $1)
+            ORDER BY x.published_at
+            LIMIT $2
+              FOR UPDATE SKIP LOCKED) o
+     WHERE NOT q.paused
      ORDER BY o.published_at
      LIMIT $2
-       FOR UPDATE OF o SKIP LOCKED
 ), judged AS MATERIALIZED (
     -- the state by primary key (a condition on `state` here could walk an index of ready rows)
     SELECT s.id, s.queue,
@@ -74,7 +109,7 @@ WITH stale AS MATERIALIZED (
                     false) AS ready
       FROM stale s
 ), again AS (
-    UPDATE dispatcher.outbox o SET published_at = NULL, leased_until = now()  -- lease over
+    UPDATE dispatcher.outbox o SET published_at = NULL, leased_until = NULL  -- to pick again
      WHERE o.id = ANY (ARRAY(SELECT id FROM judged WHERE ready))
     RETURNING o.queue
 ), dropped AS (

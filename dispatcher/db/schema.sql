@@ -524,11 +524,11 @@ CREATE INDEX jobs_terminal ON dispatcher.job_state USING btree (state, queue, fi
 
 CREATE INDEX key_ledger_finished_at ON dispatcher.key_ledger USING btree (finished_at);
 
-CREATE INDEX outbox_claim ON dispatcher.outbox USING btree (queue, priority, tenant, id);
-
 CREATE INDEX outbox_relayed_job ON dispatcher.outbox USING btree (job_id) WHERE (leased_until IS NOT NULL);
 
-CREATE INDEX outbox_relayed_queue ON dispatcher.outbox USING btree (queue, published_at) WHERE (leased_until IS NOT NULL);
+CREATE INDEX outbox_relayed_queue ON dispatcher.outbox USING btree (queue) WHERE (leased_until IS NOT NULL);
+
+CREATE INDEX outbox_to_relay ON dispatcher.outbox USING btree (queue, priority, tenant, created_at, id) WHERE (leased_until IS NULL);
 
 CREATE INDEX queues_limit_group ON dispatcher.queues USING btree (limit_group) WHERE (limit_group IS NOT NULL);
 
@@ -2107,13 +2107,13 @@ BEGIN
     LOOP
         SELECT min(s.priority) INTO lvl FROM dispatcher.outbox s
          WHERE s.queue = q
-                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND (lvl IS NULL OR s.priority > lvl);
+                AND s.leased_until IS NULL AND (lvl IS NULL OR s.priority > lvl);
         EXIT WHEN lvl IS NULL;
         -- the walk: the tenants after the cursor, then from the first name round to it
         WITH RECURSIVE onward AS (
             (SELECT s.tenant FROM dispatcher.outbox s
               WHERE s.queue = q
-                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                AND s.leased_until IS NULL AND s.priority = lvl
                 AND (lvl IS DISTINCT FROM after_priority OR s.tenant > after_tenant)
               ORDER BY s.tenant LIMIT 1)
             UNION ALL
@@ -2121,12 +2121,12 @@ BEGIN
              CROSS JOIN LATERAL (
                    SELECT s.tenant FROM dispatcher.outbox s
                     WHERE s.queue = q
-                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                AND s.leased_until IS NULL AND s.priority = lvl
                       AND s.tenant > o.tenant
                     ORDER BY s.tenant LIMIT 1) n
         ), round_ AS (
             (SELECT s.tenant FROM dispatcher.outbox s
-              WHERE lvl = after_priority AND s.queue = q AND s.published_at IS NULL AND (s.leased_until IS NULL OR s.leased_until < now())
+              WHERE lvl = after_priority AND s.queue = q AND s.leased_until IS NULL
                 AND s.priority = lvl AND s.tenant <= after_tenant
               ORDER BY s.tenant LIMIT 1)
             UNION ALL
@@ -2134,7 +2134,7 @@ BEGIN
              CROSS JOIN LATERAL (
                    SELECT s.tenant FROM dispatcher.outbox s
                     WHERE s.queue = q
-                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                AND s.leased_until IS NULL AND s.priority = lvl
                       AND s.tenant > o.tenant AND s.tenant <= after_tenant
                     ORDER BY s.tenant LIMIT 1) n
         )
@@ -2154,9 +2154,12 @@ BEGIN
                        SELECT l.id, row_number() OVER (ORDER BY l.id) AS rank
                          FROM (SELECT s.id FROM dispatcher.outbox s
                                 WHERE s.queue = q
-                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                                  AND s.leased_until IS NULL AND s.priority = lvl
                                   AND s.tenant = w.tenant AND s.id <> ALL (taken)
-                                ORDER BY s.id
+                                -- the oldest first, in outbox_to_relay's order: ordered by id
+                                -- alone, the primary key gave the order too, and the planner
+                                -- walked it past every leased row
+                                ORDER BY s.created_at, s.id
                                 LIMIT share
                                   FOR UPDATE SKIP LOCKED) l) c
             ), ordered AS (

@@ -26,7 +26,12 @@ interference is kept, all are recorded. Results go to tests/bench/results/bench_
 
     .venv/bin/python -m tests.bench.bench_scaleout [--jobs 20000] [--daemons 1,2,3]
         [--transports in-process,rabbitmq] [--limits configured,high,none]
-        [--only drain,latency,burst] [--repeat 3] [--tries 3] [--max-others 40]
+        [--only drain,latency,burst] [--repeat 3] [--tries 3] [--max-others 40] [--profile]
+
+Where the time goes: on a server that loads pg_stat_statements (shared_preload_libraries), each
+drain also reports PostgreSQL's execution time per job of every named statement (reset before
+the drain, read after); `--profile` samples the first daemon with py-spy during each drain
+(collapsed stacks under /tmp/bench-profiles/; `.venv/bin/pip install py-spy`).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ from tests.bench.common import (
     daemon,
     db_name,
     print_table,
+    profiled,
     register_handler,
     run,
     wait_for_quiet,
@@ -104,6 +110,12 @@ SELECT left(query, 300) AS query, coalesce(wait_event_type || ':' || wait_event,
 
 ROW_LOCK_WAITS = ("Lock:transactionid", "Lock:tuple")
 RUNNING = "SELECT count(*)::int FROM dispatcher.jobs WHERE state = 'running'"
+
+STATEMENTS = """
+SELECT query, calls::bigint, total_exec_time::float8 AS ms, rows::bigint
+  FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+ WHERE d.datname = $1 AND calls > 0
+ ORDER BY total_exec_time DESC"""
 
 
 # measuring --------------------------------------------------------------------------------
@@ -174,6 +186,60 @@ class ActivitySampler:
         return "active backends: " + "; ".join(parts) + running
 
 
+class StatementTimes:
+    """PostgreSQL's execution time per named statement during a block, from pg_stat_statements
+    (reset on entry); nothing when the server does not load it. Nested statements (the bodies of
+    PL/pgSQL functions) are counted too: a function's time is also in its caller's."""
+
+    def __init__(self, dsn: str):
+        self.dsn = dsn
+        self.available = False
+        self.rows: list[dict[str, Any]] = []
+        self._names = {text[:300]: name for name, text in all_queries().items()}
+
+    async def __aenter__(self) -> StatementTimes:
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            await conn.execute("SELECT pg_stat_statements_reset()")
+            self.available = True
+        except asyncpg.PostgresError:  # not in shared_preload_libraries
+            self.available = False
+        finally:
+            await conn.close()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if not self.available:
+            return
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            found = await conn.fetch(STATEMENTS, db_name(self.dsn))
+        finally:
+            await conn.close()
+        per: dict[str, dict[str, float]] = collections.defaultdict(
+            lambda: {"calls": 0, "ms": 0.0, "rows": 0}
+        )
+        for row in found:
+            text = " ".join(row["query"].split())
+            name = next(
+                (n for t, n in self._names.items() if " ".join(t.split())[:80] == text[:80]),
+                text[:60],
+            )
+            for key in ("calls", "ms", "rows"):
+                per[name][key] += row[key]
+        self.rows = [{"statement": n, **v} for n, v in per.items()]
+        self.rows.sort(key=lambda r: -r["ms"])
+
+    def per_job(self, jobs: int, top: int = 8) -> str:
+        if not self.available:
+            return "pg_stat_statements not loaded"
+        return "PostgreSQL us/job by statement: " + "; ".join(
+            f"{r['statement']} {r['ms'] * 1e3 / jobs:.1f} ({r['calls']:,} calls)"
+            for r in self.rows[:top]
+        )
+
+
 def rabbitmq_pid() -> int | None:
     """The local RabbitMQ node (beam.smp), metered like the daemons."""
     for entry in Path("/proc").iterdir():
@@ -221,8 +287,10 @@ def cpu_figures(cpu: CpuMeter, jobs: int) -> dict[str, Any]:
 class Cell:
     """N daemons of one transport on one fresh database, and the workloads run against them."""
 
-    def __init__(self, dsn: str, daemons: list[Any], transport: str):
+    def __init__(self, dsn: str, daemons: list[Any], transport: str, profile: bool = False):
         self.dsn = dsn
+        self.profile = profile
+        self.drains = 0
         self.daemons = daemons
         self.transport = transport
         self.pids = {f"daemon{i + 1}": d.proc.pid for i, d in enumerate(daemons)}
@@ -237,7 +305,14 @@ class Cell:
         await self.reset(conn)
         await conn.execute(SET_LIMITS, *LIMITS[limits])
         await self.enqueue_paused(conn, jobs)
-        async with CpuMeter(self.pids, db_name(self.dsn)) as cpu, ActivitySampler(self.dsn) as act:
+        self.drains += 1
+        name = f"drain_{self.transport}_{len(self.daemons)}_{limits}_{self.drains}"
+        async with (
+            StatementTimes(self.dsn) as statements,
+            profiled(self.daemons[0].proc.pid, name, self.profile),
+            CpuMeter(self.pids, db_name(self.dsn)) as cpu,
+            ActivitySampler(self.dsn) as act,
+        ):
             await conn.execute("UPDATE dispatcher.queues SET paused = false, paused_at = NULL")
             await conn.execute("NOTIFY dispatcher_wake, 'ready'")
             await wait_terminal(conn, jobs, DRAIN_TIMEOUT_S, f"{jobs} jobs to finish")
@@ -265,6 +340,8 @@ class Cell:
             "running_max": max(act.running, default=0),
             "activity_summary": act.summary(),
             "claim_lock_share": act.lock_share("claim_"),
+            "statements": statements.rows,
+            "statements_summary": statements.per_job(jobs),
             "loadavg": os.getloadavg(),
         }
 
@@ -315,7 +392,7 @@ class Cell:
 
 
 @contextlib.asynccontextmanager
-async def daemon_set(bench: Bench, n: int, transport: str) -> Any:
+async def daemon_set(bench: Bench, n: int, transport: str, profile: bool = False) -> Any:
     """A fresh database with `n` daemons of `transport` up and warmed; yields the Cell."""
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     env = dict(ENGINE_ENV)
@@ -330,7 +407,7 @@ async def daemon_set(bench: Bench, n: int, transport: str) -> Any:
             await register_handler(dsn, "noop")
             async with contextlib.AsyncExitStack() as stack:
                 procs = [await stack.enter_async_context(daemon(dsn, env)) for _ in range(n)]
-                yield Cell(dsn, procs, transport)
+                yield Cell(dsn, procs, transport, profile)
     finally:
         if transport == "rabbitmq":
             await delete_queue(prefix + "default")
@@ -374,7 +451,8 @@ async def drains(
             f"claim {r['jobs_per_claim']:,.0f}, per completion {r['jobs_per_completion']:,.0f}; "
             f"{r['jobs_per_cpu_s']:,.0f} jobs per CPU-s; claims waiting for a row lock "
             f"{r['claim_lock_share']:.0%}; {load_text(r)}\n"
-            f"      {r['cpu_summary']}\n      {r['activity_summary']}",
+            f"      {r['cpu_summary']}\n      {r['activity_summary']}\n"
+            f"      {r['statements_summary']}",
             flush=True,
         )
 
@@ -384,7 +462,7 @@ async def measure_cell(
 ) -> dict[str, Any]:
     """Every workload for `n` daemons of `transport`; prints a line per workload."""
     results: dict[str, Any] = {}
-    async with daemon_set(bench, n, transport) as cell:
+    async with daemon_set(bench, n, transport, args.profile) as cell:
         conn = await asyncpg.connect(cell.dsn)
         # more connections than bench_engine's 8, so the paced enqueue keeps nearer 500/s while
         # each commit waits for a WAL flush shared with other users (8: 265-369/s under load)
@@ -585,4 +663,7 @@ if __name__ == "__main__":
     )
     parser.add_argument("--tries", type=int, default=3, help="runs per workload at most")
     parser.add_argument("--repeat", type=int, default=3, help="drains per setting (median)")
+    parser.add_argument(
+        "--profile", action="store_true", help="py-spy the first daemon during each drain"
+    )
     run(lambda: main(parser.parse_args()))

@@ -108,6 +108,27 @@ async def test_the_sweep_publishes_lost_messages_again_and_drops_left_over_rows(
     assert await relay.sweep_unclaimed(60, 100) == {}
 
 
+async def test_a_lease_that_ran_out_unconfirmed_is_released_and_leased_again(
+    repo: JobRepository, relay: RelayRepository
+) -> None:
+    (job,) = await enqueue(repo, ["a"])
+    leased = await relay.lease_outbox({"default": 10}, 100, 30)
+    assert [r.job_id for r in leased] == [job]
+    assert await relay.release_outbox(100) == 0  # its lease still runs
+    assert await relay.lease_outbox({"default": 10}, 100, 30) == []
+    await repo.pool.execute("UPDATE dispatcher.outbox SET leased_until = now() - interval '1 s'")
+    # the pick reads only rows no relay holds (migration 041): not taken until released
+    assert await relay.lease_outbox({"default": 10}, 100, 30) == []
+    assert await relay.release_outbox(100) == 1
+    again = await relay.lease_outbox({"default": 10}, 100, 30)
+    assert [(r.job_id, r.attempt) for r in again] == [(job, 0)]
+    # a confirmed row stays relayed whatever its lease says: its message is in the broker
+    await relay.mark_published([r.id for r in again])
+    await repo.pool.execute("UPDATE dispatcher.outbox SET leased_until = now() - interval '1 s'")
+    assert await relay.release_outbox(100) == 0
+    assert await relay.lease_outbox({"default": 10}, 100, 30) == []
+
+
 async def test_the_sweep_leaves_a_paused_queue_alone(
     repo: JobRepository, relay: RelayRepository
 ) -> None:
@@ -264,9 +285,12 @@ async def test_the_relay_and_its_sweep_never_scan_the_job_tables(
     for name, args in (
         ("lease_outbox", (["default"], [8000], 30.0, 500, [None], [None])),
         ("sweep_unclaimed", (300.0, 500)),
+        ("release_outbox", (500,)),
     ):
         text = await plan(pool, name, *args)
         for table in ("intents", "job_state"):
             assert f"Seq Scan on {table}" not in text, (name, text)
     # the sweep walks only the relay's rows (a partial index), never the whole outbox
     assert "Seq Scan on outbox" not in await plan(pool, "sweep_unclaimed", 300.0, 500)
+    # the release of run-out leases too: it runs a few times a second (migration 041)
+    assert "Seq Scan on outbox" not in await plan(pool, "release_outbox", 500)

@@ -1,8 +1,10 @@
 -- The relay's pick (lease_outbox): the outbox rows of queue `q` to publish next, in the order
 -- claim_pick takes ready jobs (priority, then tenants in turn from the caller's cursor, then the
--- oldest row first), among the rows not published and not leased. The relay publishes them in
--- this order and a broker queue delivers in publishing order, so the priority survives the
--- broker: what the broker holds ahead of an urgent job is at most the queue's relay window.
+-- oldest row first: created_at, then id), among the rows no relay holds (leased_until NULL,
+-- the rows of the index outbox_to_relay, migration 041: a lease that ran out unconfirmed is
+-- released by release_outbox). The relay publishes them in this order and a broker queue delivers in
+-- publishing order, so the priority survives the broker: what the broker holds ahead of an
+-- urgent job is at most the queue's relay window.
 CREATE OR REPLACE FUNCTION dispatcher.relay_pick(q text, wanted integer, after_priority integer,
                                       after_tenant text)
 RETURNS TABLE (id bigint, pos integer, priority smallint, tenant text, turn integer)
@@ -26,13 +28,13 @@ BEGIN
     LOOP
         SELECT min(s.priority) INTO lvl FROM dispatcher.outbox s
          WHERE s.queue = q
-                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND (lvl IS NULL OR s.priority > lvl);
+                AND s.leased_until IS NULL AND (lvl IS NULL OR s.priority > lvl);
         EXIT WHEN lvl IS NULL;
         -- the walk: the tenants after the cursor, then from the first name round to it
         WITH RECURSIVE onward AS (
             (SELECT s.tenant FROM dispatcher.outbox s
               WHERE s.queue = q
-                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                AND s.leased_until IS NULL AND s.priority = lvl
                 AND (lvl IS DISTINCT FROM after_priority OR s.tenant > after_tenant)
               ORDER BY s.tenant LIMIT 1)
             UNION ALL
@@ -40,12 +42,12 @@ BEGIN
              CROSS JOIN LATERAL (
                    SELECT s.tenant FROM dispatcher.outbox s
                     WHERE s.queue = q
-                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                AND s.leased_until IS NULL AND s.priority = lvl
                       AND s.tenant > o.tenant
                     ORDER BY s.tenant LIMIT 1) n
         ), round_ AS (
             (SELECT s.tenant FROM dispatcher.outbox s
-              WHERE lvl = after_priority AND s.queue = q AND s.published_at IS NULL AND (s.leased_until IS NULL OR s.leased_until < now())
+              WHERE lvl = after_priority AND s.queue = q AND s.leased_until IS NULL
                 AND s.priority = lvl AND s.tenant <= after_tenant
               ORDER BY s.tenant LIMIT 1)
             UNION ALL
@@ -53,7 +55,7 @@ BEGIN
              CROSS JOIN LATERAL (
                    SELECT s.tenant FROM dispatcher.outbox s
                     WHERE s.queue = q
-                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                AND s.leased_until IS NULL AND s.priority = lvl
                       AND s.tenant > o.tenant AND s.tenant <= after_tenant
                     ORDER BY s.tenant LIMIT 1) n
         )
@@ -73,9 +75,12 @@ BEGIN
                        SELECT l.id, row_number() OVER (ORDER BY l.id) AS rank
                          FROM (SELECT s.id FROM dispatcher.outbox s
                                 WHERE s.queue = q
-                AND s.published_at IS NULL AND coalesce(s.leased_until < now(), true) AND s.priority = lvl
+                                  AND s.leased_until IS NULL AND s.priority = lvl
                                   AND s.tenant = w.tenant AND s.id <> ALL (taken)
-                                ORDER BY s.id
+                                -- the oldest first, in outbox_to_relay's order: ordered by id
+                                -- alone, the primary key gave the order too, and the planner
+                                -- walked it past every leased row
+                                ORDER BY s.created_at, s.id
                                 LIMIT share
                                   FOR UPDATE SKIP LOCKED) l) c
             ), ordered AS (

@@ -14,10 +14,14 @@ from dispatcher.relay.rabbitmq.link import RabbitLink
 from dispatcher.relay.transport import Delivery
 
 SETTLE_TIMEOUT_S = 5.0  # acknowledgements after the drain; an unacked one is a duplicate later
-# A claim waits this long for more deliveries when fewer arrived than it could start: the
+# A claim waits for more deliveries when fewer arrived than it could start, as long as they keep
+# coming (each at most GATHER_S after the one before) and for at most GATHER_MAX_S in all: the
 # broker sends a published batch as a stream, and one claim statement per few deliveries cost
-# more than the wait (bench_scaleout, 5,000 jobs: 450 claims of ~11 deliveries each before).
+# more than the wait (bench_scaleout, 5,000 jobs: 450 claims of ~11 deliveries each before; with
+# one 2 ms wait, 20,000 jobs: claims of ~180; gathering while the stream lasts: ~280, and the
+# completions, one per claim's jobs, grow with them).
 GATHER_S = 0.002
+GATHER_MAX_S = 0.01
 
 
 class RabbitTransport:
@@ -43,8 +47,8 @@ class RabbitTransport:
         self._acks: dict[AttemptKey, Received] = {}
 
     async def wait_for_work(self, queue: str, limit: int) -> None:
-        """Until a delivery of `queue` waits (at most `wait_s`), then a moment for more of the
-        same stream, so one claim takes them all."""
+        """Until a delivery of `queue` waits (at most `wait_s`), then while more of the same
+        stream arrive (bounded), so one claim takes them all."""
         waiting = self._link.inbox[queue]
         if not waiting:
             arrived = self._link.arrived[queue]
@@ -52,8 +56,18 @@ class RabbitTransport:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._wait_s):
                     await arrived.wait()
-        if waiting and len(waiting) < limit and self._link.receiving(queue):
-            await asyncio.sleep(GATHER_S)
+        if not waiting:
+            return
+        loop = asyncio.get_running_loop()
+        until = loop.time() + GATHER_MAX_S
+        arrived = self._link.arrived[queue]
+        while len(waiting) < limit and self._link.receiving(queue) and loop.time() < until:
+            arrived.clear()
+            try:
+                async with asyncio.timeout(min(GATHER_S, until - loop.time())):
+                    await arrived.wait()
+            except TimeoutError:  # the stream paused: claim what came
+                return
 
     async def receive(self, queue: str, limit: int, grant: ByteGrant) -> Delivery:
         waiting = self._link.inbox[queue]

@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 RELAY_IDLE_S = 0.05  # nothing to publish (or the windows are full): look again soon
 CONFIRM_TIMEOUT_S = 30.0
 SWEEP_EVERY_MIN_S, SWEEP_EVERY_MAX_S = 1.0, 60.0
+# Rows whose lease ran out unconfirmed (and refused deliveries' rows, due again after a quarter
+# second or a second) go back to the pick this often: the pick walks only unleased rows.
+RELEASE_EVERY_S = 0.25
 # Batches published and awaiting their confirms at once. A quorum queue confirms a batch of 500
 # only once a majority wrote it (130-290 ms here); waiting for that before leasing the next
 # batch capped the relay at ~2,000 messages/s.
@@ -63,6 +66,7 @@ class OutboxRelay(LoopService):
 
     async def _run(self) -> None:
         sweep_at = time.monotonic() + self._sweep_every_s
+        release_at = 0.0
         rounds: set[asyncio.Task[None]] = set()  # published, awaiting their confirms
         try:
             while True:
@@ -71,6 +75,9 @@ class OutboxRelay(LoopService):
                 try:
                     while len(rounds) >= ROUNDS_IN_FLIGHT:
                         await asyncio.wait(rounds, return_when=asyncio.FIRST_COMPLETED)
+                    if time.monotonic() >= release_at:
+                        await self._repo.release_outbox(self._batch)
+                        release_at = time.monotonic() + RELEASE_EVERY_S
                     leased = await self._publish_next(rounds)
                     if time.monotonic() >= sweep_at:
                         await self.sweep_once()
@@ -88,7 +95,9 @@ class OutboxRelay(LoopService):
                 task.cancel()
 
     async def run_once(self) -> int:
-        """One round: lease, publish, await the confirms, mark; return how many were leased."""
+        """One round: release what ran out, lease, publish, await the confirms, mark; return
+        how many were leased."""
+        await self._repo.release_outbox(self._batch)
         rounds: set[asyncio.Task[None]] = set()
         leased = await self._publish_next(rounds)
         for task in rounds:
