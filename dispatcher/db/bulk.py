@@ -15,7 +15,7 @@ from typing import Any
 
 import asyncpg
 
-from dispatcher.db.job_reads import error_scan_bound, list_args
+from dispatcher.db.job_reads import error_scan_floor, list_args
 from dispatcher.db.pool import translate_unavailable
 from dispatcher.db.queries import query
 from dispatcher.model import JobFilter, ListCursor
@@ -56,8 +56,8 @@ async def _list_args(
 ) -> tuple[Any, ...]:
     """list_jobs's parameters, built as the job list builds them."""
     f = f or JobFilter()
-    bound = await error_scan_bound(db, f)
-    return list_args("list_jobs", f, ListCursor(before_id), limit, error_scan_rows=bound)
+    floor = await error_scan_floor(db, f)
+    return list_args("list_jobs", f, ListCursor(before_id), limit, error_floor=floor)
 
 
 class BulkStore:

@@ -30,17 +30,17 @@ def list_args(
     cursor: ListCursor | None,
     limit: int,
     *,
-    error_scan_rows: int | None = None,
+    error_floor: int | None = None,
 ) -> tuple[Any, ...]:
     """The parameters of `statement` (list_jobs, newest first; list_jobs_by_due, a due window)
     for filter `f`, in their order: the one place that builds them, for the list and for bulk
-    actions. `cursor`: the page after it (None: the first). `error_scan_rows`: see
-    `error_scan_bound`."""
+    actions. `cursor`: the page after it (None: the first). `error_floor`: see
+    `error_scan_floor`."""
     common = (f.key, f.tenant, f.run_key, f.handler, f.due_before, f.due_after, f.dead_reason)
     searches = (
         None if f.key_prefix is None else like_escaped(f.key_prefix) + "%",
         None if f.error is None else "%" + like_escaped(f.error) + "%",
-        None if f.error is None else error_scan_rows,
+        None if f.error is None else error_floor,
         f.concurrency_key,
     )
     if statement == "list_jobs_by_due":
@@ -53,13 +53,13 @@ def list_args(
     return (f.state, f.queue, before_id, limit, *common, f.priority, *searches)
 
 
-async def error_scan_bound(db: asyncpg.Pool | asyncpg.Connection, f: JobFilter) -> int | None:
-    """For a filter with `error`: None when the trigram index serves the search, else
-    ERROR_SCAN_ROWS (looked up each time: a concurrent build may add the index at any time,
-    and the lookup is one catalog read)."""
+async def error_scan_floor(db: asyncpg.Pool | asyncpg.Connection, f: JobFilter) -> int | None:
+    """For a filter with `error`: None when the trigram index serves the search, else the id
+    above which the newest ERROR_SCAN_ROWS jobs are (whether the index exists is looked up each
+    time: a concurrent build may add it at any time, and the lookup is one catalog read)."""
     if f.error is None or await db.fetchval(query("error_search_indexed")):
         return None
-    return ERROR_SCAN_ROWS
+    return int(await db.fetchval(query("error_scan_floor"), ERROR_SCAN_ROWS))
 
 
 class JobReads:
@@ -102,15 +102,15 @@ class JobReads:
         target, result or progress, which may each be near the body limit); newest first, or
         earliest due first for a due window (`JobFilter.by_due`)."""
         statement = "list_jobs_by_due" if filters.by_due else "list_jobs"
-        bound = await error_scan_bound(self.pool, filters)
-        args = list_args(statement, filters, cursor, limit, error_scan_rows=bound)
+        floor = await error_scan_floor(self.pool, filters)
+        args = list_args(statement, filters, cursor, limit, error_floor=floor)
         return [dict(r) for r in await self.pool.fetch(query(statement), *args)]
 
     @translate_unavailable
-    async def error_search_bound(self) -> int | None:
-        """How many of the newest jobs a last-error search looks at: None (all) where its
-        trigram index exists, else ERROR_SCAN_ROWS."""
-        return await error_scan_bound(self.pool, JobFilter(error="any"))
+    async def error_search_indexed(self) -> bool:
+        """Whether a last-error search reads every job (its trigram index exists) or only the
+        newest ERROR_SCAN_ROWS."""
+        return bool(await self.pool.fetchval(query("error_search_indexed")))
 
     @translate_unavailable
     async def now(self) -> datetime:

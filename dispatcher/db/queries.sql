@@ -461,7 +461,7 @@ SELECT id, attempt, owner, started_at, finished_at, outcome, reason, http_status
 -- migration 031), $12 priority (exact; migration 023's jobs_priority_id holds the jobs off the
 -- default 0); migration 039's searches: $13 a LIKE pattern of a key prefix (jobs_key_prefix),
 -- $14 an ILIKE pattern of last-error text (jobs_last_error_trgm), $15 where that index is
--- missing, how many of the newest jobs the error search looks at (NULL: all), $16 a
+-- missing, the id above which the error search looks (the newest jobs; NULL: all), $16 a
 -- concurrency key (jobs_concurrency_key_id). Both patterns come escaped from
 -- dispatcher.db.job_reads.list_args. A due window is better served by
 -- list_jobs_by_due, which the repository uses for it. Every `$n IS NULL OR ...` folds away
@@ -481,7 +481,7 @@ SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, star
    AND ($12::integer IS NULL OR priority = $12)
    AND ($13::text IS NULL OR key LIKE $13)
    AND ($14::text IS NULL OR last_error ILIKE $14)
-   AND ($15::bigint IS NULL OR id > (SELECT max(id) FROM dispatcher.job_state) - $15)
+   AND ($15::bigint IS NULL OR id > $15)
    AND ($16::text IS NULL OR concurrency_key = $16)
  ORDER BY id DESC
  LIMIT $4;
@@ -505,7 +505,7 @@ SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, star
    AND ($13::integer IS NULL OR priority = $13)
    AND ($14::text IS NULL OR key LIKE $14)
    AND ($15::text IS NULL OR last_error ILIKE $15)
-   AND ($16::bigint IS NULL OR id > (SELECT max(id) FROM dispatcher.job_state) - $16)
+   AND ($16::bigint IS NULL OR id > $16)
    AND ($17::text IS NULL OR concurrency_key = $17)
  ORDER BY due_at, id
  LIMIT $4;
@@ -863,6 +863,11 @@ SELECT q.queue, s.state, round($1 * s.freq * q.freq)::bigint AS n FROM states s,
 SELECT EXISTS (SELECT FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
                 WHERE c.relname = 'jobs_last_error_trgm'
                   AND c.relnamespace = 'dispatcher'::regnamespace AND i.indisvalid);
+
+-- name: error_scan_floor
+-- Without that index: the id above which the newest $1 jobs are (a constant for the list
+-- statement, which the planner then estimates as the range it is).
+SELECT coalesce(max(id), 0) - $1 FROM dispatcher.job_state;
 
 -- name: dead_letter_groups
 -- The console's dead letters by queue and reason: per queue of the registry, its newest $1
