@@ -168,6 +168,7 @@ async def jobs(request: web.Request) -> web.StreamResponse:
         next=None,
         queues=[row["name"] for row in await api[REPO].list_queues()],
         error="",
+        error_scan_rows=None,
         bulk_actions=bulk.BULK_VERBS,
     )
     unknown = [name for name in q if name not in LIST_PARAMETERS]
