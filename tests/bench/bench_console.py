@@ -113,8 +113,8 @@ async def ensure_database(rows: int, keep: bool) -> str:
 async def timed(client: aiohttp.ClientSession, url: str) -> float:
     started = time.perf_counter()
     async with client.get(url) as r:
-        await r.read()
-        assert r.status == 200, r.status
+        body = await r.read()
+        assert r.status == 200, (url, r.status, body[:500])
     return (time.perf_counter() - started) * 1000
 
 
