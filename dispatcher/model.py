@@ -138,7 +138,8 @@ class JobFilter:
     """Which jobs an operator lists (every filter given must match; None matches every job).
 
     `due_after` is inclusive and `due_before` exclusive, so adjacent windows neither overlap nor
-    leave a gap. `tenant` never matches jobs accepted without one."""
+    leave a gap. `tenant` never matches jobs accepted without one. `key_prefix` and `error` are
+    plain text: a % or _ in them matches itself."""
 
     state: str | None = None
     queue: str | None = None
@@ -150,6 +151,9 @@ class JobFilter:
     due_after: datetime | None = None
     priority: int | None = None
     dead_reason: str | None = None  # also matches discarded jobs, which keep their reason
+    key_prefix: str | None = None  # keys that start with it (as typed: no wildcards)
+    error: str | None = None  # text anywhere in the last error, any case (no wildcards)
+    concurrency_key: str | None = None
 
     @property
     def by_due(self) -> bool:

@@ -150,6 +150,28 @@ LIST_FILTERS = [
         "schema": {"type": "string", "maxLength": 200},
     },
     {
+        "name": "key_prefix",
+        "in": "query",
+        "description": "jobs whose idempotency key starts with this text (% and _ match "
+        "themselves); served by the index jobs_key_prefix",
+        "schema": {"type": "string", "pattern": PRINTABLE_ASCII},
+    },
+    {
+        "name": "error",
+        "in": "query",
+        "description": "jobs whose last error contains this text, any case (% and _ match "
+        "themselves); served by the trigram index jobs_last_error_trgm where pg_trgm could be "
+        "created, else only the newest 100,000 jobs are searched",
+        "schema": {"type": "string", "minLength": 3, "maxLength": 200},
+    },
+    {
+        "name": "concurrency_key",
+        "in": "query",
+        "description": "jobs of this concurrency key, exact (a job accepted without one has its "
+        "tenant's); served by the index jobs_concurrency_key_id",
+        "schema": {"type": "string", "maxLength": 200},
+    },
+    {
         "name": "run_key",
         "in": "query",
         "description": "units of one cron run, e.g. nightly:2026-05-31T02:00:00Z",

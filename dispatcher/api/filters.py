@@ -27,10 +27,17 @@ FILTERS = (
     "due_after",
     "priority",
     "reason",
+    "key_prefix",
+    "error",
+    "concurrency_key",
 )
 PRIORITY = re.compile(r"-?[0-9]{1,3}\Z")
 MAX_TENANT = 255  # as intake accepts it
 MAX_REASON = 200  # as the dead-letter bulk calls accept it
+MAX_CONCURRENCY_KEY = 200  # as intake accepts it
+# Text searched for in the last error: the trigram index (migration 039) finds a piece of at
+# least three characters; a shorter one would match most errors and read the whole index.
+ERROR_TEXT = (3, 200)
 
 
 class FilterError(ValueError):
@@ -76,7 +83,44 @@ def parse_job_filter(values: Mapping[str, str | None]) -> JobFilter:
         due_after=due_after,
         priority=_priority(given["priority"]),
         dead_reason=_reason(given["reason"]),
+        key_prefix=_key_prefix(given["key_prefix"]),
+        error=_error_text(given["error"]),
+        concurrency_key=_concurrency_key(given["concurrency_key"]),
     )
+
+
+def _key_prefix(value: str | None) -> str | None:
+    """The start of an idempotency key, taken as typed (no wildcards, no trimming)."""
+    if value is not None and not valid_key(value):
+        raise FilterError(
+            "key_prefix: the start of an idempotency key, 1 to 255 printable ASCII characters "
+            "(% and _ match themselves)"
+        )
+    return value
+
+
+def _error_text(value: str | None) -> str | None:
+    """A piece of a last error, any case."""
+    if value is None:
+        return None
+    low, high = ERROR_TEXT
+    why = storable_text(value)
+    if why or not low <= len(value) <= high:
+        raise FilterError(
+            f"error: {low} to {high} characters of text found anywhere in the job's last error, "
+            f"any case (% and _ match themselves)" + (f" ({why})" if why else "")
+        )
+    return value
+
+
+def _concurrency_key(value: str | None) -> str | None:
+    """A concurrency key, exact (a job accepted without one is keyed by its tenant)."""
+    if value is not None and (len(value) > MAX_CONCURRENCY_KEY or (why := storable_text(value))):
+        raise FilterError(
+            f"concurrency_key: a concurrency key, exact, at most {MAX_CONCURRENCY_KEY} "
+            "characters of text" + ("" if len(value) > MAX_CONCURRENCY_KEY else f" ({why})")
+        )
+    return value
 
 
 def _priority(value: str | None) -> int | None:

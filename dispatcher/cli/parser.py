@@ -217,6 +217,11 @@ def job_filter_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--reason", help="dead and discarded jobs with this dead reason (exact, as listed)"
     )
+    p.add_argument("--key-prefix", metavar="TEXT", help="jobs whose key starts with TEXT")
+    p.add_argument(
+        "--error", metavar="TEXT", help="jobs whose last error contains TEXT (any case, 3+ chars)"
+    )
+    p.add_argument("--concurrency-key", help="jobs of this concurrency key (exact)")
     p.add_argument(
         "--due-before", metavar="T", help="due before T (exclusive), RFC 3339 with offset"
     )

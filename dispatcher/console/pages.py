@@ -36,6 +36,7 @@ from dispatcher.console.toolkit import (
 )
 from dispatcher.core.redact import masked_target
 from dispatcher.db.history import ALL_QUEUES
+from dispatcher.db.job_reads import ERROR_SCAN_ROWS
 from dispatcher.db.runs import RunRepository
 from dispatcher.model import STATES
 
@@ -70,8 +71,8 @@ def age(seconds: float | None) -> str:
     return f"{s // 86400} d {s % 86400 // 3600} h"
 
 
-def when(value: datetime | str | None) -> str:
-    """A time in UTC, to the second (RFC 3339 without the fraction)."""
+def when(value: datetime | str | None, ms: bool = False) -> str:
+    """A time in UTC, to the second (RFC 3339 without the fraction), or to the millisecond."""
     if value is None:
         return "—"
     if isinstance(value, str):
@@ -81,7 +82,14 @@ def when(value: datetime | str | None) -> str:
             return value
     else:
         instant = value
-    return instant.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    utc = instant.astimezone(UTC)
+    if ms:
+        return utc.strftime("%Y-%m-%d %H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+    return utc.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def when_ms(value: datetime | str | None) -> str:
+    return when(value, ms=True)
 
 
 def pretty(value: Any) -> str:
@@ -89,7 +97,7 @@ def pretty(value: Any) -> str:
 
 
 def add_filters(env: jinja2.Environment) -> None:
-    env.filters.update(age=age, when=when, pretty=pretty, query=urlencode)
+    env.filters.update(age=age, when=when, when_ms=when_ms, pretty=pretty, query=urlencode)
 
 
 async def queue_rows(request: web.Request) -> list[dict[str, Any]]:
@@ -150,6 +158,7 @@ async def jobs(request: web.Request) -> web.StreamResponse:
         next=None,
         queues=[row["name"] for row in await api[REPO].list_queues()],
         error="",
+        error_scan_rows=None,
         bulk_actions=bulk.BULK_VERBS,
     )
     unknown = [name for name in q if name not in LIST_PARAMETERS]
@@ -163,6 +172,8 @@ async def jobs(request: web.Request) -> web.StreamResponse:
         return render(request, "jobs.html", context, status=422)
     rows = await api[REPO].list_summaries(filters, cursor=cursor, limit=limit)
     context["rows"] = rows
+    if filters.error is not None and not await api[REPO].error_search_indexed():
+        context["error_scan_rows"] = ERROR_SCAN_ROWS
     if len(rows) == limit:
         kept = {name: value for name, value in given.items() if value}
         context["next"] = urlencode(
@@ -197,7 +208,12 @@ def timeline(job: dict[str, Any], attempts: list[dict[str, Any]]) -> list[dict[s
         events.append(
             {"at": job["finished_at"], "what": job["state"], "detail": job["dead_reason"] or ""}
         )
-    return sorted(events, key=lambda e: e["at"])
+    events.sort(key=lambda e: e["at"])
+    # to the millisecond where events share a second (five in one second read as one moment)
+    seconds = [e["at"].replace(microsecond=0) for e in events]
+    for event, second in zip(events, seconds, strict=True):
+        event["precise"] = seconds.count(second) > 1
+    return events
 
 
 def payload_shown(job: dict[str, Any]) -> str:

@@ -218,9 +218,27 @@ def set_session_cookie(
     )
 
 
+# An error page's heading by status: what happened, in words (the status itself is below it).
+HEADINGS = {
+    400: "Bad request",
+    401: "Not signed in",
+    403: "Not allowed",
+    404: "Not found",
+    405: "Not allowed here",
+    409: "Conflict",
+    413: "Too large",
+    422: "Not accepted",
+    429: "Too many requests",
+    503: "Unavailable",
+}
+
+
 def error_page(request: web.Request, status: int, detail: str) -> web.Response:
-    context = base_context(request, "Error")
-    context.update(status=status, detail=detail)
+    heading = HEADINGS.get(status, "Server error" if status >= 500 else "Not done")
+    if status == 404 and detail == "Not Found":  # the router's words for an unknown address
+        detail = "There is no console page at this address."
+    context = base_context(request, heading)
+    context.update(status=status, detail=detail, heading=heading)
     return render(request, "error.html", context, status=status)
 
 

@@ -15,9 +15,10 @@ from typing import Any
 
 import asyncpg
 
+from dispatcher.db.job_reads import error_scan_floor, list_args
 from dispatcher.db.pool import translate_unavailable
 from dispatcher.db.queries import query
-from dispatcher.model import JobFilter
+from dispatcher.model import JobFilter, ListCursor
 
 # One statement per action; reschedule and run now share theirs (run now: due now, and only
 # from `scheduled`).
@@ -50,10 +51,13 @@ class Move:
     states: tuple[str, ...] = ()
 
 
-def _list_args(f: JobFilter, before_id: int | None, limit: int) -> tuple[Any, ...]:
-    """list_jobs's parameters, as `JobReads.list_summaries` passes them for an id order."""
-    common = (f.key, f.tenant, f.run_key, f.handler, f.due_before, f.due_after, f.dead_reason)
-    return (f.state, f.queue, before_id, limit, *common, f.priority)
+async def _list_args(
+    db: asyncpg.Pool | asyncpg.Connection, f: JobFilter | None, before_id: int, limit: int
+) -> tuple[Any, ...]:
+    """list_jobs's parameters, built as the job list builds them."""
+    f = f or JobFilter()
+    floor = await error_scan_floor(db, f)
+    return list_args("list_jobs", f, ListCursor(before_id), limit, error_floor=floor)
 
 
 class BulkStore:
@@ -78,7 +82,7 @@ class BulkStore:
             statement = (
                 f"SELECT state, count(*)::int AS n FROM ({query('list_jobs')}) page GROUP BY state"
             )
-            args = _list_args(selection.filters or JobFilter(), fence + 1, cap)
+            args = await _list_args(self.pool, selection.filters, fence + 1, cap)
             return {r["state"]: r["n"] for r in await self.pool.fetch(statement, *args)}
         counts: dict[str, int] = {}
         for row in rows:
@@ -91,7 +95,7 @@ class BulkStore:
         if selection.ids is not None:
             rows = await self.pool.fetch(query("bulk_seen_ids"), list(selection.ids), fence + 1, n)
             return [dict(r) for r in rows]
-        args = _list_args(selection.filters or JobFilter(), fence + 1, n)
+        args = await _list_args(self.pool, selection.filters, fence + 1, n)
         return [dict(r) for r in await self.pool.fetch(query("list_jobs"), *args)]
 
     @asynccontextmanager
@@ -133,7 +137,7 @@ class Walker:
             args: Sequence[Any] = (list(selection.ids), before_id, limit)
             rows = await self.conn.fetch(query("bulk_seen_ids"), *args)
         else:
-            args = _list_args(selection.filters or JobFilter(), before_id, limit)
+            args = await _list_args(self.conn, selection.filters, before_id, limit)
             rows = await self.conn.fetch(query("list_jobs"), *args)
         return [(r["id"], r["state"]) for r in rows]
 

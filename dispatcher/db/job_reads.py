@@ -13,6 +13,54 @@ from dispatcher.db.pool import translate_unavailable
 from dispatcher.db.queries import query
 from dispatcher.model import JobFilter, ListCursor
 
+# Without the trigram index (migration 039: pg_trgm could not be created), a last-error search
+# looks at this many of the newest jobs only, so that it stays a bounded read of the primary key
+# however large the table; the console and the docs say so.
+ERROR_SCAN_ROWS = 100_000
+
+
+def like_escaped(text: str) -> str:
+    """`text` matching itself in a LIKE pattern (backslash is PostgreSQL's default escape)."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def list_args(
+    statement: str,
+    f: JobFilter,
+    cursor: ListCursor | None,
+    limit: int,
+    *,
+    error_floor: int | None = None,
+) -> tuple[Any, ...]:
+    """The parameters of `statement` (list_jobs, newest first; list_jobs_by_due, a due window)
+    for filter `f`, in their order: the one place that builds them, for the list and for bulk
+    actions. `cursor`: the page after it (None: the first). `error_floor`: see
+    `error_scan_floor`."""
+    common = (f.key, f.tenant, f.run_key, f.handler, f.due_before, f.due_after, f.dead_reason)
+    searches = (
+        None if f.key_prefix is None else like_escaped(f.key_prefix) + "%",
+        None if f.error is None else "%" + like_escaped(f.error) + "%",
+        None if f.error is None else error_floor,
+        f.concurrency_key,
+    )
+    if statement == "list_jobs_by_due":
+        after_due = cursor.due_at if cursor is not None else None
+        after_id = cursor.id if cursor is not None else None
+        return (f.state, f.queue, after_due, limit, *common, after_id, f.priority, *searches)
+    if statement != "list_jobs":
+        raise ValueError(f"not a list statement: {statement}")
+    before_id = cursor.id if cursor is not None else None
+    return (f.state, f.queue, before_id, limit, *common, f.priority, *searches)
+
+
+async def error_scan_floor(db: asyncpg.Pool | asyncpg.Connection, f: JobFilter) -> int | None:
+    """For a filter with `error`: None when the trigram index serves the search, else the id
+    above which the newest ERROR_SCAN_ROWS jobs are (whether the index exists is looked up each
+    time: a concurrent build may add it at any time, and the lookup is one catalog read)."""
+    if f.error is None or await db.fetchval(query("error_search_indexed")):
+        return None
+    return int(await db.fetchval(query("error_scan_floor"), ERROR_SCAN_ROWS))
+
 
 class JobReads:
     """Reads of jobs and queues; changes nothing."""
@@ -53,27 +101,16 @@ class JobReads:
         """The columns of a list view, with `last_error` cut to 500 characters (never payload,
         target, result or progress, which may each be near the body limit); newest first, or
         earliest due first for a due window (`JobFilter.by_due`)."""
-        f = filters
-        common = (f.key, f.tenant, f.run_key, f.handler, f.due_before, f.due_after, f.dead_reason)
-        if f.by_due:
-            after_due = cursor.due_at if cursor is not None else None
-            after_id = cursor.id if cursor is not None else None
-            rows = await self.pool.fetch(
-                query("list_jobs_by_due"),
-                f.state,
-                f.queue,
-                after_due,
-                limit,
-                *common,
-                after_id,
-                f.priority,
-            )
-        else:
-            before_id = cursor.id if cursor is not None else None
-            rows = await self.pool.fetch(
-                query("list_jobs"), f.state, f.queue, before_id, limit, *common, f.priority
-            )
-        return [dict(r) for r in rows]
+        statement = "list_jobs_by_due" if filters.by_due else "list_jobs"
+        floor = await error_scan_floor(self.pool, filters)
+        args = list_args(statement, filters, cursor, limit, error_floor=floor)
+        return [dict(r) for r in await self.pool.fetch(query(statement), *args)]
+
+    @translate_unavailable
+    async def error_search_indexed(self) -> bool:
+        """Whether a last-error search reads every job (its trigram index exists) or only the
+        newest ERROR_SCAN_ROWS."""
+        return bool(await self.pool.fetchval(query("error_search_indexed")))
 
     @translate_unavailable
     async def now(self) -> datetime:

@@ -459,7 +459,11 @@ SELECT id, attempt, owner, started_at, finished_at, outcome, reason, http_status
 -- Filters: $1 state, $2 queue, $3 before id, $5 key, $6 tenant, $7 run key, $8 handler,
 -- $9 due before (exclusive), $10 due after (inclusive), $11 dead reason (jobs_dead_reason_id,
 -- migration 031), $12 priority (exact; migration 023's jobs_priority_id holds the jobs off the
--- default 0); a due window is better served by
+-- default 0); migration 039's searches: $13 a LIKE pattern of a key prefix (jobs_key_prefix),
+-- $14 an ILIKE pattern of last-error text (jobs_last_error_trgm), $15 where that index is
+-- missing, the id above which the error search looks (the newest jobs; NULL: all), $16 a
+-- concurrency key (jobs_concurrency_key_id). Both patterns come escaped from
+-- dispatcher.db.job_reads.list_args. A due window is better served by
 -- list_jobs_by_due, which the repository uses for it. Every `$n IS NULL OR ...` folds away
 -- when the statement is planned with its values, as the pools always do
 -- (plan_cache_mode = force_custom_plan), so each filter given reaches its index (migration 009;
@@ -475,6 +479,10 @@ SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, star
    AND ($9::timestamptz IS NULL OR due_at < $9) AND ($10::timestamptz IS NULL OR due_at >= $10)
    AND ($11::text IS NULL OR dead_reason = $11)
    AND ($12::integer IS NULL OR priority = $12)
+   AND ($13::text IS NULL OR key LIKE $13)
+   AND ($14::text IS NULL OR last_error ILIKE $14)
+   AND ($15::bigint IS NULL OR id > $15)
+   AND ($16::text IS NULL OR concurrency_key = $16)
  ORDER BY id DESC
  LIMIT $4;
 
@@ -482,7 +490,8 @@ SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, star
 -- Operator listing of a due window, earliest due first, keyset-paginated by (due_at, id) after
 -- ($3, $12): an id order would sort the whole window or walk the table by id (3 s at 10 million
 -- rows for a month's window) where jobs_due_at_id walks forward from the window's start.
--- Same filters as list_jobs ($4 is the limit, $11 the dead reason, $13 the priority).
+-- Same filters as list_jobs ($4 is the limit, $11 the dead reason, $13 the priority, then
+-- $14 to $17 as list_jobs's $13 to $16).
 SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, started_at,
        finished_at, dead_reason, left(last_error, 500) AS last_error, run_key, priority,
        concurrency_key
@@ -494,6 +503,10 @@ SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, star
    AND ($9::timestamptz IS NULL OR due_at < $9) AND ($10::timestamptz IS NULL OR due_at >= $10)
    AND ($11::text IS NULL OR dead_reason = $11)
    AND ($13::integer IS NULL OR priority = $13)
+   AND ($14::text IS NULL OR key LIKE $14)
+   AND ($15::text IS NULL OR last_error ILIKE $15)
+   AND ($16::bigint IS NULL OR id > $16)
+   AND ($17::text IS NULL OR concurrency_key = $17)
  ORDER BY due_at, id
  LIMIT $4;
 
@@ -843,6 +856,18 @@ WITH states AS (
      WHERE s.schemaname = 'dispatcher' AND s.tablename = 'job_state' AND s.attname = 'queue'
 )
 SELECT q.queue, s.state, round($1 * s.freq * q.freq)::bigint AS n FROM states s, queues q;
+
+-- name: error_search_indexed
+-- Whether the last-error search has its trigram index (migration 039 builds it where pg_trgm
+-- can be created), valid and ready.
+SELECT EXISTS (SELECT FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+                WHERE c.relname = 'jobs_last_error_trgm'
+                  AND c.relnamespace = 'dispatcher'::regnamespace AND i.indisvalid);
+
+-- name: error_scan_floor
+-- Without that index: the id above which the newest $1 jobs are (a constant for the list
+-- statement, which the planner then estimates as the range it is).
+SELECT coalesce(max(id), 0) - $1 FROM dispatcher.job_state;
 
 -- name: dead_letter_groups
 -- The console's dead letters by queue and reason: per queue of the registry, its newest $1

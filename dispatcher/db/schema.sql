@@ -494,6 +494,8 @@ CREATE INDEX history_minute ON dispatcher.history USING btree (minute);
 
 CREATE INDEX job_state_expiring ON dispatcher.job_state USING btree (expires_at) WHERE ((expires_at IS NOT NULL) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text])));
 
+CREATE INDEX jobs_concurrency_key_id ON dispatcher.job_state USING btree (concurrency_key, id) WHERE (concurrency_key IS NOT NULL);
+
 CREATE INDEX jobs_dead_reason_id ON dispatcher.job_state USING btree (dead_reason, id) WHERE (dead_reason IS NOT NULL);
 
 CREATE INDEX jobs_discarded ON dispatcher.job_state USING btree (finished_at) WHERE (state = 'discarded'::text);
@@ -501,6 +503,10 @@ CREATE INDEX jobs_discarded ON dispatcher.job_state USING btree (finished_at) WH
 CREATE INDEX jobs_due_at_id ON dispatcher.job_state USING btree (due_at, id);
 
 CREATE INDEX jobs_handler_id ON dispatcher.intents USING btree (handler, id);
+
+CREATE INDEX jobs_key_prefix ON dispatcher.intents USING btree (key text_pattern_ops);
+
+CREATE INDEX jobs_last_error_trgm ON dispatcher.job_state USING gin (last_error gin_trgm_ops) WHERE (last_error IS NOT NULL);
 
 CREATE INDEX jobs_priority_id ON dispatcher.job_state USING btree (priority, id) WHERE (priority <> 0);
 

@@ -69,10 +69,12 @@ async def test_the_page_shows_limits_sources_window_priorities_and_tenants(
         assert status == 200
         assert 'data-source="rate_per_s" class="">file<' in html
         assert "no windows: claims at any time" in html
-        assert '<td class="num">-10</td><td class="num">1</td>' in html
-        assert '<td class="num">0</td><td class="num">2</td>' in html
-        assert '<td class="num">5</td><td class="num">2</td>' in html
-        assert html.index('>acme</a></td><td class="num">4<') < html.index(">globex</a>")
+        for priority, n in ((-10, 1), (0, 2), (5, 2)):  # each count links to its jobs
+            link = f"/console/jobs?queue=default&amp;state=ready&amp;priority={priority}"
+            assert f'<td class="num">{priority}</td><td class="num"><a href="{link}"' in html
+            assert f'aria-label="ready jobs of priority {priority}">{n}</a>' in html
+        assert html.index('tenant acme">4</a>') < html.index('tenant globex">1</a>')
+        assert '/console/jobs?queue=default&amp;state=ready">5 ready</a>' in html
 
 
 async def test_a_change_waits_for_the_confirm_step_and_a_reset_undoes_it(

@@ -13,7 +13,9 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
+from dispatcher.db import job_reads
 from dispatcher.db.queries import query
+from dispatcher.model import JobFilter, ListCursor
 from tests.harness import enqueue_noop_jobs
 
 ROWS = 30_000
@@ -208,23 +210,17 @@ async def listed_table(module_pools: NewPool) -> asyncpg.Pool:
 
 
 def list_args(statement: str, cursor: object = None, **filters: object) -> tuple[object, ...]:
-    """The parameters of list_jobs or list_jobs_by_due, in their order (as the repository)."""
+    """The parameters of list_jobs or list_jobs_by_due, built by the repository's own
+    `list_args` (filters by their API names; a due cursor as (due time, id))."""
     f = {k: datetime.fromisoformat(str(v)) if "due" in k else v for k, v in filters.items()}
-    common = tuple(f.get(k) for k in ("key", "tenant", "run_key", "handler"))
-    common += (f.get("due_before"), f.get("due_after"), f.get("reason"))
-    if statement == "list_jobs_by_due":
-        after_due, after_id = cursor if isinstance(cursor, tuple) else (None, None)
-        after_due = None if after_due is None else datetime.fromisoformat(after_due)
-        return (
-            f.get("state"),
-            f.get("queue"),
-            after_due,
-            100,
-            *common,
-            after_id,
-            f.get("priority"),
-        )
-    return (f.get("state"), f.get("queue"), cursor, 100, *common, f.get("priority"))
+    if "reason" in f:
+        f["dead_reason"] = f.pop("reason")
+    position = None
+    if isinstance(cursor, tuple):
+        position = ListCursor(cursor[1], datetime.fromisoformat(cursor[0]))
+    elif isinstance(cursor, int):
+        position = ListCursor(cursor)
+    return job_reads.list_args(statement, JobFilter(**f), position, 100)  # type: ignore[arg-type]
 
 
 BY_DUE = {"due_after": WINDOW[0], "due_before": WINDOW[1]}
@@ -233,7 +229,7 @@ BY_DUE = {"due_after": WINDOW[0], "due_before": WINDOW[1]}
 @pytest.mark.parametrize(
     ("statement", "filters", "index"),
     [
-        ("list_jobs", {"key": "k-777"}, "jobs_key_key"),
+        ("list_jobs", {"key": "k-777"}, "jobs_key_"),  # _key or _prefix (039): either is exact
         ("list_jobs", {"tenant": "t-42"}, "jobs_tenant_id"),
         ("list_jobs", {"tenant": "t-42", "cursor": 20_000}, "jobs_tenant_id"),
         ("list_jobs", {"tenant": "t-42", "state": "dead", "queue": "default"}, "jobs_tenant_id"),

@@ -61,7 +61,32 @@ async def test_bad_options_are_usage_errors_naming_them(tmp_path: Path, db_url: 
         (("retry", "--queue", "nope", "--yes"), "--queue: unknown queue 'nope'"),
         (("reschedule", "--all", "--yes"), "--at: a reschedule needs"),
         (("cancel", "--all", "--at", "now"), "--at: only a reschedule takes a due time"),
+        (("retry", "--error", "ab"), "--error: 3 to 200 characters"),
+        (("retry", "--key-prefix", "clé"), "--key-prefix: the start of an idempotency key"),
     ]:
         result = await cli("jobs", "bulk", *argv, cwd=tmp_path, env=env)
         assert (result.code, words in result.stderr) == (2, True), (argv, result.stderr)
     assert await state_of(db_url, ids["gone"]) == "dead"
+
+
+async def test_the_searches_select_as_the_list_does(tmp_path: Path, db_url: str) -> None:
+    ids = await seed_jobs(db_url)
+    env = {"DISPATCHER_DATABASE_URL": db_url}
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.execute(
+            "UPDATE dispatcher.jobs SET last_error = 'HTTP 410 Gone from hooks' WHERE id = $1",
+            ids["gone"],
+        )
+    finally:
+        await conn.close()
+    for argv, matching in [
+        (("--key-prefix", "go"), 1),
+        (("--key-prefix", "g_"), 0),  # _ matches itself
+        (("--error", "GONE FROM"), 1),
+        (("--error", "gone", "--key-prefix", "now"), 0),
+    ]:
+        result = await cli("jobs", "bulk", "discard", *argv, cwd=tmp_path, env=env)
+        assert result.code == 1, (argv, result.stdout, result.stderr)  # asked, nobody answered
+        assert f"of {matching} matching" in result.stdout, (argv, result.stdout)
+    assert await state_of(db_url, ids["gone"]) == "dead"  # dry runs only

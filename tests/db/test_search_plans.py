@@ -1,0 +1,116 @@
+"""The job list's searches (migration 039) reach their indexes on a table big enough that a
+walk of the primary key would tempt the planner if an index did not serve: a key prefix
+(jobs_key_prefix), text in the last error (jobs_last_error_trgm, pg_trgm), a concurrency key
+(jobs_concurrency_key_id), alone and beside the other filters. The statements are planned as
+the pools plan them (with their values) from the parameters the repository builds
+(`job_reads.list_args`). The time at 10 million jobs is measured by tests/bench/bench_console.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import pytest
+
+from dispatcher.db import job_reads
+from dispatcher.db.queries import query
+from dispatcher.model import JobFilter, ListCursor
+from tests.db.test_plans import assert_no_job_scan, plan
+
+ROWS = 60_000
+NewPool = Callable[[], Awaitable[asyncpg.Pool]]
+
+
+@pytest.fixture(scope="module")
+async def searched_table(module_pools: NewPool) -> asyncpg.Pool:
+    """Keys `order-<n>` (a prefix such as order-4711 is a sliver of the table), every 10th job
+    dead with an error naming its order, concurrency keys of 2,000 customers, and a result of
+    300 bytes on each (state rows of a realistic width: with narrow rows, 60,000 of them are
+    few enough pages that reading them all is cheaper than the trigram index's fixed cost)."""
+    pool = await module_pools()
+    await pool.execute(f"""
+        INSERT INTO dispatcher.jobs (key, request_hash, queue, handler, payload, state, due_at,
+               max_attempts, max_retry_age_s, budget_started_at, finished_at, dead_reason,
+               last_error, concurrency_key, result)
+        SELECT 'order-' || g, md5(g::text), 'default', 'noop', '{{}}'::jsonb,
+               CASE WHEN g % 10 = 0 THEN 'dead' ELSE 'succeeded' END, now(), 10, 86400, now(),
+               now(), CASE WHEN g % 10 = 0 THEN 'http_5xx' END,
+               CASE WHEN g % 10 = 0 THEN 'HTTP 503 from billing (order ' || g || ')' END,
+               'customer-' || (g % 2000), jsonb_build_object('text', repeat('x', 300))
+          FROM generate_series(1, {ROWS}) g""")
+    await pool.execute("ANALYZE dispatcher.intents, dispatcher.job_state")
+    return pool
+
+
+def args_for(statement: str, cursor: ListCursor | None = None, **filters: object) -> tuple:  # type: ignore[type-arg]
+    return job_reads.list_args(statement, JobFilter(**filters), cursor, 100)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("filters", "index"),
+    [
+        ({"key_prefix": "order-4711"}, "jobs_key_prefix"),
+        ({"key_prefix": "order-4711", "state": "dead"}, "jobs_key_prefix"),
+        ({"error": "order 47110)"}, "jobs_last_error_trgm"),
+        ({"error": "ORDER 4711", "queue": "default"}, "jobs_last_error_trgm"),
+        ({"concurrency_key": "customer-42"}, "jobs_concurrency_key_id"),
+        ({"concurrency_key": "customer-42", "state": "dead"}, "jobs_concurrency_key_id"),
+    ],
+    ids=lambda v: "+".join(v) if isinstance(v, dict) else v,
+)
+async def test_each_search_reaches_its_index(
+    searched_table: asyncpg.Pool, filters: dict[str, object], index: str
+) -> None:
+    assert await searched_table.fetchval(query("error_search_indexed")) is True
+    for statement, cursor in (("list_jobs", None), ("list_jobs", ListCursor(30_000))):
+        text = await plan(searched_table, query(statement), *args_for(statement, cursor, **filters))
+        assert_no_job_scan(text)
+        assert index in text, text
+
+
+async def test_a_common_error_text_walks_the_newest_jobs_and_stops_at_a_page(
+    searched_table: asyncpg.Pool,
+) -> None:
+    """Text in every tenth error fills a page from the newest jobs at once: a bounded backward
+    walk of the primary key (the LIMIT stops it), which the planner prefers to the index."""
+    text = await plan(searched_table, query("list_jobs"), *args_for("list_jobs", error="billing"))
+    assert_no_job_scan(text)
+    assert text.splitlines()[0].startswith("Limit"), text
+
+
+async def test_a_due_window_with_a_search_still_walks_the_window(
+    searched_table: asyncpg.Pool,
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    now = datetime.now(UTC)
+    window = {"due_after": now - timedelta(days=1), "due_before": now + timedelta(days=1)}
+    args = args_for("list_jobs_by_due", key_prefix="order-4711", **window)
+    text = await plan(searched_table, query("list_jobs_by_due"), *args)
+    assert_no_job_scan(text)
+
+
+async def test_without_the_trigram_index_the_error_search_reads_only_the_newest_jobs(
+    searched_table: asyncpg.Pool,
+) -> None:
+    """Where pg_trgm could not be created: the search looks at ERROR_SCAN_ROWS newest jobs, a
+    range of the primary key, never the whole table. Here with a bound of 100 jobs of 60,000,
+    a smaller share than 100,000 of 10 million is: the planner weighs the range's probes
+    against a read of the whole table, and 60,000 narrow rows make that read cheap."""
+    async with searched_table.acquire() as conn:
+        change = conn.transaction()  # rolled back: the module's table keeps its index
+        await change.start()
+        try:
+            await conn.execute("DROP INDEX dispatcher.jobs_last_error_trgm")
+            f = JobFilter(error="order")
+            floor = await job_reads.error_scan_floor(conn, f)
+            assert floor == ROWS - job_reads.ERROR_SCAN_ROWS  # all 60,000 here
+            args = job_reads.list_args("list_jobs", f, None, 100, error_floor=ROWS - 100)
+            text = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + query("list_jobs"), *args))
+            rows = await conn.fetch(query("list_jobs"), *args)
+        finally:
+            await change.rollback()
+    assert_no_job_scan(text)
+    assert "job_state_pkey" in text or "jobs_pkey" in text, text
+    assert [r["id"] for r in rows] == list(range(ROWS, ROWS - 100, -10))  # every 10th
