@@ -99,7 +99,7 @@ BEGIN
     IF limited IS NULL THEN
         RETURN ids;
     END IF;
-    FOR attempt IN 1..2 LOOP
+    FOR pass_ IN 1..2 LOOP
         -- the keys' rows, locked in key order; their counts as of the lock
         SELECT array_agg(k.running_seen ORDER BY k.key) INTO seen FROM (
             SELECT k.key, k.running_seen FROM dispatcher.key_state k
