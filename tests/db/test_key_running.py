@@ -7,6 +7,7 @@ starts exactly what its cap leaves it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import asyncpg
@@ -145,3 +146,30 @@ async def test_a_count_not_known_is_left_alone_by_the_statements_that_move_jobs(
     assert await counts(repo.pool) == {"a": (None, CAP - 1)}
     assert len(await started(repo, 10)) == 1  # counted again under the key's lock
     assert await counts(repo.pool) == {"a": (CAP, CAP)}
+
+
+async def test_concurrent_claims_and_completions_keep_every_count_and_cap(
+    repo: JobRepository,
+) -> None:
+    # four claimers that each complete what they started, in turns that overlap: the counts
+    # are written by claims and completions of other connections at the same time, their key
+    # rows locked in key order by both (no deadlock), and no key ever runs more than its cap
+    await setup(repo, (None, None, CAP), {f"k{i}": 30 for i in range(6)})
+
+    async def worker(owner: str) -> None:
+        for _ in range(15):
+            jobs = await started(repo, 10, owner)
+            if jobs:
+                await repo.complete(
+                    [j.id for j in jobs], [j.attempt for j in jobs], [None] * len(jobs), owner
+                )
+
+    async def watch() -> None:
+        for _ in range(30):
+            assert all(n <= CAP for n in (await running_by_key(repo.pool)).values())
+            await asyncio.sleep(0)
+
+    await asyncio.gather(*(worker(f"d{i}") for i in range(4)), watch())
+    await assert_kept(repo.pool)
+    done = "SELECT count(*) FROM dispatcher.jobs WHERE state = 'succeeded'"
+    assert await repo.pool.fetchval(done) > 0
