@@ -178,6 +178,12 @@ CREATE TABLE dispatcher.jobs (
     debounce_until timestamp with time zone
 );
 
+CREATE TABLE dispatcher.key_done (
+    queue text NOT NULL,
+    key text NOT NULL,
+    n bigint DEFAULT 0 NOT NULL
+) WITH (fillfactor=50);
+
 CREATE TABLE dispatcher.key_ledger (
     key text NOT NULL,
     request_hash text NOT NULL,
@@ -200,7 +206,7 @@ CREATE TABLE dispatcher.key_state (
     key text NOT NULL,
     tokens double precision NOT NULL,
     tokens_at timestamp with time zone DEFAULT now() NOT NULL,
-    running_seen integer
+    running_seen bigint
 ) WITH (fillfactor=50);
 
 CREATE TABLE dispatcher.limit_groups (
@@ -375,6 +381,8 @@ ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_lease_check CHECK ((st
 ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_pkey PRIMARY KEY (id);
 
 ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_state_check CHECK (state = ANY (ARRAY['scheduled'::text, 'ready'::text, 'running'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text, 'discarded'::text])) NOT VALID NOT VALID;
+
+ALTER TABLE dispatcher.key_done ADD CONSTRAINT key_done_pkey PRIMARY KEY (queue, key);
 
 ALTER TABLE dispatcher.key_ledger ADD CONSTRAINT key_ledger_pkey PRIMARY KEY (key);
 
@@ -1773,42 +1781,55 @@ AS $function$
 DECLARE
     qs text[];
     ks text[];
-    ds integer[];
+    ins bigint[];
+    outs bigint[];
 BEGIN
-    -- no key counted anywhere (no key limits in use): the statement's rows are not even read
-    IF NOT EXISTS (SELECT 1 FROM dispatcher.key_state WHERE running_seen IS NOT NULL) THEN
+    -- no key limited anywhere: the statement's rows are not even read
+    IF NOT EXISTS (SELECT 1 FROM dispatcher.key_state) THEN
         RETURN NULL;
     END IF;
     IF TG_OP = 'UPDATE' THEN
         SELECT array_agg(m.queue ORDER BY m.queue, m.key), array_agg(m.key ORDER BY m.queue, m.key),
-               array_agg(m.d ORDER BY m.queue, m.key)
-          INTO qs, ks, ds
-          FROM (SELECT x.queue, x.key, sum(x.d)::integer AS d FROM (
-                    SELECT o.queue, o.concurrency_key AS key, -1 AS d
+               array_agg(m.i ORDER BY m.queue, m.key), array_agg(m.o ORDER BY m.queue, m.key)
+          INTO qs, ks, ins, outs
+          FROM (SELECT x.queue, x.key, sum(x.i) AS i, sum(x.o) AS o FROM (
+                    SELECT o.queue, o.concurrency_key AS key, 0 AS i, 1 AS o
                       FROM old_rows o WHERE o.state = 'running' AND o.concurrency_key IS NOT NULL
                     UNION ALL
-                    SELECT n.queue, n.concurrency_key, 1
+                    SELECT n.queue, n.concurrency_key, 1, 0
                       FROM new_rows n WHERE n.state = 'running' AND n.concurrency_key IS NOT NULL
-                ) x GROUP BY x.queue, x.key HAVING sum(x.d) <> 0) m;
+                ) x GROUP BY x.queue, x.key HAVING sum(x.i) <> sum(x.o)) m;
     ELSE
         SELECT array_agg(m.queue ORDER BY m.queue, m.key), array_agg(m.key ORDER BY m.queue, m.key),
-               array_agg(m.d ORDER BY m.queue, m.key)
-          INTO qs, ks, ds
-          FROM (SELECT o.queue, o.concurrency_key AS key, -count(*)::integer AS d
+               array_agg(0::bigint), array_agg(m.o ORDER BY m.queue, m.key)
+          INTO qs, ks, ins, outs
+          FROM (SELECT o.queue, o.concurrency_key AS key, count(*) AS o
                   FROM old_rows o WHERE o.state = 'running' AND o.concurrency_key IS NOT NULL
                  GROUP BY o.queue, o.concurrency_key) m;
     END IF;
     IF qs IS NULL THEN
         RETURN NULL;
     END IF;
-    PERFORM 1 FROM dispatcher.key_state k
-      JOIN unnest(qs, ks) AS m(queue, key) ON k.queue = m.queue AND k.key = m.key
-     WHERE k.running_seen IS NOT NULL
-     ORDER BY k.queue, k.key
-       FOR UPDATE OF k;
-    UPDATE dispatcher.key_state k SET running_seen = greatest(0, k.running_seen + m.d)
-      FROM unnest(qs, ks, ds) AS m(queue, key, d)
-     WHERE k.queue = m.queue AND k.key = m.key AND k.running_seen IS NOT NULL;
+    -- a heartbeat's rows cancel out above; what is left is starts (i) or ends (o) per key
+    IF EXISTS (SELECT 1 FROM unnest(ins) i WHERE i > 0) THEN
+        PERFORM 1 FROM dispatcher.key_state k
+          JOIN unnest(qs, ks, ins) AS m(queue, key, i) ON k.queue = m.queue AND k.key = m.key
+         WHERE m.i > 0 AND k.running_seen IS NOT NULL
+         ORDER BY k.queue, k.key
+           FOR UPDATE OF k;
+        UPDATE dispatcher.key_state k SET running_seen = k.running_seen + m.i
+          FROM unnest(qs, ks, ins) AS m(queue, key, i)
+         WHERE m.i > 0 AND k.queue = m.queue AND k.key = m.key AND k.running_seen IS NOT NULL;
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(outs) o WHERE o > 0) THEN
+        INSERT INTO dispatcher.key_done AS d (queue, key, n)
+        SELECT m.queue, m.key, m.o FROM unnest(qs, ks, outs) AS m(queue, key, o)
+         WHERE m.o > 0
+           AND EXISTS (SELECT 1 FROM dispatcher.key_state k
+                        WHERE k.queue = m.queue AND k.key = m.key)
+         ORDER BY m.queue, m.key
+            ON CONFLICT (queue, key) DO UPDATE SET n = d.n + excluded.n;
+    END IF;
     RETURN NULL;
 END
 $function$;
@@ -1824,7 +1845,7 @@ DECLARE
     caps    integer[];
     rates   float8[];
     bursts  integer[];
-    seen    integer[];
+    seen    bigint[];
     kept    bigint[];
 BEGIN
     SELECT * INTO qq FROM dispatcher.queues WHERE name = q;
@@ -1857,13 +1878,16 @@ BEGIN
             CONTINUE;
         END IF;
         -- counts not known: the running jobs of those keys, counted once (jobs_running_queue)
-        UPDATE dispatcher.key_state k SET running_seen = coalesce(c.n, 0)
+        -- (plus the key's ends counted so far, read in the same snapshot: an end that
+        -- commits later was counted running here and is subtracted then)
+        UPDATE dispatcher.key_state k SET running_seen = coalesce(c.n, 0) + coalesce(d.n, 0)
           FROM unnest(limited, seen) AS x(key, n)
-          LEFT JOIN (SELECT s.concurrency_key AS key, count(*)::integer AS n
+          LEFT JOIN (SELECT s.concurrency_key AS key, count(*) AS n
                        FROM dispatcher.job_state s
                       WHERE s.queue = q AND s.state = 'running'
                         AND s.concurrency_key = ANY (limited)
                       GROUP BY s.concurrency_key) c ON c.key = x.key
+          LEFT JOIN dispatcher.key_done d ON d.queue = q AND d.key = x.key
          WHERE x.n IS NULL AND k.queue = q AND k.key = x.key;
     END LOOP;
     -- one statement: each key's room (its bucket's level; its cap less its running jobs), the
@@ -1871,9 +1895,10 @@ BEGIN
     WITH room AS (
         SELECT x.key, x.rate, lv.level,
                least(coalesce(floor(lv.level)::bigint, big),
-                     coalesce(x.cap - k.running_seen, big)) AS n
+                     coalesce(x.cap - (k.running_seen - coalesce(d.n, 0)), big)) AS n
           FROM unnest(limited, caps, rates, bursts) AS x(key, cap, rate, burst)
           JOIN dispatcher.key_state k ON k.queue = q AND k.key = x.key
+          LEFT JOIN dispatcher.key_done d ON d.queue = q AND d.key = x.key
          CROSS JOIN LATERAL (
                SELECT least(x.burst, k.tokens + extract(epoch FROM clock_timestamp()
                                                         - k.tokens_at) * x.rate) AS level) lv
@@ -1924,8 +1949,9 @@ BEGIN
         full_ := ARRAY(
             SELECT k.key FROM dispatcher.key_state k
              CROSS JOIN LATERAL dispatcher.key_limits_of(qq, k.key) l
+              LEFT JOIN dispatcher.key_done d ON d.queue = k.queue AND d.key = k.key
              WHERE k.queue = q
-               AND (k.running_seen >= l.max_inflight
+               AND (k.running_seen - coalesce(d.n, 0) >= l.max_inflight
                     OR least(l.burst, k.tokens + extract(epoch FROM clock_timestamp()
                                                          - k.tokens_at) * l.rate_per_s) < 1));
     END IF;

@@ -36,12 +36,14 @@ async def enqueue(conn: asyncpg.Connection, target: Target) -> None:
 
 
 async def counts(conn: asyncpg.Connection) -> dict[str, tuple[int | None, int]]:
-    """Each key's kept count beside its running jobs counted now."""
+    """Each key's kept count (its starts less its ends) beside its running jobs counted now."""
     rows = await conn.fetch(
-        "SELECT k.key, k.running_seen,"
+        "SELECT k.key, (k.running_seen - coalesce(d.n, 0))::int AS running_seen,"
         "       (SELECT count(*) FROM dispatcher.job_state s WHERE s.queue = k.queue"
         "           AND s.state = 'running' AND s.concurrency_key = k.key)::int AS truth"
-        "  FROM dispatcher.key_state k ORDER BY k.key"
+        "  FROM dispatcher.key_state k"
+        "  LEFT JOIN dispatcher.key_done d ON d.queue = k.queue AND d.key = k.key"
+        " ORDER BY k.key"
     )
     return {r["key"]: (r["running_seen"], r["truth"]) for r in rows}
 

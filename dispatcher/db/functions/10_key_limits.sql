@@ -55,8 +55,9 @@ BEGIN
         full_ := ARRAY(
             SELECT k.key FROM dispatcher.key_state k
              CROSS JOIN LATERAL dispatcher.key_limits_of(qq, k.key) l
+              LEFT JOIN dispatcher.key_done d ON d.queue = k.queue AND d.key = k.key
              WHERE k.queue = q
-               AND (k.running_seen >= l.max_inflight
+               AND (k.running_seen - coalesce(d.n, 0) >= l.max_inflight
                     OR least(l.burst, k.tokens + extract(epoch FROM clock_timestamp()
                                                          - k.tokens_at) * l.rate_per_s) < 1));
     END IF;
@@ -82,7 +83,7 @@ DECLARE
     caps    integer[];
     rates   float8[];
     bursts  integer[];
-    seen    integer[];
+    seen    bigint[];
     kept    bigint[];
 BEGIN
     SELECT * INTO qq FROM dispatcher.queues WHERE name = q;
@@ -115,13 +116,16 @@ BEGIN
             CONTINUE;
         END IF;
         -- counts not known: the running jobs of those keys, counted once (jobs_running_queue)
-        UPDATE dispatcher.key_state k SET running_seen = coalesce(c.n, 0)
+        -- (plus the key's ends counted so far, read in the same snapshot: an end that
+        -- commits later was counted running here and is subtracted then)
+        UPDATE dispatcher.key_state k SET running_seen = coalesce(c.n, 0) + coalesce(d.n, 0)
           FROM unnest(limited, seen) AS x(key, n)
-          LEFT JOIN (SELECT s.concurrency_key AS key, count(*)::integer AS n
+          LEFT JOIN (SELECT s.concurrency_key AS key, count(*) AS n
                        FROM dispatcher.job_state s
                       WHERE s.queue = q AND s.state = 'running'
                         AND s.concurrency_key = ANY (limited)
                       GROUP BY s.concurrency_key) c ON c.key = x.key
+          LEFT JOIN dispatcher.key_done d ON d.queue = q AND d.key = x.key
          WHERE x.n IS NULL AND k.queue = q AND k.key = x.key;
     END LOOP;
     -- one statement: each key's room (its bucket's level; its cap less its running jobs), the
@@ -129,9 +133,10 @@ BEGIN
     WITH room AS (
         SELECT x.key, x.rate, lv.level,
                least(coalesce(floor(lv.level)::bigint, big),
-                     coalesce(x.cap - k.running_seen, big)) AS n
+                     coalesce(x.cap - (k.running_seen - coalesce(d.n, 0)), big)) AS n
           FROM unnest(limited, caps, rates, bursts) AS x(key, cap, rate, burst)
           JOIN dispatcher.key_state k ON k.queue = q AND k.key = x.key
+          LEFT JOIN dispatcher.key_done d ON d.queue = q AND d.key = x.key
          CROSS JOIN LATERAL (
                SELECT least(x.burst, k.tokens + extract(epoch FROM clock_timestamp()
                                                         - k.tokens_at) * x.rate) AS level) lv

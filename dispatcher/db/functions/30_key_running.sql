@@ -2,51 +2,66 @@
 -- kept by the statements that move jobs into or out of `running`, whatever they are; and reset
 -- (NULL: count again at the next claim) when the key's limits change.
 
--- The jobs one statement moved into (+1) or out of (-1) `running`, summed per queue and key,
--- applied to the keys whose count is known, their rows locked in key order (two completions
--- of different daemons lock the same keys in the same order: no deadlock). A statement that
--- moved no keyed job in or out (a heartbeat, a due-scan) reads its rows once and stops.
+-- The jobs one statement moved into or out of `running`, per queue and key. Starts are added
+-- to the keys' running_seen where it is known (a claim holds those rows locked already); ends
+-- are added to dispatcher.key_done for every key with a row, whose rows no claim locks, so a
+-- batch of completions never waits for a claim. Rows are taken in key order (no deadlock
+-- between two daemons' batches). A statement that moved no keyed job (a heartbeat, a due-scan)
+-- reads its rows once and stops.
 CREATE OR REPLACE FUNCTION dispatcher.key_running_moved() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     qs text[];
     ks text[];
-    ds integer[];
+    ins bigint[];
+    outs bigint[];
 BEGIN
-    -- no key counted anywhere (no key limits in use): the statement's rows are not even read
-    IF NOT EXISTS (SELECT 1 FROM dispatcher.key_state WHERE running_seen IS NOT NULL) THEN
+    -- no key limited anywhere: the statement's rows are not even read
+    IF NOT EXISTS (SELECT 1 FROM dispatcher.key_state) THEN
         RETURN NULL;
     END IF;
     IF TG_OP = 'UPDATE' THEN
         SELECT array_agg(m.queue ORDER BY m.queue, m.key), array_agg(m.key ORDER BY m.queue, m.key),
-               array_agg(m.d ORDER BY m.queue, m.key)
-          INTO qs, ks, ds
-          FROM (SELECT x.queue, x.key, sum(x.d)::integer AS d FROM (
-                    SELECT o.queue, o.concurrency_key AS key, -1 AS d
+               array_agg(m.i ORDER BY m.queue, m.key), array_agg(m.o ORDER BY m.queue, m.key)
+          INTO qs, ks, ins, outs
+          FROM (SELECT x.queue, x.key, sum(x.i) AS i, sum(x.o) AS o FROM (
+                    SELECT o.queue, o.concurrency_key AS key, 0 AS i, 1 AS o
                       FROM old_rows o WHERE o.state = 'running' AND o.concurrency_key IS NOT NULL
                     UNION ALL
-                    SELECT n.queue, n.concurrency_key, 1
+                    SELECT n.queue, n.concurrency_key, 1, 0
                       FROM new_rows n WHERE n.state = 'running' AND n.concurrency_key IS NOT NULL
-                ) x GROUP BY x.queue, x.key HAVING sum(x.d) <> 0) m;
+                ) x GROUP BY x.queue, x.key HAVING sum(x.i) <> sum(x.o)) m;
     ELSE
         SELECT array_agg(m.queue ORDER BY m.queue, m.key), array_agg(m.key ORDER BY m.queue, m.key),
-               array_agg(m.d ORDER BY m.queue, m.key)
-          INTO qs, ks, ds
-          FROM (SELECT o.queue, o.concurrency_key AS key, -count(*)::integer AS d
+               array_agg(0::bigint), array_agg(m.o ORDER BY m.queue, m.key)
+          INTO qs, ks, ins, outs
+          FROM (SELECT o.queue, o.concurrency_key AS key, count(*) AS o
                   FROM old_rows o WHERE o.state = 'running' AND o.concurrency_key IS NOT NULL
                  GROUP BY o.queue, o.concurrency_key) m;
     END IF;
     IF qs IS NULL THEN
         RETURN NULL;
     END IF;
-    PERFORM 1 FROM dispatcher.key_state k
-      JOIN unnest(qs, ks) AS m(queue, key) ON k.queue = m.queue AND k.key = m.key
-     WHERE k.running_seen IS NOT NULL
-     ORDER BY k.queue, k.key
-       FOR UPDATE OF k;
-    UPDATE dispatcher.key_state k SET running_seen = greatest(0, k.running_seen + m.d)
-      FROM unnest(qs, ks, ds) AS m(queue, key, d)
-     WHERE k.queue = m.queue AND k.key = m.key AND k.running_seen IS NOT NULL;
+    -- a heartbeat's rows cancel out above; what is left is starts (i) or ends (o) per key
+    IF EXISTS (SELECT 1 FROM unnest(ins) i WHERE i > 0) THEN
+        PERFORM 1 FROM dispatcher.key_state k
+          JOIN unnest(qs, ks, ins) AS m(queue, key, i) ON k.queue = m.queue AND k.key = m.key
+         WHERE m.i > 0 AND k.running_seen IS NOT NULL
+         ORDER BY k.queue, k.key
+           FOR UPDATE OF k;
+        UPDATE dispatcher.key_state k SET running_seen = k.running_seen + m.i
+          FROM unnest(qs, ks, ins) AS m(queue, key, i)
+         WHERE m.i > 0 AND k.queue = m.queue AND k.key = m.key AND k.running_seen IS NOT NULL;
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(outs) o WHERE o > 0) THEN
+        INSERT INTO dispatcher.key_done AS d (queue, key, n)
+        SELECT m.queue, m.key, m.o FROM unnest(qs, ks, outs) AS m(queue, key, o)
+         WHERE m.o > 0
+           AND EXISTS (SELECT 1 FROM dispatcher.key_state k
+                        WHERE k.queue = m.queue AND k.key = m.key)
+         ORDER BY m.queue, m.key
+            ON CONFLICT (queue, key) DO UPDATE SET n = d.n + excluded.n;
+    END IF;
     RETURN NULL;
 END
 $$;

@@ -11,7 +11,19 @@
 -- queue's key_* settings, its override), leaves it NULL, and the next claim of that key counts
 -- the running jobs once, under the key's row lock (key_take), and keeps the count from then on.
 -- The trigger passes NULL rows by, so a key no longer limited costs nothing.
-ALTER TABLE dispatcher.key_state ADD COLUMN running_seen integer;
+ALTER TABLE dispatcher.key_state ADD COLUMN running_seen bigint;
+
+-- The jobs of each limited key that left `running`, counted apart from key_state: a batch of
+-- completions never waits for the key rows that claims hold locked (measured: with both counts
+-- in key_state the trigger spent 252 ms of a 0.66 s keyed drain, mostly waiting for claims).
+-- A key's running jobs are running_seen - n: a claim reads n without a lock (a completion it
+-- does not see yet only leaves it less room).
+CREATE TABLE dispatcher.key_done (
+    queue text NOT NULL,
+    key   text NOT NULL,
+    n     bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (queue, key)
+) WITH (fillfactor = 50);
 
 -- Nothing counts running jobs per key any more: claims read running_seen, the first count of a
 -- key scans its queue's running jobs (jobs_running_queue). One index fewer to write per start.
