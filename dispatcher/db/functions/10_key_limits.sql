@@ -36,8 +36,8 @@ $$;
 
 -- The keys of queue `q` that may start nothing now: as many running as their cap, or less
 -- than one token in their bucket. Read without locks: the pick skips them; key_take decides.
--- One scan of the queue's key rows, each with its count of running jobs (running_seen,
--- migration 040; a key whose count is not known yet is left to key_take), and only when some
+-- One scan of the queue's key rows, each with its running jobs (starts less ends, migration
+-- 040; a key whose count is not known yet is left to key_take), and only when some
 -- key could be at its cap (a cap below the queue's own in-flight cap) or has a rate.
 CREATE OR REPLACE FUNCTION dispatcher.keys_at_limit(q text) RETURNS text[]
 LANGUAGE plpgsql STABLE AS $$
@@ -70,8 +70,9 @@ $$;
 -- Of the jobs `ids` of queue `q` with their concurrency keys `keys` (in claim order), those
 -- their keys may start now, in the same order; takes their tokens. Locks the rows of the
 -- limited keys among them, in key order, until the claim commits, so two claimers never both
--- take a key's last slot. A key's room is its cap less its running jobs as its row counts them
--- (running_seen, kept by the trigger of 30_key_running.sql: the claim's own start adds to it
+-- take a key's last slot. A key's room is its cap less its running jobs: its starts
+-- (running_seen) less its ends (key_done, read without a lock: an end not seen yet only leaves
+-- less room), both kept by the trigger of 30_key_running.sql (the claim's own starts are added
 -- at the end of the claim's statement); a key whose count is not known (its first claim, or
 -- its limits changed) has its running jobs counted once, here, under its lock.
 CREATE OR REPLACE FUNCTION dispatcher.key_take(q text, ids bigint[], keys text[]) RETURNS bigint[]

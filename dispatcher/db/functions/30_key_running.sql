@@ -1,6 +1,6 @@
--- Each limited key's count of running jobs (dispatcher.key_state.running_seen, migration 040),
--- kept by the statements that move jobs into or out of `running`, whatever they are; and reset
--- (NULL: count again at the next claim) when the key's limits change.
+-- Each limited key's starts (dispatcher.key_state.running_seen) and ends (dispatcher.key_done),
+-- migration 040, kept by the statements that move jobs into or out of `running`, whatever they
+-- are; and the starts reset (NULL: count again at the next claim) when the key's limits change.
 
 -- The jobs one statement moved into or out of `running`, per queue and key. Starts are added
 -- to the keys' running_seen where it is known (a claim holds those rows locked already); ends

@@ -1,16 +1,15 @@
--- Per-key limits that do not bind cost a drain almost nothing (issue 22, "Done when"): each
--- limited key's row (dispatcher.key_state) keeps the number of its queue's running jobs under
--- that key, so a claim reads one row per key it starts instead of counting running jobs by
--- index (keyed drains ran at 68-76 % of the plain drain with the count).
+-- Per-key limits that do not bind cost a drain little (issue 22, "Done when"): each limited
+-- key's running jobs are its starts (key_state.running_seen) less its ends (key_done.n), so a
+-- claim reads two rows per key it starts instead of counting running jobs by index (keyed
+-- drains ran at 68-76 % of the plain drain with the count).
 --
--- running_seen is kept by one statement-level trigger on dispatcher.job_state (function file
+-- Both are kept by one statement-level trigger on dispatcher.job_state (function file
 -- 30_key_running.sql): whatever path moves a job into or out of `running` (a claim on either
 -- transport, completion, retry, dead letter, cancel, snooze, the rescue of a dead daemon's or
--- an expired lease's jobs, bulk actions, a deleted row), the same statement adjusts the count
--- of the job's key. NULL means not known: a key's first claim, or a change of its limits (its
+-- an expired lease's jobs, bulk actions, a deleted row), the same statement counts it.
+-- running_seen NULL means not known: a key's first claim, or a change of its limits (its
 -- queue's key_* settings, its override), leaves it NULL, and the next claim of that key counts
--- the running jobs once, under the key's row lock (key_take), and keeps the count from then on.
--- The trigger passes NULL rows by, so a key no longer limited costs nothing.
+-- the running jobs once, under the key's row lock (key_take), from then on adding starts.
 ALTER TABLE dispatcher.key_state ADD COLUMN running_seen bigint;
 
 -- The jobs of each limited key that left `running`, counted apart from key_state: a batch of
