@@ -189,6 +189,12 @@ CREATE TABLE dispatcher.jobs (
     debounce_until timestamp with time zone
 );
 
+CREATE TABLE dispatcher.key_done (
+    queue text NOT NULL,
+    key text NOT NULL,
+    n bigint DEFAULT 0 NOT NULL
+) WITH (fillfactor=50);
+
 CREATE TABLE dispatcher.key_ledger (
     key text NOT NULL,
     request_hash text NOT NULL,
@@ -210,7 +216,8 @@ CREATE TABLE dispatcher.key_state (
     queue text NOT NULL,
     key text NOT NULL,
     tokens double precision NOT NULL,
-    tokens_at timestamp with time zone DEFAULT now() NOT NULL
+    tokens_at timestamp with time zone DEFAULT now() NOT NULL,
+    running_seen bigint
 ) WITH (fillfactor=50);
 
 CREATE TABLE dispatcher.limit_groups (
@@ -398,6 +405,8 @@ ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_pkey PRIMARY KEY (id);
 
 ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_state_check CHECK (state = ANY (ARRAY['scheduled'::text, 'ready'::text, 'running'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text, 'discarded'::text])) NOT VALID NOT VALID;
 
+ALTER TABLE dispatcher.key_done ADD CONSTRAINT key_done_pkey PRIMARY KEY (queue, key);
+
 ALTER TABLE dispatcher.key_ledger ADD CONSTRAINT key_ledger_pkey PRIMARY KEY (key);
 
 ALTER TABLE dispatcher.key_limits ADD CONSTRAINT key_limits_burst_min CHECK (burst >= 1);
@@ -515,8 +524,6 @@ CREATE INDEX jobs_ready_claim ON dispatcher.job_state USING btree (queue, priori
 CREATE INDEX jobs_run_key_id ON dispatcher.job_state USING btree (run_key, id) WHERE (run_key IS NOT NULL);
 
 CREATE INDEX jobs_run_unfinished ON dispatcher.job_state USING btree (run_key) WHERE ((run_key IS NOT NULL) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text, 'running'::text])));
-
-CREATE INDEX jobs_running_key ON dispatcher.job_state USING btree (queue, concurrency_key) WHERE ((state = 'running'::text) AND (concurrency_key IS NOT NULL));
 
 CREATE INDEX jobs_running_lease ON dispatcher.job_state USING btree (lease_expires_at) WHERE (state = 'running'::text);
 
@@ -1782,6 +1789,25 @@ AS $function$
       FROM dispatcher.key_limits o WHERE o.queue = qq.name
 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.key_limits_changed()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF TG_TABLE_NAME = 'queues' THEN
+        UPDATE dispatcher.key_state SET running_seen = NULL
+         WHERE queue = NEW.name AND running_seen IS NOT NULL;
+    ELSIF TG_OP = 'DELETE' THEN
+        UPDATE dispatcher.key_state SET running_seen = NULL
+         WHERE queue = OLD.queue AND key = OLD.key AND running_seen IS NOT NULL;
+    ELSE
+        UPDATE dispatcher.key_state SET running_seen = NULL
+         WHERE queue = NEW.queue AND key = NEW.key AND running_seen IS NOT NULL;
+    END IF;
+    RETURN NULL;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION dispatcher.key_limits_of(qq dispatcher.queues, k text)
  RETURNS TABLE(max_inflight integer, rate_per_s double precision, burst integer)
  LANGUAGE sql
@@ -1796,6 +1822,66 @@ AS $function$
       LEFT JOIN dispatcher.key_limits o ON o.queue = qq.name AND o.key = k
 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.key_running_moved()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    qs text[];
+    ks text[];
+    ins bigint[];
+    outs bigint[];
+BEGIN
+    -- no key limited anywhere: the statement's rows are not even read
+    IF NOT EXISTS (SELECT 1 FROM dispatcher.key_state) THEN
+        RETURN NULL;
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        SELECT array_agg(m.queue ORDER BY m.queue, m.key), array_agg(m.key ORDER BY m.queue, m.key),
+               array_agg(m.i ORDER BY m.queue, m.key), array_agg(m.o ORDER BY m.queue, m.key)
+          INTO qs, ks, ins, outs
+          FROM (SELECT x.queue, x.key, sum(x.i) AS i, sum(x.o) AS o FROM (
+                    SELECT o.queue, o.concurrency_key AS key, 0 AS i, 1 AS o
+                      FROM old_rows o WHERE o.state = 'running' AND o.concurrency_key IS NOT NULL
+                    UNION ALL
+                    SELECT n.queue, n.concurrency_key, 1, 0
+                      FROM new_rows n WHERE n.state = 'running' AND n.concurrency_key IS NOT NULL
+                ) x GROUP BY x.queue, x.key HAVING sum(x.i) <> sum(x.o)) m;
+    ELSE
+        SELECT array_agg(m.queue ORDER BY m.queue, m.key), array_agg(m.key ORDER BY m.queue, m.key),
+               array_agg(0::bigint), array_agg(m.o ORDER BY m.queue, m.key)
+          INTO qs, ks, ins, outs
+          FROM (SELECT o.queue, o.concurrency_key AS key, count(*) AS o
+                  FROM old_rows o WHERE o.state = 'running' AND o.concurrency_key IS NOT NULL
+                 GROUP BY o.queue, o.concurrency_key) m;
+    END IF;
+    IF qs IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- a heartbeat's rows cancel out above; what is left is starts (i) or ends (o) per key
+    IF EXISTS (SELECT 1 FROM unnest(ins) i WHERE i > 0) THEN
+        PERFORM 1 FROM dispatcher.key_state k
+          JOIN unnest(qs, ks, ins) AS m(queue, key, i) ON k.queue = m.queue AND k.key = m.key
+         WHERE m.i > 0 AND k.running_seen IS NOT NULL
+         ORDER BY k.queue, k.key
+           FOR UPDATE OF k;
+        UPDATE dispatcher.key_state k SET running_seen = k.running_seen + m.i
+          FROM unnest(qs, ks, ins) AS m(queue, key, i)
+         WHERE m.i > 0 AND k.queue = m.queue AND k.key = m.key AND k.running_seen IS NOT NULL;
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(outs) o WHERE o > 0) THEN
+        INSERT INTO dispatcher.key_done AS d (queue, key, n)
+        SELECT m.queue, m.key, m.o FROM unnest(qs, ks, outs) AS m(queue, key, o)
+         WHERE m.o > 0
+           AND EXISTS (SELECT 1 FROM dispatcher.key_state k
+                        WHERE k.queue = m.queue AND k.key = m.key)
+         ORDER BY m.queue, m.key
+            ON CONFLICT (queue, key) DO UPDATE SET n = d.n + excluded.n;
+    END IF;
+    RETURN NULL;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION dispatcher.key_take(q text, ids bigint[], keys text[])
  RETURNS bigint[]
  LANGUAGE plpgsql
@@ -1807,6 +1893,7 @@ DECLARE
     caps    integer[];
     rates   float8[];
     bursts  integer[];
+    seen    bigint[];
     kept    bigint[];
 BEGIN
     SELECT * INTO qq FROM dispatcher.queues WHERE name = q;
@@ -1823,27 +1910,50 @@ BEGIN
     IF limited IS NULL THEN
         RETURN ids;
     END IF;
-    INSERT INTO dispatcher.key_state (queue, key, tokens)
-    SELECT q, x.key, coalesce(x.burst, 0) FROM unnest(limited, bursts) AS x(key, burst)
-        ON CONFLICT DO NOTHING;
-    PERFORM 1 FROM dispatcher.key_state
-     WHERE queue = q AND key = ANY (limited) ORDER BY key FOR UPDATE;
-    -- one statement after the lock: each key's room (its bucket's level; its cap less its
-    -- running jobs), the jobs kept (by rank within their key), the tokens taken
+    FOR pass_ IN 1..2 LOOP
+        -- the keys' rows, locked in key order; their counts as of the lock
+        SELECT array_agg(k.running_seen ORDER BY k.key) INTO seen FROM (
+            SELECT k.key, k.running_seen FROM dispatcher.key_state k
+             WHERE k.queue = q AND k.key = ANY (limited)
+             ORDER BY k.key FOR UPDATE) k;
+        EXIT WHEN coalesce(cardinality(seen), 0) = cardinality(limited)
+              AND array_position(seen, NULL) IS NULL;
+        IF coalesce(cardinality(seen), 0) < cardinality(limited) THEN
+            -- a key's first claim makes its row (its count not known yet)
+            INSERT INTO dispatcher.key_state (queue, key, tokens)
+            SELECT q, x.key, coalesce(x.burst, 0) FROM unnest(limited, bursts) AS x(key, burst)
+                ON CONFLICT DO NOTHING;
+            CONTINUE;
+        END IF;
+        -- counts not known: the running jobs of those keys, counted once (jobs_running_queue)
+        -- (plus the key's ends counted so far, read in the same snapshot: an end that
+        -- commits later was counted running here and is subtracted then)
+        UPDATE dispatcher.key_state k SET running_seen = coalesce(c.n, 0) + coalesce(d.n, 0)
+          FROM unnest(limited, seen) AS x(key, n)
+          LEFT JOIN (SELECT s.concurrency_key AS key, count(*) AS n
+                       FROM dispatcher.job_state s
+                      WHERE s.queue = q AND s.state = 'running'
+                        AND s.concurrency_key = ANY (limited)
+                      GROUP BY s.concurrency_key) c ON c.key = x.key
+          LEFT JOIN dispatcher.key_done d ON d.queue = q AND d.key = x.key
+         WHERE x.n IS NULL AND k.queue = q AND k.key = x.key;
+    END LOOP;
+    -- one statement: each key's room (its bucket's level; its cap less its running jobs), the
+    -- jobs kept (by rank within their key), the tokens taken from the keys that start some
     WITH room AS (
         SELECT x.key, x.rate, lv.level,
                least(coalesce(floor(lv.level)::bigint, big),
-                     CASE WHEN x.cap IS NULL THEN big ELSE x.cap - (
-                         SELECT count(*) FROM dispatcher.job_state s
-                          WHERE s.queue = q AND s.state = 'running'
-                            AND s.concurrency_key = x.key) END) AS n
+                     coalesce(x.cap - (k.running_seen - coalesce(d.n, 0)), big)) AS n
           FROM unnest(limited, caps, rates, bursts) AS x(key, cap, rate, burst)
           JOIN dispatcher.key_state k ON k.queue = q AND k.key = x.key
+          LEFT JOIN dispatcher.key_done d ON d.queue = q AND d.key = x.key
          CROSS JOIN LATERAL (
                SELECT least(x.burst, k.tokens + extract(epoch FROM clock_timestamp()
                                                         - k.tokens_at) * x.rate) AS level) lv
     ), ranked AS (
-        SELECT u.id, u.pos, r.key, r.n,
+        -- (a limited key without its row, were one to vanish, starts nothing)
+        SELECT u.id, u.pos, CASE WHEN u.k = ANY (limited) THEN u.k END AS key,
+               coalesce(r.n, 0) AS n,
                row_number() OVER (PARTITION BY u.k ORDER BY u.pos) AS rank
           FROM unnest(ids, keys) WITH ORDINALITY AS u(id, k, pos)
           LEFT JOIN room r ON r.key = u.k
@@ -1876,7 +1986,6 @@ AS $function$
 DECLARE
     qq      dispatcher.queues;
     b       record;
-    running bigint := 0;
     full_   text[] := '{}';
 BEGIN
     SELECT * INTO qq FROM dispatcher.queues WHERE name = q;
@@ -1884,28 +1993,15 @@ BEGIN
         RETURN '{}';
     END IF;
     b := dispatcher.key_bounds(qq);
-    IF b.min_cap IS NOT NULL AND b.min_cap < coalesce(qq.max_inflight, 2147483647) THEN
-        SELECT count(*) INTO running FROM (
-            SELECT 1 FROM dispatcher.job_state s
-             WHERE s.queue = q AND s.state = 'running' AND s.concurrency_key IS NOT NULL
-             LIMIT b.min_cap) j;
-    END IF;
-    IF running >= b.min_cap THEN
+    IF b.any_rate OR b.min_cap < coalesce(qq.max_inflight, 2147483647) THEN
         full_ := ARRAY(
-            SELECT r.key FROM (
-                SELECT s.concurrency_key AS key, count(*) AS n FROM dispatcher.job_state s
-                 WHERE s.queue = q AND s.state = 'running' AND s.concurrency_key IS NOT NULL
-                 GROUP BY s.concurrency_key HAVING count(*) >= b.min_cap) r
-             CROSS JOIN LATERAL dispatcher.key_limits_of(qq, r.key) l
-             WHERE r.n >= l.max_inflight);
-    END IF;
-    IF b.any_rate THEN
-        full_ := full_ || ARRAY(
             SELECT k.key FROM dispatcher.key_state k
              CROSS JOIN LATERAL dispatcher.key_limits_of(qq, k.key) l
-             WHERE k.queue = q AND l.rate_per_s IS NOT NULL
-               AND least(l.burst, k.tokens + extract(epoch FROM clock_timestamp() - k.tokens_at)
-                                  * l.rate_per_s) < 1);
+              LEFT JOIN dispatcher.key_done d ON d.queue = k.queue AND d.key = k.key
+             WHERE k.queue = q
+               AND (k.running_seen - coalesce(d.n, 0) >= l.max_inflight
+                    OR least(l.burst, k.tokens + extract(epoch FROM clock_timestamp()
+                                                         - k.tokens_at) * l.rate_per_s) < 1));
     END IF;
     -- for the claim's marker (key_wait_s): whether this claim found keys at their limit
     PERFORM set_config('dispatcher.keys_full', (cardinality(full_) > 0)::text, true);
@@ -2408,10 +2504,18 @@ CREATE TRIGGER intents_size_bytes BEFORE INSERT OR UPDATE OF payload, target ON 
 
 CREATE TRIGGER job_state_callback AFTER UPDATE OF state ON dispatcher.job_state FOR EACH ROW WHEN (new.has_callback AND (new.state = ANY (ARRAY['succeeded'::text, 'dead'::text])) AND old.state IS DISTINCT FROM new.state) EXECUTE FUNCTION dispatcher.job_callback();
 
+CREATE TRIGGER job_state_key_running AFTER UPDATE ON dispatcher.job_state REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION dispatcher.key_running_moved();
+
+CREATE TRIGGER job_state_key_running_deleted AFTER DELETE ON dispatcher.job_state REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION dispatcher.key_running_moved();
+
 CREATE TRIGGER jobs_dead_letter_notice AFTER UPDATE OF state ON dispatcher.job_state FOR EACH ROW WHEN (new.state = 'dead'::text AND old.state IS DISTINCT FROM 'dead'::text) EXECUTE FUNCTION dispatcher.dead_letter_notice();
 
 CREATE TRIGGER jobs_view_write INSTEAD OF INSERT OR DELETE OR UPDATE ON dispatcher.jobs FOR EACH ROW EXECUTE FUNCTION dispatcher.jobs_view_write();
 
+CREATE TRIGGER key_limits_changed AFTER INSERT OR DELETE OR UPDATE ON dispatcher.key_limits FOR EACH ROW EXECUTE FUNCTION dispatcher.key_limits_changed();
+
 CREATE TRIGGER limit_groups_limits_changed BEFORE UPDATE OF rate_per_s, burst, max_inflight ON dispatcher.limit_groups FOR EACH ROW EXECUTE FUNCTION dispatcher.group_limits_changed();
+
+CREATE TRIGGER queues_key_limits_changed AFTER UPDATE OF key_max_inflight, key_rate_per_s, key_burst ON dispatcher.queues FOR EACH ROW WHEN (old.key_max_inflight IS DISTINCT FROM new.key_max_inflight OR old.key_rate_per_s IS DISTINCT FROM new.key_rate_per_s OR old.key_burst IS DISTINCT FROM new.key_burst) EXECUTE FUNCTION dispatcher.key_limits_changed();
 
 CREATE TRIGGER queues_limits_changed BEFORE UPDATE OF rate_per_s, burst, max_inflight, limit_group ON dispatcher.queues FOR EACH ROW WHEN (old.rate_per_s IS DISTINCT FROM new.rate_per_s OR old.burst IS DISTINCT FROM new.burst OR old.max_inflight IS DISTINCT FROM new.max_inflight OR old.limit_group IS DISTINCT FROM new.limit_group) EXECUTE FUNCTION dispatcher.limits_changed();

@@ -36,14 +36,14 @@ $$;
 
 -- The keys of queue `q` that may start nothing now: as many running as their cap, or less
 -- than one token in their bucket. Read without locks: the pick skips them; key_take decides.
--- The running jobs are grouped by key only when one key could be at its cap: some key's cap is
--- below the queue's own in-flight cap, and the queue runs at least that many.
+-- One scan of the queue's key rows, each with its running jobs (starts less ends, migration
+-- 040; a key whose count is not known yet is left to key_take), and only when some
+-- key could be at its cap (a cap below the queue's own in-flight cap) or has a rate.
 CREATE OR REPLACE FUNCTION dispatcher.keys_at_limit(q text) RETURNS text[]
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     qq      dispatcher.queues;
     b       record;
-    running bigint := 0;
     full_   text[] := '{}';
 BEGIN
     SELECT * INTO qq FROM dispatcher.queues WHERE name = q;
@@ -51,28 +51,15 @@ BEGIN
         RETURN '{}';
     END IF;
     b := dispatcher.key_bounds(qq);
-    IF b.min_cap IS NOT NULL AND b.min_cap < coalesce(qq.max_inflight, 2147483647) THEN
-        SELECT count(*) INTO running FROM (
-            SELECT 1 FROM dispatcher.job_state s
-             WHERE s.queue = q AND s.state = 'running' AND s.concurrency_key IS NOT NULL
-             LIMIT b.min_cap) j;
-    END IF;
-    IF running >= b.min_cap THEN
+    IF b.any_rate OR b.min_cap < coalesce(qq.max_inflight, 2147483647) THEN
         full_ := ARRAY(
-            SELECT r.key FROM (
-                SELECT s.concurrency_key AS key, count(*) AS n FROM dispatcher.job_state s
-                 WHERE s.queue = q AND s.state = 'running' AND s.concurrency_key IS NOT NULL
-                 GROUP BY s.concurrency_key HAVING count(*) >= b.min_cap) r
-             CROSS JOIN LATERAL dispatcher.key_limits_of(qq, r.key) l
-             WHERE r.n >= l.max_inflight);
-    END IF;
-    IF b.any_rate THEN
-        full_ := full_ || ARRAY(
             SELECT k.key FROM dispatcher.key_state k
              CROSS JOIN LATERAL dispatcher.key_limits_of(qq, k.key) l
-             WHERE k.queue = q AND l.rate_per_s IS NOT NULL
-               AND least(l.burst, k.tokens + extract(epoch FROM clock_timestamp() - k.tokens_at)
-                                  * l.rate_per_s) < 1);
+              LEFT JOIN dispatcher.key_done d ON d.queue = k.queue AND d.key = k.key
+             WHERE k.queue = q
+               AND (k.running_seen - coalesce(d.n, 0) >= l.max_inflight
+                    OR least(l.burst, k.tokens + extract(epoch FROM clock_timestamp()
+                                                         - k.tokens_at) * l.rate_per_s) < 1));
     END IF;
     -- for the claim's marker (key_wait_s): whether this claim found keys at their limit
     PERFORM set_config('dispatcher.keys_full', (cardinality(full_) > 0)::text, true);
@@ -82,8 +69,12 @@ $$;
 
 -- Of the jobs `ids` of queue `q` with their concurrency keys `keys` (in claim order), those
 -- their keys may start now, in the same order; takes their tokens. Locks the rows of the
--- limited keys among them, in key order, until the claim commits; counts their running jobs
--- after the lock (a fresh snapshot), so two claimers never both take a key's last slot.
+-- limited keys among them, in key order, until the claim commits, so two claimers never both
+-- take a key's last slot. A key's room is its cap less its running jobs: its starts
+-- (running_seen) less its ends (key_done, read without a lock: an end not seen yet only leaves
+-- less room), both kept by the trigger of 30_key_running.sql (the claim's own starts are added
+-- at the end of the claim's statement); a key whose count is not known (its first claim, or
+-- its limits changed) has its running jobs counted once, here, under its lock.
 CREATE OR REPLACE FUNCTION dispatcher.key_take(q text, ids bigint[], keys text[]) RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -93,6 +84,7 @@ DECLARE
     caps    integer[];
     rates   float8[];
     bursts  integer[];
+    seen    bigint[];
     kept    bigint[];
 BEGIN
     SELECT * INTO qq FROM dispatcher.queues WHERE name = q;
@@ -109,27 +101,50 @@ BEGIN
     IF limited IS NULL THEN
         RETURN ids;
     END IF;
-    INSERT INTO dispatcher.key_state (queue, key, tokens)
-    SELECT q, x.key, coalesce(x.burst, 0) FROM unnest(limited, bursts) AS x(key, burst)
-        ON CONFLICT DO NOTHING;
-    PERFORM 1 FROM dispatcher.key_state
-     WHERE queue = q AND key = ANY (limited) ORDER BY key FOR UPDATE;
-    -- one statement after the lock: each key's room (its bucket's level; its cap less its
-    -- running jobs), the jobs kept (by rank within their key), the tokens taken
+    FOR pass_ IN 1..2 LOOP
+        -- the keys' rows, locked in key order; their counts as of the lock
+        SELECT array_agg(k.running_seen ORDER BY k.key) INTO seen FROM (
+            SELECT k.key, k.running_seen FROM dispatcher.key_state k
+             WHERE k.queue = q AND k.key = ANY (limited)
+             ORDER BY k.key FOR UPDATE) k;
+        EXIT WHEN coalesce(cardinality(seen), 0) = cardinality(limited)
+              AND array_position(seen, NULL) IS NULL;
+        IF coalesce(cardinality(seen), 0) < cardinality(limited) THEN
+            -- a key's first claim makes its row (its count not known yet)
+            INSERT INTO dispatcher.key_state (queue, key, tokens)
+            SELECT q, x.key, coalesce(x.burst, 0) FROM unnest(limited, bursts) AS x(key, burst)
+                ON CONFLICT DO NOTHING;
+            CONTINUE;
+        END IF;
+        -- counts not known: the running jobs of those keys, counted once (jobs_running_queue)
+        -- (plus the key's ends counted so far, read in the same snapshot: an end that
+        -- commits later was counted running here and is subtracted then)
+        UPDATE dispatcher.key_state k SET running_seen = coalesce(c.n, 0) + coalesce(d.n, 0)
+          FROM unnest(limited, seen) AS x(key, n)
+          LEFT JOIN (SELECT s.concurrency_key AS key, count(*) AS n
+                       FROM dispatcher.job_state s
+                      WHERE s.queue = q AND s.state = 'running'
+                        AND s.concurrency_key = ANY (limited)
+                      GROUP BY s.concurrency_key) c ON c.key = x.key
+          LEFT JOIN dispatcher.key_done d ON d.queue = q AND d.key = x.key
+         WHERE x.n IS NULL AND k.queue = q AND k.key = x.key;
+    END LOOP;
+    -- one statement: each key's room (its bucket's level; its cap less its running jobs), the
+    -- jobs kept (by rank within their key), the tokens taken from the keys that start some
     WITH room AS (
         SELECT x.key, x.rate, lv.level,
                least(coalesce(floor(lv.level)::bigint, big),
-                     CASE WHEN x.cap IS NULL THEN big ELSE x.cap - (
-                         SELECT count(*) FROM dispatcher.job_state s
-                          WHERE s.queue = q AND s.state = 'running'
-                            AND s.concurrency_key = x.key) END) AS n
+                     coalesce(x.cap - (k.running_seen - coalesce(d.n, 0)), big)) AS n
           FROM unnest(limited, caps, rates, bursts) AS x(key, cap, rate, burst)
           JOIN dispatcher.key_state k ON k.queue = q AND k.key = x.key
+          LEFT JOIN dispatcher.key_done d ON d.queue = q AND d.key = x.key
          CROSS JOIN LATERAL (
                SELECT least(x.burst, k.tokens + extract(epoch FROM clock_timestamp()
                                                         - k.tokens_at) * x.rate) AS level) lv
     ), ranked AS (
-        SELECT u.id, u.pos, r.key, r.n,
+        -- (a limited key without its row, were one to vanish, starts nothing)
+        SELECT u.id, u.pos, CASE WHEN u.k = ANY (limited) THEN u.k END AS key,
+               coalesce(r.n, 0) AS n,
                row_number() OVER (PARTITION BY u.k ORDER BY u.pos) AS rank
           FROM unnest(ids, keys) WITH ORDINALITY AS u(id, k, pos)
           LEFT JOIN room r ON r.key = u.k

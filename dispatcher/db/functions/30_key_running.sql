@@ -1,0 +1,110 @@
+-- Each limited key's starts (dispatcher.key_state.running_seen) and ends (dispatcher.key_done),
+-- migration 040, kept by the statements that move jobs into or out of `running`, whatever they
+-- are; and the starts reset (NULL: count again at the next claim) when the key's limits change.
+
+-- The jobs one statement moved into or out of `running`, per queue and key. Starts are added
+-- to the keys' running_seen where it is known (a claim holds those rows locked already); ends
+-- are added to dispatcher.key_done for every key with a row, whose rows no claim locks, so a
+-- batch of completions never waits for a claim. Rows are taken in key order (no deadlock
+-- between two daemons' batches). A statement that moved no keyed job (a heartbeat, a due-scan)
+-- reads its rows once and stops.
+CREATE OR REPLACE FUNCTION dispatcher.key_running_moved() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    qs text[];
+    ks text[];
+    ins bigint[];
+    outs bigint[];
+BEGIN
+    -- no key limited anywhere: the statement's rows are not even read
+    IF NOT EXISTS (SELECT 1 FROM dispatcher.key_state) THEN
+        RETURN NULL;
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        SELECT array_agg(m.queue ORDER BY m.queue, m.key), array_agg(m.key ORDER BY m.queue, m.key),
+               array_agg(m.i ORDER BY m.queue, m.key), array_agg(m.o ORDER BY m.queue, m.key)
+          INTO qs, ks, ins, outs
+          FROM (SELECT x.queue, x.key, sum(x.i) AS i, sum(x.o) AS o FROM (
+                    SELECT o.queue, o.concurrency_key AS key, 0 AS i, 1 AS o
+                      FROM old_rows o WHERE o.state = 'running' AND o.concurrency_key IS NOT NULL
+                    UNION ALL
+                    SELECT n.queue, n.concurrency_key, 1, 0
+                      FROM new_rows n WHERE n.state = 'running' AND n.concurrency_key IS NOT NULL
+                ) x GROUP BY x.queue, x.key HAVING sum(x.i) <> sum(x.o)) m;
+    ELSE
+        SELECT array_agg(m.queue ORDER BY m.queue, m.key), array_agg(m.key ORDER BY m.queue, m.key),
+               array_agg(0::bigint), array_agg(m.o ORDER BY m.queue, m.key)
+          INTO qs, ks, ins, outs
+          FROM (SELECT o.queue, o.concurrency_key AS key, count(*) AS o
+                  FROM old_rows o WHERE o.state = 'running' AND o.concurrency_key IS NOT NULL
+                 GROUP BY o.queue, o.concurrency_key) m;
+    END IF;
+    IF qs IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- a heartbeat's rows cancel out above; what is left is starts (i) or ends (o) per key
+    IF EXISTS (SELECT 1 FROM unnest(ins) i WHERE i > 0) THEN
+        PERFORM 1 FROM dispatcher.key_state k
+          JOIN unnest(qs, ks, ins) AS m(queue, key, i) ON k.queue = m.queue AND k.key = m.key
+         WHERE m.i > 0 AND k.running_seen IS NOT NULL
+         ORDER BY k.queue, k.key
+           FOR UPDATE OF k;
+        UPDATE dispatcher.key_state k SET running_seen = k.running_seen + m.i
+          FROM unnest(qs, ks, ins) AS m(queue, key, i)
+         WHERE m.i > 0 AND k.queue = m.queue AND k.key = m.key AND k.running_seen IS NOT NULL;
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(outs) o WHERE o > 0) THEN
+        INSERT INTO dispatcher.key_done AS d (queue, key, n)
+        SELECT m.queue, m.key, m.o FROM unnest(qs, ks, outs) AS m(queue, key, o)
+         WHERE m.o > 0
+           AND EXISTS (SELECT 1 FROM dispatcher.key_state k
+                        WHERE k.queue = m.queue AND k.key = m.key)
+         ORDER BY m.queue, m.key
+            ON CONFLICT (queue, key) DO UPDATE SET n = d.n + excluded.n;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- Heartbeats and other updates that keep a running job running pass through the same function:
+-- their old and new rows cancel out per key. The transition tables cost a row copy each (a
+-- trigger on `UPDATE OF state` cannot have them).
+CREATE OR REPLACE TRIGGER job_state_key_running
+    AFTER UPDATE ON dispatcher.job_state
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION dispatcher.key_running_moved();
+
+CREATE OR REPLACE TRIGGER job_state_key_running_deleted
+    AFTER DELETE ON dispatcher.job_state
+    REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION dispatcher.key_running_moved();
+
+-- A queue's key limits changed: its keys' counts are counted again at their next claim (a key
+-- that was not limited while jobs ran was not counted).
+CREATE OR REPLACE FUNCTION dispatcher.key_limits_changed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_TABLE_NAME = 'queues' THEN
+        UPDATE dispatcher.key_state SET running_seen = NULL
+         WHERE queue = NEW.name AND running_seen IS NOT NULL;
+    ELSIF TG_OP = 'DELETE' THEN
+        UPDATE dispatcher.key_state SET running_seen = NULL
+         WHERE queue = OLD.queue AND key = OLD.key AND running_seen IS NOT NULL;
+    ELSE
+        UPDATE dispatcher.key_state SET running_seen = NULL
+         WHERE queue = NEW.queue AND key = NEW.key AND running_seen IS NOT NULL;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER queues_key_limits_changed
+    AFTER UPDATE OF key_max_inflight, key_rate_per_s, key_burst ON dispatcher.queues
+    FOR EACH ROW
+    WHEN ((OLD.key_max_inflight, OLD.key_rate_per_s, OLD.key_burst)
+          IS DISTINCT FROM (NEW.key_max_inflight, NEW.key_rate_per_s, NEW.key_burst))
+    EXECUTE FUNCTION dispatcher.key_limits_changed();
+
+CREATE OR REPLACE TRIGGER key_limits_changed
+    AFTER INSERT OR UPDATE OR DELETE ON dispatcher.key_limits
+    FOR EACH ROW EXECUTE FUNCTION dispatcher.key_limits_changed();
