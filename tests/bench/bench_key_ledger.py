@@ -16,7 +16,7 @@ is left) and a payload check that reads nothing.
 The drain (claim, effect, completion) is not measured: none of its statements changed, the
 ledger being written by the pruner.
 
-    .venv/bin/python -m tests.bench.bench_key_ledger [--rounds 6]
+    .venv/bin/python -m tests.bench.bench_key_ledger [--rounds 6] [--without ledger|check|both]
 """
 
 from __future__ import annotations
@@ -82,16 +82,19 @@ class Variants:
     """Switches the database between the release (after) and the variant without the ledger and
     the payload check (before)."""
 
-    def __init__(self, conn: asyncpg.Connection, original_check: str):
+    def __init__(self, conn: asyncpg.Connection, original_check: str, without: str):
         self.conn = conn
         self.original_check = original_check
+        self.without = without  # what "before" leaves out: ledger, check or both
         self.after = True
 
     async def use(self, after: bool) -> None:
         if after == self.after:
             return
-        await self.conn.execute(self.original_check if after else NO_PAYLOAD_CHECK)
-        await self.conn.execute(SWAP_LEDGERS)
+        if self.without in ("check", "both"):
+            await self.conn.execute(self.original_check if after else NO_PAYLOAD_CHECK)
+        if self.without in ("ledger", "both"):
+            await self.conn.execute(SWAP_LEDGERS)
         self.after = after
 
 
@@ -150,7 +153,7 @@ async def main(args: argparse.Namespace) -> None:
         check = await conn.fetchval(
             "SELECT pg_get_functiondef('dispatcher.payload_oversize'::regproc)"
         )
-        variants = Variants(conn, check + ";")
+        variants = Variants(conn, check + ";", args.without)
         pool = await asyncpg.create_pool(dsn, min_size=CLIENTS, max_size=CLIENTS)
         shapes = ("intake", "one", "prune")
         rates: dict[str, dict[bool, list[float]]] = {shape: {} for shape in shapes}
@@ -186,7 +189,8 @@ async def main(args: argparse.Namespace) -> None:
                 after_ / before,
                 "ratio",
                 note=f"median jobs/s after {after_:,.0f}, before {before:,.0f}; "
-                f"{args.rounds} alternating rounds; ledger {args.ledger_rows:,} rows; rounds "
+                f"{args.rounds} alternating rounds; ledger {args.ledger_rows:,} rows; before "
+                f"without {args.without}; rounds "
                 f"after {[round(x) for x in rates[what][True]]}, "
                 f"before {[round(x) for x in rates[what][False]]}",
             )
@@ -218,4 +222,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--ledger-rows", type=int, default=1_000_000)
+    parser.add_argument(
+        "--without",
+        choices=("both", "ledger", "check"),
+        default="both",
+        help='what "before" leaves out: the ledger (an empty one), the payload check, or both',
+    )
     run(lambda: main(parser.parse_args()))
