@@ -504,7 +504,7 @@ CREATE INDEX jobs_due_at_id ON dispatcher.job_state USING btree (due_at, id);
 
 CREATE INDEX jobs_handler_id ON dispatcher.intents USING btree (handler, id);
 
-CREATE INDEX jobs_key_prefix ON dispatcher.intents USING btree (key text_pattern_ops);
+CREATE INDEX jobs_key_prefix_id ON dispatcher.intents USING btree (key text_pattern_ops) INCLUDE (id);
 
 CREATE INDEX jobs_last_error_trgm ON dispatcher.job_state USING gin (last_error gin_trgm_ops) WHERE (last_error IS NOT NULL);
 
