@@ -498,6 +498,8 @@ CREATE INDEX jobs_concurrency_key_id ON dispatcher.job_state USING btree (concur
 
 CREATE INDEX jobs_dead_reason_id ON dispatcher.job_state USING btree (dead_reason, id) WHERE (dead_reason IS NOT NULL);
 
+CREATE INDEX jobs_dead_reason_queue_id ON dispatcher.job_state USING btree (dead_reason, queue, id) WHERE (dead_reason IS NOT NULL);
+
 CREATE INDEX jobs_discarded ON dispatcher.job_state USING btree (finished_at) WHERE (state = 'discarded'::text);
 
 CREATE INDEX jobs_due_at_id ON dispatcher.job_state USING btree (due_at, id);
