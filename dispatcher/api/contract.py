@@ -153,7 +153,7 @@ LIST_FILTERS = [
         "name": "key_prefix",
         "in": "query",
         "description": "jobs whose idempotency key starts with this text (% and _ match "
-        "themselves); served by the index jobs_key_prefix",
+        "themselves); served by the index jobs_key_prefix_id",
         "schema": {"type": "string", "pattern": PRINTABLE_ASCII},
     },
     {

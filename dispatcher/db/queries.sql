@@ -459,30 +459,80 @@ SELECT id, attempt, owner, started_at, finished_at, outcome, reason, http_status
 -- Filters: $1 state, $2 queue, $3 before id, $5 key, $6 tenant, $7 run key, $8 handler,
 -- $9 due before (exclusive), $10 due after (inclusive), $11 dead reason (jobs_dead_reason_id,
 -- migration 031), $12 priority (exact; migration 023's jobs_priority_id holds the jobs off the
--- default 0); migration 039's searches: $13 a LIKE pattern of a key prefix (jobs_key_prefix),
--- $14 an ILIKE pattern of last-error text (jobs_last_error_trgm), $15 where that index is
--- missing, the id above which the error search looks (the newest jobs; NULL: all), $16 a
--- concurrency key (jobs_concurrency_key_id). Both patterns come escaped from
--- dispatcher.db.job_reads.list_args. A due window is better served by
--- list_jobs_by_due, which the repository uses for it. Every `$n IS NULL OR ...` folds away
--- when the statement is planned with its values, as the pools always do
--- (plan_cache_mode = force_custom_plan), so each filter given reaches its index (migration 009;
--- tests/db/test_plans.py). A generic plan would keep the ORs and could use no index at all.
+-- default 0); migration 039's searches: $13 a LIKE pattern of a key prefix, $14 an ILIKE
+-- pattern of last-error text (jobs_last_error_trgm), $15 where that index is missing, the id
+-- above which the error search looks (the newest jobs; NULL: all), $16 a concurrency key
+-- (jobs_concurrency_key_id). Both patterns come escaped from dispatcher.db.job_reads.list_args.
+-- $17 the most ids a key prefix reads from its index (job_reads.PREFIX_SCAN_IDS).
+-- A key prefix (migration 042's jobs_key_prefix_id, which carries the id) is served in one of
+-- two ways, chosen while the statement runs: `prefixed` reads up to $17 matching ids below the
+-- cursor from the index alone; when that is all of them, they are sorted and the page's jobs
+-- read by id, newest first (`matched`: its cost is the matches, wherever their ids are). Only
+-- when there are more is the primary key walked backwards (`walked`), as for any other
+-- filter: the planner alone chose that walk, and a prefix whose many matches were all old
+-- read most of the table (15.2 s p95 at 10 million jobs). Each branch runs only when its
+-- one-time filter holds; without a prefix `matched` is planned away and `prefixed` never read.
+-- A due window is better served by list_jobs_by_due, which the repository uses for it. Every
+-- `$n IS NULL OR ...` folds away when the statement is planned with its values, as the pools
+-- always do (plan_cache_mode = force_custom_plan), so each filter given reaches its index
+-- (migration 009; tests/db/test_plans.py). A generic plan would keep the ORs and could use no
+-- index at all.
+WITH prefixed AS MATERIALIZED (
+    SELECT i.id FROM dispatcher.intents i
+     WHERE i.key LIKE $13 AND ($3::bigint IS NULL OR i.id < $3)
+     LIMIT $17::integer
+), all_prefixed AS (
+    SELECT count(*) < $17::integer AS whole FROM prefixed
+), matched AS (
+    -- each id's job read through its primary keys, in the ids' order: a lateral subquery kept
+    -- apart by its LIMIT 1 (an id is one job), else the planner may merge-join the sorted ids
+    -- with a backward walk of job_state's primary key (1.4 s for old matches at 10 million)
+    SELECT j.*
+      FROM (SELECT id FROM prefixed ORDER BY id DESC) p
+     CROSS JOIN LATERAL (
+           SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at,
+                  started_at, finished_at, dead_reason, last_error, run_key, priority,
+                  concurrency_key
+             FROM dispatcher.jobs
+            WHERE id = p.id
+              AND ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
+              AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant = $6)
+              AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler = $8)
+              AND ($9::timestamptz IS NULL OR due_at < $9)
+              AND ($10::timestamptz IS NULL OR due_at >= $10)
+              AND ($11::text IS NULL OR dead_reason = $11)
+              AND ($12::integer IS NULL OR priority = $12)
+              AND ($14::text IS NULL OR last_error ILIKE $14)
+              AND ($15::bigint IS NULL OR id > $15)
+              AND ($16::text IS NULL OR concurrency_key = $16)
+            LIMIT 1) j
+     WHERE $13::text IS NOT NULL AND (SELECT whole FROM all_prefixed)
+     ORDER BY p.id DESC
+     LIMIT $4
+), walked AS (
+    SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, started_at,
+           finished_at, dead_reason, last_error, run_key, priority, concurrency_key
+      FROM dispatcher.jobs
+     WHERE ($13::text IS NULL OR NOT (SELECT whole FROM all_prefixed))
+       AND ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
+       AND ($3::bigint IS NULL OR id < $3)
+       AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant = $6)
+       AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler = $8)
+       AND ($9::timestamptz IS NULL OR due_at < $9)
+       AND ($10::timestamptz IS NULL OR due_at >= $10)
+       AND ($11::text IS NULL OR dead_reason = $11)
+       AND ($12::integer IS NULL OR priority = $12)
+       AND ($13::text IS NULL OR key LIKE $13)
+       AND ($14::text IS NULL OR last_error ILIKE $14)
+       AND ($15::bigint IS NULL OR id > $15)
+       AND ($16::text IS NULL OR concurrency_key = $16)
+     ORDER BY id DESC
+     LIMIT $4
+)
 SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, started_at,
        finished_at, dead_reason, left(last_error, 500) AS last_error, run_key, priority,
        concurrency_key
-  FROM dispatcher.jobs
- WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
-   AND ($3::bigint IS NULL OR id < $3)
-   AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant = $6)
-   AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler = $8)
-   AND ($9::timestamptz IS NULL OR due_at < $9) AND ($10::timestamptz IS NULL OR due_at >= $10)
-   AND ($11::text IS NULL OR dead_reason = $11)
-   AND ($12::integer IS NULL OR priority = $12)
-   AND ($13::text IS NULL OR key LIKE $13)
-   AND ($14::text IS NULL OR last_error ILIKE $14)
-   AND ($15::bigint IS NULL OR id > $15)
-   AND ($16::text IS NULL OR concurrency_key = $16)
+  FROM (SELECT * FROM matched UNION ALL SELECT * FROM walked) page
  ORDER BY id DESC
  LIMIT $4;
 

@@ -507,13 +507,15 @@ CREATE INDEX jobs_concurrency_key_id ON dispatcher.job_state USING btree (concur
 
 CREATE INDEX jobs_dead_reason_id ON dispatcher.job_state USING btree (dead_reason, id) WHERE (dead_reason IS NOT NULL);
 
+CREATE INDEX jobs_dead_reason_queue_id ON dispatcher.job_state USING btree (dead_reason, queue, id) WHERE (dead_reason IS NOT NULL);
+
 CREATE INDEX jobs_discarded ON dispatcher.job_state USING btree (finished_at) WHERE (state = 'discarded'::text);
 
 CREATE INDEX jobs_due_at_id ON dispatcher.job_state USING btree (due_at, id);
 
 CREATE INDEX jobs_handler_id ON dispatcher.intents USING btree (handler, id);
 
-CREATE INDEX jobs_key_prefix ON dispatcher.intents USING btree (key text_pattern_ops);
+CREATE INDEX jobs_key_prefix_id ON dispatcher.intents USING btree (key text_pattern_ops) INCLUDE (id);
 
 CREATE INDEX jobs_last_error_trgm ON dispatcher.job_state USING gin (last_error gin_trgm_ops) WHERE (last_error IS NOT NULL);
 

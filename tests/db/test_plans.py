@@ -238,10 +238,16 @@ BY_DUE = {"due_after": WINDOW[0], "due_before": WINDOW[1]}
         ("list_jobs", {"handler": "rare"}, "jobs_handler_id"),
         ("list_jobs", {"handler": "rare", "state": "dead", "cursor": 30_000}, "jobs_handler_id"),
         ("list_jobs", {"reason": "HTTP 410 Gone"}, "jobs_dead_reason_id"),
-        (
+        (  # every job of the reason is in the queue: either reason index reads the same
             "list_jobs",
             {"reason": "HTTP 410 Gone", "state": "dead", "queue": "default"},
-            "jobs_dead_reason_id",
+            "jobs_dead_reason_",
+        ),
+        (  # a pair with no jobs: an empty range of migration 042's index (the reason's index
+            # read all the reason's jobs: 849 ms for 100,000 at 10 million)
+            "list_jobs",
+            {"reason": "HTTP 410 Gone", "state": "dead", "queue": "emails"},
+            "jobs_dead_reason_queue_id",
         ),
         ("list_jobs", {"reason": "HTTP 410 Gone", "cursor": 30_000}, "jobs_dead_reason_id"),
         ("list_jobs_by_due", BY_DUE, "jobs_due_at_id"),
