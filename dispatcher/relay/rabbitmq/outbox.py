@@ -102,7 +102,7 @@ class OutboxRelay(LoopService):
                             self._release_at = now  # more: again next round
                     leased = await self._publish_next(rounds)
                     if time.monotonic() >= sweep_at:
-                        await self.sweep_once()
+                        leased += await self.sweep_once()  # unmarked: to publish at once
                         sweep_at = time.monotonic() + self._sweep_every_s
                 except Exception as exc:  # broker or database: leased rows go out again later
                     _failed(exc)
