@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import asyncpg
 
-from dispatcher.api.filters import parse_job_filter
 from dispatcher.db.jobs import JobRepository
-from dispatcher.model import ListCursor
+from tests.harness.jobs import listed_keys as keys
 
 GONE = "HTTP 410 Gone"
 
@@ -26,18 +25,6 @@ async def seed(pool: asyncpg.Pool) -> None:
           FROM generate_series(1, 60) g""",
         GONE,
     )
-
-
-async def keys(repo: JobRepository, limit: int = 100, **values: str) -> list[str]:
-    filters = parse_job_filter(values)
-    found: list[str] = []
-    cursor: ListCursor | None = None
-    while True:
-        rows = await repo.list_summaries(filters, cursor=cursor, limit=limit)
-        found += [r["key"] for r in rows]
-        if len(rows) < limit:
-            return found
-        cursor = ListCursor(rows[-1]["id"])
 
 
 async def test_reason_lists_exactly_its_jobs_newest_first_page_by_page(

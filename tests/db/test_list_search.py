@@ -10,7 +10,7 @@ import asyncpg
 from dispatcher.api.filters import parse_job_filter
 from dispatcher.db.bulk import BulkStore, Selection
 from dispatcher.db.jobs import JobRepository
-from dispatcher.model import ListCursor
+from tests.harness.jobs import listed_keys as keys
 
 KEYS = ["inv-1", "inv-10", "inv-2", "inv_1", "inv%1", "inva", "INV-3", "other-inv-1"]
 ERRORS = {
@@ -34,18 +34,6 @@ async def seed(pool: asyncpg.Pool) -> None:
             ERRORS.get(key),
             "acme" if n % 2 == 0 else "Acme",
         )
-
-
-async def keys(repo: JobRepository, limit: int = 100, **values: str) -> list[str]:
-    filters = parse_job_filter(values)
-    found: list[str] = []
-    cursor: ListCursor | None = None
-    while True:
-        rows = await repo.list_summaries(filters, cursor=cursor, limit=limit)
-        found += [r["key"] for r in rows]
-        if len(rows) < limit:
-            return found
-        cursor = ListCursor(rows[-1]["id"])
 
 
 async def test_a_key_prefix_matches_literally_newest_first(

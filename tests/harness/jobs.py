@@ -6,6 +6,10 @@ from typing import Any
 
 import asyncpg
 
+from dispatcher.api.filters import parse_job_filter
+from dispatcher.db.jobs import JobRepository
+from dispatcher.model import ListCursor
+
 
 async def enqueue_noop_jobs(
     pool: asyncpg.Pool, prefix: str, count: int, due: str | None = None
@@ -25,3 +29,16 @@ async def stored_job(pool: Any, job_id: int | None = None, *, key: str | None = 
     if key is not None:
         return await pool.fetchrow("SELECT * FROM dispatcher.jobs WHERE key = $1", key)
     return await pool.fetchrow("SELECT * FROM dispatcher.jobs WHERE id = $1", job_id)
+
+
+async def listed_keys(repo: JobRepository, limit: int = 100, **values: str) -> list[str]:
+    """The keys the job list shows for these filters (API spelling), every page, in order."""
+    filters = parse_job_filter(values)
+    found: list[str] = []
+    cursor: ListCursor | None = None
+    while True:
+        rows = await repo.list_summaries(filters, cursor=cursor, limit=limit)
+        found += [r["key"] for r in rows]
+        if len(rows) < limit:
+            return found
+        cursor = ListCursor(rows[-1]["id"])
