@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -129,6 +130,47 @@ def check_archive(file: Path, bin_dir: Path) -> None:
 NEWER_SETTINGS = {170000: b"SET transaction_timeout = 0;\n"}
 
 
+# An index on an operator class of an extension the schema-only dump does not carry: pg_trgm's
+# (migration 039's last-error search), named with the schema the extension had where the
+# backup was made.
+EXTENSION_INDEX = re.compile(rb"^CREATE INDEX \S+ ON .* ([\w\"]+)\.gin_trgm_ops\b")
+# ... restored as migration 039 makes it: pg_trgm created if it may be (in whatever schema it
+# ends in), else left out with a notice (the search then scans the newest jobs).
+EXTENSION_INDEX_RESTORE = """DO $restore$
+DECLARE
+    ext name;
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'pg_trgm') THEN
+        BEGIN
+            CREATE EXTENSION pg_trgm SCHEMA public;
+        EXCEPTION WHEN OTHERS THEN
+            RAISE NOTICE 'pg_trgm could not be created (%%): the last-error search scans the '
+                         'newest jobs (a superuser may CREATE EXTENSION pg_trgm, then migrate)',
+                         SQLERRM;
+        END;
+    END IF;
+    SELECT e.extnamespace::regnamespace::name INTO ext
+      FROM pg_catalog.pg_extension e WHERE e.extname = 'pg_trgm';
+    IF ext IS NOT NULL THEN
+        EXECUTE replace($index$%s$index$, $from$%s.gin_trgm_ops$from$,
+                        pg_catalog.quote_ident(ext) || '.gin_trgm_ops');
+    END IF;
+END
+$restore$;
+"""
+
+
+def portable(line: bytes) -> bytes:
+    """A line of the dump as the restore sends it: an index on pg_trgm's operator class made
+    only where the extension is, or can be, installed (a dump of the dispatcher schema does not
+    hold the extension itself)."""
+    found = EXTENSION_INDEX.match(line)
+    if found is None:
+        return line
+    statement = line.decode().strip().removesuffix(";")
+    return (EXTENSION_INDEX_RESTORE % (statement, found.group(1).decode())).encode()
+
+
 def restore(dsn: str, file: Path, bin_dir: Path, *, server_version: int, replace: bool) -> None:
     """Load `file` in one transaction; with `replace`, the existing schema is dropped first in
     that same transaction. COMMIT is sent only once pg_restore has read the whole archive: a
@@ -166,7 +208,7 @@ def restore(dsn: str, file: Path, bin_dir: Path, *, server_version: int, replace
                 load.stdin.write(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE;\n".encode())
             for line in script.stdout:
                 if line not in unknown:
-                    load.stdin.write(line)
+                    load.stdin.write(portable(line))
             if script.wait(timeout=TIMEOUT_S) == 0:
                 load.stdin.write(b"COMMIT;\n")
         except BrokenPipeError:  # psql stopped at an error: its message says which

@@ -1,7 +1,8 @@
-"""Migration 039 on a table that already has its search indexes: docs/guides/operating.md tells
-operators of a large table to build them with CREATE INDEX CONCURRENTLY (and to create pg_trgm)
-before upgrading. The migration must keep those (build nothing twice), rebuild one that a failed
-concurrent build left invalid, and leave every search index valid."""
+"""Migrations 039 and 042 on a table that already has their search indexes:
+docs/guides/operating.md tells operators of a large table to build them with CREATE INDEX
+CONCURRENTLY (and to create pg_trgm) before upgrading. Each migration must keep those (build
+nothing twice), rebuild one that a failed concurrent build left invalid, and leave every search
+index valid."""
 
 from __future__ import annotations
 
@@ -16,14 +17,15 @@ GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "operating.md"
 INDEXES = ("jobs_key_prefix", "jobs_concurrency_key_id", "jobs_last_error_trgm")
 
 
-def documented_statements() -> list[str]:
-    """The statements of the guide's block that names this test."""
-    (block,) = [
+def documented_statements(migration: int) -> list[str]:
+    """The statements of the guide's block for `migration` (the blocks that name this test,
+    in the guide's order: 039's, then 042's)."""
+    found = [
         b for b in blocks(GUIDE) if b.marker == ("tested-by", f"tests/db/{Path(__file__).name}")
     ]
-    statements = [s.strip() for s in block.text.split(";") if s.strip()]
-    assert len(statements) == 4, statements
-    return statements
+    assert len(found) == 2, found
+    block = found[0] if migration == 39 else found[1]
+    return [s.strip() for s in block.text.split(";") if s.strip()]
 
 
 async def index_states(conn: asyncpg.Connection) -> dict[str, tuple[int, bool]]:
@@ -41,7 +43,9 @@ async def test_indexes_built_concurrently_beforehand_are_kept_and_invalid_ones_r
     conn = await asyncpg.connect(empty_db_url)
     try:
         await schema.migrate(conn, upto=38)
-        for statement in documented_statements():
+        statements = documented_statements(39)
+        assert len(statements) == 4, statements
+        for statement in statements:
             await conn.execute(statement)  # one at a time, outside any transaction
         # what a concurrent build that failed half-way leaves behind
         await conn.execute(
@@ -60,5 +64,38 @@ async def test_indexes_built_concurrently_beforehand_are_kept_and_invalid_ones_r
             assert after[name][1], f"{name} is not valid"
         kept = {n for n in INDEXES if after[n][0] == before[n][0]}
         assert kept == {"jobs_key_prefix", "jobs_last_error_trgm"}
+    finally:
+        await conn.close()
+
+
+async def test_the_key_prefix_index_built_concurrently_beforehand_is_kept(
+    empty_db_url: str,
+) -> None:
+    conn = await asyncpg.connect(empty_db_url)
+    try:
+        await schema.migrate(conn, upto=41)
+        statements = documented_statements(42)
+        assert len(statements) == 3, statements
+        for statement in statements:
+            await conn.execute(statement)  # one at a time, outside any transaction
+        # what a concurrent build that failed half-way leaves behind
+        await conn.execute(
+            "UPDATE pg_index SET indisvalid = false"
+            " WHERE indexrelid = 'dispatcher.jobs_dead_reason_queue_id'::regclass"
+        )
+        before = await index_states(conn)
+        assert "jobs_key_prefix" not in before  # the guide's block dropped the old one
+
+        applied = await schema.migrate(conn, upto=42)
+        assert [name for name in applied if not name.startswith("functions/")] == [
+            "042_key_prefix_ids.sql"
+        ]
+
+        after = await index_states(conn)
+        for name in ("jobs_key_prefix_id", "jobs_dead_reason_queue_id"):
+            assert after[name][1], f"{name} is not valid"
+        assert after["jobs_key_prefix_id"][0] == before["jobs_key_prefix_id"][0]  # kept
+        assert after["jobs_dead_reason_queue_id"][0] != before["jobs_dead_reason_queue_id"][0]
+        assert "jobs_key_prefix" not in after
     finally:
         await conn.close()

@@ -121,7 +121,10 @@ async def ran(pool: asyncpg.Pool, args: tuple) -> tuple[str, list[int]]:  # type
     """list_jobs run with `args`: the plan as it ran (EXPLAIN ANALYZE: which branch read rows,
     which never ran; no timing looked at) and the ids of its page."""
     async with pool.acquire() as conn, conn.transaction():
-        rows = await conn.fetch("EXPLAIN (ANALYZE, TIMING off) " + query("list_jobs"), *args)
+        # BUFFERS off: PostgreSQL 18 adds buffer lines under every node with ANALYZE, between
+        # a gate and the node it guards
+        explain = "EXPLAIN (ANALYZE, TIMING off, BUFFERS off) "
+        rows = await conn.fetch(explain + query("list_jobs"), *args)
         page = await conn.fetch(query("list_jobs"), *args)
     return "\n".join(r[0] for r in rows), [r["id"] for r in page]
 
@@ -157,7 +160,9 @@ async def test_a_prefix_of_many_old_keys_reads_its_ids_from_the_index_not_the_pr
     for cursor in (None, ListCursor(40_000)):
         text, ids = await ran(searched_table, args_for("list_jobs", cursor, key_prefix="order-1"))
         assert_no_job_scan(text)
-        assert "on jobs_key_prefix_id" in text, text  # index-only once vacuum marks the pages
+        # index-only once vacuum marks the pages; in a database whose collation is C (the
+        # embedded server's) the key's own unique index serves the range as well
+        assert "on jobs_key_prefix_id" in text or "on jobs_key_key" in text, text
         assert branch_ran(text, "matched") and not branch_ran(text, "walked"), text
         assert ids == expected_ids("order-1", cursor.id if cursor else None)[:100]
 
