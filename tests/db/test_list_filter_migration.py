@@ -11,6 +11,7 @@ from pathlib import Path
 import asyncpg
 
 from dispatcher.db import schema
+from tests.harness.indexes import fail_half_way, index_states
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "operating.md"
 INDEXES = ("jobs_tenant_id", "jobs_handler_id", "jobs_run_key_id", "jobs_due_at_id")
@@ -21,15 +22,6 @@ def documented_statements() -> list[str]:
     found = re.findall(r"^CREATE INDEX CONCURRENTLY IF NOT EXISTS .*;$", GUIDE.read_text(), re.M)
     assert len(found) == len(INDEXES), found
     return found
-
-
-async def index_states(conn: asyncpg.Connection) -> dict[str, tuple[int, bool]]:
-    rows = await conn.fetch(
-        """SELECT c.relname, c.oid, i.indisvalid
-             FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-            WHERE i.indrelid = 'dispatcher.jobs'::regclass""",
-    )
-    return {r["relname"]: (r["oid"], r["indisvalid"]) for r in rows}
 
 
 async def test_indexes_built_concurrently_beforehand_are_kept_and_invalid_ones_rebuilt(
@@ -46,11 +38,7 @@ async def test_indexes_built_concurrently_beforehand_are_kept_and_invalid_ones_r
         )
         for statement in documented_statements():
             await conn.execute(statement)  # one at a time, outside any transaction
-        # what a concurrent build that failed half-way leaves behind
-        await conn.execute(
-            "UPDATE pg_index SET indisvalid = false"
-            " WHERE indexrelid = 'dispatcher.jobs_handler_id'::regclass"
-        )
+        await fail_half_way(conn, "jobs_handler_id")
         before = await index_states(conn)
 
         assert await schema.migrate(conn, upto=9) == ["009_list_filters.sql"]

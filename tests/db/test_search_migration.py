@@ -12,6 +12,7 @@ import asyncpg
 
 from dispatcher.db import schema
 from tests.docs_blocks import blocks
+from tests.harness.indexes import fail_half_way, index_states
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "operating.md"
 INDEXES = ("jobs_key_prefix", "jobs_concurrency_key_id", "jobs_last_error_trgm")
@@ -28,13 +29,23 @@ def documented_statements(migration: int) -> list[str]:
     return [s.strip() for s in block.text.split(";") if s.strip()]
 
 
-async def index_states(conn: asyncpg.Connection) -> dict[str, tuple[int, bool]]:
-    rows = await conn.fetch(
-        """SELECT c.relname, c.oid, i.indisvalid
-             FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-            WHERE c.relnamespace = 'dispatcher'::regnamespace""",
-    )
-    return {r["relname"]: (r["oid"], r["indisvalid"]) for r in rows}
+async def upgrade_after_the_guides_block(
+    conn: asyncpg.Connection, migration: str, statements: int, broken: str
+) -> tuple[dict[str, tuple[int, bool]], dict[str, tuple[int, bool]]]:
+    """Migrate to just before `migration` (its file name), run the guide's block for it
+    (`statements` statements, one at a time, outside any transaction), leave index `broken` as
+    a failed concurrent build does, then apply `migration` alone: the indexes before and after."""
+    version = int(migration.split("_", 1)[0])
+    await schema.migrate(conn, upto=version - 1)
+    block = documented_statements(version)
+    assert len(block) == statements, block
+    for statement in block:
+        await conn.execute(statement)
+    await fail_half_way(conn, broken)
+    before = await index_states(conn)
+    applied = await schema.migrate(conn, upto=version)
+    assert [name for name in applied if not name.startswith("functions/")] == [migration]
+    return before, await index_states(conn)
 
 
 async def test_indexes_built_concurrently_beforehand_are_kept_and_invalid_ones_rebuilt(
@@ -42,24 +53,9 @@ async def test_indexes_built_concurrently_beforehand_are_kept_and_invalid_ones_r
 ) -> None:
     conn = await asyncpg.connect(empty_db_url)
     try:
-        await schema.migrate(conn, upto=38)
-        statements = documented_statements(39)
-        assert len(statements) == 4, statements
-        for statement in statements:
-            await conn.execute(statement)  # one at a time, outside any transaction
-        # what a concurrent build that failed half-way leaves behind
-        await conn.execute(
-            "UPDATE pg_index SET indisvalid = false"
-            " WHERE indexrelid = 'dispatcher.jobs_concurrency_key_id'::regclass"
+        before, after = await upgrade_after_the_guides_block(
+            conn, "039_list_search.sql", statements=4, broken="jobs_concurrency_key_id"
         )
-        before = await index_states(conn)
-
-        applied = await schema.migrate(conn, upto=39)
-        assert [name for name in applied if not name.startswith("functions/")] == [
-            "039_list_search.sql"
-        ]
-
-        after = await index_states(conn)
         for name in INDEXES:
             assert after[name][1], f"{name} is not valid"
         kept = {n for n in INDEXES if after[n][0] == before[n][0]}
@@ -73,25 +69,10 @@ async def test_the_key_prefix_index_built_concurrently_beforehand_is_kept(
 ) -> None:
     conn = await asyncpg.connect(empty_db_url)
     try:
-        await schema.migrate(conn, upto=41)
-        statements = documented_statements(42)
-        assert len(statements) == 3, statements
-        for statement in statements:
-            await conn.execute(statement)  # one at a time, outside any transaction
-        # what a concurrent build that failed half-way leaves behind
-        await conn.execute(
-            "UPDATE pg_index SET indisvalid = false"
-            " WHERE indexrelid = 'dispatcher.jobs_dead_reason_queue_id'::regclass"
+        before, after = await upgrade_after_the_guides_block(
+            conn, "042_key_prefix_ids.sql", statements=3, broken="jobs_dead_reason_queue_id"
         )
-        before = await index_states(conn)
         assert "jobs_key_prefix" not in before  # the guide's block dropped the old one
-
-        applied = await schema.migrate(conn, upto=42)
-        assert [name for name in applied if not name.startswith("functions/")] == [
-            "042_key_prefix_ids.sql"
-        ]
-
-        after = await index_states(conn)
         for name in ("jobs_key_prefix_id", "jobs_dead_reason_queue_id"):
             assert after[name][1], f"{name} is not valid"
         assert after["jobs_key_prefix_id"][0] == before["jobs_key_prefix_id"][0]  # kept
