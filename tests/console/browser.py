@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.harness.waits import wait_until
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
 needs_chromium = pytest.mark.skipif(
@@ -137,13 +139,13 @@ class Browser:
         assert (await self.path()).startswith("/console/login"), await self.path()
         await self.type_into("#token", token)
         await self.click(await self.find("form button[type=submit]"))
+
         # a page asked for before the sign-in's redirect lands would race it (and, under
         # load, open without the session cookie): wait until the browser has left the form
-        deadline = asyncio.get_running_loop().time() + ELEMENT_WAIT_S
-        while (await self.path()).startswith("/console/login"):
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"still on the sign-in form: {await self.page_text()}")
-            await asyncio.sleep(0.05)
+        async def left_the_form() -> bool:
+            return not (await self.path()).startswith("/console/login")
+
+        await wait_until(left_the_form, ELEMENT_WAIT_S, 0.05, "the sign-in's redirect")
 
     async def axe(self, impacts: tuple[str, ...] = ("serious", "critical")) -> list[str]:
         """The accessibility linter (axe-core, from the axe-selenium-python wheel: no network)
