@@ -587,6 +587,8 @@ $function$;
 CREATE OR REPLACE FUNCTION dispatcher.claim_grant(q text, wanted integer, OUT granted integer, OUT wait_s double precision)
  RETURNS record
  LANGUAGE plpgsql
+ SET plan_cache_mode TO 'auto'
+ SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
     slots    CONSTANT integer := 8;  -- claims that can run side by side on permits
@@ -724,6 +726,9 @@ $function$;
 CREATE OR REPLACE FUNCTION dispatcher.claim_pick(q text, wanted integer, caps text[], after_priority integer, after_tenant text)
  RETURNS TABLE(id bigint, pos integer, priority smallint, tenant text, turn integer)
  LANGUAGE plpgsql
+ SET plan_cache_mode TO 'auto'
+ SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
 AS $function$
 DECLARE
     lvl     smallint;
@@ -738,20 +743,29 @@ DECLARE
     filled    text[];
     rounds    integer;
     blocked   text[];      -- keys at their limit (per-key limits, migration 024): skipped
+    from_priority integer; -- the walk takes the tenants after (from_priority, from_tenant)
+    from_tenant   text;
 BEGIN
     IF wanted < 1 OR EXISTS (SELECT 1 FROM dispatcher.queues x WHERE x.name = q AND x.paused) THEN
         RETURN;  -- a paused queue offers nothing
     END IF;
     blocked := dispatcher.keys_at_limit(q);
     LOOP
-        SELECT min(s.priority) INTO lvl FROM dispatcher.job_state s
-         WHERE s.queue = q AND s.state = 'ready' AND (lvl IS NULL OR s.priority > lvl);
+        SELECT s.priority INTO lvl FROM dispatcher.job_state s  -- NULL when none
+         WHERE s.queue = q AND s.state = 'ready' AND s.priority > coalesce(lvl, -32768)
+         ORDER BY s.queue, s.priority LIMIT 1;
         EXIT WHEN lvl IS NULL;
+        -- from the cursor at its own priority, else from before the first tenant
+        IF lvl = after_priority THEN
+            from_priority := lvl; from_tenant := after_tenant;
+        ELSE
+            from_priority := lvl - 1; from_tenant := '';
+        END IF;
         -- the walk: the tenants after the cursor, then from the first name round to it
         WITH RECURSIVE onward AS (
             (SELECT s.tenant FROM dispatcher.job_state s
               WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
-                AND (lvl IS DISTINCT FROM after_priority OR s.tenant > after_tenant)
+                AND (s.priority, s.tenant) > (from_priority, from_tenant)
               ORDER BY s.tenant LIMIT 1)
             UNION ALL
             SELECT n.tenant FROM onward o
@@ -831,6 +845,8 @@ $function$;
 CREATE OR REPLACE FUNCTION dispatcher.claim_settle(q text, granted integer, started integer, wait_s double precision)
  RETURNS double precision
  LANGUAGE plpgsql
+ SET plan_cache_mode TO 'auto'
+ SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
     first_slot text := nullif(current_setting('dispatcher.permit_slot', true), '');

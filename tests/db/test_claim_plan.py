@@ -97,3 +97,40 @@ async def test_a_claim_late_in_a_drain_steps_over_no_claimed_job(
     for scan in scans:
         # what the walk read and threw away: jobs claimed before (their running versions)
         assert scan.get("Rows Removed by Filter", 0) < BATCH, json.dumps(scan, indent=1)
+
+
+KEPT_FROM_EMPTY = 8  # claims on an empty table: more than the 5 custom plans before a kept one
+BURST = 20_000
+
+
+async def test_plans_kept_from_an_empty_table_still_walk_the_claim_index(
+    pool: asyncpg.Pool,
+) -> None:
+    """claim_pick and claim_grant keep their statements' plans per connection (10_claim_pick.sql).
+    A daemon starts on an empty table and claims; then a burst lands before autovacuum analyzes
+    it. The kept plans must still reach the ready jobs through jobs_ready_claim, not read the
+    whole table (a sequential scan planned for an empty table, or a bitmap scan and a sort)."""
+    await pool.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
+    await pool.execute("ALTER TABLE dispatcher.job_state SET (autovacuum_enabled = false)")
+    await pool.execute("ALTER TABLE dispatcher.intents SET (autovacuum_enabled = false)")
+    await pool.execute("VACUUM ANALYZE dispatcher.intents, dispatcher.job_state")
+    args = ("default", BATCH, ["noop:1"], "owner", 60.0, 2**62, True)
+    async with pool.acquire() as conn:
+        for _ in range(KEPT_FROM_EMPTY):
+            assert len(await conn.fetch(query("claim_ready"), *args, None, None)) == 1  # marker
+        await enqueue_noop_jobs(pool, "burst", BURST)
+        async with nested_plans(conn) as plans:
+            rows = await conn.fetch(query("claim_ready"), *args, None, None)
+    assert len(rows) == BATCH + 1
+    text = json.dumps(plans, indent=1)
+    for plan in plans:
+        for node in walk(plan):
+            if node.get("Relation Name") == "job_state" and "Scan" in node["Node Type"]:
+                assert node["Node Type"] != "Seq Scan", text
+                read = node["Actual Rows"] * node["Actual Loops"]
+                assert read + node.get("Rows Removed by Filter", 0) <= 2 * BATCH, text
+
+
+def walk(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """`node` and every node under it."""
+    return [node, *(n for child in node.get("Plans", []) for n in walk(child))]

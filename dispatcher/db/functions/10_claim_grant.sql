@@ -8,7 +8,10 @@
 -- claim_grant as in migration 016, with the group's part and no permits for grouped queues.
 CREATE OR REPLACE FUNCTION dispatcher.claim_grant(q text, wanted integer, OUT granted integer,
                                                   OUT wait_s float8)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+-- planned once per connection and kept, read by index (10_claim_pick.sql says why)
+SET plan_cache_mode = auto SET enable_seqscan = off
+AS $$
 DECLARE
     slots    CONSTANT integer := 8;  -- claims that can run side by side on permits
     r        dispatcher.queues;

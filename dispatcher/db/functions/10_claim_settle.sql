@@ -4,7 +4,10 @@
 CREATE OR REPLACE FUNCTION dispatcher.claim_settle(q text, granted integer, started integer,
                                                    wait_s float8)
 RETURNS float8
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+-- planned once per connection and kept, read by index (10_claim_pick.sql says why)
+SET plan_cache_mode = auto SET enable_seqscan = off
+AS $$
 DECLARE
     first_slot text := nullif(current_setting('dispatcher.permit_slot', true), '');
 BEGIN
