@@ -405,6 +405,8 @@ async def daemon(
                     "  repository calls (count, total s): "
                     + ", ".join(f"{k} {v[0]} {v[1]:.2f}" for k, v in sorted(counts.items()))
                 )
+            if line.startswith("bench-stages "):  # ms after the due time: median, p95
+                print("  stages (ms after due: median, p95): " + line.split(" ", 1)[1])
         if os.environ.get("BENCH_KEEP_LOGS"):
             print(f"  daemon log kept: {proc.log_path}")
         else:

@@ -20,6 +20,10 @@ Patches (comma-separated in BENCH_PATCHES):
                sends nothing, even while a daemon listens: the ceiling of coalescing wake-ups
   fastkey      (SQL, likewise) the key check without the `{1,255}` regex
   enqcustom    (SQL, likewise) enqueue_many with plan_cache_mode = force_custom_plan
+  stages       where a due-now job's start latency goes: per job, the wake-up heard (NOTIFY or
+               intake), the claim sent and answered, the handler entered (the peer benchmark's
+               `record` handler); medians and p95 of each stage printed to stderr at exit as
+               `bench-stages {...}` (ms, from the job's due time)
 """
 
 from __future__ import annotations
@@ -165,6 +169,55 @@ def patch_batch_intake() -> None:
     Intake.accept = accept  # type: ignore[method-assign]
 
 
+def patch_stages() -> None:
+    from dispatcher.db.claims import ClaimConnections
+    from dispatcher.engine.work_poll import Wakeups
+    from tests.bench.peers import handlers
+
+    wakes: list[float] = []
+    claims: dict[int, tuple[float, float]] = {}
+    rows: list[tuple[float, float, float, float, float]] = []
+    woken, claim = Wakeups.__call__, ClaimConnections.claim
+
+    def heard(self: Any, reason: str = "") -> None:
+        wakes.append(time.time())
+        woken(self, reason)
+
+    async def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sent = time.time()
+        done = await claim(self, *args, **kwargs)
+        back = time.time()
+        for job in done.jobs:
+            claims[job.id] = (sent, back)
+        return done
+
+    record = handlers.record
+
+    async def recorded(job: Any, ctx: Any) -> None:
+        await record(job, ctx)
+        due, entered = job.due_at.timestamp(), handlers.STARTS[-1]
+        sent, back = claims.pop(job.id, (float("nan"), float("nan")))
+        wake = next((w for w in reversed(wakes[-50:]) if due <= w <= sent), float("nan"))
+        rows.append((due, wake, sent, back, entered))
+
+    def report() -> None:
+        import statistics
+
+        stages = {"wake": 1, "claim_sent": 2, "claim_back": 3, "handler": 4}
+        out = {}
+        for name, i in stages.items():
+            ms = sorted((r[i] - r[0]) * 1000 for r in rows[20:] if r[i] == r[i])
+            if ms:
+                out[name] = [round(statistics.median(ms), 2), round(ms[int(len(ms) * 0.95)], 2)]
+        out["jobs"] = [len(rows)]
+        print("bench-stages " + json.dumps(out), file=sys.stderr)
+
+    Wakeups.__call__ = heard  # type: ignore[method-assign]
+    ClaimConnections.claim = timed  # type: ignore[method-assign]
+    handlers.record = recorded
+    atexit.register(report)
+
+
 def main() -> int:
     patches = {p for p in os.environ.get("BENCH_PATCHES", "").split(",") if p}
     # nonotify and fastkey patch the SQL door in the benchmark database (tests.bench.common)
@@ -178,6 +231,7 @@ def main() -> int:
         "nonotify",
         "fastkey",
         "enqcustom",
+        "stages",
     }
     unknown = patches - known
     if unknown:
@@ -190,6 +244,8 @@ def main() -> int:
         patch_batch_intake()
     if "count" in patches:
         patch_count()
+    if "stages" in patches:
+        patch_stages()
     if patches & {"noreset", "customplans"}:
         patch_pool(no_reset="noreset" in patches, custom_plans="customplans" in patches)
     from dispatcher.cli import main as cli_main

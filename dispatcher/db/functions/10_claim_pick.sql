@@ -109,7 +109,10 @@ BEGIN
             share := ceil(need::float8 / cardinality(walked))::integer;
             WITH picked AS (
                 SELECT c.id, w.tenant, w.turn, c.rank
-                  FROM unnest(walked, turns) AS w(tenant, turn)
+                  -- every tenant walked; the LIMIT only tells a kept plan to expect few
+                  -- (a plan for ten tenants looked dearer than planning anew each claim)
+                  FROM (SELECT * FROM unnest(walked, turns) AS u(tenant, turn)
+                         LIMIT cardinality(walked)) AS w(tenant, turn)
                  CROSS JOIN LATERAL (
                        SELECT l.id, row_number() OVER (ORDER BY l.due_at, l.id) AS rank
                          FROM (SELECT s.id, s.due_at FROM dispatcher.job_state s
