@@ -26,7 +26,7 @@
 --
 -- Plans: the daemon's sessions plan every statement with its parameters (force_custom_plan,
 -- db/pool.py), and inside a function that means each of this function's statements anew on
--- every claim: planning was half of a claim's time in the peer benchmark's W3 (2,300 claims:
+-- every claim: planning was half of a claim's time in the peer benchmark's W3 (2,061 claims:
 -- 2.5 of 6.5 ms per claim, pg_stat_statements). Here the plans are kept per connection
 -- (plan_cache_mode = auto), and every read of job_state is a walk of jobs_ready_claim whatever
 -- the statistics say (no sequential or bitmap scan: a plan kept from an empty table must not
