@@ -486,7 +486,7 @@ SELECT id, attempt, owner, started_at, finished_at, outcome, reason, http_status
 -- index at all.
 WITH prefixed AS MATERIALIZED (
     SELECT i.id FROM dispatcher.intents i
-     WHERE i.key LIKE $13 AND ($3::bigint IS NULL OR i.id < $3)
+     WHERE $18::bigint IS NULL AND i.key LIKE $13 AND ($3::bigint IS NULL OR i.id < $3)
      LIMIT $17::integer
 ), all_prefixed AS (
     SELECT count(*) < $17::integer AS whole FROM prefixed
