@@ -13,7 +13,7 @@ target is 100 ms server time (p95) at 10 million jobs. It also walks every "sear
 of `bench-42` from the newest job to its first match and reports how many pages that took.
 
     .venv/bin/python -m tests.bench.bench_prefix_search [--rows 10000000] [--renders 20]
-        [--database NAME]
+        [--database NAME] [--only "old keys" ...] [--no-walk]
 """
 
 from __future__ import annotations
@@ -88,13 +88,16 @@ async def main(args: argparse.Namespace) -> None:
         print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         await timed(client, f"{base}/jobs")  # the first render warms the daemon's pool
         for name, query in SEARCHES:
+            if args.only and not any(word in name for word in args.only):
+                continue
             await series(client, name, f"{base}/jobs?{urlencode(query)}", args.renders, 0.1)
             after = await next_cursor(client, daemon.base_url, query)
             if after is None:
                 continue
             older = urlencode({**query, "limit": LIMIT, "cursor": after})
             await series(client, f"{name}, page 2", f"{base}/jobs?{older}", args.renders, 0.1)
-        await walk_to_first_match(client, daemon.base_url, "bench-42")
+        if not args.no_walk:
+            await walk_to_first_match(client, daemon.base_url, "bench-42")
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     conn = await asyncpg.connect(url)
     version = await conn.fetchval("SHOW server_version")
@@ -109,4 +112,8 @@ if __name__ == "__main__":
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--renders", type=int, default=20)
     parser.add_argument("--database", help="a filled database on the server (default: fill)")
+    parser.add_argument(
+        "--only", action="append", help="the searches whose name contains this (repeatable)"
+    )
+    parser.add_argument("--no-walk", action="store_true", help="skip the search-older walk")
     asyncio.run(main(parser.parse_args()))
