@@ -109,7 +109,9 @@ async def prefix_slice(
     extent = await db.fetchrow(query("prefix_extent"), pattern, below, PREFIX_SCAN_IDS)
     if extent["matches"] < PREFIX_SCAN_IDS:
         return None
-    top = below if below is not None else extent["newest"] + 1
+    # a cursor above the newest job (no page gives one) must not send a client through
+    # slices of ids that hold no job
+    top = min(below, extent["newest"] + 1) if below is not None else extent["newest"] + 1
     floor = top - PREFIX_SLICE_IDS
     return IdSlice(floor, top, older=floor > extent["oldest"])
 

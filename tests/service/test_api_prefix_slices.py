@@ -114,6 +114,17 @@ async def test_a_prefix_with_fewer_matches_than_the_bound_is_answered_whole(api:
     assert page["searched_ids"] is None
 
 
+@pytest.mark.usefixtures("small_bounds")
+async def test_a_cursor_above_the_newest_job_searches_from_the_newest(api: Api) -> None:
+    await seed(api.repo.pool)
+    r = await api.client.get("/v1/jobs?key_prefix=acct-&limit=10&cursor=999999999")
+    page = await r.json()
+    assert (ids(page), page["searched_ids"]) == (
+        [385, 384, 383, 382, 381, 380],
+        {"oldest": 351, "newest": 400},
+    )
+
+
 @pytest.mark.parametrize("cursor", ["abc", "-5", "1.5", "9" * 19, "351x"])
 async def test_a_cursor_that_no_page_gave_is_refused_with_its_name(api: Api, cursor: str) -> None:
     r = await api.client.get(f"/v1/jobs?key_prefix=acct-&cursor={cursor}")
