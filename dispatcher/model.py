@@ -171,6 +171,25 @@ class ListCursor:
 
 
 @dataclass(slots=True, frozen=True)
+class SearchedIds:
+    """The ids a bounded search looked at, `oldest` to `newest` (both included): its page
+    holds every match among them, and older jobs are left to search."""
+
+    oldest: int
+    newest: int
+
+
+@dataclass(slots=True, frozen=True)
+class JobPage:
+    """A page of a job listing: its rows (summaries) and, when the search stopped at its
+    bound before filling the page, the ids it looked at (`searched`; None: the rows are the
+    whole answer up to the page's limit)."""
+
+    rows: list[dict[str, Any]]
+    searched: SearchedIds | None = None
+
+
+@dataclass(slots=True, frozen=True)
 class DeadLetterFilter:
     """Which dead jobs a bulk redrive or discard takes (every filter given must match).
 

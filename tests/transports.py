@@ -10,11 +10,16 @@ daemon processes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import fcntl
 import socket
+import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import pytest
 
@@ -27,20 +32,62 @@ def broker_up() -> bool:
         return s.connect_ex(("127.0.0.1", 5672)) == 0
 
 
+# The broker is one per machine: a test that stops it (`exclusive`) must not do so under a test
+# of another pytest worker or run that uses it. Every user holds BROKER_LOCK shared while its
+# prefix lives; the stopper holds it exclusively. The stopper first takes the turnstile, which
+# new users pass through, so a stream of users cannot keep it waiting.
+BROKER_LOCK = Path(tempfile.gettempdir()) / "dispatcher-tests-rabbitmq.lock"
+TURNSTILE = BROKER_LOCK.with_suffix(".turnstile")
+BROKER_LOCK_WAIT_S = 90.0
+
+
+async def flock(file: IO[str], mode: int, deadline: float, why: str) -> None:
+    """flock without blocking the event loop (it has no async form): try, then poll."""
+    while True:
+        try:
+            fcntl.flock(file, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                pytest.fail(f"waited {BROKER_LOCK_WAIT_S:.0f} s for {file.name}: {why}")
+            await asyncio.sleep(0.05)
+
+
 @contextlib.asynccontextmanager
-async def broker_prefix() -> AsyncIterator[str]:
+async def broker_lock(exclusive: bool) -> AsyncIterator[None]:
+    """Hold the machine's broker lock (shared, or `exclusive` for a test that stops it)."""
+    deadline = time.monotonic() + BROKER_LOCK_WAIT_S
+    with open(TURNSTILE, "a+") as turnstile, open(BROKER_LOCK, "a+") as lock:  # noqa: ASYNC230
+        if exclusive:
+            await flock(turnstile, fcntl.LOCK_EX, deadline, "another test waits to stop the broker")
+            await flock(lock, fcntl.LOCK_EX, deadline, "other tests still use the broker")
+        else:
+            await flock(turnstile, fcntl.LOCK_SH, deadline, "another test stops the broker")
+            await flock(lock, fcntl.LOCK_SH, deadline, "another test stops the broker")
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+@contextlib.asynccontextmanager
+async def broker_prefix(exclusive: bool = False) -> AsyncIterator[str]:
     """A queue prefix of its own on the broker (skipped, saying why, when none answers); its
-    default queue is deleted afterwards."""
+    default queue is deleted afterwards. `exclusive`: no other test uses the broker meanwhile
+    (for a test that stops it)."""
     if not broker_up():
         pytest.skip("the rabbitmq variant needs a RabbitMQ broker on 127.0.0.1:5672 (guest/guest)")
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    yield prefix
-    import aio_pika
+    async with broker_lock(exclusive):
+        prefix = f"t{uuid.uuid4().hex[:10]}."
+        yield prefix
+        import aio_pika
 
-    connection = await aio_pika.connect(BROKER)
-    async with connection:
-        channel = await connection.channel()
-        await channel.queue_delete(prefix + "default")
+        connection = await aio_pika.connect(BROKER)
+        async with connection:
+            channel = await connection.channel()
+            await channel.queue_delete(prefix + "default")
 
 
 # the rabbitmq variant carries the `rabbitmq` marker: it runs when asked (tests/suite.py)

@@ -8,6 +8,7 @@ from typing import Any
 
 from dispatcher.api.schemas import MAX_BATCH, BatchItem, RescheduleRequest
 from dispatcher.config.settings import NAME_PATTERN
+from dispatcher.db.job_reads import PREFIX_SCAN_IDS, PREFIX_SLICE_IDS
 from dispatcher.intake.requests import DeadLetterRequest, JobRequest
 from dispatcher.model import STATES
 from dispatcher.operator.queue_limits import SettingsChange
@@ -153,7 +154,9 @@ LIST_FILTERS = [
         "name": "key_prefix",
         "in": "query",
         "description": "jobs whose idempotency key starts with this text (% and _ match "
-        "themselves); served by the index jobs_key_prefix_id",
+        "themselves); served by the index jobs_key_prefix_id when fewer than "
+        f"{PREFIX_SCAN_IDS:,} keys below the cursor match, else {PREFIX_SLICE_IDS:,} ids at "
+        "most a page (see `searched_ids`)",
         "schema": {"type": "string", "pattern": PRINTABLE_ASCII},
     },
     {
@@ -236,7 +239,25 @@ IDEMPOTENCY_KEY = {
 }
 JOB_LIST = {
     "type": "object",
-    "properties": {"items": {"type": "array", "items": JOB}, "next_cursor": NULLABLE_STR},
+    "required": ["items", "next_cursor", "searched_ids"],
+    "properties": {
+        "items": {"type": "array", "items": JOB},
+        "next_cursor": {
+            "type": ["string", "null"],
+            "description": "pass as `cursor` (with the same filters) for the next page, or to "
+            "search older jobs after `searched_ids`; null: no more matches",
+        },
+        "searched_ids": {
+            "type": ["object", "null"],
+            "required": ["oldest", "newest"],
+            "properties": {"oldest": {"type": "integer"}, "newest": {"type": "integer"}},
+            "description": "set when a key-prefix search with many matches stopped at its "
+            f"bound ({PREFIX_SLICE_IDS:,} ids) before filling the page: the ids it looked at, both "
+            "included; every match among them is in `items`, and `next_cursor` continues "
+            "with the jobs older than `oldest`. null: `items` is the whole answer up to "
+            "`limit`",
+        },
+    },
 }
 BATCH_REQUEST = {
     "type": "object",

@@ -13,7 +13,7 @@ from dispatcher.api.schemas import idempotency_key, valid_key
 from dispatcher.config.settings import NAME_PATTERN
 from dispatcher.core import rfc3339
 from dispatcher.intake.requests import storable_text
-from dispatcher.model import STATES, JobFilter, ListCursor
+from dispatcher.model import STATES, JobFilter, JobPage, ListCursor
 
 # The filters, in the order the API and the CLI document them.
 FILTERS = (
@@ -189,6 +189,17 @@ def next_cursor(row: Mapping[str, Any], filters: JobFilter) -> str:
     if filters.by_due:
         return f"{(row['due_at'] - _EPOCH) // _MICROSECOND}.{row['id']}"
     return str(row["id"])
+
+
+def page_cursor(page: JobPage, filters: JobFilter, limit: int) -> str | None:
+    """Where the list continues after `page`: after its last row when it is full; below the
+    ids it looked at when a bounded search stopped there (the cursor to search older jobs);
+    None when the list is done."""
+    if len(page.rows) == limit:
+        return next_cursor(page.rows[-1], filters)
+    if page.searched is not None:
+        return str(page.searched.oldest)  # the ids below it; the same form as a row's cursor
+    return None
 
 
 def parse_cursor(text: str | None, filters: JobFilter) -> ListCursor | None:

@@ -15,7 +15,7 @@ from dispatcher.api.bodies import (
     parse_body,
     read_json_and_escapes,
 )
-from dispatcher.api.filters import FILTERS, FilterError, next_cursor, parse_cursor, parse_job_filter
+from dispatcher.api.filters import FILTERS, FilterError, page_cursor, parse_cursor, parse_job_filter
 from dispatcher.api.keys import INTAKE, REPO
 from dispatcher.api.problems import Problem
 from dispatcher.api.schemas import (
@@ -200,6 +200,14 @@ async def list_jobs(request: web.Request) -> web.Response:
     except FilterError as exc:
         raise Problem(422, str(exc)) from None
     limit = page_limit(q)
-    rows = await request.app[REPO].list_summaries(filters, cursor=cursor, limit=limit)
-    after = next_cursor(rows[-1], filters) if len(rows) == limit else None
-    return json_response({"items": [summary_view(r) for r in rows], "next_cursor": after})
+    page = await request.app[REPO].list_summaries(filters, cursor=cursor, limit=limit)
+    searched = page.searched
+    return json_response(
+        {
+            "items": [summary_view(r) for r in page.rows],
+            "next_cursor": page_cursor(page, filters, limit),
+            "searched_ids": None
+            if searched is None
+            else {"oldest": searched.oldest, "newest": searched.newest},
+        }
+    )

@@ -50,6 +50,7 @@ from dispatcher.api.contract import (
     problem_responses,
 )
 from dispatcher.api.schemas import MAX_BATCH, RescheduleRequest
+from dispatcher.db.job_reads import PREFIX_SCAN_IDS, PREFIX_SLICE_IDS
 from dispatcher.intake.requests import DeadLetterRequest, JobRequest
 from dispatcher.model import STATES
 from dispatcher.operator.bulk import ACTIONS, BULK_BATCH, MAX_IDS
@@ -127,8 +128,13 @@ JOB_ROUTES = [
             "Summaries of the jobs matching every filter given (an empty value filters "
             "nothing). `key` is exact: the one job, or an empty list. `due_after` is inclusive, "
             "`due_before` exclusive; with either, items come earliest due first. Pass "
-            "`next_cursor` as `cursor`, with the same filters, for the next page. An unknown "
-            "or repeated parameter is a 422."
+            "`next_cursor` as `cursor`, with the same filters, for the next page, until it is "
+            f"null. A `key_prefix` with {PREFIX_SCAN_IDS:,} or more matches below the cursor "
+            f"looks at no more than {PREFIX_SLICE_IDS:,} ids a page, newest first: the page "
+            "then holds the matches among them, perhaps fewer than `limit` or none, and "
+            "`searched_ids` names the ids it looked at; its `next_cursor` searches the older "
+            "ones. An unknown or repeated "
+            "parameter, or a cursor that is not a `next_cursor` of this list, is a 422."
         ),
         parameters=(
             {"name": "state", "in": "query", "schema": {"enum": list(STATES)}},

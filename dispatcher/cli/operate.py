@@ -20,6 +20,7 @@ from dispatcher.cli.formats import (
     print_jobs,
 )
 from dispatcher.config.settings import Settings
+from dispatcher.model import JobPage
 from dispatcher.operator.audit import Actor
 from dispatcher.operator.key_limits import KeyLimits
 from dispatcher.operator.service import Operator
@@ -50,13 +51,20 @@ def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_jobs_read(settings: Settings, args: argparse.Namespace) -> int:
     """`jobs list` and `jobs show`: reads, straight from the database."""
-    from dispatcher.api.filters import FILTERS, FilterError, parse_job_filter
+    from dispatcher.api.filters import (
+        FILTERS,
+        FilterError,
+        page_cursor,
+        parse_cursor,
+        parse_job_filter,
+    )
     from dispatcher.api.views import attempt_view, job_view, summary_view
     from dispatcher.db.jobs import JobRepository
 
     if args.action == "list":  # checked before any database is opened
         try:
             filters = parse_job_filter({name: getattr(args, name) for name in FILTERS})
+            cursor = parse_cursor(args.cursor, filters)
         except FilterError as exc:
             name, _, reason = str(exc).partition(": ")  # "due_before: ..." -> --due-before
             print(f"dispatcher: --{name.replace('_', '-')}: {reason}", file=sys.stderr)
@@ -66,8 +74,9 @@ def cmd_jobs_read(settings: Settings, args: argparse.Namespace) -> int:
         async with database(settings) as (_dsn, pool):
             repo = JobRepository(pool)
             if args.action == "list":
-                rows = await repo.list_summaries(filters, cursor=None, limit=args.limit)
-                print_jobs([summary_view(r) for r in rows], as_json=args.json)
+                page = await repo.list_summaries(filters, cursor=cursor, limit=args.limit)
+                print_jobs([summary_view(r) for r in page.rows], as_json=args.json)
+                print_continuation(page, page_cursor(page, filters, args.limit))
                 return 0
             row = await repo.get(args.id)
             if row is None:
@@ -81,6 +90,19 @@ def cmd_jobs_read(settings: Settings, args: argparse.Namespace) -> int:
         return 0
 
     return asyncio.run(run())
+
+
+def print_continuation(page: JobPage, cursor: str | None) -> None:
+    """On stderr (stdout stays the list, for scripts): how to go on, when there is more."""
+    if page.searched is not None:
+        low, high = page.searched.oldest, page.searched.newest
+        print(
+            f"dispatcher: many keys start with this prefix: searched the jobs {low} to {high} "
+            f"only; to search older ones, add --cursor {cursor}",
+            file=sys.stderr,
+        )
+    elif cursor is not None:
+        print(f"dispatcher: more jobs match; next page: --cursor {cursor}", file=sys.stderr)
 
 
 def cmd_jobs_operate(settings: Settings, args: argparse.Namespace) -> int:

@@ -185,6 +185,11 @@ def _job_commands(command: Command) -> None:
         "--limit", type=bounded_int(1, 1000), default=50, help="1 to 1000 (default 50)"
     )
     listing.add_argument("--json", action="store_true", help="one JSON document for scripts")
+    listing.add_argument(
+        "--cursor",
+        metavar="C",
+        help="where the previous listing said to go on (the next page, or older jobs)",
+    )
     for action, help_text in (
         ("show", "show one job and its attempt history"),
         ("retry", "retry a dead or cancelled job with a new attempt budget"),

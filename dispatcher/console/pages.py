@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 import jinja2
 from aiohttp import web
 
-from dispatcher.api.filters import FILTERS, FilterError, next_cursor, parse_cursor, parse_job_filter
+from dispatcher.api.filters import FILTERS, FilterError, page_cursor, parse_cursor, parse_job_filter
 from dispatcher.api.jobs import LIST_PARAMETERS
 from dispatcher.api.keys import OPERATOR, REPO
 from dispatcher.api.problems import Problem
@@ -36,7 +36,7 @@ from dispatcher.console.toolkit import (
 )
 from dispatcher.core.redact import masked_target
 from dispatcher.db.history import ALL_QUEUES
-from dispatcher.db.job_reads import ERROR_SCAN_ROWS
+from dispatcher.db.job_reads import ERROR_SCAN_ROWS, PREFIX_SCAN_IDS
 from dispatcher.db.runs import RunRepository
 from dispatcher.model import STATES
 
@@ -159,6 +159,8 @@ async def jobs(request: web.Request) -> web.StreamResponse:
         queues=[row["name"] for row in await api[REPO].list_queues()],
         error="",
         error_scan_rows=None,
+        searched=None,
+        prefix_scan_ids=PREFIX_SCAN_IDS,
         bulk_actions=bulk.BULK_VERBS,
     )
     unknown = [name for name in q if name not in LIST_PARAMETERS]
@@ -170,15 +172,16 @@ async def jobs(request: web.Request) -> web.StreamResponse:
     except FilterError as exc:
         context["error"] = str(exc)
         return render(request, "jobs.html", context, status=422)
-    rows = await api[REPO].list_summaries(filters, cursor=cursor, limit=limit)
-    context["rows"] = rows
+    page = await api[REPO].list_summaries(filters, cursor=cursor, limit=limit)
+    context["rows"] = page.rows
+    context["searched"] = page.searched
+    context["newest_searched"] = cursor is None  # the first page looks at the newest jobs
     if filters.error is not None and not await api[REPO].error_search_indexed():
         context["error_scan_rows"] = ERROR_SCAN_ROWS
-    if len(rows) == limit:
+    after = page_cursor(page, filters, limit)
+    if after is not None:
         kept = {name: value for name, value in given.items() if value}
-        context["next"] = urlencode(
-            {**kept, "limit": limit, "cursor": next_cursor(rows[-1], filters)}
-        )
+        context["next"] = urlencode({**kept, "limit": limit, "cursor": after})
     return render(request, "jobs.html", context)
 
 
@@ -269,9 +272,9 @@ async def dead(request: web.Request) -> web.StreamResponse:
         )
     newest = await repo.list_summaries(
         parse_job_filter({"state": "dead"}), cursor=None, limit=DEAD_SHOWN
-    )
+    )  # no key prefix: the whole answer up to DEAD_SHOWN
     context = base_context(request, "Dead letters", "dead")
-    context.update(groups=groups, newest=newest, cap=DEAD_GROUPED)
+    context.update(groups=groups, newest=newest.rows, cap=DEAD_GROUPED)
     return render(request, "dead.html", context)
 
 

@@ -4,6 +4,7 @@ database into DatabaseUnavailable."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -11,20 +12,42 @@ import asyncpg
 
 from dispatcher.db.pool import translate_unavailable
 from dispatcher.db.queries import query
-from dispatcher.model import JobFilter, ListCursor
+from dispatcher.model import JobFilter, JobPage, ListCursor, SearchedIds
 
 # Without the trigram index (migration 039: pg_trgm could not be created), a last-error search
 # looks at this many of the newest jobs only, so that it stays a bounded read of the primary key
 # however large the table; the console and the docs say so.
 ERROR_SCAN_ROWS = 100_000
 
-# A key-prefix search reads at most this many matching ids from its index (jobs_key_prefix_id,
-# migration 042) and, when that is all of them, sorts them and reads the page's jobs by id: at
-# 10 million jobs, 111,111 ids took 43-58 ms to read and sort, 1.1 million 780 ms. A prefix
-# with more matches than this walks the primary key from the newest job instead (fast when
-# the matches are spread over the ids or recent, slow when they are all old: see
-# docs/performance).
-PREFIX_SCAN_IDS = 200_000
+# A key-prefix search first counts its matches below the cursor in its index
+# (jobs_key_prefix_id, migration 042), up to this many. Fewer: it reads them all from the index,
+# sorts them and reads the page's jobs by id (the whole answer, whatever their age). The count
+# is paid by every key-prefix page with many matches, so it is kept small: at 10 million jobs
+# counting 20,000 took 15-20 ms under load, 50,000 40-50 ms, and reading and sorting 111,111
+# ids 43-58 ms (130 ms at p95 under load).
+PREFIX_SCAN_IDS = 20_000
+# More: each page looks at no more than this many ids, newest first from the cursor: the
+# matches among them, and a cursor below them to search older jobs ("search older"), so that a
+# prefix whose many matches are all old costs a bounded read per page, never a walk of the
+# table (which took seconds at 10 million jobs): see docs/performance. Each id's key is read
+# from the intents' heap (about 44 rows a page at 10 million jobs): 100,000 ids took 150 ms
+# at the median under load when not cached; an index of (id) INCLUDE (key) read the same
+# slice in 52 ms (index-only), at the cost of one more index entry per job (not built).
+PREFIX_SLICE_IDS = 50_000
+
+
+@dataclass(slots=True, frozen=True)
+class IdSlice:
+    """The ids a key-prefix page with many matches looks at: from `floor` (included) up to
+    `top` (excluded), and whether any job is older than `floor`."""
+
+    floor: int
+    top: int
+    older: bool
+
+    @property
+    def searched(self) -> SearchedIds:
+        return SearchedIds(self.floor, self.top - 1)
 
 
 def like_escaped(text: str) -> str:
@@ -39,11 +62,13 @@ def list_args(
     limit: int,
     *,
     error_floor: int | None = None,
+    slice_floor: int | None = None,
 ) -> tuple[Any, ...]:
     """The parameters of `statement` (list_jobs, newest first; list_jobs_by_due, a due window)
     for filter `f`, in their order: the one place that builds them, for the list and for bulk
     actions. `cursor`: the page after it (None: the first). `error_floor`: see
-    `error_scan_floor`."""
+    `error_scan_floor`; `slice_floor`: a key prefix's `IdSlice.floor` (list_jobs only; None:
+    the search is not bounded, as for a bulk action)."""
     common = (f.key, f.tenant, f.run_key, f.handler, f.due_before, f.due_after, f.dead_reason)
     searches = (
         None if f.key_prefix is None else like_escaped(f.key_prefix) + "%",
@@ -58,7 +83,8 @@ def list_args(
     if statement != "list_jobs":
         raise ValueError(f"not a list statement: {statement}")
     before_id = cursor.id if cursor is not None else None
-    return (f.state, f.queue, before_id, limit, *common, f.priority, *searches, PREFIX_SCAN_IDS)
+    prefix_bounds = (PREFIX_SCAN_IDS, slice_floor)
+    return (f.state, f.queue, before_id, limit, *common, f.priority, *searches, *prefix_bounds)
 
 
 async def error_scan_floor(db: asyncpg.Pool | asyncpg.Connection, f: JobFilter) -> int | None:
@@ -68,6 +94,26 @@ async def error_scan_floor(db: asyncpg.Pool | asyncpg.Connection, f: JobFilter) 
     if f.error is None or await db.fetchval(query("error_search_indexed")):
         return None
     return int(await db.fetchval(query("error_scan_floor"), ERROR_SCAN_ROWS))
+
+
+async def prefix_slice(
+    db: asyncpg.Pool | asyncpg.Connection, f: JobFilter, cursor: ListCursor | None
+) -> IdSlice | None:
+    """For a newest-first list with `key_prefix`: None when fewer than PREFIX_SCAN_IDS keys
+    below the cursor match (the index serves them all), else the ids this page looks at, the
+    PREFIX_SLICE_IDS below the cursor (the newest job's id + 1 when there is none)."""
+    if f.key_prefix is None or f.by_due:
+        return None
+    below = cursor.id if cursor is not None else None
+    pattern = like_escaped(f.key_prefix) + "%"
+    extent = await db.fetchrow(query("prefix_extent"), pattern, below, PREFIX_SCAN_IDS)
+    if extent["matches"] < PREFIX_SCAN_IDS:
+        return None
+    # a cursor above the newest job (no page gives one) must not send a client through
+    # slices of ids that hold no job
+    top = min(below, extent["newest"] + 1) if below is not None else extent["newest"] + 1
+    floor = top - PREFIX_SLICE_IDS
+    return IdSlice(floor, top, older=floor > extent["oldest"])
 
 
 class JobReads:
@@ -105,14 +151,25 @@ class JobReads:
     @translate_unavailable
     async def list_summaries(
         self, filters: JobFilter, *, cursor: ListCursor | None, limit: int
-    ) -> list[dict[str, Any]]:
-        """The columns of a list view, with `last_error` cut to 500 characters (never payload,
-        target, result or progress, which may each be near the body limit); newest first, or
-        earliest due first for a due window (`JobFilter.by_due`)."""
+    ) -> JobPage:
+        """A page of the list: the columns of a list view, with `last_error` cut to 500
+        characters (never payload, target, result or progress, which may each be near the
+        body limit); newest first, or earliest due first for a due window
+        (`JobFilter.by_due`). A key prefix with many matches looks at PREFIX_SLICE_IDS ids at
+        most (`prefix_slice`): its page may then hold fewer rows than `limit`, or none, and
+        says which ids it looked at (`JobPage.searched`)."""
         statement = "list_jobs_by_due" if filters.by_due else "list_jobs"
         floor = await error_scan_floor(self.pool, filters)
-        args = list_args(statement, filters, cursor, limit, error_floor=floor)
-        return [dict(r) for r in await self.pool.fetch(query(statement), *args)]
+        ids = await prefix_slice(self.pool, filters, cursor)
+        if ids is None:
+            args = list_args(statement, filters, cursor, limit, error_floor=floor)
+            return JobPage([dict(r) for r in await self.pool.fetch(query(statement), *args)])
+        args = list_args(
+            statement, filters, ListCursor(ids.top), limit, error_floor=floor, slice_floor=ids.floor
+        )
+        rows = [dict(r) for r in await self.pool.fetch(query(statement), *args)]
+        stopped_at_bound = len(rows) < limit and ids.older
+        return JobPage(rows, ids.searched if stopped_at_bound else None)
 
     @translate_unavailable
     async def error_search_indexed(self) -> bool:

@@ -463,15 +463,22 @@ SELECT id, attempt, owner, started_at, finished_at, outcome, reason, http_status
 -- pattern of last-error text (jobs_last_error_trgm), $15 where that index is missing, the id
 -- above which the error search looks (the newest jobs; NULL: all), $16 a concurrency key
 -- (jobs_concurrency_key_id). Both patterns come escaped from dispatcher.db.job_reads.list_args.
--- $17 the most ids a key prefix reads from its index (job_reads.PREFIX_SCAN_IDS).
+-- $17 the most ids a key prefix reads from its index (job_reads.PREFIX_SCAN_IDS), $18 for a
+-- key prefix with at least that many matches below the cursor, the lowest id this page looks
+-- at (job_reads.prefix_slice; NULL: no bound, as bulk actions read).
 -- A key prefix (migration 042's jobs_key_prefix_id, which carries the id) is served in one of
--- two ways, chosen while the statement runs: `prefixed` reads up to $17 matching ids below the
--- cursor from the index alone; when that is all of them, they are sorted and the page's jobs
--- read by id, newest first (`matched`: its cost is the matches, wherever their ids are). Only
--- when there are more is the primary key walked backwards (`walked`), as for any other
--- filter: the planner alone chose that walk, and a prefix whose many matches were all old
--- read most of the table (15.2 s p95 at 10 million jobs). Each branch runs only when its
--- one-time filter holds; without a prefix `matched` is planned away and `prefixed` never read.
+-- three ways. Without $18, chosen while the statement runs: `prefixed` reads up to $17
+-- matching ids below the cursor from the index alone; when that is all of them, they are
+-- sorted and the page's jobs read by id, newest first (`matched`: its cost is the matches,
+-- wherever their ids are); when there are more, the primary key is walked backwards
+-- (`walked`), as for any other filter, however far the matches are (seconds at 10 million
+-- jobs when they are all old). With $18 (the job list: job_reads counted $17 matches first),
+-- `sliced` walks the intents' primary key backwards from the cursor ($3, which the caller
+-- then always gives: the newest id + 1 for a first page) down to $18 at most,
+-- checks each key, and reads the matching jobs by id until the page is full: a bounded read
+-- (job_reads.PREFIX_SLICE_IDS ids) however old the matches; the caller continues below $18.
+-- Each branch runs only when its one-time filter holds; without a prefix `matched` and
+-- `sliced` are planned away and `prefixed` never read.
 -- A due window is better served by list_jobs_by_due, which the repository uses for it. Every
 -- `$n IS NULL OR ...` folds away when the statement is planned with its values, as the pools
 -- always do (plan_cache_mode = force_custom_plan), so each filter given reaches its index
@@ -479,7 +486,7 @@ SELECT id, attempt, owner, started_at, finished_at, outcome, reason, http_status
 -- index at all.
 WITH prefixed AS MATERIALIZED (
     SELECT i.id FROM dispatcher.intents i
-     WHERE i.key LIKE $13 AND ($3::bigint IS NULL OR i.id < $3)
+     WHERE $18::bigint IS NULL AND i.key LIKE $13 AND ($3::bigint IS NULL OR i.id < $3)
      LIMIT $17::integer
 ), all_prefixed AS (
     SELECT count(*) < $17::integer AS whole FROM prefixed
@@ -506,14 +513,46 @@ WITH prefixed AS MATERIALIZED (
               AND ($15::bigint IS NULL OR id > $15)
               AND ($16::text IS NULL OR concurrency_key = $16)
             LIMIT 1) j
-     WHERE $13::text IS NOT NULL AND (SELECT whole FROM all_prefixed)
+     WHERE $13::text IS NOT NULL AND $18::bigint IS NULL AND (SELECT whole FROM all_prefixed)
+     ORDER BY p.id DESC
+     LIMIT $4
+), sliced AS (
+    -- each id's key checked in the intents alone, and only the matches' jobs read (kept apart
+    -- as in `matched`). The inner LIMIT (the slice's size) keeps the key check out of the
+    -- walk: without it the planner may read every match from jobs_key_prefix_id and sort
+    -- them, which is the unbounded read this branch exists to avoid.
+    SELECT j.*
+      FROM (SELECT s.id
+              FROM (SELECT i.id, i.key FROM dispatcher.intents i
+                     WHERE $18::bigint IS NOT NULL AND i.id >= $18 AND i.id < $3::bigint
+                     ORDER BY i.id DESC
+                     LIMIT $3::bigint - $18::bigint) s
+             WHERE s.key LIKE $13) p
+     CROSS JOIN LATERAL (
+           SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at,
+                  started_at, finished_at, dead_reason, last_error, run_key, priority,
+                  concurrency_key
+             FROM dispatcher.jobs
+            WHERE id = p.id
+              AND ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
+              AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant = $6)
+              AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler = $8)
+              AND ($9::timestamptz IS NULL OR due_at < $9)
+              AND ($10::timestamptz IS NULL OR due_at >= $10)
+              AND ($11::text IS NULL OR dead_reason = $11)
+              AND ($12::integer IS NULL OR priority = $12)
+              AND ($14::text IS NULL OR last_error ILIKE $14)
+              AND ($15::bigint IS NULL OR id > $15)
+              AND ($16::text IS NULL OR concurrency_key = $16)
+            LIMIT 1) j
+     WHERE $13::text IS NOT NULL AND $18::bigint IS NOT NULL
      ORDER BY p.id DESC
      LIMIT $4
 ), walked AS (
     SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, started_at,
            finished_at, dead_reason, last_error, run_key, priority, concurrency_key
       FROM dispatcher.jobs
-     WHERE ($13::text IS NULL OR NOT (SELECT whole FROM all_prefixed))
+     WHERE ($13::text IS NULL OR ($18::bigint IS NULL AND NOT (SELECT whole FROM all_prefixed)))
        AND ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
        AND ($3::bigint IS NULL OR id < $3)
        AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant = $6)
@@ -532,7 +571,7 @@ WITH prefixed AS MATERIALIZED (
 SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, started_at,
        finished_at, dead_reason, left(last_error, 500) AS last_error, run_key, priority,
        concurrency_key
-  FROM (SELECT * FROM matched UNION ALL SELECT * FROM walked) page
+  FROM (SELECT * FROM matched UNION ALL SELECT * FROM sliced UNION ALL SELECT * FROM walked) page
  ORDER BY id DESC
  LIMIT $4;
 
@@ -913,6 +952,16 @@ SELECT q.queue, s.state, round($1 * s.freq * q.freq)::bigint AS n FROM states s,
 SELECT EXISTS (SELECT FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
                 WHERE c.relname = 'jobs_last_error_trgm'
                   AND c.relnamespace = 'dispatcher'::regnamespace AND i.indisvalid);
+
+-- name: prefix_extent
+-- Before a key-prefix page (job_reads.prefix_slice): how many keys start with $1 (a LIKE
+-- pattern) below id $2 (NULL: any), counted to $3 at most from jobs_key_prefix_id alone, and
+-- the oldest and newest ids (each one end of the primary key).
+SELECT (SELECT count(*) FROM (SELECT FROM dispatcher.intents
+                               WHERE key LIKE $1 AND ($2::bigint IS NULL OR id < $2)
+                               LIMIT $3::integer) m)::integer AS matches,
+       (SELECT min(id) FROM dispatcher.intents) AS oldest,
+       (SELECT max(id) FROM dispatcher.intents) AS newest;
 
 -- name: error_scan_floor
 -- Without that index: the id above which the newest $1 jobs are (a constant for the list

@@ -130,11 +130,19 @@ async def ran(pool: asyncpg.Pool, args: tuple) -> tuple[str, list[int]]:  # type
 
 
 def branch_ran(text: str, name: str) -> bool:
-    """Whether list_jobs's branch `name` ran in a plan as run: each is gated by a one-time
-    filter on whether the prefix's ids were all read (`matched` when they were, `walked`,
-    NOT, when they were not), and the node under a gate that failed is never executed."""
+    """Whether list_jobs's branch `name` (`matched` or `walked`) ran in a plan as run: each is
+    gated by a one-time filter on whether the prefix's ids were all read (`matched` when they
+    were, `walked`, NOT, when they were not), and the node under a gate that failed is never
+    executed. With a slice both are planned away."""
     lines = text.splitlines()
-    gates = [n for n, line in enumerate(lines) if "One-Time Filter:" in line]
+    # `sliced` and the branches a slice excludes are planned away ("false") by the values
+    gates = [
+        n
+        for n, line in enumerate(lines)
+        if "One-Time Filter:" in line and "One-Time Filter: false" not in line
+    ]
+    if not gates:
+        return False
     walked = [n for n in gates if "One-Time Filter: (NOT " in lines[n]]
     (gate,) = walked if name == "walked" else [n for n in gates if n not in walked]
     return "never executed" not in lines[gate + 1]
@@ -175,7 +183,7 @@ async def test_a_prefix_with_more_matches_than_the_cap_walks_the_primary_key_to_
     cap is served by the sorted ids even when the cursor leaves only a few below it."""
     for cursor in (None, ListCursor(19_500), ListCursor(1_100)):
         args = args_for("list_jobs", cursor, key_prefix="order-1")
-        capped = (*args[:-1], 1_000)
+        capped = (*args[:-2], 1_000, None)  # no slice: as a bulk action reads
         below = cursor.id if cursor else None
         text, ids = await ran(searched_table, capped)
         assert ids == expected_ids("order-1", below)[:100]
@@ -183,6 +191,58 @@ async def test_a_prefix_with_more_matches_than_the_cap_walks_the_primary_key_to_
         walked = matches_below >= 1_000
         assert branch_ran(text, "walked") == walked, text
         assert branch_ran(text, "matched") != walked, text
+
+
+def walked_ids(text: str) -> list[int]:
+    """The rows each backward walk of the intents' primary key (jobs_pkey) returned in a plan
+    as run (EXPLAIN ANALYZE)."""
+    walks = [line for line in text.splitlines() if "Backward using jobs_pkey on intents" in line]
+    return [int(line.split("actual rows=")[1].split()[0].split(".")[0]) for line in walks]
+
+
+@pytest.mark.parametrize(
+    ("cursor", "expected"),
+    [
+        (None, []),  # the newest 2,000 ids hold no order-1...: an empty page, bounded
+        (ListCursor(20_500), list(range(19_999, 19_899, -1))),  # a full page, found at once
+        (ListCursor(10_050), list(range(10_049, 9_999, -1))),  # 50 in the slice: all of them
+    ],
+    ids=["newest", "full", "short"],
+)
+async def test_a_prefix_with_many_matches_walks_a_bounded_slice_of_the_primary_key(
+    searched_table: asyncpg.Pool,
+    monkeypatch: pytest.MonkeyPatch,
+    cursor: ListCursor | None,
+    expected: list[int],
+) -> None:
+    """order-1 matches 11,111 keys, nearly all old. With more matches than PREFIX_SCAN_IDS
+    (here 1,000) below the cursor, a page walks the intents' primary key down from the
+    cursor over PREFIX_SLICE_IDS ids at most (here 2,000), checks each key there, and reads
+    only the matches' jobs; jobs_key_prefix_id is not read for the page (the walk's LIMIT
+    keeps the planner from reading every match from it and sorting them, the unbounded read
+    the slice avoids), and neither `matched` nor the unbounded `walked` runs."""
+    monkeypatch.setattr(job_reads, "PREFIX_SCAN_IDS", 1_000)
+    monkeypatch.setattr(job_reads, "PREFIX_SLICE_IDS", 2_000)
+    f = JobFilter(key_prefix="order-1")
+    ids = await job_reads.prefix_slice(searched_table, f, cursor)
+    assert ids is not None
+    assert ids.top == (cursor.id if cursor else ROWS + 1) and ids.floor == ids.top - 2_000
+    args = job_reads.list_args("list_jobs", f, ListCursor(ids.top), 100, slice_floor=ids.floor)
+    text, page = await ran(searched_table, args)
+    assert_no_job_scan(text)
+    assert "jobs_key_prefix_id" not in text and "jobs_key_key" not in text, text
+    assert not branch_ran(text, "matched") and not branch_ran(text, "walked"), text
+    (walk,) = walked_ids(text)
+    assert 0 < walk <= 2_000, text
+    assert page == expected
+    assert page == [n for n in expected_ids("order-1", ids.top) if n >= ids.floor][:100]
+
+
+async def test_a_prefix_under_the_count_is_not_sliced(searched_table: asyncpg.Pool) -> None:
+    """order-4711 matches 11 keys: the count stops there, and the page is the index's."""
+    f = JobFilter(key_prefix="order-4711")
+    assert await job_reads.prefix_slice(searched_table, f, None) is None
+    assert await job_reads.prefix_slice(searched_table, JobFilter(), None) is None
 
 
 async def test_bulk_actions_select_by_prefix_as_the_list_does(searched_table: asyncpg.Pool) -> None:

@@ -283,6 +283,31 @@ async def test_cli_list_takes_the_same_filters(listing: Listing, tmp_path: Path)
     assert [line.split()[-1] for line in text.stdout.splitlines()[1:]] == ["f-11", "f-7", "f-3"]
 
 
+async def test_cli_list_says_where_to_go_on_and_takes_the_cursor(
+    listing: Listing, tmp_path: Path
+) -> None:
+    """A full page names the --cursor of the next one on stderr (stdout stays the list); a
+    key-prefix search that stops at its slice of ids names the cursor below it the same way
+    (tests/service/test_api_prefix_slices.py covers the slices)."""
+    env = {"DISPATCHER_DATABASE_URL": listing.db_url}
+    first = await cli("jobs", "list", "--tenant", "zürich", "--limit", "2", cwd=tmp_path, env=env)
+    assert first.code == 0, first.stderr
+    assert [line.split()[-1] for line in first.stdout.splitlines()[1:]] == ["f-11", "f-7"]
+    (hint,) = first.stderr.splitlines()
+    assert hint.startswith("dispatcher: more jobs match; next page: --cursor "), hint
+    cursor = hint.rsplit(" ", 1)[1]
+    rest = await cli(
+        "jobs", "list", "--tenant", "zürich", "--limit", "2", "--cursor", cursor,
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert rest.code == 0, rest.stderr
+    assert [line.split()[-1] for line in rest.stdout.splitlines()[1:]] == ["f-3"]
+    assert rest.stderr == ""
+    bad = await cli("jobs", "list", "--cursor", "soon", cwd=tmp_path, env=env)
+    assert bad.code == 2, bad.stdout
+    assert bad.stderr.startswith("dispatcher: --cursor: pass the next_cursor"), bad.stderr
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -42,6 +42,13 @@ async def prefix() -> AsyncIterator[str]:
 
 
 @pytest.fixture
+async def prefix_alone() -> AsyncIterator[str]:
+    """A prefix while no other test uses the broker: for a test that stops it."""
+    async with broker_prefix(exclusive=True) as name:
+        yield name
+
+
+@pytest.fixture
 async def target() -> AsyncIterator[Target]:
     async with serve_target(Target()) as t:
         yield t
@@ -427,14 +434,15 @@ async def broker_answers() -> bool:
 
 
 async def test_the_broker_stopped_and_started_mid_drain_loses_nothing(
-    db_url: str, prefix: str, target: Target, spawn: Spawn
+    db_url: str, prefix_alone: str, target: Target, spawn: Spawn
 ) -> None:
     """`rabbitmqctl stop_app` while a daemon drains 1000 jobs, `start_app` a few seconds later:
     the durable quorum queue and its persistent messages survive, the daemon reconnects and
-    re-declares, and every job runs. The broker is restored in `finally` and awaited, so the
-    rest of the suite finds it up."""
+    re-declares, and every job runs. No other test uses the broker meanwhile (the broker lock
+    of tests/transports.py), and it is restored in `finally` and awaited, so the rest of the
+    suite finds it up."""
     target.delay_s = 0.01
-    daemon = await spawn(env(db_url, prefix))
+    daemon = await spawn(env(db_url, prefix_alone))
     try:
         await enqueue(db_url, 1000, target.url)
         await target.wait_for(lambda t: len(t.requests) > 100, timeout_s=30, what="work")

@@ -6,7 +6,7 @@ from typing import Any
 
 import asyncpg
 
-from dispatcher.api.filters import parse_job_filter
+from dispatcher.api.filters import page_cursor, parse_cursor, parse_job_filter
 from dispatcher.db.jobs import JobRepository
 from dispatcher.model import ListCursor
 
@@ -32,13 +32,15 @@ async def stored_job(pool: Any, job_id: int | None = None, *, key: str | None = 
 
 
 async def listed_keys(repo: JobRepository, limit: int = 100, **values: str) -> list[str]:
-    """The keys the job list shows for these filters (API spelling), every page, in order."""
+    """The keys the job list shows for these filters (API spelling), every page, in order,
+    following each page's cursor as a client does (a bounded search's too)."""
     filters = parse_job_filter(values)
     found: list[str] = []
     cursor: ListCursor | None = None
     while True:
-        rows = await repo.list_summaries(filters, cursor=cursor, limit=limit)
-        found += [r["key"] for r in rows]
-        if len(rows) < limit:
+        page = await repo.list_summaries(filters, cursor=cursor, limit=limit)
+        found += [r["key"] for r in page.rows]
+        after = page_cursor(page, filters, limit)
+        if after is None:
             return found
-        cursor = ListCursor(rows[-1]["id"])
+        cursor = parse_cursor(after, filters)
