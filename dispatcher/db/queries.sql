@@ -220,9 +220,11 @@ WITH grant_ AS MATERIALIZED (
                  FROM dispatcher.intents i WHERE i.id = c.id OFFSET 0) z) b
      WHERE b.upto <= $6::bigint OR (b.pos = 1 AND $7::boolean)
 ), keyed AS MATERIALIZED (
-    -- what each job's concurrency key may start now (migration 024); the rest stay ready
+    -- what each job's concurrency key may start now (migration 024); the rest stay ready.
+    -- `claimed` starts (or ends expired) every job kept: key_take counts their starts itself
     SELECT dispatcher.key_take($1, ARRAY(SELECT id FROM budgeted ORDER BY pos),
-                               ARRAY(SELECT concurrency_key FROM budgeted ORDER BY pos)) AS ids
+                               ARRAY(SELECT concurrency_key FROM budgeted ORDER BY pos),
+                               true) AS ids
 ), keys_full AS MATERIALIZED (
     -- keys at their limit as the claim began (the pick skipped their jobs): the claim loop
     -- looks again soon, and the claim counts as throttled (dispatcher_key_throttled_claims)

@@ -217,7 +217,8 @@ CREATE TABLE dispatcher.key_state (
     key text NOT NULL,
     tokens double precision NOT NULL,
     tokens_at timestamp with time zone DEFAULT now() NOT NULL,
-    running_seen bigint
+    running_seen bigint,
+    counted_at timestamp with time zone
 ) WITH (fillfactor=50);
 
 CREATE TABLE dispatcher.limit_groups (
@@ -1800,16 +1801,6 @@ BEGIN
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION dispatcher.key_bounds(qq dispatcher.queues, OUT min_cap integer, OUT any_rate boolean)
- RETURNS record
- LANGUAGE sql
- STABLE
-AS $function$
-    SELECT least(qq.key_max_inflight, min(o.max_inflight)),
-           qq.key_rate_per_s IS NOT NULL OR bool_or(o.rate_per_s IS NOT NULL)
-      FROM dispatcher.key_limits o WHERE o.queue = qq.name
-$function$;
-
 CREATE OR REPLACE FUNCTION dispatcher.key_limits_changed()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -1843,6 +1834,14 @@ AS $function$
       LEFT JOIN dispatcher.key_limits o ON o.queue = qq.name AND o.key = k
 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.key_recount_after()
+ RETURNS interval
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+    SELECT interval '10 seconds'
+$function$;
+
 CREATE OR REPLACE FUNCTION dispatcher.key_running_moved()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -1852,12 +1851,27 @@ DECLARE
     ks text[];
     ins bigint[];
     outs bigint[];
+    counted boolean := false; -- a claim's statement whose starts key_take counted
+    starts boolean := false;  -- whether the statement left jobs running (else it only ended some)
 BEGIN
+    IF TG_OP = 'UPDATE' AND current_setting('dispatcher.key_starts_counted', true) = 'on' THEN
+        PERFORM set_config('dispatcher.key_starts_counted', 'off', true);
+        counted := true;
+        SELECT array_agg(m.queue), array_agg(m.key), array_agg(0::bigint), array_agg(m.o)
+          INTO qs, ks, ins, outs
+          FROM (SELECT n.queue, n.concurrency_key AS key, count(*) AS o
+                  FROM new_rows n WHERE n.state <> 'running' AND n.concurrency_key IS NOT NULL
+                 GROUP BY n.queue, n.concurrency_key) m;
     -- no key limited anywhere: the statement's rows are not even read
-    IF NOT EXISTS (SELECT 1 FROM dispatcher.key_state) THEN
+    ELSIF NOT EXISTS (SELECT 1 FROM dispatcher.key_state) THEN
         RETURN NULL;
+    ELSE
+        -- (a DELETE trigger has no new rows to name: asked apart)
+        IF TG_OP = 'UPDATE' THEN
+            starts := EXISTS (SELECT 1 FROM new_rows n WHERE n.state = 'running');
+        END IF;
     END IF;
-    IF TG_OP = 'UPDATE' THEN
+    IF starts THEN
         SELECT array_agg(m.queue ORDER BY m.queue, m.key), array_agg(m.key ORDER BY m.queue, m.key),
                array_agg(m.i ORDER BY m.queue, m.key), array_agg(m.o ORDER BY m.queue, m.key)
           INTO qs, ks, ins, outs
@@ -1868,9 +1882,11 @@ BEGIN
                     SELECT n.queue, n.concurrency_key, 1, 0
                       FROM new_rows n WHERE n.state = 'running' AND n.concurrency_key IS NOT NULL
                 ) x GROUP BY x.queue, x.key HAVING sum(x.i) <> sum(x.o)) m;
-    ELSE
-        SELECT array_agg(m.queue ORDER BY m.queue, m.key), array_agg(m.key ORDER BY m.queue, m.key),
-               array_agg(0::bigint), array_agg(m.o ORDER BY m.queue, m.key)
+    ELSIF NOT counted THEN
+        -- a deletion, or an update that left no job running (a batch of completions): ends
+        -- only, the old rows' running jobs per key (the arrays in one order, whichever: the
+        -- writes below take their rows in key order)
+        SELECT array_agg(m.queue), array_agg(m.key), array_agg(0::bigint), array_agg(m.o)
           INTO qs, ks, ins, outs
           FROM (SELECT o.queue, o.concurrency_key AS key, count(*) AS o
                   FROM old_rows o WHERE o.state = 'running' AND o.concurrency_key IS NOT NULL
@@ -1905,90 +1921,132 @@ $function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.key_take(q text, ids bigint[], keys text[])
  RETURNS bigint[]
+ LANGUAGE sql
+AS $function$
+    SELECT dispatcher.key_take(q, ids, keys, false)
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.key_take(q text, ids bigint[], keys text[], counts_starts boolean)
+ RETURNS bigint[]
  LANGUAGE plpgsql
 AS $function$
 DECLARE
     big     CONSTANT bigint := 2147483647;
     qq      dispatcher.queues;
-    limited text[];
+    overridden boolean;
+    limited text[];    -- the limited keys among the jobs, in key order
+    wants   bigint[];  -- how many of the jobs each has
     caps    integer[];
     rates   float8[];
     bursts  integer[];
-    seen    bigint[];
-    kept    bigint[];
+    present integer;   -- how many of their rows exist
+    fresh   integer;   -- how many of those have a count younger than key_recount_after()
+    short_keys  text[];    -- the keys that may start fewer than they have here
+    short_rooms bigint[];  -- and how many they may start
 BEGIN
     SELECT * INTO qq FROM dispatcher.queues WHERE name = q;
-    IF NOT FOUND OR cardinality(ids) = 0 OR NOT dispatcher.keys_limited(qq) THEN
+    IF NOT FOUND OR cardinality(ids) = 0 THEN
         RETURN ids;
     END IF;
-    -- the limited keys among the jobs, with their limits, once per key
-    SELECT array_agg(d.k ORDER BY d.k), array_agg(l.max_inflight ORDER BY d.k),
-           array_agg(l.rate_per_s ORDER BY d.k), array_agg(l.burst ORDER BY d.k)
-      INTO limited, caps, rates, bursts
-      FROM (SELECT DISTINCT k FROM unnest(keys) k WHERE k IS NOT NULL) d
-     CROSS JOIN LATERAL dispatcher.key_limits_of(qq, d.k) l
-     WHERE l.max_inflight IS NOT NULL OR l.rate_per_s IS NOT NULL;
+    overridden := EXISTS (SELECT 1 FROM dispatcher.key_limits o WHERE o.queue = q);
+    IF qq.key_max_inflight IS NULL AND qq.key_rate_per_s IS NULL AND NOT overridden THEN
+        RETURN ids;
+    END IF;
+    -- the limited keys among the jobs, with their number of jobs and their limits, once per key
+    IF overridden THEN
+        SELECT array_agg(d.k ORDER BY d.k), array_agg(d.n ORDER BY d.k),
+               array_agg(l.max_inflight ORDER BY d.k), array_agg(l.rate_per_s ORDER BY d.k),
+               array_agg(l.burst ORDER BY d.k)
+          INTO limited, wants, caps, rates, bursts
+          FROM (SELECT k, count(*) AS n FROM unnest(keys) k WHERE k IS NOT NULL GROUP BY k) d
+         CROSS JOIN LATERAL dispatcher.key_limits_of(qq, d.k) l
+         WHERE l.max_inflight IS NOT NULL OR l.rate_per_s IS NOT NULL;
+    ELSE
+        -- no override: every key has the queue's limits
+        SELECT array_agg(d.k ORDER BY d.k), array_agg(d.n ORDER BY d.k)
+          INTO limited, wants
+          FROM (SELECT k, count(*) AS n FROM unnest(keys) k WHERE k IS NOT NULL GROUP BY k) d;
+        IF limited IS NOT NULL THEN
+            caps := array_fill(qq.key_max_inflight, ARRAY[cardinality(limited)]);
+            rates := array_fill(qq.key_rate_per_s, ARRAY[cardinality(limited)]);
+            bursts := array_fill(qq.key_burst, ARRAY[cardinality(limited)]);
+        END IF;
+    END IF;
     IF limited IS NULL THEN
         RETURN ids;
     END IF;
     FOR pass_ IN 1..2 LOOP
-        -- the keys' rows, locked in key order; their counts as of the lock
-        SELECT array_agg(k.running_seen ORDER BY k.key) INTO seen FROM (
-            SELECT k.key, k.running_seen FROM dispatcher.key_state k
-             WHERE k.queue = q AND k.key = ANY (limited)
-             ORDER BY k.key FOR UPDATE) k;
-        EXIT WHEN coalesce(cardinality(seen), 0) = cardinality(limited)
-              AND array_position(seen, NULL) IS NULL;
-        IF coalesce(cardinality(seen), 0) < cardinality(limited) THEN
-            -- a key's first claim makes its row (its count not known yet)
-            INSERT INTO dispatcher.key_state (queue, key, tokens)
-            SELECT q, x.key, coalesce(x.burst, 0) FROM unnest(limited, bursts) AS x(key, burst)
-                ON CONFLICT DO NOTHING;
-            CONTINUE;
-        END IF;
-        -- counts not known: the running jobs of those keys, counted once (jobs_running_queue)
-        -- (plus the key's ends counted so far, read in the same snapshot: an end that
-        -- commits later was counted running here and is subtracted then)
-        UPDATE dispatcher.key_state k SET running_seen = coalesce(c.n, 0) + coalesce(d.n, 0)
-          FROM unnest(limited, seen) AS x(key, n)
+        -- the keys' rows, locked in key order
+        SELECT count(*), count(*) FILTER (WHERE k.running_seen IS NOT NULL
+                                            AND k.counted_at >= now()
+                                                               - dispatcher.key_recount_after())
+          INTO present, fresh
+          FROM (SELECT k.running_seen, k.counted_at FROM dispatcher.key_state k
+                 WHERE k.queue = q AND k.key = ANY (limited)
+                 ORDER BY k.key FOR UPDATE) k;
+        EXIT WHEN present = cardinality(limited) OR pass_ = 2;
+        -- a key's first claim makes its row (its count not known yet)
+        INSERT INTO dispatcher.key_state (queue, key, tokens)
+        SELECT q, x.key, coalesce(x.burst, 0) FROM unnest(limited, bursts) AS x(key, burst)
+            ON CONFLICT DO NOTHING;
+    END LOOP;
+    IF fresh < present THEN
+        -- counts not known or old: the running jobs of these keys, counted in one scan of the
+        -- queue's running jobs (jobs_running_queue), all of them while it is read anyway (plus
+        -- the key's ends counted so far, read in the same snapshot, taken after the locks: an
+        -- end that commits later was counted running here and is subtracted then)
+        UPDATE dispatcher.key_state k
+           SET running_seen = coalesce(c.n, 0) + coalesce(d.n, 0), counted_at = now()
+          FROM unnest(limited) AS x(key)
           LEFT JOIN (SELECT s.concurrency_key AS key, count(*) AS n
                        FROM dispatcher.job_state s
                       WHERE s.queue = q AND s.state = 'running'
                         AND s.concurrency_key = ANY (limited)
                       GROUP BY s.concurrency_key) c ON c.key = x.key
           LEFT JOIN dispatcher.key_done d ON d.queue = q AND d.key = x.key
-         WHERE x.n IS NULL AND k.queue = q AND k.key = x.key;
-    END LOOP;
-    -- one statement: each key's room (its bucket's level; its cap less its running jobs), the
-    -- jobs kept (by rank within their key), the tokens taken from the keys that start some
+         WHERE k.queue = q AND k.key = x.key;
+    END IF;
+    -- one statement: each key's room (its bucket's level; its cap less its running jobs; none
+    -- without its row, were one to vanish), one write per key that starts some (its tokens,
+    -- and with counts_starts its starts), and the keys that may start fewer than they have here
     WITH room AS (
-        SELECT x.key, x.rate, lv.level,
-               least(coalesce(floor(lv.level)::bigint, big),
-                     coalesce(x.cap - (k.running_seen - coalesce(d.n, 0)), big)) AS n
-          FROM unnest(limited, caps, rates, bursts) AS x(key, cap, rate, burst)
-          JOIN dispatcher.key_state k ON k.queue = q AND k.key = x.key
+        SELECT x.key, x.want, x.rate, lv.level,
+               CASE WHEN k.key IS NULL THEN 0
+                    ELSE greatest(0, least(coalesce(floor(lv.level)::bigint, big),
+                                           coalesce(x.cap - (k.running_seen - coalesce(d.n, 0)),
+                                                    big))) END AS n
+          FROM unnest(limited, wants, caps, rates, bursts) AS x(key, want, cap, rate, burst)
+          LEFT JOIN dispatcher.key_state k ON k.queue = q AND k.key = x.key
           LEFT JOIN dispatcher.key_done d ON d.queue = q AND d.key = x.key
          CROSS JOIN LATERAL (
                SELECT least(x.burst, k.tokens + extract(epoch FROM clock_timestamp()
                                                         - k.tokens_at) * x.rate) AS level) lv
-    ), ranked AS (
-        -- (a limited key without its row, were one to vanish, starts nothing)
-        SELECT u.id, u.pos, CASE WHEN u.k = ANY (limited) THEN u.k END AS key,
-               coalesce(r.n, 0) AS n,
-               row_number() OVER (PARTITION BY u.k ORDER BY u.pos) AS rank
-          FROM unnest(ids, keys) WITH ORDINALITY AS u(id, k, pos)
-          LEFT JOIN room r ON r.key = u.k
     ), taken AS (
         UPDATE dispatcher.key_state k
-           SET tokens = r.level - t.n, tokens_at = clock_timestamp()
-          FROM (SELECT key, count(*) AS n FROM ranked
-                 WHERE key IS NOT NULL AND rank <= n GROUP BY key) t
-          JOIN room r ON r.key = t.key
-         WHERE k.queue = q AND k.key = t.key AND r.rate IS NOT NULL
+           SET tokens = CASE WHEN r.rate IS NULL THEN k.tokens
+                             ELSE r.level - least(r.want, r.n) END,
+               tokens_at = CASE WHEN r.rate IS NULL THEN k.tokens_at ELSE clock_timestamp() END,
+               running_seen = CASE WHEN counts_starts THEN k.running_seen + least(r.want, r.n)
+                                   ELSE k.running_seen END
+          FROM room r
+         WHERE k.queue = q AND k.key = r.key AND least(r.want, r.n) > 0
+           AND (r.rate IS NOT NULL OR counts_starts)
     )
-    SELECT coalesce(array_agg(id ORDER BY pos), '{}') INTO kept
-      FROM ranked WHERE key IS NULL OR rank <= n;
-    RETURN kept;
+    SELECT array_agg(r.key), array_agg(r.n) INTO short_keys, short_rooms
+      FROM room r WHERE r.n < r.want;
+    IF counts_starts THEN
+        PERFORM set_config('dispatcher.key_starts_counted', 'on', true);
+    END IF;
+    IF short_keys IS NULL THEN
+        RETURN ids;  -- every key has room for all its jobs here
+    END IF;
+    -- the first jobs of each short key, as many as it may start, in claim order
+    RETURN (SELECT coalesce(array_agg(u.id ORDER BY u.pos), '{}')
+              FROM (SELECT u.id, u.pos, u.k,
+                           row_number() OVER (PARTITION BY u.k ORDER BY u.pos) AS rank
+                      FROM unnest(ids, keys) WITH ORDINALITY AS u(id, k, pos)) u
+              LEFT JOIN unnest(short_keys, short_rooms) AS s(key, n) ON s.key = u.k
+             WHERE s.key IS NULL OR u.rank <= s.n);
 END
 $function$;
 
@@ -2006,37 +2064,47 @@ CREATE OR REPLACE FUNCTION dispatcher.keys_at_limit(q text)
 AS $function$
 DECLARE
     qq      dispatcher.queues;
-    b       record;
+    o       record;  -- the queue's overrides: how many, their smallest cap, whether any has a rate
     full_   text[] := '{}';
 BEGIN
     SELECT * INTO qq FROM dispatcher.queues WHERE name = q;
-    IF NOT FOUND OR NOT dispatcher.keys_limited(qq) THEN
+    IF NOT FOUND THEN
         RETURN '{}';
     END IF;
-    b := dispatcher.key_bounds(qq);
-    IF b.any_rate OR b.min_cap < coalesce(qq.max_inflight, 2147483647) THEN
-        full_ := ARRAY(
-            SELECT k.key FROM dispatcher.key_state k
-             CROSS JOIN LATERAL dispatcher.key_limits_of(qq, k.key) l
-              LEFT JOIN dispatcher.key_done d ON d.queue = k.queue AND d.key = k.key
-             WHERE k.queue = q
-               AND (k.running_seen - coalesce(d.n, 0) >= l.max_inflight
-                    OR least(l.burst, k.tokens + extract(epoch FROM clock_timestamp()
-                                                         - k.tokens_at) * l.rate_per_s) < 1));
+    SELECT count(*) AS n, min(x.max_inflight) AS min_cap,
+           coalesce(bool_or(x.rate_per_s IS NOT NULL), false) AS any_rate
+      INTO o FROM dispatcher.key_limits x WHERE x.queue = q;
+    IF qq.key_max_inflight IS NULL AND qq.key_rate_per_s IS NULL AND o.n = 0 THEN
+        RETURN '{}';
+    END IF;
+    IF qq.key_rate_per_s IS NOT NULL OR o.any_rate
+       OR least(qq.key_max_inflight, o.min_cap) < coalesce(qq.max_inflight, 2147483647) THEN
+        IF o.n = 0 THEN
+            full_ := ARRAY(
+                SELECT k.key FROM dispatcher.key_state k
+                  LEFT JOIN dispatcher.key_done d ON d.queue = k.queue AND d.key = k.key
+                 WHERE k.queue = q
+                   AND ((k.counted_at >= now() - dispatcher.key_recount_after()
+                         AND k.running_seen - coalesce(d.n, 0) >= qq.key_max_inflight)
+                        OR least(qq.key_burst,
+                                 k.tokens + extract(epoch FROM clock_timestamp() - k.tokens_at)
+                                            * qq.key_rate_per_s) < 1));
+        ELSE
+            full_ := ARRAY(
+                SELECT k.key FROM dispatcher.key_state k
+                 CROSS JOIN LATERAL dispatcher.key_limits_of(qq, k.key) l
+                  LEFT JOIN dispatcher.key_done d ON d.queue = k.queue AND d.key = k.key
+                 WHERE k.queue = q
+                   AND ((k.counted_at >= now() - dispatcher.key_recount_after()
+                         AND k.running_seen - coalesce(d.n, 0) >= l.max_inflight)
+                        OR least(l.burst, k.tokens + extract(epoch FROM clock_timestamp()
+                                                             - k.tokens_at) * l.rate_per_s) < 1));
+        END IF;
     END IF;
     -- for the claim's marker (key_wait_s): whether this claim found keys at their limit
     PERFORM set_config('dispatcher.keys_full', (cardinality(full_) > 0)::text, true);
     RETURN full_;
 END
-$function$;
-
-CREATE OR REPLACE FUNCTION dispatcher.keys_limited(qq dispatcher.queues)
- RETURNS boolean
- LANGUAGE sql
- STABLE
-AS $function$
-    SELECT qq.key_max_inflight IS NOT NULL OR qq.key_rate_per_s IS NOT NULL
-        OR EXISTS (SELECT 1 FROM dispatcher.key_limits o WHERE o.queue = qq.name)
 $function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.limits_changed()

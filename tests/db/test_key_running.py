@@ -175,3 +175,53 @@ async def test_concurrent_claims_and_completions_keep_every_count_and_cap(
     await assert_kept(repo.pool)
     done = "SELECT count(*) FROM dispatcher.jobs WHERE state = 'succeeded'"
     assert await repo.pool.fetchval(done) > 0
+
+
+async def test_an_end_the_count_missed_is_repaired_by_the_next_recount(
+    repo: JobRepository,
+) -> None:
+    # The drift: key limits arrive while a job of the key finishes. Its completion runs before
+    # the key has a row (so it counts no end), and commits after the key's first claim counted
+    # it running: the kept count stays one too high, the key starts one job fewer than its cap.
+    # A count older than dispatcher.key_recount_after() is counted again at the key's next
+    # claim (and keys_at_limit does not skip the key for it), so the drift lasts that long.
+    await setup(repo, (None, None, None), {"a": 10})
+    first = await started(repo, 2)
+    await repo.pool.execute("UPDATE dispatcher.queues SET key_max_inflight = $1", CAP)
+    async with repo.pool.acquire() as finishing, finishing.transaction():
+        await finishing.execute(
+            "UPDATE dispatcher.job_state SET state = 'succeeded', finished_at = now(),"
+            "       lease_owner = NULL, lease_expires_at = NULL WHERE id = $1",
+            first[0].id,
+        )
+        # the key's first claim: its count reads the finishing job as running
+        assert len(await started(repo, 10)) == CAP - 2
+    assert await counts(repo.pool) == {"a": (CAP, CAP - 1)}  # the drift
+    assert await started(repo, 10) == []  # one slot lost while the count is young
+    await repo.pool.execute(
+        "UPDATE dispatcher.key_state SET counted_at = counted_at - dispatcher.key_recount_after()"
+    )
+    assert len(await started(repo, 10)) == 1
+    assert await counts(repo.pool) == {"a": (CAP, CAP)}
+    await assert_kept(repo.pool)
+
+
+async def test_a_job_the_claim_ends_expired_is_not_counted_running(repo: JobRepository) -> None:
+    # claim_ready's key_take counts the starts of the jobs it keeps; one of them past its time
+    # to live is ended by the same statement instead (dead, expired): the trigger counts it
+    # as an end, so the key keeps its whole cap
+    await setup(repo, (None, None, CAP), {"a": 10})
+    await repo.pool.execute(
+        "UPDATE dispatcher.job_state SET expires_at = now() - interval '1 second'"
+        " WHERE id = (SELECT min(id) FROM dispatcher.job_state)"
+    )
+    assert len(await started(repo, CAP)) == CAP - 1
+    assert (
+        await repo.pool.fetchval(
+            "SELECT count(*) FROM dispatcher.jobs WHERE dead_reason = 'expired'"
+        )
+        == 1
+    )
+    await assert_kept(repo.pool)
+    assert len(await started(repo, 10)) == 1
+    assert await counts(repo.pool) == {"a": (CAP, CAP)}

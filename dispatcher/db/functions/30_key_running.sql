@@ -8,6 +8,11 @@
 -- batch of completions never waits for a claim. Rows are taken in key order (no deadlock
 -- between two daemons' batches). A statement that moved no keyed job (a heartbeat, a due-scan)
 -- reads its rows once and stops.
+--
+-- A claim's statement whose key_take added its starts already (the setting
+-- dispatcher.key_starts_counted, set by key_take for this statement and cleared here) has
+-- only its jobs ended instead of started (expired before their attempt) counted, as ends: its
+-- jobs were all ready before it, and key_take counted each as a start of its key.
 CREATE OR REPLACE FUNCTION dispatcher.key_running_moved() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -15,12 +20,27 @@ DECLARE
     ks text[];
     ins bigint[];
     outs bigint[];
+    counted boolean := false; -- a claim's statement whose starts key_take counted
+    starts boolean := false;  -- whether the statement left jobs running (else it only ended some)
 BEGIN
+    IF TG_OP = 'UPDATE' AND current_setting('dispatcher.key_starts_counted', true) = 'on' THEN
+        PERFORM set_config('dispatcher.key_starts_counted', 'off', true);
+        counted := true;
+        SELECT array_agg(m.queue), array_agg(m.key), array_agg(0::bigint), array_agg(m.o)
+          INTO qs, ks, ins, outs
+          FROM (SELECT n.queue, n.concurrency_key AS key, count(*) AS o
+                  FROM new_rows n WHERE n.state <> 'running' AND n.concurrency_key IS NOT NULL
+                 GROUP BY n.queue, n.concurrency_key) m;
     -- no key limited anywhere: the statement's rows are not even read
-    IF NOT EXISTS (SELECT 1 FROM dispatcher.key_state) THEN
+    ELSIF NOT EXISTS (SELECT 1 FROM dispatcher.key_state) THEN
         RETURN NULL;
+    ELSE
+        -- (a DELETE trigger has no new rows to name: asked apart)
+        IF TG_OP = 'UPDATE' THEN
+            starts := EXISTS (SELECT 1 FROM new_rows n WHERE n.state = 'running');
+        END IF;
     END IF;
-    IF TG_OP = 'UPDATE' THEN
+    IF starts THEN
         SELECT array_agg(m.queue ORDER BY m.queue, m.key), array_agg(m.key ORDER BY m.queue, m.key),
                array_agg(m.i ORDER BY m.queue, m.key), array_agg(m.o ORDER BY m.queue, m.key)
           INTO qs, ks, ins, outs
@@ -31,9 +51,11 @@ BEGIN
                     SELECT n.queue, n.concurrency_key, 1, 0
                       FROM new_rows n WHERE n.state = 'running' AND n.concurrency_key IS NOT NULL
                 ) x GROUP BY x.queue, x.key HAVING sum(x.i) <> sum(x.o)) m;
-    ELSE
-        SELECT array_agg(m.queue ORDER BY m.queue, m.key), array_agg(m.key ORDER BY m.queue, m.key),
-               array_agg(0::bigint), array_agg(m.o ORDER BY m.queue, m.key)
+    ELSIF NOT counted THEN
+        -- a deletion, or an update that left no job running (a batch of completions): ends
+        -- only, the old rows' running jobs per key (the arrays in one order, whichever: the
+        -- writes below take their rows in key order)
+        SELECT array_agg(m.queue), array_agg(m.key), array_agg(0::bigint), array_agg(m.o)
           INTO qs, ks, ins, outs
           FROM (SELECT o.queue, o.concurrency_key AS key, count(*) AS o
                   FROM old_rows o WHERE o.state = 'running' AND o.concurrency_key IS NOT NULL
