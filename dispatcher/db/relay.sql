@@ -55,8 +55,9 @@ SELECT l.id, l.job_id, l.queue, i.key, s.attempt,
 -- Relay: the rows whose lease ran out before the broker confirmed their messages (a relay that
 -- stopped or failed mid-batch; a refused delivery's row, written leased until it is due again)
 -- go back to the rows the relays pick from (leased_until NULL, migration 041). Up to $1 rows,
--- those nobody holds; how many. Run by each relay a few times a second: it walks only the
--- relayed rows (the windows), where the pick, which walks none of them, does not look.
+-- those nobody holds; how many. Run by a relay when a lease it knows of can have run out (and
+-- once a lease time for a relay that died): it walks only the relayed rows (the windows), where
+-- the pick, which walks none of them, does not look.
 -- Per queue through outbox_relayed_queue (OFFSET 0: with the statistics of a young table the
 -- planner chose to read the whole outbox).
 WITH expired AS MATERIALIZED (

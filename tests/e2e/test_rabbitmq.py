@@ -17,6 +17,9 @@ import asyncpg
 import pytest
 from aiohttp import web
 
+from dispatcher.db.jobs import JobRepository
+from dispatcher.db.relay import OutboxLease, RelayRepository
+from dispatcher.model import NewJob
 from tests.harness import (
     LOOPBACK_ENV,
     DaemonProcess,
@@ -486,3 +489,67 @@ async def test_a_batch_is_published_at_once_and_an_unroutable_message_is_not_con
         [confirm] = await publish_batch(raw, [big])
         assert isinstance(await confirm, Basic.Ack)
     assert await ready_count(prefix) == 51
+
+
+class CountingRelays(RelayRepository):
+    """The real relay repository, counting the relay's lease and release statements."""
+
+    def __init__(self, pool: asyncpg.Pool):
+        super().__init__(pool)
+        self.leases = self.releases = 0
+
+    async def lease_outbox(
+        self, windows: dict[str, int], batch: int, lease_s: float
+    ) -> list[OutboxLease]:
+        self.leases += 1
+        return await super().lease_outbox(windows, batch, lease_s)
+
+    async def release_outbox(self, batch: int) -> int:
+        self.releases += 1
+        return await super().release_outbox(batch)
+
+
+async def test_an_idle_relay_waits_for_a_wake_up_and_publishes_at_once_when_woken(
+    repo: JobRepository, prefix: str
+) -> None:
+    """Nothing to publish, the relay sends PostgreSQL nothing until woken (it had leased every
+    50 ms and released every quarter second: about 24 statements in the second watched here);
+    woken, it publishes the new ready job."""
+    from dispatcher.relay.rabbitmq import OutboxRelay, RabbitLink
+
+    await repo.sync_registry({"default": (3, 3600)}, {"work": ("python", 1)})
+    relays = CountingRelays(repo.pool)
+    link = RabbitLink(BROKER, prefix, {"default": 10}, reconnect_max_s=1.0)
+    relay = OutboxRelay(
+        relays, link, batch=100, lease_s=30.0, publish_ahead=2.0, republish_after_s=300.0
+    )
+    await link.start()
+    await relay.start()
+    try:
+        await wait_until(lambda: relays.leases >= 1, what="the relay's first round")
+        leases, releases = relays.leases, relays.releases
+        assert releases == 1  # a previous relay's leases, once at start
+        await asyncio.sleep(1.0)  # no condition to wait on: the absence of statements
+        assert (relays.leases, relays.releases) == (leases, releases)
+
+        [job] = await repo.enqueue_many([NewJob(key="woken", handler="work", payload={})])
+        await repo.pool.execute(
+            "INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)"
+            " VALUES ($1, 'default', '', 'work:1')",
+            job.id,
+        )
+        relay.wake()
+
+        async def published() -> bool:
+            return bool(
+                await repo.pool.fetchval(
+                    "SELECT published_at IS NOT NULL FROM dispatcher.outbox WHERE job_id = $1",
+                    job.id,
+                )
+            )
+
+        await wait_until(published, what="the woken relay's publish")
+        assert relays.leases >= leases + 1
+    finally:
+        await relay.stop()
+        await link.stop()

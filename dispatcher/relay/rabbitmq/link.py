@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
@@ -43,6 +44,9 @@ class RabbitLink(LoopService):
         self.arrived: dict[str, asyncio.Event] = {q: asyncio.Event() for q in prefetch}
         # a claim consumed published rows: a relay waiting on a full window may go on
         self.claimed = asyncio.Event()
+        # monotonic time when a refused delivery's row (written leased until it is due again)
+        # can be released: the relay releases then, not on a timer (set with `claimed`)
+        self.release_due = math.inf
         self._connection: AbstractConnection | None = None
         # the drain stopped these queues: no consumer for them, and a late delivery goes back
         self._stopped: set[str] = set()
