@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 
 from dispatcher.db.claims import ClaimConnections
 from dispatcher.model import AttemptKey, ByteGrant
@@ -23,11 +22,6 @@ SETTLE_TIMEOUT_S = 5.0  # acknowledgements after the drain; an unacked one is a 
 # completions, one per claim's jobs, grow with them).
 GATHER_S = 0.002
 GATHER_MAX_S = 0.01
-# A refused delivery's new outbox row is leased until it is due again (claim_delivered: a second,
-# a quarter second when its concurrency key was at its limit); the relay releases it after this
-# (a little later: the lease counts from the claim's start, on the database clock).
-REFUSED_S = 1.05
-REFUSED_KEY_S = 0.3
 
 
 class RabbitTransport:
@@ -116,10 +110,8 @@ class RabbitTransport:
         if claimed.refused:  # the claim wrote them new outbox rows: out again to any daemon
             # (those of a key at its limit: out again once the key has room, migration 024)
             metrics.DELIVERIES_REFUSED.labels(queue).inc(len(claimed.refused) - claimed.key_held)
-            # their rows are leased until they are due again (a second, a key's quarter second)
-            due = REFUSED_KEY_S if len(claimed.refused) == claimed.key_held else REFUSED_S
-            self._link.release_due = min(self._link.release_due, time.monotonic() + due)
-            self._link.claimed.set()
+            # their rows are leased until they are due again (a second; a key's next room)
+            self._link.release_after(claimed.release_in_s)
         for job in claimed.jobs:
             self._acks[(job.id, job.attempt)] = by_job[job.id]
         if len(held) < len(by_job):  # published rows consumed: the relay's window opened

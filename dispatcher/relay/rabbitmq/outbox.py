@@ -29,8 +29,10 @@ CONFIRM_TIMEOUT_S = 30.0
 SWEEP_EVERY_MIN_S, SWEEP_EVERY_MAX_S = 1.0, 60.0
 # Rows whose lease ran out unconfirmed go back to the pick (the pick walks only unleased rows)
 # when this relay knows one can have: its failed round's rows after their lease, a refused
-# delivery's row once it is due again (link.release_due). Another relay's rows (one killed
-# mid-batch) are released at least once a lease time.
+# delivery's row once it is due again (link.release_after: a second; a concurrency key's next
+# token). Another relay's rows (one killed mid-batch) are released at least once a lease time.
+# A key's held rows come back sooner when one of its jobs ends or its limits change: the
+# database releases them and wakes the relays (30_key_running.sql).
 # Batches published and awaiting their confirms at once. A quorum queue confirms a batch of 500
 # only once a majority wrote it (130-290 ms here); waiting for that before leasing the next
 # batch capped the relay at ~2,000 messages/s.
@@ -69,6 +71,7 @@ class OutboxRelay(LoopService):
         """A queue's max_inflight changed at run time: publish as far ahead of it as before."""
         if queue in self.windows:
             self.windows[queue] = math.ceil(self._publish_ahead * max_inflight)
+            self._woken.set()  # a wider window: an idle relay publishes into it at once
 
     def wake(self) -> None:
         """Ready work may have new outbox rows: an idle relay leases at once."""
@@ -94,9 +97,10 @@ class OutboxRelay(LoopService):
                     while len(rounds) >= ROUNDS_IN_FLIGHT:
                         await asyncio.wait(rounds, return_when=asyncio.FIRST_COMPLETED)
                     now = time.monotonic()
-                    release_at = min(self._release_at, self._link.release_due, release_every_at)
+                    release_at = min(self._release_at, self._link.release_due(), release_every_at)
                     if now >= release_at:
-                        self._release_at = self._link.release_due = math.inf
+                        self._release_at = math.inf
+                        self._link.released(now)
                         release_every_at = now + self._lease_s
                         if await self._repo.release_outbox(self._batch) >= self._batch:
                             self._release_at = now  # more: again next round
@@ -111,7 +115,7 @@ class OutboxRelay(LoopService):
                     continue
                 if leased == 0:  # nothing new, or the windows are full: until a wake-up
                     await self._idle(
-                        min(self._release_at, self._link.release_due, sweep_at, release_every_at)
+                        min(self._release_at, self._link.release_due(), sweep_at, release_every_at)
                     )
         finally:
             for task in rounds:  # their rows stay leased: published again once it expires
