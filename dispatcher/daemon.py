@@ -104,6 +104,8 @@ class Daemon:
         self._broker: list[Service] = []  # RabbitMQ link and relay (transport = "rabbitmq")
         # RabbitMQ: a max_inflight changed at run time moves the prefetch and the publish window
         self._on_max_inflight: Callable[[str, int], Awaitable[None]] | None = None
+        # an idle relay waits for this (ready work: a wake-up or the work poll finding some)
+        self._relay_wake: Callable[[], None] = lambda: None
         self._tls: ServerTls | None = None
         self._http: HttpEffect | None = None  # its signing secrets are reloaded on SIGHUP
         if settings.tls.cert_file is not None and settings.tls.key_file is not None:
@@ -246,18 +248,29 @@ class Daemon:
             on_ready=lambda: wake("ready"),  # as a notice: the work poll first with many queues
             gone_owners=judge.confirmed,
         )
+
+        def wake_queue(queue: str) -> None:  # ready work: its claim loop, and an idle relay
+            workers.workers[queue].wake()
+            self._relay_wake()
+
         poller = WorkPoller(
             engine,
             timing,
             queues=list(s.queues),
             capabilities=capabilities(s),
             interval_s=poll_interval_s(s),
-            wake_queue=lambda queue: workers.workers[queue].wake(),
+            wake_queue=wake_queue,
             scanner=scanner,
         )
         self._liveness = liveness_lock(s, dsn, self.owner, judge, on_gone=scanner.wake)
         await self._live_settings(QueueSettingsRepository(pools["engine"]), workers, timing)
-        wake.bind(workers, scanner, poller, settings=lambda: timing.run_now(LIVE_SETTINGS_JOB))
+        wake.bind(
+            workers,
+            scanner,
+            poller,
+            settings=lambda: timing.run_now(LIVE_SETTINGS_JOB),
+            relay=self._relay_wake,
+        )
         cron = CronService(pools["engine"], engine, s.schedules, timing=timing, on_enqueued=wake)
         disk = await self._disk_space()
         # one sampler for the gauges and the queue overview (GET /v1/queues), which share its
@@ -405,6 +418,7 @@ class Daemon:
                 republish_after_s=s.rabbitmq.republish_after_s,
             )
             self._broker = [link, relay]
+            self._relay_wake = relay.wake
 
             async def retune_broker(queue: str, max_inflight: int) -> None:
                 relay.set_max_inflight(queue, max_inflight)

@@ -39,6 +39,8 @@ class Claimed(NamedTuple):
     wait_s: float | None  # the queue's limits (or its pause) held the claim back this long
     expired: int = 0  # delivered in time, past their TTL when claimed: ended, not started
     key_held: int = 0  # of `refused`, those whose concurrency key was at its limit (024)
+    # in how many seconds the refused rows' leases run out (a second; a key's next room)
+    release_in_s: tuple[float, ...] = ()
 
 
 class RelayRepository:
@@ -141,4 +143,5 @@ def claimed_deliveries(rows: list[asyncpg.Record]) -> Claimed:
         marker["wait_s"],
         marker["expired_count"],
         marker["key_held"],
+        tuple(marker["release_in_s"]),
     )

@@ -54,9 +54,11 @@ SELECT l.id, l.job_id, l.queue, i.key, s.attempt,
 -- name: release_outbox
 -- Relay: the rows whose lease ran out before the broker confirmed their messages (a relay that
 -- stopped or failed mid-batch; a refused delivery's row, written leased until it is due again)
--- go back to the rows the relays pick from (leased_until NULL, migration 041). Up to $1 rows,
--- those nobody holds; how many. Run by each relay a few times a second: it walks only the
--- relayed rows (the windows), where the pick, which walks none of them, does not look.
+-- go back to the rows the relays pick from (leased_until NULL, migration 041; a row a key held
+-- back waits for nothing more: held_key NULL, migration 045). Up to $1 rows,
+-- those nobody holds; how many. Run by a relay when a lease it knows of can have run out (and
+-- once a lease time for a relay that died): it walks only the relayed rows (the windows), where
+-- the pick, which walks none of them, does not look.
 -- Per queue through outbox_relayed_queue (OFFSET 0: with the statistics of a young table the
 -- planner chose to read the whole outbox).
 WITH expired AS MATERIALIZED (
@@ -70,7 +72,7 @@ WITH expired AS MATERIALIZED (
               FOR UPDATE SKIP LOCKED) o
      LIMIT $1
 ), released AS (
-    UPDATE dispatcher.outbox o SET leased_until = NULL
+    UPDATE dispatcher.outbox o SET leased_until = NULL, held_key = NULL
      WHERE o.id = ANY (ARRAY(SELECT id FROM expired))
     RETURNING 1
 )
@@ -129,15 +131,18 @@ SELECT queue, count(*) FILTER (WHERE again)::integer AS republished,
 -- paused: all held, look again in a second). A job no longer ready, or ready for another
 -- attempt, is not eligible (a duplicate delivery). A ready job this process cannot run (a
 -- mixed-version fleet) is refused: a new outbox row, published again after a second, carries
--- it to another daemon. The relay's rows of the jobs started or refused here, and of those no
--- longer ready, are deleted (those of a job ready for another attempt carry that attempt's
+-- it to another daemon; so is one whose concurrency key is at its limit, its row leased until
+-- the key may start one (held_key names the key: one of its jobs ending releases the row
+-- sooner, migration 045). The relay's rows of the jobs started or refused here, and of those
+-- no longer ready, are deleted (those of a job ready for another attempt carry that attempt's
 -- message: kept).
 -- The daemon's memory budget (migration 020): of the jobs the limits grant, in delivery order,
 -- the claim starts the longest prefix whose payload and target bytes fit in $7; with $8 (the
 -- daemon holds nothing else) the first is started whatever its size. The rest are held back,
 -- as the limits hold them.
 -- The last row is always the marker: the eligible ids (those not claimed were held back by the
--- limits), the refused ids and the limiter's wait.
+-- limits), the refused ids, the limiter's wait, and in how many seconds the refused rows'
+-- leases run out.
 WITH paused AS MATERIALIZED (
     SELECT EXISTS (SELECT 1 FROM dispatcher.queues q WHERE q.name = $1 AND q.paused) AS paused
 ), grant_ AS MATERIALIZED (
@@ -180,17 +185,39 @@ WITH paused AS MATERIALIZED (
                                       WHERE ttl IS NULL OR ttl > now() ORDER BY n)) AS ids
 ), key_held AS MATERIALIZED (
     -- held back by their keys: refused like a version this process cannot run, so their
-    -- deliveries do not hold prefetch places the other keys need; out again in a quarter second
-    SELECT r.id, r.tenant, r.capability, r.priority FROM ready r
-     WHERE r.id = ANY (ARRAY(SELECT id FROM budgeted WHERE ttl IS NULL OR ttl > now()))
+    -- deliveries do not hold prefetch places the other keys need; out again once the key has
+    -- room (key_due)
+    SELECT r.id, r.tenant, r.capability, r.priority, b.concurrency_key AS key
+      FROM ready r JOIN budgeted b ON b.id = r.id
+     WHERE (b.ttl IS NULL OR b.ttl > now())
        AND NOT r.id = ANY ((SELECT ids FROM keyed)::bigint[])
+), key_due AS MATERIALIZED (
+    -- in how many seconds each key that held jobs back may start one again (migration 045):
+    -- by its rate, when its next token is due (its bucket as this statement read it, less the
+    -- tokens this claim took: if another claim took one meanwhile, early, and held again then);
+    -- by its cap, a quarter second at most (the end of one of its jobs releases the rows at
+    -- once, 30_key_running.sql; this bounds what a race with that end leaves behind)
+    SELECT h.key,
+           coalesce(nullif(greatest(0.0, (1.0 - (least(l.burst, k.tokens + extract(
+               epoch FROM clock_timestamp() - k.tokens_at) * l.rate_per_s) - t.n))
+               / l.rate_per_s), 0.0), 0.25)::float8 AS due_s
+      FROM (SELECT DISTINCT key FROM key_held) h
+      JOIN dispatcher.queues qq ON qq.name = $1
+     CROSS JOIN LATERAL dispatcher.key_limits_of(qq, h.key) l
+      LEFT JOIN dispatcher.key_state k ON k.queue = $1 AND k.key = h.key
+     CROSS JOIN LATERAL (SELECT count(*) AS n FROM budgeted b
+                          WHERE b.concurrency_key = h.key
+                            AND b.id = ANY ((SELECT ids FROM keyed)::bigint[])) t
 ), refused AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, leased_until, priority)
-    SELECT id, $1, tenant, capability, now() + interval '1 second', priority
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, leased_until, priority,
+                                   held_key)
+    SELECT id, $1, tenant, capability, now() + interval '1 second', priority, NULL
       FROM ready WHERE NOT capability = ANY ($6::text[])
     UNION ALL
-    SELECT id, $1, tenant, capability, now() + interval '0.25 second', priority FROM key_held
-    RETURNING job_id
+    SELECT h.id, $1, h.tenant, h.capability, now() + make_interval(secs => d.due_s), h.priority,
+           h.key
+      FROM key_held h JOIN key_due d ON d.key = h.key
+    RETURNING job_id, leased_until - now() AS due
 ), started AS (
     UPDATE dispatcher.job_state s
        SET state = 'running', attempt = s.attempt + 1, lease_owner = $4,
@@ -244,7 +271,7 @@ WITH paused AS MATERIALIZED (
                                 OFFSET 0) r))
 )
 SELECT c.*, NULL::bigint[] AS eligible, NULL::bigint[] AS refused, NULL::float8 AS wait_s,
-       NULL::integer AS key_held, NULL::int AS expired_count
+       NULL::integer AS key_held, NULL::int AS expired_count, NULL::float8[] AS release_in_s
   FROM claimed c
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
@@ -255,5 +282,8 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, N
        ARRAY(SELECT job_id FROM refused),
        dispatcher.claim_settle($1, g.granted, (SELECT count(*) FROM started)::int, g.wait_s),
        (SELECT count(*) FROM key_held)::int,
-       (SELECT count(*) FROM expired)::int
+       (SELECT count(*) FROM expired)::int,
+       -- when the refused rows' leases run out, in seconds from now (the relay releases them
+       -- then: an idle relay polls for nothing)
+       ARRAY(SELECT DISTINCT extract(epoch FROM due)::float8 FROM refused)
   FROM grant_ g;

@@ -252,7 +252,8 @@ CREATE TABLE dispatcher.outbox (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     leased_until timestamp with time zone,
     published_at timestamp with time zone,
-    priority smallint DEFAULT 0 NOT NULL
+    priority smallint DEFAULT 0 NOT NULL,
+    held_key text
 ) WITH (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=5000);
 
 CREATE TABLE dispatcher.queues (
@@ -539,6 +540,8 @@ CREATE INDEX jobs_tenant_id ON dispatcher.intents USING btree (tenant, id) WHERE
 CREATE INDEX jobs_terminal ON dispatcher.job_state USING btree (state, queue, finished_at) WHERE (state = ANY (ARRAY['succeeded'::text, 'dead'::text, 'cancelled'::text]));
 
 CREATE INDEX key_ledger_finished_at ON dispatcher.key_ledger USING btree (finished_at);
+
+CREATE INDEX outbox_held_key ON dispatcher.outbox USING btree (queue, held_key) WHERE (held_key IS NOT NULL);
 
 CREATE INDEX outbox_relayed_job ON dispatcher.outbox USING btree (job_id) WHERE (leased_until IS NOT NULL);
 
@@ -1805,16 +1808,25 @@ CREATE OR REPLACE FUNCTION dispatcher.key_limits_changed()
  RETURNS trigger
  LANGUAGE plpgsql
 AS $function$
+DECLARE
+    q text;
+    k text;  -- NULL: every key of the queue
 BEGIN
     IF TG_TABLE_NAME = 'queues' THEN
-        UPDATE dispatcher.key_state SET running_seen = NULL
-         WHERE queue = NEW.name AND running_seen IS NOT NULL;
+        q := NEW.name;
     ELSIF TG_OP = 'DELETE' THEN
-        UPDATE dispatcher.key_state SET running_seen = NULL
-         WHERE queue = OLD.queue AND key = OLD.key AND running_seen IS NOT NULL;
+        q := OLD.queue;
+        k := OLD.key;
     ELSE
-        UPDATE dispatcher.key_state SET running_seen = NULL
-         WHERE queue = NEW.queue AND key = NEW.key AND running_seen IS NOT NULL;
+        q := NEW.queue;
+        k := NEW.key;
+    END IF;
+    UPDATE dispatcher.key_state SET running_seen = NULL
+     WHERE queue = q AND (k IS NULL OR key = k) AND running_seen IS NOT NULL;
+    UPDATE dispatcher.outbox SET leased_until = NULL, held_key = NULL
+     WHERE queue = q AND held_key IS NOT NULL AND (k IS NULL OR held_key = k);
+    IF FOUND THEN
+        PERFORM dispatcher.wake('ready');
     END IF;
     RETURN NULL;
 END
@@ -1914,6 +1926,7 @@ BEGIN
                         WHERE k.queue = m.queue AND k.key = m.key)
          ORDER BY m.queue, m.key
             ON CONFLICT (queue, key) DO UPDATE SET n = d.n + excluded.n;
+        PERFORM dispatcher.release_held_deliveries(qs, ks, outs);
     END IF;
     RETURN NULL;
 END
@@ -2381,6 +2394,33 @@ BEGIN
                             ORDER BY u.turn);
         END LOOP;
     END LOOP;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.release_held_deliveries(qs text[], ks text[], ns bigint[])
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    released integer;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM dispatcher.outbox WHERE held_key IS NOT NULL) THEN
+        RETURN;  -- the usual case, and every one without RabbitMQ: one probe of an empty index
+    END IF;
+    UPDATE dispatcher.outbox o SET leased_until = NULL, held_key = NULL
+     WHERE o.id = ANY (ARRAY(
+           SELECT h.id FROM unnest(qs, ks, ns) AS m(queue, key, n)
+            CROSS JOIN LATERAL (
+                  SELECT x.id FROM dispatcher.outbox x
+                   WHERE x.queue = m.queue AND x.held_key = m.key
+                   ORDER BY x.priority, x.created_at, x.id
+                   LIMIT m.n
+                     FOR UPDATE SKIP LOCKED) h
+            WHERE m.n > 0));
+    GET DIAGNOSTICS released = ROW_COUNT;
+    IF released > 0 THEN
+        PERFORM dispatcher.wake('ready');
+    END IF;
 END
 $function$;
 

@@ -115,6 +115,7 @@ class Wakeups:
         self._workers: Callable[[], None] = _nothing
         self._scanner: Callable[[], None] = _nothing
         self._settings: Callable[[], None] = _nothing
+        self._relay: Callable[[], None] = _nothing
 
     def bind(
         self,
@@ -122,8 +123,10 @@ class Wakeups:
         scanner: DueScanner,
         poller: WorkPoller,
         settings: Callable[[], None] = _nothing,
+        relay: Callable[[], None] = _nothing,
     ) -> None:
-        self._scanner, self._settings = scanner.wake, settings
+        """`relay`: the RabbitMQ outbox relay's wake-up (an idle relay waits for ready work)."""
+        self._scanner, self._settings, self._relay = scanner.wake, settings, relay
         # a notice names no queue: past a few queues, one poll finds those with ready work
         # rather than a claim per queue (engine/work_poll.py)
         few = len(workers.workers) <= WAKE_EVERY_QUEUE_UP_TO
@@ -134,6 +137,7 @@ class Wakeups:
             self._settings()
             return
         if reason != "scheduled":
+            self._relay()  # new outbox rows, perhaps
             self._workers()
         if reason != "ready":
             self._scanner()

@@ -7,6 +7,7 @@ prefix and deletes its queues afterwards."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 from collections import Counter
@@ -17,6 +18,10 @@ import asyncpg
 import pytest
 from aiohttp import web
 
+from dispatcher.db.jobs import JobRepository
+from dispatcher.db.relay import OutboxLease, RelayRepository
+from dispatcher.model import NewJob
+from dispatcher.relay.rabbitmq import OutboxRelay, RabbitLink
 from tests.harness import (
     LOOPBACK_ENV,
     DaemonProcess,
@@ -494,3 +499,126 @@ async def test_a_batch_is_published_at_once_and_an_unroutable_message_is_not_con
         [confirm] = await publish_batch(raw, [big])
         assert isinstance(await confirm, Basic.Ack)
     assert await ready_count(prefix) == 51
+
+
+class CountingRelays(RelayRepository):
+    """The real relay repository, counting the relay's lease and release statements."""
+
+    def __init__(self, pool: asyncpg.Pool):
+        super().__init__(pool)
+        self.leases = self.releases = 0
+
+    async def lease_outbox(
+        self, windows: dict[str, int], batch: int, lease_s: float
+    ) -> list[OutboxLease]:
+        self.leases += 1
+        return await super().lease_outbox(windows, batch, lease_s)
+
+    async def release_outbox(self, batch: int) -> int:
+        self.releases += 1
+        return await super().release_outbox(batch)
+
+
+@contextlib.asynccontextmanager
+async def idle_relay(
+    repo: JobRepository, prefix: str, prefetch: int = 10
+) -> AsyncIterator[tuple[OutboxRelay, RabbitLink, CountingRelays]]:
+    """A relay and its link on queue "default" (nobody claims what they deliver), past the
+    relay's first round; its lease time (30 s) bounds every wait it is not woken from."""
+    await repo.sync_registry({"default": (3, 3600)}, {"work": ("python", 1)})
+    relays = CountingRelays(repo.pool)
+    link = RabbitLink(BROKER, prefix, {"default": prefetch}, reconnect_max_s=1.0)
+    relay = OutboxRelay(
+        relays, link, batch=100, lease_s=30.0, publish_ahead=2.0, republish_after_s=300.0
+    )
+    await link.start()
+    await relay.start()
+    try:
+        await wait_until(lambda: relays.leases >= 1, what="the relay's first round")
+        yield relay, link, relays
+    finally:
+        await relay.stop()
+        await link.stop()
+
+
+async def test_an_idle_relay_waits_for_a_wake_up_and_publishes_at_once_when_woken(
+    repo: JobRepository, prefix: str
+) -> None:
+    """Nothing to publish, the relay sends PostgreSQL nothing until woken (it had leased every
+    50 ms and released every quarter second: about 24 statements in the second watched here);
+    woken, it publishes the new ready job."""
+    async with idle_relay(repo, prefix) as (relay, _, relays):
+        leases, releases = relays.leases, relays.releases
+        assert releases == 1  # a previous relay's leases, once at start
+        await asyncio.sleep(1.0)  # no condition to wait on: the absence of statements
+        assert (relays.leases, relays.releases) == (leases, releases)
+
+        [job] = await outbox_rows(repo, 1)
+        relay.wake()
+
+        async def published() -> bool:
+            return bool(
+                await repo.pool.fetchval(
+                    "SELECT published_at IS NOT NULL FROM dispatcher.outbox WHERE job_id = $1",
+                    job,
+                )
+            )
+
+        await wait_until(published, what="the woken relay's publish")
+        assert relays.leases >= leases + 1
+
+
+async def outbox_rows(repo: JobRepository, n: int) -> list[int]:
+    """`n` ready jobs with their outbox rows, as intake writes them under the relay."""
+    jobs = await repo.enqueue_many(
+        [NewJob(key=f"row-{i}", handler="work", payload={}) for i in range(n)]
+    )
+    await repo.pool.execute(
+        "INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)"
+        " SELECT unnest($1::bigint[]), 'default', '', 'work:1'",
+        [j.id for j in jobs],
+    )
+    return [j.id for j in jobs]
+
+
+async def published_rows(repo: JobRepository) -> int:
+    return int(
+        await repo.pool.fetchval(
+            "SELECT count(*) FROM dispatcher.outbox WHERE published_at IS NOT NULL"
+        )
+    )
+
+
+async def test_an_idle_relay_publishes_into_a_window_widened_at_run_time_at_once(
+    repo: JobRepository, prefix: str
+) -> None:
+    """A queue's max_inflight raised at run time (a limits PATCH) widens its window: the relay,
+    idle on a full window, publishes into it without waiting for a claim or its lease time."""
+    async with idle_relay(repo, prefix, prefetch=1) as (relay, _, _):
+        await outbox_rows(repo, 6)
+        relay.wake()
+        await wait_until(
+            lambda: relay_published(repo, 2), what="the window (2.0 x max_inflight 1) published"
+        )
+        relay.set_max_inflight("default", 3)
+        await wait_until(
+            lambda: relay_published(repo, 6), timeout_s=10, what="the widened window published"
+        )
+
+
+async def relay_published(repo: JobRepository, n: int) -> bool:
+    return await published_rows(repo) >= n
+
+
+async def test_an_idle_relay_releases_refused_rows_at_each_ones_lease_end(
+    repo: JobRepository, prefix: str
+) -> None:
+    """Two claims refused deliveries due again at different times: the relay releases at
+    each (it had kept only the earliest, so the later one waited for its lease time, 30 s)."""
+    async with idle_relay(repo, prefix) as (_, link, relays):
+        releases = relays.releases
+        link.release_after([0.2])
+        link.release_after([0.4])
+        await wait_until(
+            lambda: relays.releases >= releases + 2, timeout_s=10, what="both releases"
+        )

@@ -1,6 +1,7 @@
 -- Each limited key's starts (dispatcher.key_state.running_seen) and ends (dispatcher.key_done),
 -- migration 040, kept by the statements that move jobs into or out of `running`, whatever they
 -- are; and the starts reset (NULL: count again at the next claim) when the key's limits change.
+-- Either also hands the relays back the deliveries a key held back (RabbitMQ, migration 045).
 
 -- The jobs one statement moved into or out of `running`, per queue and key. Starts are added
 -- to the keys' running_seen where it is known (a claim holds those rows locked already); ends
@@ -83,8 +84,40 @@ BEGIN
                         WHERE k.queue = m.queue AND k.key = m.key)
          ORDER BY m.queue, m.key
             ON CONFLICT (queue, key) DO UPDATE SET n = d.n + excluded.n;
+        PERFORM dispatcher.release_held_deliveries(qs, ks, outs);
     END IF;
     RETURN NULL;
+END
+$$;
+
+-- Over RabbitMQ, the deliveries a key at its limit held back wait in the outbox, leased, for
+-- the key to have room (claim_delivered, migration 045). Each job of the key that left
+-- `running` frees a slot: as many of its held rows (keys `ks` of queues `qs`, `ns` slots each)
+-- go back to the relays' pick at once, first in the order the relay publishes, and the relays
+-- are woken: an idle one waits for nothing else (its own time-out aside).
+CREATE OR REPLACE FUNCTION dispatcher.release_held_deliveries(qs text[], ks text[], ns bigint[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    released integer;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM dispatcher.outbox WHERE held_key IS NOT NULL) THEN
+        RETURN;  -- the usual case, and every one without RabbitMQ: one probe of an empty index
+    END IF;
+    UPDATE dispatcher.outbox o SET leased_until = NULL, held_key = NULL
+     WHERE o.id = ANY (ARRAY(
+           SELECT h.id FROM unnest(qs, ks, ns) AS m(queue, key, n)
+            CROSS JOIN LATERAL (
+                  SELECT x.id FROM dispatcher.outbox x
+                   WHERE x.queue = m.queue AND x.held_key = m.key
+                   ORDER BY x.priority, x.created_at, x.id
+                   LIMIT m.n
+                     FOR UPDATE SKIP LOCKED) h
+            WHERE m.n > 0));
+    GET DIAGNOSTICS released = ROW_COUNT;
+    IF released > 0 THEN
+        PERFORM dispatcher.wake('ready');
+    END IF;
 END
 $$;
 
@@ -102,19 +135,30 @@ CREATE OR REPLACE TRIGGER job_state_key_running_deleted
     FOR EACH STATEMENT EXECUTE FUNCTION dispatcher.key_running_moved();
 
 -- A queue's key limits changed: its keys' counts are counted again at their next claim (a key
--- that was not limited while jobs ran was not counted).
+-- that was not limited while jobs ran was not counted), and the deliveries its keys held back
+-- (RabbitMQ, migration 045) go back to the relays' pick at once, woken: the new limits may
+-- start them now, and their leases were timed by the old ones.
 CREATE OR REPLACE FUNCTION dispatcher.key_limits_changed() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    q text;
+    k text;  -- NULL: every key of the queue
 BEGIN
     IF TG_TABLE_NAME = 'queues' THEN
-        UPDATE dispatcher.key_state SET running_seen = NULL
-         WHERE queue = NEW.name AND running_seen IS NOT NULL;
+        q := NEW.name;
     ELSIF TG_OP = 'DELETE' THEN
-        UPDATE dispatcher.key_state SET running_seen = NULL
-         WHERE queue = OLD.queue AND key = OLD.key AND running_seen IS NOT NULL;
+        q := OLD.queue;
+        k := OLD.key;
     ELSE
-        UPDATE dispatcher.key_state SET running_seen = NULL
-         WHERE queue = NEW.queue AND key = NEW.key AND running_seen IS NOT NULL;
+        q := NEW.queue;
+        k := NEW.key;
+    END IF;
+    UPDATE dispatcher.key_state SET running_seen = NULL
+     WHERE queue = q AND (k IS NULL OR key = k) AND running_seen IS NOT NULL;
+    UPDATE dispatcher.outbox SET leased_until = NULL, held_key = NULL
+     WHERE queue = q AND held_key IS NOT NULL AND (k IS NULL OR held_key = k);
+    IF FOUND THEN
+        PERFORM dispatcher.wake('ready');
     END IF;
     RETURN NULL;
 END

@@ -110,6 +110,8 @@ class RabbitTransport:
         if claimed.refused:  # the claim wrote them new outbox rows: out again to any daemon
             # (those of a key at its limit: out again once the key has room, migration 024)
             metrics.DELIVERIES_REFUSED.labels(queue).inc(len(claimed.refused) - claimed.key_held)
+            # their rows are leased until they are due again (a second; a key's next room)
+            self._link.release_after(claimed.release_in_s)
         for job in claimed.jobs:
             self._acks[(job.id, job.attempt)] = by_job[job.id]
         if len(held) < len(by_job):  # published rows consumed: the relay's window opened

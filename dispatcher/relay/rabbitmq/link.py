@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
+import math
+import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, cast
 
 import aio_pika
@@ -22,6 +25,7 @@ from dispatcher.runtime.lifecycle import LoopService
 log = logging.getLogger(__name__)
 
 RECONNECT_FIRST_S = 0.2
+RELEASE_MARGIN_S = 0.005  # a refused row's release after its lease ran out (release_after)
 
 Consumer = Callable[[DeliveredMessage], Coroutine[Any, Any, None]]
 
@@ -43,12 +47,33 @@ class RabbitLink(LoopService):
         self.arrived: dict[str, asyncio.Event] = {q: asyncio.Event() for q in prefetch}
         # a claim consumed published rows: a relay waiting on a full window may go on
         self.claimed = asyncio.Event()
+        # monotonic times when refused deliveries' rows (written leased until they are due
+        # again) can be released, earliest first: the relay releases then, not on a timer
+        self._release_dues: list[float] = []
         self._connection: AbstractConnection | None = None
         # the drain stopped these queues: no consumer for them, and a late delivery goes back
         self._stopped: set[str] = set()
         self._consumers: dict[str, tuple[AbstractChannel, str]] = {}
         self._receivers: dict[str, Consumer] = {}  # per queue, for a consumer started again
         self._acks: list[Acks] = []
+
+    def release_after(self, delays_s: Iterable[float]) -> None:
+        """A claim wrote refused deliveries' rows whose leases run out in `delays_s` seconds:
+        have the relay release them then (a little later: the lease counts on the database
+        clock, from the claim's start)."""
+        now = time.monotonic()
+        for delay in delays_s:
+            heapq.heappush(self._release_dues, now + delay + RELEASE_MARGIN_S)
+        self.claimed.set()
+
+    def release_due(self) -> float:
+        """The monotonic time of the earliest release `release_after` asked for (inf: none)."""
+        return self._release_dues[0] if self._release_dues else math.inf
+
+    def released(self, now: float) -> None:
+        """The relay released the rows due by monotonic time `now`."""
+        while self._release_dues and self._release_dues[0] <= now:
+            heapq.heappop(self._release_dues)
 
     def queue_name(self, queue: str) -> str:
         return self._prefix + queue

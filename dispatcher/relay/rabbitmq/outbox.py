@@ -4,7 +4,6 @@ published once confirmed, and publishes again what the broker lost."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -21,12 +20,19 @@ from dispatcher.runtime.lifecycle import LoopService
 
 log = logging.getLogger(__name__)
 
-RELAY_IDLE_S = 0.05  # nothing to publish (or the windows are full): look again soon
+# An idle relay (nothing to publish, or the windows full) waits for a wake-up: new ready work
+# (the daemon's wake-ups, a NOTIFY, the work poll finding a ready queue), a claim opening a
+# window, a lease it knows of running out. This bounds the wait should every one be lost. Polling
+# every 50 ms and releasing every quarter second had cost an idle daemon 24 statements/s.
+RELAY_IDLE_S = 30.0
 CONFIRM_TIMEOUT_S = 30.0
 SWEEP_EVERY_MIN_S, SWEEP_EVERY_MAX_S = 1.0, 60.0
-# Rows whose lease ran out unconfirmed (and refused deliveries' rows, due again after a quarter
-# second or a second) go back to the pick this often: the pick walks only unleased rows.
-RELEASE_EVERY_S = 0.25
+# Rows whose lease ran out unconfirmed go back to the pick (the pick walks only unleased rows)
+# when this relay knows one can have: its failed round's rows after their lease, a refused
+# delivery's row once it is due again (link.release_after: a second; a concurrency key's next
+# token). Another relay's rows (one killed mid-batch) are released at least once a lease time.
+# A key's held rows come back sooner when one of its jobs ends or its limits change: the
+# database releases them and wakes the relays (30_key_running.sql).
 # Batches published and awaiting their confirms at once. A quorum queue confirms a batch of 500
 # only once a majority wrote it (130-290 ms here); waiting for that before leasing the next
 # batch capped the relay at ~2,000 messages/s.
@@ -58,41 +64,77 @@ class OutboxRelay(LoopService):
         self._publish_ahead = publish_ahead
         self._republish_after_s = republish_after_s
         self._sweep_every_s = min(max(republish_after_s / 4, SWEEP_EVERY_MIN_S), SWEEP_EVERY_MAX_S)
+        self._woken = asyncio.Event()
+        self._release_at = 0.0  # monotonic: when a lease this relay knows of can have run out
 
     def set_max_inflight(self, queue: str, max_inflight: int) -> None:
         """A queue's max_inflight changed at run time: publish as far ahead of it as before."""
         if queue in self.windows:
             self.windows[queue] = math.ceil(self._publish_ahead * max_inflight)
+            self._woken.set()  # a wider window: an idle relay publishes into it at once
+
+    def wake(self) -> None:
+        """Ready work may have new outbox rows: an idle relay leases at once."""
+        self._woken.set()
+
+    def _release_later(self) -> None:
+        """This relay's rows leased now may stay unconfirmed: release once their lease ran out
+        (a little later: the lease counts on the database clock)."""
+        self._release_at = min(self._release_at, time.monotonic() + self._lease_s + 0.05)
 
     async def _run(self) -> None:
-        sweep_at = time.monotonic() + self._sweep_every_s
-        release_at = 0.0
+        now = time.monotonic()
+        sweep_at = now + self._sweep_every_s
+        self._release_at = now  # a previous relay's leases, at once
+        release_every_at = now + self._lease_s
         rounds: set[asyncio.Task[None]] = set()  # published, awaiting their confirms
         try:
             while True:
                 await self._link.connected.wait()
                 self._link.claimed.clear()
+                self._woken.clear()
                 try:
                     while len(rounds) >= ROUNDS_IN_FLIGHT:
                         await asyncio.wait(rounds, return_when=asyncio.FIRST_COMPLETED)
-                    if time.monotonic() >= release_at:
-                        await self._repo.release_outbox(self._batch)
-                        release_at = time.monotonic() + RELEASE_EVERY_S
+                    now = time.monotonic()
+                    release_at = min(self._release_at, self._link.release_due(), release_every_at)
+                    if now >= release_at:
+                        self._release_at = math.inf
+                        self._link.released(now)
+                        release_every_at = now + self._lease_s
+                        if await self._repo.release_outbox(self._batch) >= self._batch:
+                            self._release_at = now  # more: again next round
                     leased = await self._publish_next(rounds)
                     if time.monotonic() >= sweep_at:
-                        await self.sweep_once()
+                        leased += await self.sweep_once()  # unmarked: to publish at once
                         sweep_at = time.monotonic() + self._sweep_every_s
                 except Exception as exc:  # broker or database: leased rows go out again later
                     _failed(exc)
+                    self._release_later()
                     await asyncio.sleep(RECONNECT_FIRST_S)
                     continue
-                if leased == 0:  # nothing new, or the windows are full: until a claim, or soon
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(RELAY_IDLE_S):
-                            await self._link.claimed.wait()
+                if leased == 0:  # nothing new, or the windows are full: until a wake-up
+                    await self._idle(
+                        min(self._release_at, self._link.release_due(), sweep_at, release_every_at)
+                    )
         finally:
             for task in rounds:  # their rows stay leased: published again once it expires
                 task.cancel()
+
+    async def _idle(self, until: float) -> None:
+        """Until a wake-up, a claim, or the monotonic time `until` (bounded by RELAY_IDLE_S)."""
+        delay = min(max(until - time.monotonic(), 0.0), RELAY_IDLE_S)
+        if delay <= 0.0:
+            return
+        waits = [
+            asyncio.ensure_future(self._link.claimed.wait()),
+            asyncio.ensure_future(self._woken.wait()),
+        ]
+        try:
+            await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
 
     async def run_once(self) -> int:
         """One round: release what ran out, lease, publish, await the confirms, mark; return
@@ -132,7 +174,7 @@ class OutboxRelay(LoopService):
         task = asyncio.ensure_future(self._confirmed(rows, confirms, leased_at))
         rounds.add(task)
         task.add_done_callback(rounds.discard)
-        task.add_done_callback(_report)
+        task.add_done_callback(self._report)
         return len(rows)
 
     async def _confirmed(
@@ -155,6 +197,11 @@ class OutboxRelay(LoopService):
             raise RuntimeError(
                 f"{len(rows) - len(confirmed)} of {len(rows)} messages not confirmed: {failure!r}"
             )
+
+    def _report(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            _failed(task.exception())  # type: ignore[arg-type]
+            self._release_later()  # its unconfirmed rows
 
     async def sweep_once(self) -> int:
         """Have the messages the broker lost published again: passes of at most one batch,
@@ -179,11 +226,6 @@ class OutboxRelay(LoopService):
                     log.info("%d left-over outbox rows of queue %s deleted", dropped, queue)
             if swept < self._batch:
                 return total
-
-
-def _report(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        _failed(task.exception())  # type: ignore[arg-type]
 
 
 def _failed(exc: BaseException) -> None:
