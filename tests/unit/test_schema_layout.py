@@ -6,7 +6,7 @@ without a word, so this fails first, naming the file to move it to."""
 from __future__ import annotations
 
 import re
-from collections import Counter
+from collections import defaultdict
 
 from dispatcher.db import schema
 
@@ -33,12 +33,12 @@ def test_migrations_hold_no_function_view_or_trigger_body() -> None:
 
 
 def test_every_body_is_in_one_function_file_and_replaceable() -> None:
-    where: Counter[tuple[str, str]] = Counter()
+    where: defaultdict[tuple[str, str], set[str]] = defaultdict(set)
     for name, sql, _ in schema.function_files():
         assert re.fullmatch(r"[1-3]0_\w+\.sql", name), f"{name}: name it TT_object.sql (10, 20, 30)"
         for replace, kind, obj in CREATES.findall(sql):
             assert replace, f"{name}: CREATE {kind} {obj} without OR REPLACE fails the next migrate"
-            where[(kind.upper(), obj)] += 1
-    twice = [f"{kind} {obj}" for (kind, obj), n in where.items() if n > 1]
+            where[(kind.upper(), obj)].add(name)  # overloads share their one file
+    twice = [f"{kind} {obj}" for (kind, obj), files in where.items() if len(files) > 1]
     assert not twice, f"defined in more than one function file: {twice}"
     assert where, "no function files found"
