@@ -8,7 +8,7 @@ overview there; the documentation's pictures come from tools/screenshots.py)."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -64,15 +64,6 @@ def daemon_env(tmp_path: Path, target: Target) -> dict[str, str]:
         "DISPATCHER_DRAIN_TIMEOUT_S": "5",
         "DISPATCHER_CONFIG": str(config),
     }
-
-
-@pytest.fixture
-def browser(daemon: DaemonProcess, tmp_path: Path) -> Iterator[Browser]:
-    b = Browser(daemon.base_url, tmp_path / "profile", tmp_path / "screenshots")
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 async def enqueue(daemon: DaemonProcess, key: str, target: Target, **fields: Any) -> int:

@@ -16,7 +16,7 @@ from tests.harness import DaemonProcess, Target
 
 pytestmark = needs_chromium
 # that module's daemon (a target that refuses until fixed), browser and target
-daemon_env, browser, target = shared.daemon_env, shared.browser, shared.target
+daemon_env, target = shared.daemon_env, shared.target  # the browser: conftest.py
 FAR = "2031-05-31T00:00:00Z"
 
 

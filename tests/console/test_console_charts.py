@@ -7,7 +7,7 @@ refresh themselves (console.js) without a reload; nothing needs inline script.""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -41,15 +41,6 @@ async def target() -> AsyncIterator[Target]:
 @pytest.fixture
 def daemon_env() -> dict[str, str]:
     return {"DISPATCHER_API_TOKENS": TOKENS_ENV}
-
-
-@pytest.fixture
-def browser(daemon: DaemonProcess, tmp_path: Path) -> Iterator[Browser]:
-    b = Browser(daemon.base_url, tmp_path / "profile", tmp_path / "screenshots")
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 async def run_jobs(daemon: DaemonProcess, target: Target, prefix: str, n: int) -> None:

@@ -6,9 +6,6 @@ every case); tests/service/test_api_prefix_slices.py checks the API's pages."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import asyncpg
 import pytest
 
@@ -51,15 +48,6 @@ async def seeded(daemon: DaemonHandle, db_url: str) -> DaemonHandle:
     finally:
         await conn.close()
     return daemon
-
-
-@pytest.fixture
-def browser(daemon: DaemonHandle, tmp_path: Path) -> Iterator[Browser]:
-    b = Browser(daemon.base_url, tmp_path / "profile", tmp_path / "screenshots")
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 async def shown_ids(browser: Browser) -> list[int]:

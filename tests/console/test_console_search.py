@@ -8,8 +8,6 @@ accessibility violation on any page, light or dark."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
@@ -57,15 +55,6 @@ async def seeded(daemon: DaemonHandle, db_url: str) -> DaemonHandle:
     finally:
         await conn.close()
     return daemon
-
-
-@pytest.fixture
-def browser(daemon: DaemonHandle, tmp_path: Path) -> Iterator[Browser]:
-    b = Browser(daemon.base_url, tmp_path / "profile", tmp_path / "screenshots")
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 async def listed_keys(browser: Browser) -> list[str]:
