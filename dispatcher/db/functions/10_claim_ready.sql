@@ -127,8 +127,11 @@ BEGIN
            OR (SELECT cardinality(ids) FROM keyed) < (SELECT count(*) FROM budgeted),
            (SELECT count(*) FROM claimed WHERE state = 'dead')::int  -- ended expired (030)
       FROM grant_ g
+      -- the jobs kept are a prefix of the candidates (a running sum of sizes under the
+      -- budget): compared by position, not each id against an array of all of them (that
+      -- was 1,000 x 1,000 comparisons, 3.4 of 39 ms of a claim of 1,000)
       LEFT JOIN (SELECT x.priority, x.tenant FROM candidates x
-                  WHERE x.id = ANY (ARRAY(SELECT id FROM budgeted))
+                  WHERE x.pos <= (SELECT max(b.pos) FROM budgeted b)
                   ORDER BY x.priority DESC, x.turn DESC LIMIT 1) c ON true;
 END
 $$;
