@@ -1079,10 +1079,12 @@ $function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.due_at_past_tolerance_s()
  RETURNS double precision
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE PARALLEL SAFE
 AS $function$
-    SELECT coalesce((SELECT s.due_at_past_tolerance_s FROM dispatcher.intake_settings s), 300)
+BEGIN
+    RETURN coalesce((SELECT s.due_at_past_tolerance_s FROM dispatcher.intake_settings s), 300);
+END
 $function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.due_at_range()
@@ -2278,10 +2280,12 @@ AS $function$ SELECT 1684632436 $function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.max_payload_bytes()
  RETURNS bigint
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE PARALLEL SAFE
 AS $function$
-    SELECT coalesce((SELECT s.max_payload_bytes FROM dispatcher.intake_settings s), 262144)
+BEGIN
+    RETURN coalesce((SELECT s.max_payload_bytes FROM dispatcher.intake_settings s), 262144);
+END
 $function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.payload_oversize(payload jsonb, target jsonb, max_bytes bigint)
@@ -2299,10 +2303,12 @@ $function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.ready_outbox()
  RETURNS boolean
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE PARALLEL SAFE
 AS $function$
-    SELECT coalesce((SELECT s.ready_outbox FROM dispatcher.intake_settings s), false)
+BEGIN
+    RETURN coalesce((SELECT s.ready_outbox FROM dispatcher.intake_settings s), false);
+END
 $function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.refuse_contract(handler text, due_at timestamp with time zone, timeout_s double precision, expires_at timestamp with time zone, on_success jsonb, on_failure jsonb, on_key text, debounce_max_s integer, item bigint DEFAULT NULL::bigint)
