@@ -622,3 +622,46 @@ async def test_an_idle_relay_releases_refused_rows_at_each_ones_lease_end(
         await wait_until(
             lambda: relays.releases >= releases + 2, timeout_s=10, what="both releases"
         )
+
+
+async def test_deliveries_held_by_the_limits_return_when_their_daemon_is_killed(
+    db_url: str, prefix: str, target: Target, spawn: Spawn
+) -> None:
+    """A rate-limited queue keeps deliveries held in a daemon (received, not yet started: the
+    limits hold them), and a failed attempt's retry is published while the daemon is busy.
+    kill -9 that daemon, twice over: every held delivery returns to the broker and reaches
+    another daemon at once, so every job ends long before the relay's sweep (republish_after_s,
+    far off here) could publish a lost message again. Seen once in the RabbitMQ chaos soak: a
+    retried job published ~3 s before its daemon was killed was never started again."""
+    target.delay_s = 0.05
+
+    async def flaky(_request: web.Request, count: int) -> web.StreamResponse:
+        return web.json_response({"ok": count > 1}, status=200 if count > 1 else 500)
+
+    target.respond = flaky
+    limited = {
+        **env(db_url, prefix),
+        "DISPATCHER_LEASE_S": "3",
+        "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "40",
+        "DISPATCHER_QUEUES__DEFAULT__BURST": "5",
+        "DISPATCHER_QUEUES__DEFAULT__MAX_INFLIGHT": "6",
+        "DISPATCHER_QUEUES__DEFAULT__BACKOFF_BASE_S": "0.05",
+        "DISPATCHER_QUEUES__DEFAULT__BACKOFF_CAP_S": "0.2",
+        "DISPATCHER_RABBITMQ__REPUBLISH_AFTER_S": "600",
+    }
+    jobs = 150
+    survivor = await spawn(limited)
+    try:
+        await enqueue(db_url, jobs, target.url)
+        for kills in (40, 120):
+            victim = await spawn(limited)
+            await target.wait_for(
+                lambda t, n=kills: len(t.requests) > n, timeout_s=60, what=f"{kills} requests"
+            )
+            victim.signal(signal.SIGKILL)
+            await victim.wait(10)
+        # the survivor alone: what the victims held comes back to it within its leases
+        await until_job_count(db_url, "succeeded", jobs, timeout_s=60, at_least=True)
+    finally:
+        await survivor.stop()
+    assert len(set(target.request_keys())) == jobs
