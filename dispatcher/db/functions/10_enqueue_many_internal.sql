@@ -27,6 +27,9 @@ AS $$
 DECLARE
     n          integer := coalesce(cardinality(keys), 0);
     ids        bigint[];           -- each item's id, drawn up front (see above)
+    -- looked up once: inside the query below it was looked up per item (a catalog scan each),
+    -- 3 of a bulk job's ~26 us of PostgreSQL CPU (measured, 2026-12-03 evening)
+    id_seq     regclass := pg_get_serial_sequence('dispatcher.intents', 'id')::regclass;
     pending    integer[];          -- NULL = every item; else the ordinals still unresolved
     results    dispatcher.enqueue_result[];
     outbox     boolean := dispatcher.ready_outbox();
@@ -65,8 +68,7 @@ BEGIN
                                          max_retry_age_s, priorities, concurrency_keys);
         checked := true;
     END IF;
-    ids := ARRAY(SELECT nextval(pg_get_serial_sequence('dispatcher.intents', 'id')::regclass)
-                   FROM generate_series(1, n));
+    ids := ARRAY(SELECT nextval(id_seq) FROM generate_series(1, n));
 
     LOOP
         WITH ins_intent AS (
