@@ -385,8 +385,6 @@ ALTER TABLE dispatcher.intents ADD CONSTRAINT intents_timeout_s_positive CHECK (
 
 ALTER TABLE dispatcher.intents ADD CONSTRAINT jobs_key_check CHECK (length(key) >= 1 AND length(key) <= 255);
 
-ALTER TABLE dispatcher.intents ADD CONSTRAINT jobs_key_key UNIQUE (key);
-
 ALTER TABLE dispatcher.intents ADD CONSTRAINT jobs_max_attempts_check CHECK (max_attempts >= 1);
 
 ALTER TABLE dispatcher.intents ADD CONSTRAINT jobs_max_retry_age_s_check CHECK (max_retry_age_s >= 0);
@@ -517,7 +515,7 @@ CREATE INDEX jobs_due_at_id ON dispatcher.job_state USING btree (due_at, id);
 
 CREATE INDEX jobs_handler_id ON dispatcher.intents USING btree (handler, id);
 
-CREATE INDEX jobs_key_prefix_id ON dispatcher.intents USING btree (key text_pattern_ops) INCLUDE (id);
+CREATE UNIQUE INDEX jobs_key_prefix_id ON dispatcher.intents USING btree (key text_pattern_ops) INCLUDE (id);
 
 CREATE INDEX jobs_last_error_trgm ON dispatcher.job_state USING gin (last_error gin_trgm_ops) WHERE (last_error IS NOT NULL);
 
@@ -1079,7 +1077,8 @@ BEGIN
         VALUES (key, fingerprint, queue_name, tenant_name, handler, version, target, payload,
                 coalesce(max_attempts, defaults.max_attempts),
                 coalesce(max_retry_age_s, defaults.max_retry_age_s), prio, ckey)
-            ON CONFLICT ON CONSTRAINT jobs_key_key DO NOTHING
+            -- the key's unique index (migration 046), qualified: `key` alone is the parameter here
+            ON CONFLICT ((j.key)) DO NOTHING
         RETURNING j.id INTO new_id;
         IF new_id IS NOT NULL THEN
             -- one cached index probe first: the ledger almost never holds a new job's key, and
@@ -1354,6 +1353,9 @@ AS $function$
 DECLARE
     n          integer := coalesce(cardinality(keys), 0);
     ids        bigint[];           -- each item's id, drawn up front (see above)
+    -- looked up once: inside the query below it was looked up per item (a catalog scan each),
+    -- 3 of a bulk job's ~26 us of PostgreSQL CPU (measured, 2026-12-03 evening)
+    id_seq     regclass := pg_get_serial_sequence('dispatcher.intents', 'id')::regclass;
     pending    integer[];          -- NULL = every item; else the ordinals still unresolved
     results    dispatcher.enqueue_result[];
     outbox     boolean := dispatcher.ready_outbox();
@@ -1392,8 +1394,7 @@ BEGIN
                                          max_retry_age_s, priorities, concurrency_keys);
         checked := true;
     END IF;
-    ids := ARRAY(SELECT nextval(pg_get_serial_sequence('dispatcher.intents', 'id')::regclass)
-                   FROM generate_series(1, n));
+    ids := ARRAY(SELECT nextval(id_seq) FROM generate_series(1, n));
 
     LOOP
         WITH ins_intent AS (
