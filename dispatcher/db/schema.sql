@@ -1400,7 +1400,7 @@ BEGIN
         WITH ins_intent AS (
             INSERT INTO dispatcher.intents AS j
                    (id, key, request_hash, queue, tenant, handler, handler_version, target, payload,
-                    max_attempts, max_retry_age_s, run_key, priority, concurrency_key)
+                    max_attempts, max_retry_age_s, run_key, priority, concurrency_key, size_bytes)
             OVERRIDING SYSTEM VALUE
             SELECT u.id, u.k,
                    dispatcher.request_fingerprint(u.h, u.tg, u.p, coalesce(u.q, 'default'),
@@ -1408,7 +1408,9 @@ BEGIN
                                                   coalesce(u.pr, 0), u.asked_ck),
                    coalesce(u.q, 'default'), coalesce(u.t, ''), u.h, u.hv, u.tg,
                    u.p, coalesce(u.ma, u.queue_ma), coalesce(u.mra, u.queue_mra), u.rk,
-                   coalesce(u.pr, 0), u.ck
+                   coalesce(u.pr, 0), u.ck,
+                   -- what the trigger intents_size_bytes would write, without its call per row
+                   dispatcher.stored_bytes(u.p, u.tg)
               FROM (SELECT u.k, u.h, u.p, u.d, u.q, u.t, u.tg, u.ma, u.mra, u.rk, u.id, u.o,
                            u.pr, u.ck AS asked_ck,
                            dispatcher.effective_concurrency_key(u.ck, coalesce(u.t, '')) AS ck,
@@ -2630,7 +2632,9 @@ AS $function$
            AND l.classid = 1684632439::oid AND l.objid = 0::oid)
 $function$;
 
-CREATE TRIGGER intents_size_bytes BEFORE INSERT OR UPDATE OF payload, target ON dispatcher.intents FOR EACH ROW EXECUTE FUNCTION dispatcher.intent_bytes();
+CREATE TRIGGER intents_size_bytes BEFORE INSERT ON dispatcher.intents FOR EACH ROW WHEN (new.size_bytes IS NULL) EXECUTE FUNCTION dispatcher.intent_bytes();
+
+CREATE TRIGGER intents_size_bytes_changed BEFORE UPDATE OF payload, target ON dispatcher.intents FOR EACH ROW EXECUTE FUNCTION dispatcher.intent_bytes();
 
 CREATE TRIGGER job_state_callback AFTER UPDATE OF state ON dispatcher.job_state FOR EACH ROW WHEN (new.has_callback AND (new.state = ANY (ARRAY['succeeded'::text, 'dead'::text])) AND old.state IS DISTINCT FROM new.state) EXECUTE FUNCTION dispatcher.job_callback();
 
