@@ -91,7 +91,8 @@ async def test_a_row_stored_without_its_size_is_measured_by_the_claim(
 ) -> None:
     await enqueue(registered, [100 * KB] * 4)
     # as before migration 020 (and the value stored compressed, as an old row's may be)
-    await pool.execute("ALTER TABLE dispatcher.intents DISABLE TRIGGER intents_size_bytes")
+    for trigger in ("intents_size_bytes", "intents_size_bytes_changed"):
+        await pool.execute(f"ALTER TABLE dispatcher.intents DISABLE TRIGGER {trigger}")
     await pool.execute(
         "UPDATE dispatcher.intents SET size_bytes = NULL,"
         " payload = jsonb_build_object('p', repeat('x', 100000))"
@@ -122,3 +123,23 @@ async def test_the_size_counts_the_target_too(pool: asyncpg.Pool) -> None:
     await pool.execute("SELECT dispatcher.enqueue('t', 'http', '{}', target => $1::jsonb)", target)
     size = await pool.fetchval("SELECT size_bytes FROM dispatcher.intents WHERE key = 't'")
     assert 50_000 <= size < 50_300
+
+
+async def test_a_size_is_written_by_the_batch_and_measured_again_when_the_payload_changes(
+    pool: asyncpg.Pool,
+) -> None:
+    """The batch door writes the size in its insert (the insert trigger then does nothing); a
+    later change of payload or target is measured by the update trigger."""
+    await pool.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('work', 'python')")
+    await pool.execute(
+        "SELECT dispatcher.enqueue_many(ARRAY['a', 'b'], ARRAY['work', 'work'],"
+        " ARRAY[jsonb_build_object('p', repeat('x', 5000)), '{}'::jsonb])"
+    )
+    sizes = dict(await pool.fetch("SELECT key, size_bytes FROM dispatcher.intents"))
+    assert 5000 <= sizes["a"] < 5200 and 0 < sizes["b"] < 100, sizes
+    await pool.execute(
+        "UPDATE dispatcher.intents SET payload = jsonb_build_object('p', repeat('y', 9000))"
+        " WHERE key = 'b'"
+    )
+    size = await pool.fetchval("SELECT size_bytes FROM dispatcher.intents WHERE key = 'b'")
+    assert 9000 <= size < 9200, size

@@ -115,7 +115,8 @@ BEGIN
         VALUES (key, fingerprint, queue_name, tenant_name, handler, version, target, payload,
                 coalesce(max_attempts, defaults.max_attempts),
                 coalesce(max_retry_age_s, defaults.max_retry_age_s), prio, ckey)
-            ON CONFLICT ON CONSTRAINT jobs_key_key DO NOTHING
+            -- the key's unique index (migration 046), qualified: `key` alone is the parameter here
+            ON CONFLICT ((j.key)) DO NOTHING
         RETURNING j.id INTO new_id;
         IF new_id IS NOT NULL THEN
             -- one cached index probe first: the ledger almost never holds a new job's key, and
