@@ -151,7 +151,11 @@ BEGIN
                        has_callback = num_nonnulls(enqueue.on_success, enqueue.on_failure) > 0
                  WHERE s.id = new_id;
             END IF;
-            PERFORM dispatcher.wake(new_state);  -- only while a daemon listens
+            IF new_state = 'ready' THEN  -- only while a claim loop of the queue waits
+                PERFORM dispatcher.wake_queue(queue_name);
+            ELSE  -- only while a daemon listens
+                PERFORM dispatcher.wake('scheduled');
+            END IF;
             RETURN new_id;
         END IF;
         SELECT j.id, j.request_hash INTO found_id, found_hash
