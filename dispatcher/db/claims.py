@@ -103,13 +103,13 @@ class ClaimConnections(Service):
         async with self._borrow() as conn:
             return bool(await conn.fetchval(_READY_LEFT, queue, capabilities))
 
-    async def ready_after_intake(self, queue: str, capabilities: list[str]) -> bool:
+    async def ready_after_intake(self, queue: str, capabilities: list[str]) -> bool | None:
         """`ready_left`, once every enqueue into `queue` that probed its wake gate before this
         loop took it has committed (db/functions/10_wake.sql): the look a claim loop takes
-        after taking the gate, before it waits. True also when such an enqueue stays open for
-        long: claim again, and come back."""
+        after taking the gate, before it waits. None: such an enqueue is still open (1 s)."""
         async with self._borrow() as conn:
-            return bool(await conn.fetchval(_READY_AFTER_INTAKE, queue, capabilities))
+            ready: bool | None = await conn.fetchval(_READY_AFTER_INTAKE, queue, capabilities)
+            return ready
 
     @translate_unavailable
     async def claim_delivered(

@@ -11,7 +11,7 @@ SELECT true FROM dispatcher.job_state s
 -- name: ready_after_intake
 -- `ready_left` for a claim loop that has just taken queue $1's wake gate: first waits (bounded)
 -- for the enqueues into it that probed the gate before, so the look sees them
--- (db/functions/10_wake.sql). True when that wait ran out.
+-- (db/functions/10_wake.sql). NULL when that wait ran out.
 SELECT dispatcher.ready_after_intake($1, $2::text[]);
 
 -- name: poll_work

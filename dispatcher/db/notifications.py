@@ -107,6 +107,12 @@ class WakeListener(LoopService):
             return True
         return False
 
+    def look_again(self, queue: str) -> None:
+        """The loop's look after taking `queue`'s gate did not happen: the next `hold_gate`
+        says True again."""
+        if queue in self._held:
+            self._unsettled.add(queue)
+
     def let_go(self, queue: str) -> None:
         """`queue`'s loop is busy: give its gate back (in the background; a `hold_gate` before
         that runs keeps it)."""

@@ -2215,7 +2215,7 @@ BEGIN
     BEGIN
         PERFORM pg_advisory_xact_lock(1684632425, hashtext(queue));
     EXCEPTION WHEN lock_not_available THEN
-        RETURN true;
+        RETURN NULL;
     END;
     -- a volatile function's statement takes a new snapshot: the commits waited for are in it
     RETURN EXISTS (

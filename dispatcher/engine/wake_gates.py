@@ -36,9 +36,13 @@ class WakeGates:
         if not await self._listener.hold_gate(queue):
             return False  # held since the last look (every enqueue after it notifies), or down
         try:
-            return await self._claims.ready_after_intake(queue, self._capabilities)
-        except Exception:  # the next claim says what is wrong
+            ready = await self._claims.ready_after_intake(queue, self._capabilities)
+        except Exception:  # the next claim says what is wrong; the look comes again after it
+            ready = None
+        if ready is None:  # an enqueue still open: claim again, then wait for it once more
+            self._listener.look_again(queue)
             return True
+        return ready
 
     def busy(self, queue: str) -> None:
         self._listener.let_go(queue)

@@ -232,14 +232,17 @@ async def test_the_look_gives_up_on_an_enqueue_left_open_and_says_claim_again(
     db_url: str, conn: asyncpg.Connection
 ) -> None:
     """A business transaction that enqueued and stays open: the look waits at most its bound
-    (1 s), then answers True (claim again, and come back) rather than hold a claim connection."""
+    (1 s), then answers NULL (claim again, and come back) rather than hold a claim connection."""
     looker = await asyncpg.connect(db_url)
     try:
         async with conn.transaction():
             await conn.execute(ENQUEUE_NOW, "left-open")
             async with asyncio.timeout(NOTICE_S):
-                assert await looker.fetchval(
-                    "SELECT dispatcher.ready_after_intake('default', $1)", CAPS
+                assert (
+                    await looker.fetchval(
+                        "SELECT dispatcher.ready_after_intake('default', $1)", CAPS
+                    )
+                    is None
                 )
     finally:
         await looker.close()

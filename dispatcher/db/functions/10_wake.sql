@@ -115,8 +115,9 @@ $$;
 -- After taking the queue's gate: wait until every enqueue into `queue` that probed before it
 -- has committed (the intake lock, exclusively, for an instant), then, with a fresh snapshot,
 -- whether a ready job of `queue` this daemon can run ($2 = handler:version list) is there.
--- True also when an enqueue transaction stays open past the bound: the loop claims again and
--- comes back, rather than wait on a connection it shares with other queues' claims.
+-- NULL when an enqueue transaction stays open past the bound (1 s): the loop claims again and
+-- comes back to wait once more, rather than hold a connection it shares with other queues'
+-- claims (a business transaction left open costs that queue a claim a second until it ends).
 CREATE OR REPLACE FUNCTION dispatcher.ready_after_intake(queue text, capabilities text[])
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SET lock_timeout = '1s' AS $$
@@ -124,7 +125,7 @@ BEGIN
     BEGIN
         PERFORM pg_advisory_xact_lock(1684632425, hashtext(queue));
     EXCEPTION WHEN lock_not_available THEN
-        RETURN true;
+        RETURN NULL;
     END;
     -- a volatile function's statement takes a new snapshot: the commits waited for are in it
     RETURN EXISTS (
