@@ -83,13 +83,15 @@ class WakeListener(LoopService):
         self._held: set[str] = set()  # queue gates this connection's session holds
         self._unsettled: set[str] = set()  # held, but no loop looked after taking them
         self._letting_go: set[asyncio.Task[None]] = set()
+        self._letting_go_of: set[str] = set()  # queues with a let-go task not yet done
 
     async def hold_gate(self, queue: str) -> bool:
         """Hold `queue`'s gate. True: taken since the loop's last look after one (look again,
         after the queue's intake settled); False: held and looked after already, or no
         connection now (the reconnect takes it and wakes every loop)."""
         self._wanted.add(queue)
-        if queue not in self._held:
+        # a let-go under way may give the gate back after this call: wait for it, then look
+        if queue not in self._held or queue in self._letting_go_of:
             async with self._busy:
                 conn = self._conn
                 if conn is None or queue not in self._wanted:
@@ -117,20 +119,24 @@ class WakeListener(LoopService):
         """`queue`'s loop is busy: give its gate back (in the background; a `hold_gate` before
         that runs keeps it)."""
         self._wanted.discard(queue)
-        if queue in self._held:
+        if queue in self._held and queue not in self._letting_go_of:
+            self._letting_go_of.add(queue)
             task = asyncio.create_task(self._let_go(queue))
             self._letting_go.add(task)
             task.add_done_callback(self._letting_go.discard)
 
     async def _let_go(self, queue: str) -> None:
-        async with self._busy:
-            conn = self._conn
-            if queue in self._wanted or queue not in self._held or conn is None:
-                return
-            with contextlib.suppress(Exception):  # lost with the session anyway
-                await conn.execute("SELECT dispatcher.let_go_queue_gate($1)", queue)
-            self._held.discard(queue)
-            self._unsettled.discard(queue)
+        try:
+            async with self._busy:
+                conn = self._conn
+                if queue in self._wanted or queue not in self._held or conn is None:
+                    return
+                with contextlib.suppress(Exception):  # lost with the session anyway
+                    await conn.execute("SELECT dispatcher.let_go_queue_gate($1)", queue)
+                self._held.discard(queue)
+                self._unsettled.discard(queue)
+        finally:
+            self._letting_go_of.discard(queue)
 
     async def _hold_all(self, conn: asyncpg.Connection) -> None:
         """After LISTEN: the daemon gate, and the gates of loops waiting now."""

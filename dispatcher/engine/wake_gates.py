@@ -2,7 +2,8 @@
 for work holds its queue's gate, so intake into the queue notifies, and a busy loop (it claims
 again anyway) lets it go, so intake into a busy queue commits without a notice and its commits
 share WAL flushes again. One per call from 16 clients with a daemon running and draining did
-400 jobs/s when every enqueue notified (docs/performance/index.md, "The wake gates").
+400-620 jobs/s when every enqueue notified (docs/performance/index.md, "The wake gate (one per
+call)").
 
 After taking the gate the loop looks once more, once the queue's intake has settled: an enqueue
 that probed before the gate was taken sent no notice, and has committed by then."""

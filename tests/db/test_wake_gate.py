@@ -169,6 +169,22 @@ async def test_a_waiting_loop_hears_its_queue_alone_until_it_is_busy(
         assert await listener.hold_gate("default")  # taken again: look again
 
 
+async def test_a_gate_wanted_again_while_it_is_being_let_go_stays_held(
+    db_url: str, conn: asyncpg.Connection
+) -> None:
+    """A loop busy for one claim lets its gate go in the background; waiting again before that
+    let-go has run must not leave it waiting on a gate given back behind it."""
+    async with listener_of(db_url) as (listener, _):
+        for turn in range(20):  # the let-go at each stage of its round trip
+            assert await listener.hold_gate("default") in (True, False)
+            listener.let_go("default")
+            for _ in range(turn % 4):
+                await asyncio.sleep(0)
+            await listener.hold_gate("default")
+            await listener.hold_gate("default")  # after any let-go still under way
+            assert await conn.fetchval("SELECT dispatcher.wake_gate_held('default')")
+
+
 async def test_over_rabbitmq_every_ready_intake_takes_the_daemon_gate(
     db_url: str, conn: asyncpg.Connection, notices: Notices
 ) -> None:

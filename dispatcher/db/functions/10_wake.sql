@@ -3,7 +3,7 @@
 -- its commit, held through the WAL flush, so enqueues that each notify commit one at a time and
 -- never share a flush: with no daemon to hear it, one-per-call intake ran at a third of the
 -- rate it has without (622 against 1,783 jobs/s), and with a daemon running and draining at a
--- quarter (400 against 1,604, docs/performance/index.md "The wake gates").
+-- quarter (400 against 1,604, docs/performance/index.md "The wake gate (one per call)").
 --
 -- Two gates, both shared session-level advisory locks on a daemon's wake-up listener connection
 -- (db/notifications.py), so every daemon can hold them at once and a killed daemon's go with its
