@@ -7,6 +7,8 @@ its commit wait behind every other notifier's (docs/performance/index.md, "The w
 Reports jobs/s of intake, the notices intake sent per job (a LISTENing connection counts them),
 and how long after the last enqueue the daemon had started and finished every job. Each round
 runs on a fresh database of the benchmark server (DATABASE_URL, or an embedded one).
+`BENCH_PATCHES=nonotify` sends no notice at all (jobs then start by the work poll): the ceiling
+of any way of sparing intake its notices.
 
     .venv/bin/python -m tests.bench.bench_intake_draining [--jobs 20000] [--rounds 1]
 """
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import asyncpg
 
-from tests.bench.common import Server, wait_for_quiet
+from tests.bench.common import Server, apply_sql_patches, wait_for_quiet
 from tests.bench.peers.run import Dispatcher, wait_done, warm_up
 
 CLIENTS = 16
@@ -31,7 +33,13 @@ QUIET_S = 8.0
 
 async def round_once(server: Server, tmp: Path, jobs: int) -> dict[str, float]:
     system = Dispatcher(server, tmp)
-    async with system.database() as dsn, system.worker(dsn):
+    async with system.database() as dsn:
+        await apply_sql_patches(dsn)  # BENCH_PATCHES=nonotify: no notice at all, the ceiling
+        return await measure(system, dsn, jobs)
+
+
+async def measure(system: Dispatcher, dsn: str, jobs: int) -> dict[str, float]:
+    async with system.worker(dsn):
         await warm_up(system, dsn)
         listener = await asyncpg.connect(dsn)
         notices = 0
