@@ -140,6 +140,7 @@ BEGIN
             IF new_state = 'ready' AND dispatcher.ready_outbox() THEN
                 INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
                 VALUES (new_id, queue_name, tenant_name, handler || ':' || version, prio);
+                new_state := 'relayed';  -- for the wake-up below only: the row says 'ready'
             END IF;
             IF num_nonnulls(timeout_s, expires_at, on_success, on_failure) > 0 THEN
                 UPDATE dispatcher.intents i
@@ -153,7 +154,9 @@ BEGIN
             END IF;
             IF new_state = 'ready' THEN  -- only while a claim loop of the queue waits
                 PERFORM dispatcher.wake_queue(queue_name);
-            ELSE  -- only while a daemon listens
+            ELSIF new_state = 'relayed' THEN  -- an idle relay waits for ready work: any daemon
+                PERFORM dispatcher.wake('ready');
+            ELSE  -- a new due time: only while a daemon listens
                 PERFORM dispatcher.wake('scheduled');
             END IF;
             RETURN new_id;

@@ -74,13 +74,14 @@ $$;
 
 -- A job of `queue` is ready now: notify ('ready:' || queue) only while a claim loop of that
 -- queue waits for work (its gate), and otherwise hold the queue's intake lock until commit (see
--- the header). Over RabbitMQ the relays wait for ready work: the daemon gate, as `wake('ready')`.
+-- the header). Over RabbitMQ (`ready_outbox()`) the relays wait for ready work: the caller,
+-- which has read that setting already, calls `wake('ready')` instead.
 CREATE OR REPLACE FUNCTION dispatcher.wake_queue(queue text) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     k integer;
 BEGIN
-    IF queue IS NULL OR dispatcher.ready_outbox() THEN
+    IF queue IS NULL THEN
         PERFORM dispatcher.wake('ready');
         RETURN;
     END IF;
