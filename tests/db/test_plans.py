@@ -50,9 +50,45 @@ def assert_no_job_scan(text: str) -> None:
 
 
 async def plan(pool: asyncpg.Pool, statement: str, *args: object) -> str:
+    """The plan of `statement`; for one that calls a function doing the work (CALLS_A_FUNCTION),
+    the plans of that function's own statements, as they ran (rolled back)."""
+    if statement in CALLS_A_FUNCTION:
+        return await nested_plans(pool, statement, *args)
     async with pool.acquire() as conn, conn.transaction():
         rows = await conn.fetch("EXPLAIN " + statement, *args)
         return "\n".join(r[0] for r in rows)
+
+
+# An EXPLAIN of these shows only a call (a function scan): what reads the jobs is inside
+CALLS_A_FUNCTION = {query("claim_ready")}
+
+
+async def nested_plans(pool: asyncpg.Pool, statement: str, *args: object) -> str:
+    """Run `statement` in a transaction that is rolled back (the module's data set is shared)
+    and return the plans auto_explain logged for every statement it ran, nested ones included."""
+    notices: list[str] = []
+
+    def collect(_conn: object, message: asyncpg.PostgresLogMessage) -> None:
+        notices.append(message.message)
+
+    async with pool.acquire() as conn:
+        conn.add_log_listener(collect)
+        transaction = conn.transaction()
+        await transaction.start()
+        try:
+            await conn.execute("LOAD 'auto_explain'")
+            await conn.execute(
+                "SET LOCAL auto_explain.log_min_duration = 0;"
+                " SET LOCAL auto_explain.log_nested_statements = on;"
+                " SET LOCAL auto_explain.log_level = notice"
+            )
+            await conn.fetch(statement, *args)
+        finally:
+            await transaction.rollback()
+            conn.remove_log_listener(collect)
+    plans = [n for n in notices if "plan:" in n]
+    assert plans, notices
+    return "\n".join(plans)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,137 @@
+-- Claim up to `wanted` ready jobs of queue `q` that this worker can run (`caps`: handler:version
+-- list) and lease them to `owner` for `lease_s` seconds: the lowest priority value first; within
+-- one priority, tenants take turns from where this claimer's previous claim stopped
+-- (`after_priority`, `after_tenant`: the marker row's cursor; NULL at first), so every tenant is
+-- reached whatever their number; within a tenant, the earliest due first (dispatcher.claim_pick,
+-- migration 023). One statement takes a ready job straight to running (no outbox row to read or
+-- delete, migration 015). The queue's global limits (migration 013) grant how many may start;
+-- the last row, always present, gives back what the claim did not use and carries the seconds
+-- until a token is free (NULL: none missing).
+-- The daemon's memory budget (migration 020): of the jobs picked, the claim takes the longest
+-- prefix whose payload and target bytes fit in `byte_budget`; with `alone` (the daemon holds
+-- nothing else) the first job is taken whatever its size.
+--
+-- A function, for its plan: the daemon's sessions plan every statement with its parameters
+-- (force_custom_plan, db/pool.py), and planning this statement took about a third of a claim
+-- of one job (0.9 of 2.8 ms per claim in the peer benchmark's W3, pg_stat_statements with
+-- track_planning). Its plan does not depend on the parameters' values: every read of a job's
+-- rows is by id (the functions it calls walk the claim index themselves). Kept per connection
+-- (plan_cache_mode = auto), with no sequential scan, so a plan kept from an empty table still
+-- probes the primary keys once a burst has filled them (10_claim_pick.sql says why).
+-- Returns the claimed jobs, then one marker row (its first 17 columns NULL).
+CREATE OR REPLACE FUNCTION dispatcher.claim_ready(
+    q text, wanted integer, caps text[], owner text, lease_s float8, byte_budget bigint,
+    alone boolean, after_priority integer, after_tenant text)
+RETURNS TABLE (
+    id bigint, key text, queue text, tenant text, handler text, handler_version integer,
+    target jsonb, payload jsonb, attempt integer, max_attempts integer, due_at timestamptz,
+    progress jsonb, run_key text, due_to_start_s float8, traceparent text, size_bytes bigint,
+    timeout_s float8, taken_count integer, wait_s float8, held_back boolean,
+    cursor_priority smallint, cursor_tenant text, key_throttled boolean, expired_count integer)
+LANGUAGE plpgsql VOLATILE
+-- planned once per connection and kept, by index whatever the statistics (see above)
+SET plan_cache_mode = auto SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH grant_ AS MATERIALIZED (
+        SELECT granted, wait_s FROM dispatcher.claim_grant(q, wanted)
+    ), candidates AS MATERIALIZED (
+        -- a paused queue offers nothing (claim_pick looks first)
+        SELECT p.id, p.pos, p.priority, p.tenant, p.turn
+          FROM grant_ g
+         CROSS JOIN LATERAL dispatcher.claim_pick(q, g.granted, caps, after_priority,
+                                                  after_tenant) p
+    ), budgeted AS MATERIALIZED (
+        -- The one primary-key probe of the intents per candidate, for its size (migration 020)
+        -- and for what the claimed job carries (a payload stays a TOAST pointer until it is
+        -- sent). Probed here for the size and again for the jobs claimed, the intents made a claim
+        -- of 1,000 no-op jobs among 20,000 26 % slower than before migration 020 (median 44 ->
+        -- 56 ms, 2 loaded cores); read once, 6 % (47 ms).
+        SELECT b.* FROM (
+            SELECT c.pos, z.*, sum(z.size_bytes) OVER (ORDER BY c.pos) AS upto
+              FROM candidates c
+             CROSS JOIN LATERAL (
+                   SELECT i.id, i.key, i.tenant, i.handler, i.handler_version, i.target, i.payload,
+                          i.max_attempts, i.traceparent, i.timeout_s,
+                          coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
+                          AS size_bytes, i.concurrency_key
+                     FROM dispatcher.intents i WHERE i.id = c.id OFFSET 0) z) b
+         WHERE b.upto <= byte_budget OR (b.pos = 1 AND alone)
+    ), keyed AS MATERIALIZED (
+        -- what each job's concurrency key may start now (migration 024); the rest stay ready.
+        -- `claimed` starts (or ends expired) every job kept: key_take counts their starts itself
+        SELECT dispatcher.key_take(q, ARRAY(SELECT id FROM budgeted ORDER BY pos),
+                                   ARRAY(SELECT concurrency_key FROM budgeted ORDER BY pos),
+                                   true) AS ids
+    ), keys_full AS MATERIALIZED (
+        -- keys at their limit as the claim began (the pick skipped their jobs): the claim loop
+        -- looks again soon, and the claim counts as throttled (dispatcher_key_throttled_claims)
+        SELECT dispatcher.key_wait_s() AS wait_s
+    ), claimed AS (
+        -- A job whose time to live passed after the scan moved it is ended here instead of
+        -- started (`dead`, `expired`; migration 030): the same update, so no row is read twice.
+        UPDATE dispatcher.job_state s
+           SET state = CASE WHEN s.expires_at <= now() THEN 'dead' ELSE 'running' END,
+               attempt = CASE WHEN s.expires_at <= now() THEN s.attempt ELSE s.attempt + 1 END,
+               lease_owner = CASE WHEN s.expires_at <= now() THEN NULL ELSE owner END,
+               lease_expires_at = CASE WHEN s.expires_at <= now() THEN NULL
+                                       ELSE now() + make_interval(secs => lease_s) END,
+               started_at = CASE WHEN s.expires_at <= now() THEN s.started_at ELSE now() END,
+               dead_reason = CASE WHEN s.expires_at <= now() THEN 'expired' ELSE s.dead_reason END,
+               finished_at = CASE WHEN s.expires_at <= now() THEN now() ELSE s.finished_at END,
+               last_error = CASE WHEN s.expires_at <= now()
+                                 THEN 'expired at ' || s.expires_at || ' before an attempt started'
+                                 ELSE s.last_error END
+         WHERE s.id = ANY ((SELECT ids FROM keyed)::bigint[])  -- locked above: still ready
+        RETURNING s.id, s.queue, s.attempt, s.due_at, s.progress, s.run_key, s.state
+    ), started AS (
+        SELECT c.id, i.key, c.queue, i.tenant, i.handler, i.handler_version, i.target, i.payload,
+               c.attempt, i.max_attempts,
+               -- A due time out of range (stored before migration 006, or with its check
+               -- dropped) must not fail the claim of its whole queue: `now() - '-infinity'`
+               -- raises, and a year Python cannot hold fails the read. Report the nearest end
+               -- of the range, and no lateness.
+               least(greatest(c.due_at, lower(dispatcher.due_at_range())),
+                     upper(dispatcher.due_at_range())) AS due_at,
+               c.progress, c.run_key,
+               CASE WHEN c.due_at <@ dispatcher.due_at_range()
+                    THEN extract(epoch FROM now() - c.due_at) ELSE 0 END::float8 AS due_to_start_s,
+               i.traceparent,
+               i.size_bytes,
+               i.timeout_s  -- the 17th column, last of those `Job` is built from by position
+          FROM claimed c
+          JOIN budgeted i ON i.id = c.id
+         WHERE c.state = 'running'
+    )
+    SELECT c.*, (SELECT cardinality(ids) FROM keyed)::int AS taken_count, NULL::float8 AS wait_s,
+           NULL::boolean AS held_back, NULL::smallint AS cursor_priority, NULL::text AS cursor_tenant,
+           NULL::boolean AS key_throttled, NULL::int AS expired_count
+      FROM started c
+    UNION ALL
+    -- the marker row: how many ready jobs the claim took (those picked beyond the memory budget
+    -- are left ready, unlocked at commit), the limiter's wait, and whether the memory budget held
+    -- picked jobs back (then, and only then, the claim loop waits for bytes to be freed); keys at
+    -- their limit (migration 024) make the loop look again soon, as their slots free; and how many
+    -- it ended expired
+    SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+           NULL, NULL, (SELECT cardinality(ids) FROM keyed)::int,
+           coalesce(dispatcher.claim_settle(q, g.granted, (SELECT count(*) FROM started)::int,
+                                            g.wait_s),
+                    (SELECT wait_s FROM keys_full)),
+           (SELECT count(*) FROM candidates) > (SELECT count(*) FROM budgeted),
+           -- the cursor: the last tenant served at the last priority reached
+           c.priority, c.tenant,
+           (SELECT wait_s IS NOT NULL FROM keys_full)
+           OR (SELECT cardinality(ids) FROM keyed) < (SELECT count(*) FROM budgeted),
+           (SELECT count(*) FROM claimed WHERE state = 'dead')::int  -- ended expired (030)
+      FROM grant_ g
+      -- the jobs kept are a prefix of the candidates (a running sum of sizes under the
+      -- budget): compared by position, not each id against an array of all of them (that
+      -- was 1,000 x 1,000 comparisons, 3.4 of 39 ms of a claim of 1,000)
+      LEFT JOIN (SELECT x.priority, x.tenant FROM candidates x
+                  WHERE x.pos <= (SELECT max(b.pos) FROM budgeted b)
+                  ORDER BY x.priority DESC, x.turn DESC LIMIT 1) c ON true;
+END
+$$;
