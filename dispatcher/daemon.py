@@ -55,6 +55,7 @@ from dispatcher.engine.live_settings import LiveSettings
 from dispatcher.engine.pool import LeaseHeartbeat, QueueWorker, WorkerPool
 from dispatcher.engine.pruning import Pruner
 from dispatcher.engine.sampler import MetricsSampler
+from dispatcher.engine.wake_gates import QueueGate, WakeGates
 from dispatcher.engine.work_poll import (
     CLAIM_LOOP_IDLE_S,
     DUE_SCAN_IDLE_S,
@@ -237,7 +238,13 @@ class Daemon:
         wake = Wakeups()
         claims = self._claims = ClaimConnections(pools["claims"], pools.budget.claims)
         handlers = JobRepository(pools["handlers"])
-        workers = self._workers(effects, engine, claims, handlers, completer, wake)
+        wake_listener = WakeListener(dsn, wake) if s.database.wakeups == "listen" else None
+        # a claim loop about to wait holds its queue's gate, so intake notifies only then; over
+        # RabbitMQ the relays wait for ready work, and every ready intake notifies
+        gates = None
+        if wake_listener is not None and s.transport != "rabbitmq":
+            gates = WakeGates(wake_listener, claims, capabilities(s))
+        workers = self._workers(effects, engine, claims, handlers, completer, wake, gates)
         judge = GoneOwners()  # which other daemons died: their running jobs are rescued
         timing = TimingEngine()  # when every periodic job, wake-up and cron fire runs
         scanner = DueScanner(
@@ -300,7 +307,7 @@ class Daemon:
             workers,
             scanner,
             poller,
-            *([WakeListener(dsn, wake)] if s.database.wakeups == "listen" else []),
+            *([wake_listener] if wake_listener is not None else []),
             cron,
             sdnotify.Watchdog(),
         ]
@@ -391,6 +398,7 @@ class Daemon:
         handlers: JobRepository,
         completer: Completer,
         wake: Wakeups,
+        gates: QueueGate | None,
     ) -> WorkerPool:
         s = self.settings
         timeouts = {n: h.timeout_s for n, h in s.handlers.items()}
@@ -450,7 +458,15 @@ class Daemon:
 
         budget = PayloadBudget(s.max_inflight_payload_bytes)  # one for all queues
         workers = [
-            QueueWorker(q, qs, transport, executor(q), idle_poll_s=CLAIM_LOOP_IDLE_S, budget=budget)
+            QueueWorker(
+                q,
+                qs,
+                transport,
+                executor(q),
+                idle_poll_s=CLAIM_LOOP_IDLE_S,
+                budget=budget,
+                gate=gates,
+            )
             for q, qs in s.queues.items()
         ]
         return WorkerPool(

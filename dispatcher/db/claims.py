@@ -45,6 +45,7 @@ from dispatcher.runtime.lifecycle import Service
 log = logging.getLogger(__name__)
 
 _READY_LEFT = query("ready_left")
+_READY_AFTER_INTAKE = query("ready_after_intake")
 
 # A claim takes 1-30 ms; a loop that waited this long for one of the claim connections is
 # starved (statements stuck behind locks, or far more loops than connections), not unlucky.
@@ -103,6 +104,14 @@ class ClaimConnections(Service):
         due-now jobs paid that claim once per job."""
         async with self._borrow() as conn:
             return bool(await conn.fetchval(_READY_LEFT, queue, capabilities))
+
+    async def ready_after_intake(self, queue: str, capabilities: list[str]) -> bool | None:
+        """`ready_left`, once every enqueue into `queue` that probed its wake gate before this
+        loop took it has committed (db/functions/10_wake.sql): the look a claim loop takes
+        after taking the gate, before it waits. None: such an enqueue is still open (1 s)."""
+        async with self._borrow() as conn:
+            ready: bool | None = await conn.fetchval(_READY_AFTER_INTAKE, queue, capabilities)
+            return ready
 
     @translate_unavailable
     async def claim_delivered(

@@ -8,6 +8,12 @@ SELECT true FROM dispatcher.job_state s
  ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id  -- jobs_ready_claim (migration 023)
  LIMIT 1;
 
+-- name: ready_after_intake
+-- `ready_left` for a claim loop that has just taken queue $1's wake gate: first waits (bounded)
+-- for the enqueues into it that probed the gate before, so the look sees them
+-- (db/functions/10_wake.sql). NULL when that wait ran out.
+SELECT dispatcher.ready_after_intake($1, $2::text[]);
+
 -- name: poll_work
 -- The one look an idle daemon takes per poll: which of queues $1 (not paused) have a ready job
 -- this daemon can run ($2 = handler:version list), how long until the earliest scheduled job

@@ -2,14 +2,16 @@
 and the start-up check that the database URL keeps a session, without which LISTEN hears
 nothing (docs/pooling.md).
 
-The listener connection also holds the wake gate (db/functions/10_wake.sql): `dispatcher.wake`
-sends NOTIFY only while some session holds it, because a transaction that notifies commits
-behind every other notifier. The gate is taken after LISTEN and before the first look for work:
-a job committed before the look is found by it, and an enqueue that probes the gate after it is
-taken notifies, and is heard. One that probed before and commits after the look (a transaction
-in flight while the first daemon starts) is found by the work poll, within `scan_interval_s`.
-Every listening daemon holds the gate (a shared lock), so when one dies the others hold it
-already and nothing is taken over; a listener that reconnects takes it again."""
+The listener connection also holds the wake gates (db/functions/10_wake.sql): intake sends
+NOTIFY only while some session holds the gate it probes, because a transaction that notifies
+commits behind every other notifier. The daemon gate (new due times, notices naming no queue) is
+taken after LISTEN and before the first look for work, and kept: a job committed before the look
+is found by it, an enqueue that probes the gate after it is taken notifies, and is heard. A
+queue's gate is taken for a claim loop about to wait for work (`hold_queue_gate`) and given back
+when the loop is busy again (`let_go_queue_gate`); the loop then looks once more after the
+queue's intake settled (engine/wake_gates.py). Every daemon holds its gates itself (shared
+locks), so when one dies the others hold theirs already and nothing is taken over; a listener
+that reconnects takes the daemon gate and every queue gate still wanted again."""
 
 from __future__ import annotations
 
@@ -57,10 +59,16 @@ async def check_sessions_stay(dsn: str) -> None:
 
 
 class WakeListener(LoopService):
-    """Holds one connection LISTENing, and the wake gate on it; reconnects when it drops.
+    """Holds one connection LISTENing, and the wake gates on it; reconnects when it drops.
 
-    Calls `on_wake(payload)` per notice: "ready" (work to claim), "scheduled" (a new due time),
-    or "" (anything may have changed).
+    Calls `on_wake(payload)` per notice: "ready" (work to claim), "ready:<queue>" (work to claim
+    in that queue), "scheduled" (a new due time), or "" (anything may have changed).
+
+    Queue gates: `hold_gate(queue)` takes one (at most once, whatever the number of calls) and
+    says whether it was taken since the loop last settled (the loop must then look again after
+    the queue's intake settled); `let_go(queue)` gives it back in the background. Statements on
+    the connection run one at a time (`_busy`); a gate wanted while the connection is down is
+    taken at the reconnect, before the look for what was missed.
     """
 
     name = "wake-listener"
@@ -69,6 +77,75 @@ class WakeListener(LoopService):
         self._dsn = dsn
         self._on_wake = on_wake
         self._reconnect_s = reconnect_s
+        self._conn: asyncpg.Connection | None = None
+        self._busy = asyncio.Lock()
+        self._wanted: set[str] = set()  # queues whose loops wait for work
+        self._held: set[str] = set()  # queue gates this connection's session holds
+        self._unsettled: set[str] = set()  # held, but no loop looked after taking them
+        self._letting_go: set[asyncio.Task[None]] = set()
+        self._letting_go_of: set[str] = set()  # queues with a let-go task not yet done
+
+    async def hold_gate(self, queue: str) -> bool:
+        """Hold `queue`'s gate. True: taken since the loop's last look after one (look again,
+        after the queue's intake settled); False: held and looked after already, or no
+        connection now (the reconnect takes it and wakes every loop)."""
+        self._wanted.add(queue)
+        # a let-go under way may give the gate back after this call: wait for it, then look
+        if queue not in self._held or queue in self._letting_go_of:
+            async with self._busy:
+                conn = self._conn
+                if conn is None or queue not in self._wanted:
+                    return False
+                if queue not in self._held:
+                    try:
+                        await conn.execute("SELECT dispatcher.hold_queue_gate($1)", queue)
+                    except Exception as exc:  # the reconnect takes it, and wakes the loops
+                        log.warning("could not take the wake gate of queue %s: %s", queue, exc)
+                        return False
+                    self._held.add(queue)
+                    self._unsettled.add(queue)
+        if queue in self._unsettled:
+            self._unsettled.discard(queue)
+            return True
+        return False
+
+    def look_again(self, queue: str) -> None:
+        """The loop's look after taking `queue`'s gate did not happen: the next `hold_gate`
+        says True again."""
+        if queue in self._held:
+            self._unsettled.add(queue)
+
+    def let_go(self, queue: str) -> None:
+        """`queue`'s loop is busy: give its gate back (in the background; a `hold_gate` before
+        that runs keeps it)."""
+        self._wanted.discard(queue)
+        if queue in self._held and queue not in self._letting_go_of:
+            self._letting_go_of.add(queue)
+            task = asyncio.create_task(self._let_go(queue))
+            self._letting_go.add(task)
+            task.add_done_callback(self._letting_go.discard)
+
+    async def _let_go(self, queue: str) -> None:
+        try:
+            async with self._busy:
+                conn = self._conn
+                if queue in self._wanted or queue not in self._held or conn is None:
+                    return
+                with contextlib.suppress(Exception):  # lost with the session anyway
+                    await conn.execute("SELECT dispatcher.let_go_queue_gate($1)", queue)
+                self._held.discard(queue)
+                self._unsettled.discard(queue)
+        finally:
+            self._letting_go_of.discard(queue)
+
+    async def _hold_all(self, conn: asyncpg.Connection) -> None:
+        """After LISTEN: the daemon gate, and the gates of loops waiting now."""
+        # the wait is bounded in the functions: a gate it cannot have is an error, and a reconnect
+        await conn.execute("SELECT dispatcher.hold_wake_gate()")
+        for queue in sorted(self._wanted):
+            await conn.execute("SELECT dispatcher.hold_queue_gate($1)", queue)
+            self._held.add(queue)
+            self._unsettled.add(queue)
 
     async def _run(self) -> None:
         failing = False  # said once per episode: a full server refuses every second for long
@@ -81,9 +158,10 @@ class WakeListener(LoopService):
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                 await conn.add_listener(CHANNEL, lambda *args: self._on_wake(args[-1]))
-                # after LISTEN: from here on every wake-up sent is heard (the wait is bounded
-                # in the function: a gate it cannot have is an error, and a reconnect)
-                await conn.execute("SELECT dispatcher.hold_wake_gate()")
+                async with self._busy:  # after LISTEN: from here on every notice sent is heard
+                    self._held.clear()
+                    await self._hold_all(conn)
+                    self._conn = conn
                 if failing:
                     log.warning("wake-up listener connected again")
                     failing = False
@@ -99,6 +177,8 @@ class WakeListener(LoopService):
                     )
                 failing = True
             finally:
+                self._conn = None
+                self._held.clear()
                 if conn is not None and not conn.is_closed():
                     with contextlib.suppress(Exception):
                         await conn.close(timeout=2)

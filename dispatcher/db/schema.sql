@@ -1215,6 +1215,7 @@ BEGIN
             IF new_state = 'ready' AND dispatcher.ready_outbox() THEN
                 INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
                 VALUES (new_id, queue_name, tenant_name, handler || ':' || version, prio);
+                new_state := 'relayed';  -- for the wake-up below only: the row says 'ready'
             END IF;
             IF num_nonnulls(timeout_s, expires_at, on_success, on_failure) > 0 THEN
                 UPDATE dispatcher.intents i
@@ -1226,7 +1227,13 @@ BEGIN
                        has_callback = num_nonnulls(enqueue.on_success, enqueue.on_failure) > 0
                  WHERE s.id = new_id;
             END IF;
-            PERFORM dispatcher.wake(new_state);  -- only while a daemon listens
+            IF new_state = 'ready' THEN  -- only while a claim loop of the queue waits
+                PERFORM dispatcher.wake_queue(queue_name);
+            ELSIF new_state = 'relayed' THEN  -- an idle relay waits for ready work: any daemon
+                PERFORM dispatcher.wake('ready');
+            ELSE  -- a new due time: only while a daemon listens
+                PERFORM dispatcher.wake('scheduled');
+            END IF;
             RETURN new_id;
         END IF;
         SELECT j.id, j.request_hash INTO found_id, found_hash
@@ -1763,6 +1770,14 @@ AS $function$
       FROM unnest(coalesce(a, '{}'), coalesce(b, '{}')) WITH ORDINALITY AS u(x, y, i)
 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.hold_queue_gate(queue text)
+ RETURNS void
+ LANGUAGE sql
+ SET lock_timeout TO '5s'
+AS $function$
+    SELECT pg_advisory_lock_shared(1684632433, hashtext(queue))
+$function$;
+
 CREATE OR REPLACE FUNCTION dispatcher.hold_wake_gate()
  RETURNS void
  LANGUAGE sql
@@ -2265,6 +2280,13 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.let_go_queue_gate(queue text)
+ RETURNS boolean
+ LANGUAGE sql
+AS $function$
+    SELECT pg_advisory_unlock_shared(1684632433, hashtext(queue))
+$function$;
+
 CREATE OR REPLACE FUNCTION dispatcher.limits_changed()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -2332,6 +2354,27 @@ AS $function$
                                      + coalesce(octet_length(target::text), 0), max_bytes),
                             max_bytes)
            END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.ready_after_intake(queue text, capabilities text[])
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET lock_timeout TO '1s'
+AS $function$
+BEGIN
+    BEGIN
+        PERFORM pg_advisory_xact_lock(1684632425, hashtext(queue));
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN NULL;
+    END;
+    -- a volatile function's statement takes a new snapshot: the commits waited for are in it
+    RETURN EXISTS (
+        SELECT 1 FROM dispatcher.job_state s
+         WHERE s.queue = ready_after_intake.queue AND s.state = 'ready'
+           AND s.capability = ANY (ready_after_intake.capabilities)
+         ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id  -- jobs_ready_claim
+         LIMIT 1);
+END
 $function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.ready_outbox()
@@ -2776,6 +2819,42 @@ AS $function$
            AND l.objsubid = 2
            AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
            AND l.classid = 1684632439::oid AND l.objid = 0::oid)
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.wake_gate_held(queue text)
+ RETURNS boolean
+ LANGUAGE sql
+AS $function$
+    SELECT EXISTS (
+        SELECT 1 FROM pg_locks l
+         WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ShareLock'
+           AND l.objsubid = 2
+           AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+           AND l.classid = 1684632433::oid AND l.objid = hashtext(queue)::oid)
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.wake_queue(queue text)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    k integer;
+BEGIN
+    IF queue IS NULL THEN
+        PERFORM dispatcher.wake('ready');
+        RETURN;
+    END IF;
+    k := hashtext(queue);
+    -- the intake lock first: a loop that takes the gate after this probe waits for our commit
+    IF pg_try_advisory_xact_lock_shared(1684632425, k) THEN
+        -- one expression: no interrupt can fall between taking the probe's lock and giving it back
+        IF (CASE WHEN pg_try_advisory_lock(1684632433, k)
+                 THEN pg_advisory_unlock(1684632433, k) ELSE false END) THEN
+            RETURN;  -- no loop of this queue waits: it claims again anyway, or none runs
+        END IF;
+    END IF;
+    PERFORM pg_notify('dispatcher_wake', 'ready:' || queue);
+END
 $function$;
 
 CREATE TRIGGER intents_size_bytes BEFORE INSERT ON dispatcher.intents FOR EACH ROW WHEN (new.size_bytes IS NULL) EXECUTE FUNCTION dispatcher.intent_bytes();

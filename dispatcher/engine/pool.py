@@ -27,6 +27,7 @@ from dispatcher.engine.deadlines import Member, SharedDeadline
 from dispatcher.engine.executor import Executor, InlineBatch
 from dispatcher.engine.limiter import InflightLimit, TokenBucket
 from dispatcher.engine.tally import observe_many
+from dispatcher.engine.wake_gates import QueueGate
 from dispatcher.engine.windows import RETUNE_S, RunWindows
 from dispatcher.errors import ClaimsStarved
 from dispatcher.model import AttemptKey, Job
@@ -61,6 +62,7 @@ class QueueWorker(Service):
         idle_poll_s: float,
         bucket: TokenBucket | None = None,
         budget: PayloadBudget | None = None,
+        gate: QueueGate | None = None,
     ):
         self.name = f"claim:{queue}"
         self.queue = queue
@@ -76,6 +78,8 @@ class QueueWorker(Service):
         self._transport = transport
         self._executor = executor
         self._idle_poll_s = idle_poll_s
+        # held while the loop waits for work, so intake notifies only then (engine/wake_gates.py)
+        self._gate = gate
         self._wake = asyncio.Event()
         self._halt = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
@@ -167,12 +171,22 @@ class QueueWorker(Service):
                 self._start_all(jobs)
                 fault_point(self.name)  # tests: a bug in a claim loop that has work in flight
                 if len(jobs) < slots and not await self._more_ready():
-                    await self._pause(self._idle_poll_s, wake_on_signal=True)
+                    await self._wait_for_work()
+                elif self._gate is not None:  # claims again at once: intake need not notify
+                    self._gate.busy(self.queue)
             elif wait_s is not None:  # the global limits (all daemons together) are spent
                 self._m_limiter_wait.inc(wait_s)
                 await self._pause(min(wait_s, self._idle_poll_s), wake_on_signal=False)
             elif taken == 0:
-                await self._pause(self._idle_poll_s, wake_on_signal=True)
+                await self._wait_for_work()
+
+    async def _wait_for_work(self) -> None:
+        """Until a wake-up (bounded). With a gate, hold it first, and when it was not held
+        since the last look, look once more after the queue's intake settled: an enqueue that
+        probed the gate before it was taken sent no notice (engine/wake_gates.py)."""
+        if self._gate is not None and await self._gate.before_waiting(self.queue):
+            return  # work came in while the loop took the gate: claim it at once
+        await self._pause(self._idle_poll_s, wake_on_signal=True)
 
     async def _more_ready(self) -> bool:
         """After a claim that took fewer jobs than it asked: claim again at once, or wait for a
@@ -434,6 +448,12 @@ class WorkerPool(Service):
 
     def wake(self) -> None:
         for worker in self.workers.values():
+            worker.wake()
+
+    def wake_queue(self, queue: str) -> None:
+        """Wake `queue`'s loop; a queue this daemon does not run: nothing."""
+        worker = self.workers.get(queue)
+        if worker is not None:
             worker.wake()
 
     def running_attempts(self) -> list[AttemptKey]:

@@ -10,7 +10,8 @@ every queue's claim loop claimed once per `scan_interval_s` when idle and the du
 statements: 50 idle queues sent PostgreSQL 62 statements/s (tests/bench/bench_idle.py). Now an
 idle claim loop waits for a wake-up (`CLAIM_LOOP_IDLE_S` bounds it should one never come), the
 due-scan's own round is a safety net every `DUE_SCAN_IDLE_S`, and a wake-up that names no queue
-polls first when there are many queues (`WAKE_EVERY_QUEUE_UP_TO`).
+polls first when there are many queues (`WAKE_EVERY_QUEUE_UP_TO`); one that names its queue
+(`ready:<queue>`, intake of one job) wakes that queue's loop alone, at once.
 """
 
 from __future__ import annotations
@@ -107,12 +108,22 @@ def _nothing() -> None:
     return None
 
 
+def _nothing_for(_queue: str) -> None:
+    return None
+
+
+# 'ready:' || queue: a job of that queue is ready and one of its claim loops waits
+# (dispatcher.wake_queue); a queue this daemon does not run wakes nothing
+READY_IN = "ready:"
+
+
 class Wakeups:
     """Wakes whom a change concerns: workers for ready work, the scan for new due times.
     Bound once both exist; a wake-up before that is harmless (both look on start)."""
 
     def __init__(self) -> None:
         self._workers: Callable[[], None] = _nothing
+        self._queue: Callable[[str], None] = _nothing_for
         self._scanner: Callable[[], None] = _nothing
         self._settings: Callable[[], None] = _nothing
         self._relay: Callable[[], None] = _nothing
@@ -131,10 +142,15 @@ class Wakeups:
         # rather than a claim per queue (engine/work_poll.py)
         few = len(workers.workers) <= WAKE_EVERY_QUEUE_UP_TO
         self._workers = workers.wake if few else poller.wake
+        self._queue = workers.wake_queue
 
     def __call__(self, reason: str = "") -> None:
         if reason == "limits":  # a queue's settings changed at run time (migration 025)
             self._settings()
+            return
+        if reason.startswith(READY_IN):  # a job of one queue: its loop alone, no poll first
+            self._relay()
+            self._queue(reason[len(READY_IN) :])
             return
         if reason != "scheduled":
             self._relay()  # new outbox rows, perhaps

@@ -285,6 +285,8 @@ SQL_STATEMENT_PATCHES = {
     # coalescing of wake-ups; jobs then start only by the work poll
     "nonotify": (
         "CREATE OR REPLACE FUNCTION dispatcher.wake(reason text DEFAULT '') RETURNS void"
+        " LANGUAGE sql AS 'SELECT NULL::void';"
+        " CREATE OR REPLACE FUNCTION dispatcher.wake_queue(queue text) RETURNS void"
         " LANGUAGE sql AS 'SELECT NULL::void'"
     ),
     # a generic plan of enqueue_many's statement assumes tiny arrays and turns quadratic

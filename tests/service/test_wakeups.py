@@ -3,7 +3,9 @@
 The idle poll and the due-scan interval are an hour here, so a job that starts was started by
 its notice alone. The notice of a job committed while a claim is in flight (that claim's
 snapshot cannot see it) must lead to another claim, whether the claim in flight found work or
-not.
+not. Since the queue wake gates, the job notifies only while the loop waits for work (held
+its gate before the claim); a loop that claims again at once finds it by its look after taking
+the gate instead, and either way it starts.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dispatcher.relay.transport import Delivery, InProcessTransport
 from tests.harness import make_settings, running_daemon, wait_until
 
 STARTED: list[str] = []
+SENTINEL = "test_wakeups_sentinel"  # a channel of its own: the daemon does not hear it
 
 
 async def record(job: Any, ctx: Any) -> None:
@@ -37,6 +40,7 @@ class ClaimHook:
         self.armed_for: str | None = None  # "empty" or "jobs"
         self.fired = asyncio.Event()
         self.conn: asyncpg.Connection | None = None  # its own: the test's may be busy
+        self.notified = False  # whether the job committed during the claim sent a notice
         receive, wake = InProcessTransport.receive, QueueWorker.wake
 
         async def hooked(
@@ -57,12 +61,35 @@ class ClaimHook:
         monkeypatch.setattr(QueueWorker, "wake", woken)
 
     async def during(self) -> None:
-        """Commit a due job through the SQL door and wait until its notice woke the worker."""
+        """Commit a due job through the SQL door and, when it notified (the loop held its
+        queue's wake gate: it was waiting before this claim), wait until the notice woke the
+        worker. A loop that claimed again at once (busy) holds no gate, gets no notice, and
+        must find the job by its look after taking the gate (engine/wake_gates.py)."""
         assert self.conn is not None
         self.woken.clear()
-        await self.conn.execute("SELECT dispatcher.enqueue('late', 'record')")
-        async with asyncio.timeout(20):
-            await self.woken.wait()
+        heard: list[str] = []
+        sentinel = asyncio.Event()
+
+        def hear(_c: object, _pid: object, channel: str, payload: str) -> None:
+            if channel == SENTINEL:
+                sentinel.set()
+            else:
+                heard.append(payload)
+
+        await self.conn.add_listener("dispatcher_wake", hear)
+        await self.conn.add_listener(SENTINEL, hear)
+        try:
+            await self.conn.execute("SELECT dispatcher.enqueue('late', 'record')")
+            # notices reach a listener in commit order, whatever their channel
+            await self.conn.execute(f"NOTIFY {SENTINEL}")
+            async with asyncio.timeout(20):
+                await sentinel.wait()
+                if heard:
+                    self.notified = True
+                    await self.woken.wait()
+        finally:
+            await self.conn.remove_listener("dispatcher_wake", hear)
+            await self.conn.remove_listener(SENTINEL, hear)
 
 
 @contextlib.asynccontextmanager

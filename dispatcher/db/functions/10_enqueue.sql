@@ -141,6 +141,7 @@ BEGIN
             IF new_state = 'ready' AND dispatcher.ready_outbox() THEN
                 INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
                 VALUES (new_id, queue_name, tenant_name, handler || ':' || version, prio);
+                new_state := 'relayed';  -- for the wake-up below only: the row says 'ready'
             END IF;
             IF num_nonnulls(timeout_s, expires_at, on_success, on_failure) > 0 THEN
                 UPDATE dispatcher.intents i
@@ -152,7 +153,13 @@ BEGIN
                        has_callback = num_nonnulls(enqueue.on_success, enqueue.on_failure) > 0
                  WHERE s.id = new_id;
             END IF;
-            PERFORM dispatcher.wake(new_state);  -- only while a daemon listens
+            IF new_state = 'ready' THEN  -- only while a claim loop of the queue waits
+                PERFORM dispatcher.wake_queue(queue_name);
+            ELSIF new_state = 'relayed' THEN  -- an idle relay waits for ready work: any daemon
+                PERFORM dispatcher.wake('ready');
+            ELSE  -- a new due time: only while a daemon listens
+                PERFORM dispatcher.wake('scheduled');
+            END IF;
             RETURN new_id;
         END IF;
         SELECT j.id, j.request_hash INTO found_id, found_hash

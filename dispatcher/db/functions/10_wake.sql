@@ -1,21 +1,37 @@
--- The wake gate (docs/architecture.md, wake-ups): send NOTIFY dispatcher_wake only while a
--- daemon listens. A transaction that has sent NOTIFY takes one database-wide lock during its
--- commit, held through the WAL flush, so enqueues that each notify commit one at a time and
+-- The wake gates (docs/architecture.md, wake-ups): send NOTIFY dispatcher_wake only while some
+-- daemon waits to hear it. A transaction that has sent NOTIFY takes one database-wide lock during
+-- its commit, held through the WAL flush, so enqueues that each notify commit one at a time and
 -- never share a flush: with no daemon to hear it, one-per-call intake ran at a third of the
--- rate it has without (622 against 1,783 jobs/s, docs/performance/index.md).
+-- rate it has without (622 against 1,783 jobs/s), and with a daemon running and draining at a
+-- quarter (400 against 1,604, docs/performance/index.md "The wake gate (one per call)").
 --
--- Every daemon that LISTENs holds the gate, a shared session-level advisory lock (namespace
--- 0x64697377, 'disw'; key 0), on its listener connection (db/notifications.py). Asking for the
--- same lock exclusively tells whether any session holds it: refused, a daemon listens and the
--- notice goes out; granted, none does, and the lock is given back in the same expression, so
--- it is held for microseconds, never across a statement (a pooler in transaction mode is safe)
--- and two callers rarely meet (when they do, one notifies: harmless). The probe reads no table
--- and costs two lock-table operations, against a commit queued behind every other notifier.
+-- Two gates, both shared session-level advisory locks on a daemon's wake-up listener connection
+-- (db/notifications.py), so every daemon can hold them at once and a killed daemon's go with its
+-- session:
+-- - the daemon gate (namespace 0x64697377, 'disw'; key 0), held by every listening daemon from
+--   its LISTEN on: `dispatcher.wake(reason)`, for a new due time ('scheduled'), for anything
+--   ('') and for ready work that names no queue ('ready': a batch, a callback, a key's release);
+-- - a queue's gate ('disq', key hashtext(queue)), held only by a claim loop of that queue that
+--   is about to wait for work: `dispatcher.wake_queue(queue)`, a job of that queue ready now,
+--   notifies ('ready:' || queue) only then. A busy loop (it claims again anyway) does not hold
+--   it, so intake into a busy queue sends nothing and its commits share flushes again; a busy
+--   queue does not make another queue's intake notify. Over RabbitMQ (`ready_outbox()`) an idle
+--   relay waits for ready work, so every ready intake takes the daemon gate instead.
+-- Asking for a gate exclusively tells whether any session holds it: refused, someone listens
+-- and the notice goes out; granted, nobody does, and the lock is given back in the same
+-- expression, so it is held for microseconds, never across a statement (a pooler in
+-- transaction mode is safe). The probe reads no table: two lock-table operations.
 --
--- A daemon takes the gate after its LISTEN and then looks for work: a job committed before
--- that look is found by it, and an enqueue that probes after the gate is taken is announced;
--- a transaction that probed before and commits after the look is found by the work poll.
+-- The race a queue's gate must close: an enqueue probes (no holder, no notice), a claim loop
+-- then takes the gate and looks once more, and the enqueue commits after that look. So an
+-- enqueue that sends no notice first takes the queue's intake lock ('disi', the same key)
+-- shared until it commits (shared: enqueues never wait for each other), and a loop, after
+-- taking the gate, waits for the intake lock exclusively before its look
+-- (`dispatcher.ready_after_intake`): every enqueue that probed before the gate has committed by
+-- then and the look sees it; one that probes after it notifies. An enqueue whose shared request
+-- is refused (a loop waits for the intake lock at that instant) notifies.
 -- With wakeups = "poll" no daemon listens, and no enqueue notifies.
+
 -- reason: 'ready' (work to claim), 'scheduled' (a new due time) or '' (anything may have changed).
 CREATE OR REPLACE FUNCTION dispatcher.wake(reason text DEFAULT '') RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
@@ -44,8 +60,8 @@ LANGUAGE sql VOLATILE SET lock_timeout = '5s' AS $$
     SELECT pg_advisory_lock_shared(1684632439, 0)
 $$;
 
--- Whether some daemon holds the gate, that is, listens (pg_locks, for tests and operators; the
--- probe in dispatcher.wake reads no view).
+-- Whether some daemon holds the daemon gate, that is, listens (pg_locks, for tests and operators;
+-- the probe in dispatcher.wake reads no view).
 CREATE OR REPLACE FUNCTION dispatcher.wake_gate_held() RETURNS boolean
 LANGUAGE sql VOLATILE AS $$
     SELECT EXISTS (
@@ -54,4 +70,82 @@ LANGUAGE sql VOLATILE AS $$
            AND l.objsubid = 2
            AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
            AND l.classid = 1684632439::oid AND l.objid = 0::oid)
+$$;
+
+-- A job of `queue` is ready now: notify ('ready:' || queue) only while a claim loop of that
+-- queue waits for work (its gate), and otherwise hold the queue's intake lock until commit (see
+-- the header). Over RabbitMQ (`ready_outbox()`) the relays wait for ready work: the caller,
+-- which has read that setting already, calls `wake('ready')` instead.
+CREATE OR REPLACE FUNCTION dispatcher.wake_queue(queue text) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    k integer;
+BEGIN
+    IF queue IS NULL THEN
+        PERFORM dispatcher.wake('ready');
+        RETURN;
+    END IF;
+    k := hashtext(queue);
+    -- the intake lock first: a loop that takes the gate after this probe waits for our commit
+    IF pg_try_advisory_xact_lock_shared(1684632425, k) THEN
+        -- one expression: no interrupt can fall between taking the probe's lock and giving it back
+        IF (CASE WHEN pg_try_advisory_lock(1684632433, k)
+                 THEN pg_advisory_unlock(1684632433, k) ELSE false END) THEN
+            RETURN;  -- no loop of this queue waits: it claims again anyway, or none runs
+        END IF;
+    END IF;
+    PERFORM pg_notify('dispatcher_wake', 'ready:' || queue);
+END
+$$;
+
+-- A claim loop about to wait for work of `queue` takes the queue's gate on its daemon's
+-- listener connection (from then on, intake into the queue notifies); shared, as every loop of
+-- the queue in every daemon may wait at once. Bounded like hold_wake_gate.
+CREATE OR REPLACE FUNCTION dispatcher.hold_queue_gate(queue text) RETURNS void
+LANGUAGE sql VOLATILE SET lock_timeout = '5s' AS $$
+    SELECT pg_advisory_lock_shared(1684632433, hashtext(queue))
+$$;
+
+-- The loop is busy again: intake into the queue need not notify (for this daemon). False when
+-- the session did not hold it (a reconnect lost it already).
+CREATE OR REPLACE FUNCTION dispatcher.let_go_queue_gate(queue text) RETURNS boolean
+LANGUAGE sql VOLATILE AS $$
+    SELECT pg_advisory_unlock_shared(1684632433, hashtext(queue))
+$$;
+
+-- After taking the queue's gate: wait until every enqueue into `queue` that probed before it
+-- has committed (the intake lock, exclusively, for an instant), then, with a fresh snapshot,
+-- whether a ready job of `queue` this daemon can run ($2 = handler:version list) is there.
+-- NULL when an enqueue transaction stays open past the bound (1 s): the loop claims again and
+-- comes back to wait once more, rather than hold a connection it shares with other queues'
+-- claims (a business transaction left open costs that queue a claim a second until it ends).
+CREATE OR REPLACE FUNCTION dispatcher.ready_after_intake(queue text, capabilities text[])
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SET lock_timeout = '1s' AS $$
+BEGIN
+    BEGIN
+        PERFORM pg_advisory_xact_lock(1684632425, hashtext(queue));
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN NULL;
+    END;
+    -- a volatile function's statement takes a new snapshot: the commits waited for are in it
+    RETURN EXISTS (
+        SELECT 1 FROM dispatcher.job_state s
+         WHERE s.queue = ready_after_intake.queue AND s.state = 'ready'
+           AND s.capability = ANY (ready_after_intake.capabilities)
+         ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id  -- jobs_ready_claim
+         LIMIT 1);
+END
+$$;
+
+-- Whether some claim loop of `queue` waits for work, holding its gate (pg_locks, for tests and
+-- operators).
+CREATE OR REPLACE FUNCTION dispatcher.wake_gate_held(queue text) RETURNS boolean
+LANGUAGE sql VOLATILE AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM pg_locks l
+         WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ShareLock'
+           AND l.objsubid = 2
+           AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+           AND l.classid = 1684632433::oid AND l.objid = hashtext(queue)::oid)
 $$;
