@@ -251,7 +251,7 @@ async def test_the_look_gives_up_on_an_enqueue_left_open_and_says_claim_again(
     (1 s), then answers NULL (claim again, and come back) rather than hold a claim connection."""
     looker = await asyncpg.connect(db_url)
     try:
-        async with conn.transaction():
+        async with listener_of(db_url), conn.transaction():  # a daemon listens: no loop waits
             await conn.execute(ENQUEUE_NOW, "left-open")
             async with asyncio.timeout(NOTICE_S):
                 assert (
@@ -263,6 +263,26 @@ async def test_the_look_gives_up_on_an_enqueue_left_open_and_says_claim_again(
     finally:
         await looker.close()
 
+
+
+INTAKE_LOCKS = """
+    SELECT count(*) FROM pg_locks
+     WHERE locktype = 'advisory' AND granted AND classid = 1684632425
+       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"""
+
+
+async def test_with_no_daemon_listening_an_enqueue_holds_no_intake_lock(
+    db_url: str, conn: asyncpg.Connection
+) -> None:
+    """The intake lock only serves a loop that may take its queue's gate, and every such loop
+    runs in a listening daemon: with none, an enqueue takes no lock until its commit (that one
+    lock, held shared by every enqueue, cost one-per-call intake a third). With one, it does."""
+    async with conn.transaction():
+        await conn.execute(ENQUEUE_NOW, "no-daemon")
+        assert await conn.fetchval(INTAKE_LOCKS) == 0
+    async with listener_of(db_url), conn.transaction():
+        await conn.execute(ENQUEUE_NOW, "a-daemon")
+        assert await conn.fetchval(INTAKE_LOCKS) == 1
 
 async def test_every_listener_holds_the_gate_and_the_survivor_still_hears(
     db_url: str, conn: asyncpg.Connection, notices: Notices
