@@ -264,7 +264,6 @@ async def test_the_look_gives_up_on_an_enqueue_left_open_and_says_claim_again(
         await looker.close()
 
 
-
 INTAKE_LOCKS = """
     SELECT count(*) FROM pg_locks
      WHERE locktype = 'advisory' AND granted AND classid = 1684632425
@@ -283,6 +282,7 @@ async def test_with_no_daemon_listening_an_enqueue_holds_no_intake_lock(
     async with listener_of(db_url), conn.transaction():
         await conn.execute(ENQUEUE_NOW, "a-daemon")
         assert await conn.fetchval(INTAKE_LOCKS) == 1
+
 
 async def test_every_listener_holds_the_gate_and_the_survivor_still_hears(
     db_url: str, conn: asyncpg.Connection, notices: Notices
