@@ -1701,6 +1701,13 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.gate_free(space integer, k integer)
+ RETURNS boolean
+ LANGUAGE sql
+AS $function$
+    SELECT CASE WHEN pg_try_advisory_lock(space, k) THEN pg_advisory_unlock(space, k) ELSE false END
+$function$;
+
 CREATE OR REPLACE FUNCTION dispatcher.group_grant(grp text, q text, prio integer, wanted integer, OUT granted integer, OUT wait_s double precision)
  RETURNS record
  LANGUAGE plpgsql
@@ -2801,9 +2808,7 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = 'use ''ready'' (work to claim), ''scheduled'' (a new due time) or '''' (look at everything)';
     END IF;
-    -- one expression: no interrupt can fall between taking the probe's lock and giving it back
-    IF NOT (CASE WHEN pg_try_advisory_lock(1684632439, 0)
-                 THEN pg_advisory_unlock(1684632439, 0) ELSE false END) THEN
+    IF NOT dispatcher.gate_free(1684632439, 0) THEN  -- a daemon listens
         PERFORM pg_notify('dispatcher_wake', reason);
     END IF;
 END
@@ -2849,16 +2854,13 @@ BEGIN
     -- its commit cost one-per-call intake with no daemon about a third (1,867 -> 1,276 jobs/s,
     -- docs/performance/index.md). A daemon that starts after this probe finds the job by its
     -- first look or by the work poll, as before the queue gates.
-    IF (CASE WHEN pg_try_advisory_lock(1684632439, 0)
-             THEN pg_advisory_unlock(1684632439, 0) ELSE false END) THEN
+    IF dispatcher.gate_free(1684632439, 0) THEN
         RETURN;
     END IF;
     k := hashtext(queue);
     -- the intake lock first: a loop that takes the gate after this probe waits for our commit
     IF pg_try_advisory_xact_lock_shared(1684632425, k) THEN
-        -- one expression: no interrupt can fall between taking the probe's lock and giving it back
-        IF (CASE WHEN pg_try_advisory_lock(1684632433, k)
-                 THEN pg_advisory_unlock(1684632433, k) ELSE false END) THEN
+        IF dispatcher.gate_free(1684632433, k) THEN
             RETURN;  -- no loop of this queue waits: it claims again anyway, or none runs
         END IF;
     END IF;
