@@ -131,15 +131,18 @@ async def test_with_two_daemons_the_waiting_one_is_woken_while_the_other_is_busy
 ) -> None:
     """The first daemon's one slot is taken (it lets its gate go); the second, started with two
     slots (the queue's cap across daemons is the last one configured: two), waits for work and
-    holds the gate: a job enqueued now notifies and the second starts it at once."""
+    holds the gate: a job enqueued now notifies and is started at once. The first daemon takes
+    the new cap within a second and may be waiting too by then (two holders): either may start
+    it, and the count asked for is "at least one", not "exactly one" (a loaded CI machine ran
+    past the instant with exactly one)."""
     env = {"DISPATCHER_DATABASE_URL": db_url, **SLOT_OF_ONE}
 
-    async def holders(n: int) -> bool:
+    async def holders(n: int, *, at_least: bool = False) -> bool:
         held: int = await conn.fetchval(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
             " AND classid = 1684632433 AND objid = hashtext('default')::oid"
         )
-        return held == n
+        return held >= n if at_least else held == n
 
     await spawn(env)
     await wait_until(lambda: holders(1), what="the first daemon's idle loop holding the gate")
@@ -147,7 +150,7 @@ async def test_with_two_daemons_the_waiting_one_is_woken_while_the_other_is_busy
     await target.wait_for(lambda t: "block" in t.request_keys(), what="the blocking job")
     await wait_until(lambda: holders(0), what="the busy daemon letting its gate go")
     await spawn({**env, "DISPATCHER_QUEUES__DEFAULT__MAX_INFLIGHT": "2"})
-    await wait_until(lambda: holders(1), what="the second daemon's idle loop holding the gate")
+    await wait_until(lambda: holders(1, at_least=True), what="an idle loop holding the gate")
     assert await notices_of(conn, ["quick"], target) == ["ready:default"]
     await target.wait_for(lambda t: "quick" in t.request_keys(), what="its start")
     assert await start_delay_s(conn, "quick") < START_BOUND_S
