@@ -257,7 +257,7 @@ class Daemon:
         )
 
         def wake_queue(queue: str) -> None:  # ready work: its claim loop, and an idle relay
-            workers.workers[queue].wake()
+            workers.wake_queue(queue)
             self._relay_wake()
 
         poller = WorkPoller(

@@ -41,6 +41,7 @@ DECLARE
     fingerprint text;
     new_id      bigint;
     new_state   text;
+    relayed     boolean := false;  -- a ready job with an outbox row (RabbitMQ)
     found_id    bigint;
     found_hash  text;
     tolerance_s float8 := dispatcher.due_at_past_tolerance_s();
@@ -141,7 +142,7 @@ BEGIN
             IF new_state = 'ready' AND dispatcher.ready_outbox() THEN
                 INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
                 VALUES (new_id, queue_name, tenant_name, handler || ':' || version, prio);
-                new_state := 'relayed';  -- for the wake-up below only: the row says 'ready'
+                relayed := true;
             END IF;
             IF num_nonnulls(timeout_s, expires_at, on_success, on_failure) > 0 THEN
                 UPDATE dispatcher.intents i
@@ -153,10 +154,10 @@ BEGIN
                        has_callback = num_nonnulls(enqueue.on_success, enqueue.on_failure) > 0
                  WHERE s.id = new_id;
             END IF;
-            IF new_state = 'ready' THEN  -- only while a claim loop of the queue waits
-                PERFORM dispatcher.wake_queue(queue_name);
-            ELSIF new_state = 'relayed' THEN  -- an idle relay waits for ready work: any daemon
+            IF relayed THEN  -- an idle relay waits for ready work: any daemon
                 PERFORM dispatcher.wake('ready');
+            ELSIF new_state = 'ready' THEN  -- only while a claim loop of the queue waits
+                PERFORM dispatcher.wake_queue(queue_name);
             ELSE  -- a new due time: only while a daemon listens
                 PERFORM dispatcher.wake('scheduled');
             END IF;
