@@ -415,6 +415,7 @@ class Daemon:
                 s.rabbitmq.queue_prefix,
                 {q: qs.max_inflight for q, qs in s.queues.items()},
                 reconnect_max_s=s.rabbitmq.reconnect_max_s,
+                jobs_per_message=s.rabbitmq.jobs_per_message,
             )
             relays = RelayRepository(engine.pool)
             relay = rabbitmq.OutboxRelay(

@@ -18,6 +18,12 @@ class RabbitSettings(Strict):
     url_file: Path | None = None
     queue_prefix: str = Field("dispatcher.", max_length=200, pattern=r"^[A-Za-z0-9._:-]*$")
     relay_batch: int = Field(500, ge=1, le=10_000)
+    # One message carries up to this many ready jobs of a queue (fewer when the queue's
+    # max_inflight is small: relay/rabbitmq/messages.py), so the broker's and the daemon's cost
+    # per message is paid once for many jobs. 1 publishes the previous releases' one-job
+    # messages: the setting for a rolling release from one (a consumer of a previous release
+    # starts only the first job of a larger message; the sweep publishes the others again).
+    jobs_per_message: int = Field(100, ge=1, le=1000)
     relay_lease_s: float = Field(30.0, gt=0, le=3600)
     reconnect_max_s: float = Field(10.0, gt=0, le=600)
     # The relay keeps at most this many times a queue's max_inflight of its messages published

@@ -665,3 +665,168 @@ async def test_deliveries_held_by_the_limits_return_when_their_daemon_is_killed(
     finally:
         await survivor.stop()
     assert len(set(target.request_keys())) == jobs
+
+
+# Batch messages (relay/rabbitmq/messages.py): max_inflight 16 x jobs_per_message, so a queue
+# carries the full jobs_per_message in each message (and a consumer holds 16 of them).
+def batched(db_url: str, prefix: str, jobs_per_message: int) -> dict[str, str]:
+    return {
+        **env(db_url, prefix),
+        "DISPATCHER_RABBITMQ__JOBS_PER_MESSAGE": str(jobs_per_message),
+        "DISPATCHER_QUEUES__DEFAULT__MAX_INFLIGHT": str(16 * jobs_per_message),
+        # far off: every job here reaches a consumer through the broker, not the sweep
+        "DISPATCHER_RABBITMQ__REPUBLISH_AFTER_S": "600",
+    }
+
+
+async def succeeded_once_each(db_url: str) -> bool:
+    conn = await asyncpg.connect(db_url)
+    try:
+        return bool(
+            await conn.fetchval("""
+                SELECT bool_and(n = 1) FROM (
+                    SELECT count(*) AS n FROM dispatcher.attempts
+                     WHERE outcome = 'succeeded' GROUP BY job_id) s""")
+        )
+    finally:
+        await conn.close()
+
+
+async def test_a_daemon_killed_with_a_batch_half_run_has_every_job_end_once_in_effect(
+    db_url: str, prefix: str, target: Target, spawn: Spawn
+) -> None:
+    """60 jobs in one message, started at 10/s: kill -9 the daemon with some of them done,
+    some running and the rest held. The broker gives the whole message to the next daemon:
+    its done and running jobs are counted duplicates (fenced by their attempts), the held ones
+    run there, the running ones once their leases are rescued. Each job succeeds once in the
+    database; only an attempt running at the kill may reach the target twice (same key). The
+    sweep is far off: the held jobs came back through the redelivered message."""
+    target.delay_s = 1.0
+    batch = {
+        **batched(db_url, prefix, 60),
+        "DISPATCHER_LEASE_S": "3",
+        "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "10",
+        "DISPATCHER_QUEUES__DEFAULT__BURST": "5",
+    }
+    victim = await spawn(batch)
+    survivor: DaemonProcess | None = None
+    try:
+        await enqueue(db_url, 60, target.url)
+        await target.wait_for(lambda t: len(t.requests) >= 15, timeout_s=30, what="15 started")
+        victim.signal(signal.SIGKILL)
+        await victim.wait(10)
+        done_at_kill = await succeeded(db_url)
+        started_at_kill = set(target.request_keys())
+        assert 0 < done_at_kill < 60 and len(started_at_kill) < 60
+        survivor = await spawn({**batch, "DISPATCHER_QUEUES__DEFAULT__RATE_PER_S": "100"})
+        await until_job_count(db_url, "succeeded", 60, timeout_s=60, at_least=True)
+        # every job the victim had started came back in the message: a counted duplicate
+        duplicates = await metric(survivor, "dispatcher_duplicate_deliveries_total")
+        assert duplicates >= done_at_kill, (duplicates, done_at_kill)
+    finally:
+        await victim.stop()
+        if survivor is not None:
+            await survivor.stop()
+    counts = Counter(target.request_keys())
+    assert len(counts) == 60
+    assert {k for k, n in counts.items() if n > 1} <= started_at_kill
+    assert max(counts.values()) <= 2
+    assert await succeeded_once_each(db_url)
+
+
+@pytest.mark.parametrize("limit", ["key", "queue"])
+async def test_a_batch_partly_held_back_by_a_limit_runs_every_job_once(
+    db_url: str, prefix: str, target: Target, spawn: Spawn, limit: str
+) -> None:
+    """One message of 30 jobs the limits start only in part: by their concurrency key (10 of
+    them share a key allowed one at a time: the claim refuses the rest of the key, and they
+    come back in messages of their own when the key has room), or by the queue's rate (5/s:
+    the daemon holds the rest of the message and starts them as the rate allows). Every job
+    runs once, within its limit, and nothing is a duplicate."""
+    target.delay_s = 0.1
+    keyed = Target(delay_s=0.2)
+    settings = batched(db_url, prefix, 30)
+    if limit == "key":
+        settings["DISPATCHER_QUEUES__DEFAULT__KEY_MAX_INFLIGHT"] = "1"
+    else:
+        settings["DISPATCHER_QUEUES__DEFAULT__RATE_PER_S"] = "5"
+        settings["DISPATCHER_QUEUES__DEFAULT__BURST"] = "2"
+    async with serve_target(keyed):
+        daemon = await spawn(settings)
+        try:
+            conn = await asyncpg.connect(db_url)
+            try:
+                await conn.fetchval(
+                    """SELECT count(*) FROM dispatcher.enqueue_many(
+                           (SELECT array_agg('b' || g) FROM generate_series(1, 30) g),
+                           array_fill('http'::text, ARRAY[30]),
+                           array_fill('{}'::jsonb, ARRAY[30]),
+                           targets => (SELECT array_agg(CASE WHEN g % 3 = 0 THEN $2::jsonb
+                                                             ELSE $1::jsonb END)
+                                         FROM generate_series(1, 30) g),
+                           concurrency_keys => (SELECT array_agg(CASE WHEN g % 3 = 0
+                                                                      THEN 'acct' END)
+                                                  FROM generate_series(1, 30) g))""",
+                    json.dumps({"url": target.url}),
+                    json.dumps({"url": keyed.url}),
+                )
+            finally:
+                await conn.close()
+            await until_job_count(db_url, "succeeded", 30, timeout_s=60, at_least=True)
+            assert await metric(daemon, "dispatcher_duplicate_deliveries_total") == 0
+            if limit == "key":
+                assert await metric(daemon, "dispatcher_key_throttled_claims_total") >= 1
+        finally:
+            await daemon.stop()
+    counts = Counter(target.request_keys() + keyed.request_keys())
+    assert len(counts) == 30 and max(counts.values()) == 1
+    if limit == "key":
+        assert keyed.max_inflight == 1
+    else:
+        starts = sorted(r["at"] for r in target.requests + keyed.requests)
+        assert starts[-1] - starts[0] >= (30 - 2) / 5 - 1.0  # ~5.6 s at 5/s after a burst of 2
+
+
+async def test_a_batch_delivered_again_after_its_jobs_ran_is_counted_duplicates_only(
+    db_url: str, prefix: str, target: Target, spawn: Spawn
+) -> None:
+    """The broker delivers a batch message again (a consumer's channel closed before its ack
+    left): every job in it already ran, so each is a counted duplicate, none runs again; a job
+    of it ready for a later attempt than the message names is one too."""
+    from dispatcher.relay.rabbitmq.messages import properties
+
+    daemon = await spawn(batched(db_url, prefix, 20))
+    try:
+        await enqueue(db_url, 20, target.url)
+        await until_job_count(db_url, "succeeded", 20, timeout_s=30, at_least=True)
+        conn = await asyncpg.connect(db_url)
+        try:
+            jobs = await conn.fetch("SELECT id, key FROM dispatcher.jobs ORDER BY id")
+        finally:
+            await conn.close()
+        body, props = properties([(r["id"], 0, r["key"]) for r in jobs])  # ready after 0
+        import aio_pika
+
+        connection = await aio_pika.connect(BROKER)
+        async with connection:
+            channel = await connection.channel()
+            await channel.default_exchange.publish(
+                aio_pika.Message(
+                    body,
+                    content_type=props.content_type,
+                    headers=props.headers,
+                    message_id=props.message_id,
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                ),
+                routing_key=prefix + "default",
+            )
+
+        async def all_duplicates() -> bool:
+            return await metric(daemon, "dispatcher_duplicate_deliveries_total") >= 20
+
+        await wait_until(all_duplicates, timeout_s=30, what="20 counted duplicates")
+    finally:
+        await daemon.stop()
+    assert await ready_count(prefix) == 0  # acked: a message held unacked would be back
+    counts = Counter(target.request_keys())
+    assert len(counts) == 20 and max(counts.values()) == 1

@@ -24,24 +24,44 @@ class Acks:
     long attempt) is acked alone, so it does not hold a prefetch slot. One flusher at a time
     writes, returns first, so a `multiple` ack never reaches the broker before a return or a
     single ack of a tag it covers (the broker would ack the returned message, or close the
-    channel over an unknown tag)."""
+    channel over an unknown tag).
+
+    A message may carry several jobs (messages.py): its tag is settled once each of its jobs
+    was acknowledged (its attempt ended, or it was a duplicate or refused), or at once when one
+    of them is given back (the drain returns a held job: the whole message goes back, and its
+    jobs already running or done are counted duplicates where it is delivered again; a later
+    acknowledgement of the returned tag is nothing)."""
 
     def __init__(self, channel: AbstractChannel):
         self.channel = channel
+        self._jobs: dict[int, int] = {}  # open tags -> jobs of their message not yet settled
         self._open: deque[int] = deque()
         self._settled: dict[int, bool] = {}  # settled tags still open here -> already sent
         self._to_ack: list[int] = []
         self._to_return: list[int] = []
         self._flushing: asyncio.Future[None] | None = None
 
-    def received(self, tag: int) -> None:
+    def received(self, tag: int, jobs: int = 1) -> None:
+        """A delivery of a message carrying `jobs` jobs."""
         self._open.append(tag)
+        self._jobs[tag] = jobs
 
     def ack(self, tag: int) -> None:
+        """One job of the message was settled: ack the message with its last."""
+        left = self._jobs.get(tag)
+        if left is None:  # returned already (or its channel closed)
+            return
+        if left > 1:
+            self._jobs[tag] = left - 1
+            return
+        del self._jobs[tag]
         self._to_ack.append(tag)
         self._schedule()
 
     def give_back(self, tag: int) -> None:
+        """Return the message (nack, requeue) now, whatever its other jobs are doing."""
+        if self._jobs.pop(tag, None) is None:
+            return
         self._to_return.append(tag)
         self._schedule()
 
@@ -61,6 +81,7 @@ class Acks:
                 await self._write_one_round()
         except Exception:  # the channel closed: the broker redelivers what it had not seen
             self._open.clear()
+            self._jobs.clear()
             self._settled.clear()
             self._to_ack.clear()
             self._to_return.clear()
@@ -103,7 +124,8 @@ class Acks:
 
 
 class Received:
-    """One delivery held by this process: where to acknowledge it, and what it carries."""
+    """One job of a delivery held by this process: where to acknowledge its message, and the
+    job and attempt it carries (a message of several jobs gives one each, sharing its tag)."""
 
     __slots__ = ("acks", "attempt", "job_id", "tag")
 

@@ -8,6 +8,7 @@ import contextlib
 import heapq
 import logging
 import math
+import struct
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
@@ -20,6 +21,7 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 
 from dispatcher.observability import metrics
 from dispatcher.relay.rabbitmq.acks import Acks, Received
+from dispatcher.relay.rabbitmq.messages import carried, jobs_per_message, message_prefetch
 from dispatcher.runtime.lifecycle import LoopService
 
 log = logging.getLogger(__name__)
@@ -35,10 +37,20 @@ class RabbitLink(LoopService):
 
     name = "rabbitmq"
 
-    def __init__(self, url: str, prefix: str, prefetch: dict[str, int], *, reconnect_max_s: float):
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        prefetch: dict[str, int],
+        *,
+        reconnect_max_s: float,
+        jobs_per_message: int = 1,
+    ):
         self._url = url
         self._prefix = prefix
-        self.prefetch = prefetch  # per queue: its max_inflight
+        # per queue: its max_inflight, in jobs (the broker's prefetch counts messages: _qos)
+        self.prefetch = prefetch
+        self.jobs_cap = jobs_per_message  # rabbitmq.jobs_per_message
         self._reconnect_max_s = reconnect_max_s
         self.connected = asyncio.Event()
         self.problem: str | None = "connecting to RabbitMQ"
@@ -78,6 +90,14 @@ class RabbitLink(LoopService):
     def queue_name(self, queue: str) -> str:
         return self._prefix + queue
 
+    def jobs_per_message(self, queue: str) -> int:
+        """The jobs one message of `queue` carries at most (messages.py)."""
+        return jobs_per_message(self.prefetch[queue], self.jobs_cap)
+
+    def _qos(self, queue: str) -> int:
+        """The messages of `queue` a consumer may hold: at most max_inflight jobs in all."""
+        return message_prefetch(self.prefetch[queue], self.jobs_cap)
+
     async def _run(self) -> None:
         delay = RECONNECT_FIRST_S
         while True:
@@ -108,9 +128,9 @@ class RabbitLink(LoopService):
         try:
             publisher = await connection.channel(publisher_confirms=True)
             self.publisher = cast(Channel, await publisher.get_underlay_channel())
-            for queue, prefetch in self.prefetch.items():
+            for queue in self.prefetch:
                 channel = await connection.channel(publisher_confirms=False)
-                await channel.set_qos(prefetch_count=prefetch)
+                await channel.set_qos(prefetch_count=self._qos(queue))
                 await channel.declare_queue(
                     self.queue_name(queue), durable=True, arguments={"x-queue-type": "quorum"}
                 )
@@ -138,37 +158,43 @@ class RabbitLink(LoopService):
 
         async def on_message(message: DeliveredMessage) -> None:
             tag: int = message.delivery.delivery_tag  # type: ignore[union-attr, assignment]
-            acks.received(tag)
             if queue in self._stopped:  # sent before the broker saw the cancel
+                acks.received(tag)
                 acks.give_back(tag)
                 return
+            props = message.header.properties
             try:
-                headers = message.header.properties.headers or {}
-                job_id, attempt = int(headers["job_id"]), int(headers["attempt"])  # type: ignore[arg-type]
-            except (KeyError, TypeError, ValueError):  # not a relay's message: never runnable
-                log.error("dropped a message without job_id and attempt headers from %s", queue)
+                jobs = carried(props.content_type, props.headers, message.body)
+            except (KeyError, TypeError, ValueError, struct.error):  # never runnable
+                log.error("dropped a message that names no job and attempt from %s", queue)
+                acks.received(tag)
                 acks.ack(tag)
                 return
-            inbox.append(Received(acks, tag, job_id, attempt))
+            acks.received(tag, len(jobs))
+            inbox.extend([Received(acks, tag, job_id, attempt) for job_id, attempt in jobs])
             arrived.set()
 
         return on_message
 
     async def set_prefetch(self, queue: str, prefetch: int) -> None:
         """Queue `queue`'s max_inflight changed at run time: the broker may hand this daemon
-        that many unacknowledged deliveries. A consumer's prefetch is fixed when it starts, so
-        the consumer starts again on the same channel (deliveries held stay held and are
-        acknowledged there); a later connection uses the new value from the start."""
+        as many unacknowledged messages as carry at most that many jobs (_qos). A consumer's
+        prefetch is fixed when it starts, so the consumer starts again on the same channel
+        (deliveries held stay held and are acknowledged there); a later connection uses the new
+        value from the start."""
         if self.prefetch.get(queue) == prefetch:
             return
+        held = self._qos(queue) if queue in self.prefetch else None
         self.prefetch[queue] = prefetch
+        if self._qos(queue) == held:  # the same messages held (carrying more or fewer jobs)
+            return
         consumer = self._consumers.get(queue)
         if consumer is None or queue in self._stopped:
             return
         channel, tag = consumer
         try:
             await channel.basic_cancel(tag)
-            await channel.basic_qos(prefetch_count=prefetch)
+            await channel.basic_qos(prefetch_count=self._qos(queue))
             ok = await channel.basic_consume(
                 self.queue_name(queue), self._receivers[queue], no_ack=False
             )

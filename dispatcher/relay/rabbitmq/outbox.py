@@ -15,6 +15,7 @@ from pamqp.commands import Basic
 from dispatcher.db.relay import OutboxLease, RelayRepository
 from dispatcher.observability import metrics
 from dispatcher.relay.rabbitmq.link import RECONNECT_FIRST_S, RabbitLink
+from dispatcher.relay.rabbitmq.messages import properties
 from dispatcher.relay.rabbitmq.publish import publish_batch
 from dispatcher.runtime.lifecycle import LoopService
 
@@ -158,44 +159,64 @@ class OutboxRelay(LoopService):
                 metrics.OUTBOX_LAG.set(0.0)
             return 0
         leased_at = time.monotonic()
+        batches = self._messages(rows)
         messages = [
             (
-                self._link.queue_name(row.queue),
-                b"",  # all it carries is in its properties: two frames a message, not three
-                Basic.Properties(
-                    delivery_mode=2,  # persistent
-                    message_id=row.key,
-                    headers={"job_id": row.job_id, "attempt": row.attempt, "key": row.key},
-                ),
+                self._link.queue_name(batch[0].queue),
+                *properties([(r.job_id, r.attempt, r.key) for r in batch]),
             )
-            for row in rows
+            for batch in batches
         ]
         confirms = await publish_batch(channel, messages)
-        task = asyncio.ensure_future(self._confirmed(rows, confirms, leased_at))
+        task = asyncio.ensure_future(self._confirmed(batches, confirms, leased_at))
         rounds.add(task)
         task.add_done_callback(rounds.discard)
         task.add_done_callback(self._report)
         return len(rows)
 
+    def _messages(self, rows: list[OutboxLease]) -> list[list[OutboxLease]]:
+        """The leased rows as messages: per queue, in the order leased (the pick's fair order),
+        slices of at most the queue's jobs per message; the messages in the order of their
+        first rows."""
+        messages: list[list[OutboxLease]] = []
+        filling: dict[str, list[OutboxLease]] = {}
+        for row in rows:
+            batch = filling.get(row.queue)
+            if batch is None or len(batch) >= self._link.jobs_per_message(row.queue):
+                batch = filling[row.queue] = []
+                messages.append(batch)
+            batch.append(row)
+        return messages
+
     async def _confirmed(
-        self, rows: list[OutboxLease], confirms: list[asyncio.Future[Any]], leased_at: float
+        self,
+        batches: list[list[OutboxLease]],
+        confirms: list[asyncio.Future[Any]],
+        leased_at: float,
     ) -> None:
-        """Await a published batch's confirms together, then mark the confirmed rows."""
+        """Await a published batch's confirms together, then mark the confirmed messages'
+        rows."""
         async with asyncio.timeout(CONFIRM_TIMEOUT_S):
             outcomes = await asyncio.gather(*confirms, return_exceptions=True)
         confirmed = [
-            row.id for row, ok in zip(rows, outcomes, strict=True) if isinstance(ok, Basic.Ack)
+            row.id
+            for batch, ok in zip(batches, outcomes, strict=True)
+            if isinstance(ok, Basic.Ack)
+            for row in batch
         ]
+        rows = sum(len(b) for b in batches)
         # commit -> confirm
-        metrics.OUTBOX_LAG.set(max(r.age_s for r in rows) + time.monotonic() - leased_at)
+        metrics.OUTBOX_LAG.set(
+            max(r.age_s for b in batches for r in b) + time.monotonic() - leased_at
+        )
         if confirmed:
             await self._repo.mark_published(confirmed)
-        if len(confirmed) < len(rows):  # published again once their lease expires
+        if len(confirmed) < rows:  # published again once their lease expires
             failure = next(o for o in outcomes if not isinstance(o, Basic.Ack))
             if isinstance(failure, DeliveredMessage):  # returned: a queue was deleted
                 await self._link.reconnect()  # which declares it again
             raise RuntimeError(
-                f"{len(rows) - len(confirmed)} of {len(rows)} messages not confirmed: {failure!r}"
+                f"{rows - len(confirmed)} of {rows} jobs' messages not confirmed: {failure!r}"
             )
 
     def _report(self, task: asyncio.Task[None]) -> None:

@@ -1,0 +1,107 @@
+"""The RabbitMQ transport's messages (relay/rabbitmq/messages.py): one job a message is the
+previous releases' message, several travel in its body; how many a message carries and how many
+messages a consumer holds keep a daemon's jobs within max_inflight; and the acknowledgements of
+a message of several jobs (relay/rabbitmq/acks.py): one, once all its jobs are settled."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dispatcher.relay.rabbitmq.acks import Acks
+from dispatcher.relay.rabbitmq.messages import (
+    JOBS_CONTENT_TYPE,
+    carried,
+    jobs_per_message,
+    message_prefetch,
+    properties,
+)
+
+
+def test_a_message_of_one_job_is_the_previous_releases_message() -> None:
+    body, props = properties([(7, 2, "key-7")])
+    assert body == b""
+    assert props.message_id == "key-7" and props.content_type is None
+    assert props.headers == {"job_id": 7, "attempt": 2, "key": "key-7"}
+    assert carried(props.content_type, props.headers, body) == [(7, 2)]
+
+
+def test_a_batch_message_carries_every_job_in_order_and_names_its_first_for_old_consumers() -> None:
+    jobs = [(10**12 + i, i % 3, f"k{i}") for i in range(150)]
+    body, props = properties(jobs)
+    assert props.content_type == JOBS_CONTENT_TYPE and len(body) == 12 * 150
+    assert props.headers == {"job_id": 10**12, "attempt": 0, "key": "k0"}  # what 1-job readers use
+    assert carried(props.content_type, props.headers, body) == [(j, a) for j, a, _ in jobs]
+
+
+@pytest.mark.parametrize("body", [b"", b"x" * 13])
+def test_a_malformed_batch_message_is_refused(body: bytes) -> None:
+    with pytest.raises(ValueError):
+        carried(JOBS_CONTENT_TYPE, {"job_id": 1, "attempt": 0}, body)
+
+
+def test_a_message_without_job_headers_is_refused() -> None:
+    with pytest.raises(KeyError):
+        carried(None, {}, b"")
+
+
+@pytest.mark.parametrize("max_inflight", [1, 2, 10, 15, 16, 17, 100, 200, 1599, 2000, 100_000])
+@pytest.mark.parametrize("cap", [1, 50, 100, 1000])
+def test_a_daemon_never_holds_more_jobs_than_max_inflight(max_inflight: int, cap: int) -> None:
+    per_message = jobs_per_message(max_inflight, cap)
+    held = message_prefetch(max_inflight, cap)
+    assert 1 <= per_message <= cap and held >= 1
+    assert held * per_message <= max_inflight
+    if max_inflight >= 16 * cap:  # large queues: full messages
+        assert per_message == cap
+
+
+def test_the_bench_queue_carries_a_hundred_jobs_in_twenty_messages() -> None:
+    assert (jobs_per_message(2000, 100), message_prefetch(2000, 100)) == (100, 20)
+    assert (jobs_per_message(200, 100), message_prefetch(200, 100)) == (12, 16)
+    assert (jobs_per_message(10, 100), message_prefetch(10, 100)) == (1, 10)  # as before
+
+
+class Channel:
+    """Records what Acks writes, in order."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int, bool]] = []
+
+    async def basic_ack(self, tag: int, multiple: bool = False, wait: bool = True) -> None:
+        self.sent.append(("ack", tag, multiple))
+
+    async def basic_nack(self, tag: int, requeue: bool = True, wait: bool = True) -> None:
+        self.sent.append(("nack", tag, requeue))
+
+
+async def test_a_message_is_acked_once_with_its_last_job() -> None:
+    channel = Channel()
+    acks = Acks(channel)  # type: ignore[arg-type]
+    acks.received(1, jobs=3)
+    acks.received(2, jobs=1)
+    acks.ack(1)
+    acks.ack(2)  # settled, but behind tag 1, still open: alone
+    acks.ack(1)
+    await acks.settled()
+    assert channel.sent == [("ack", 2, False)]
+    acks.ack(1)  # the last job of message 1: now the front is settled
+    await acks.settled()
+    assert channel.sent == [("ack", 2, False), ("ack", 1, True)]
+
+
+async def test_a_message_given_back_goes_at_once_and_its_running_jobs_ack_nothing() -> None:
+    channel = Channel()
+    acks = Acks(channel)  # type: ignore[arg-type]
+    acks.received(5, jobs=4)
+    acks.ack(5)  # a duplicate, say
+    acks.give_back(5)  # the drain returns a held job: the whole message
+    acks.give_back(5)  # another held job of it: nothing more
+    await acks.settled()
+    assert channel.sent == [("nack", 5, True)]
+    acks.ack(5)  # a job of it that was running ends later
+    acks.ack(5)
+    await asyncio.sleep(0.01)
+    await acks.settled()
+    assert channel.sent == [("nack", 5, True)]
