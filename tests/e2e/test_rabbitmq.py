@@ -712,7 +712,8 @@ async def test_a_daemon_killed_with_a_batch_half_run_has_every_job_end_once_in_e
     survivor: DaemonProcess | None = None
     try:
         await enqueue(db_url, 60, target.url)
-        await target.wait_for(lambda t: len(t.requests) >= 15, timeout_s=30, what="15 started")
+        # at 10 starts/s, a second each: the first 5 done while ~10 run and ~45 are held
+        await wait_until(lambda: done(db_url, 5), timeout_s=30, what="5 done")
         victim.signal(signal.SIGKILL)
         await victim.wait(10)
         done_at_kill = await succeeded(db_url)

@@ -7,8 +7,9 @@ broker only carries "job J is ready after attempt A".
   queue per dispatcher queue (idempotent), consumes them, and reconnects and re-declares when the
   broker closes the connection. `problem` names what is degraded, for /readyz.
 - `OutboxRelay` leases a batch of outbox rows (SKIP LOCKED: any number of daemons relay side by
-  side), publishes them all at once (persistent, message_id = job key, job id and attempt in the
-  headers), awaits their confirms together, then marks the rows published. A crash or broker
+  side), publishes them all at once in messages of up to `jobs_per_message` ready jobs of a
+  queue (persistent; what a message carries: `messages`), awaits their confirms together, then
+  marks the confirmed messages' rows published. A crash or broker
   failure in between publishes them again later; the consumer's claim makes that harmless.
   The row stays until a consumer's claim starts its job, so the published rows of a queue are
   its messages not yet claimed: the relay keeps at most a window of them (`publish_ahead` x the
@@ -19,26 +20,29 @@ broker only carries "job J is ready after attempt A".
   message was only slow, one of its two deliveries is a counted duplicate.
 - `RabbitTransport` hands the claim loop what was delivered: it leases the jobs in the database
   in batches (fenced by the attempt, within the queue's global limits), acks deliveries for jobs
-  that are no longer ready for that attempt as counted duplicates, and acks a started job's
-  delivery only once its attempt has ended (its outcome committed). Prefetch is the queue's
-  in-flight cap: a daemon holds no more deliveries than it could run at once. A delivery for a
+  that are no longer ready for that attempt as counted duplicates, and acks a message only
+  once each job it carries is settled: started and its attempt ended (its outcome committed),
+  a duplicate, or refused. Prefetch (in messages) holds at most the queue's in-flight cap in
+  jobs: a daemon holds no more jobs than it could run at once. A delivery for a
   handler version this daemon cannot run (a mixed-version fleet during a rolling release) is
   never started here: the claim refuses it, writing the job a new outbox row that the relay
   publishes again after a second (to any daemon), and the delivery is acked. A requeue would
   not do: the broker hands a requeued message straight back to the same consumer, and a queue
   with a delivery limit would drop it; the database, not the broker, keeps the job ready.
 - The drain (SIGTERM) cancels each queue's consumer as its claim loop stops and returns every
-  delivery held but not started (nack, requeue) at once; running attempts' deliveries are acked
-  on the still-open channel when their outcomes commit.
+  message with a job held but not started (nack, requeue) at once (its jobs running or done are
+  counted duplicates where it is delivered again); the other running attempts' messages are
+  acked on the still-open channel when their outcomes commit.
 
-Everything per message is kept small, because the per-message cost is the transport's cost
+Everything per message is kept small, and a message carries many jobs (`messages`), because
+the per-message cost is the transport's cost
 (measured with bench_scaleout, one daemon, 5,000 no-op jobs: aio-pika's Message objects and one
 consumer task more per delivery cost ~360 us of daemon CPU per job before this module used the
 underlying aiormq channel, which aio-pika exposes, for publishing, consuming and acknowledging).
 
 Only this package imports aio_pika and aiormq: `link` (the connection and consumers),
-`acks` (acknowledgements), `publish` (batch publishing), `outbox` (the relay) and `consume`
-(the transport the claim loops use).
+`acks` (acknowledgements), `messages` (what a message carries), `publish` (batch publishing),
+`outbox` (the relay) and `consume` (the transport the claim loops use).
 """
 
 from dispatcher.relay.rabbitmq.consume import RabbitTransport
