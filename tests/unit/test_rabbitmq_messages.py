@@ -1,7 +1,7 @@
 """The RabbitMQ transport's messages (relay/rabbitmq/messages.py): one job a message is the
 previous releases' message, several travel in its body; how many a message carries and how many
-messages a consumer holds keep a daemon's jobs within max_inflight; and the acknowledgements of
-a message of several jobs (relay/rabbitmq/acks.py): one, once all its jobs are settled."""
+messages a consumer holds; and the acknowledgements of a message of several jobs
+(relay/rabbitmq/acks.py): one, once all its jobs are settled."""
 
 from __future__ import annotations
 
@@ -46,21 +46,26 @@ def test_a_message_without_job_headers_is_refused() -> None:
         carried(None, {}, b"")
 
 
-@pytest.mark.parametrize("max_inflight", [1, 2, 10, 15, 16, 17, 100, 200, 1599, 2000, 100_000])
+@pytest.mark.parametrize("max_inflight", [1, 2, 10, 15, 16, 17, 100, 200, 300, 2000, 100_000])
 @pytest.mark.parametrize("cap", [1, 50, 100, 1000])
-def test_a_daemon_never_holds_more_jobs_than_max_inflight(max_inflight: int, cap: int) -> None:
+def test_a_queue_holds_as_many_messages_as_it_runs_jobs_and_its_cap_is_16_messages_or_more(
+    max_inflight: int, cap: int
+) -> None:
+    """A daemon can run max_inflight jobs at once whatever the messages carry (one job each at
+    worst: a prefetch of max_inflight // jobs_per_message held only 288 of 300, caught by
+    tests/e2e/test_crash_recovery.py), and max_inflight is 16 messages' worth or more."""
     per_message = jobs_per_message(max_inflight, cap)
-    held = message_prefetch(max_inflight, cap)
-    assert 1 <= per_message <= cap and held >= 1
-    assert held * per_message <= max_inflight
+    assert message_prefetch(max_inflight, cap) == max_inflight
+    assert 1 <= per_message <= cap
+    assert per_message == 1 or per_message * 16 <= max_inflight
     if max_inflight >= 16 * cap:  # large queues: full messages
         assert per_message == cap
 
 
-def test_the_bench_queue_carries_a_hundred_jobs_in_twenty_messages() -> None:
-    assert (jobs_per_message(2000, 100), message_prefetch(2000, 100)) == (100, 20)
-    assert (jobs_per_message(200, 100), message_prefetch(200, 100)) == (12, 16)
-    assert (jobs_per_message(10, 100), message_prefetch(10, 100)) == (1, 10)  # as before
+def test_the_bench_queue_carries_a_hundred_jobs_a_message() -> None:
+    assert jobs_per_message(2000, 100) == 100
+    assert jobs_per_message(200, 100) == 12
+    assert jobs_per_message(15, 100) == 1  # the earlier releases' message
 
 
 class Channel:

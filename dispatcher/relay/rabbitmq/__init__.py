@@ -20,15 +20,15 @@ broker only carries "job J is ready after attempt A".
   message was only slow, one of its two deliveries is a counted duplicate.
 - `RabbitTransport` hands the claim loop what was delivered: it leases the jobs in the database
   in batches (fenced by the attempt, within the queue's global limits), acks deliveries for jobs
-  that are no longer ready for that attempt as counted duplicates, and acks a message only
-  once each job it carries is settled: started and its attempt ended (its outcome committed),
-  a duplicate, or refused. Prefetch (in messages) holds at most the queue's in-flight cap in
-  jobs: a daemon holds no more jobs than it could run at once. A delivery for a
-  handler version this daemon cannot run (a mixed-version fleet during a rolling release) is
-  never started here: the claim refuses it, writing the job a new outbox row that the relay
-  publishes again after a second (to any daemon), and the delivery is acked. A requeue would
-  not do: the broker hands a requeued message straight back to the same consumer, and a queue
-  with a delivery limit would drop it; the database, not the broker, keeps the job ready.
+  that are no longer ready for that attempt as counted duplicates, and acks a message only once
+  each job it carries is settled: started and its attempt ended (its outcome committed), a
+  duplicate, or refused. Prefetch is the queue's in-flight cap in messages: a daemon runs at
+  most that many jobs, and what it holds unstarted is bounded by the relay's window. A delivery
+  for a handler version this daemon cannot run (a mixed-version fleet during a rolling release)
+  is never started here: the claim refuses it, writing the job a new outbox row that the relay
+  publishes again after a second (to any daemon), and the delivery is acked. A requeue would not
+  do: the broker hands a requeued message straight back to the same consumer, and a queue with a
+  delivery limit would drop it; the database, not the broker, keeps the job ready.
 - The drain (SIGTERM) cancels each queue's consumer as its claim loop stops and returns every
   message with a job held but not started (nack, requeue) at once (its jobs running or done are
   counted duplicates where it is delivered again); the other running attempts' messages are

@@ -95,7 +95,7 @@ class RabbitLink(LoopService):
         return jobs_per_message(self.prefetch[queue], self.jobs_cap)
 
     def _qos(self, queue: str) -> int:
-        """The messages of `queue` a consumer may hold: at most max_inflight jobs in all."""
+        """The messages of `queue` a consumer may hold (messages.message_prefetch)."""
         return message_prefetch(self.prefetch[queue], self.jobs_cap)
 
     async def _run(self) -> None:

@@ -14,14 +14,18 @@ Per-message work is most of the transport's cost in the daemon (bench_scaleout, 
 delivery's frames, a sixth marshalling publishes), and each message costs the same whatever it
 carries: a batch message of 100 jobs pays it once for all of them.
 
-How many jobs a message carries, and how many messages a consumer may hold unacknowledged, are
-derived together from the queue's max_inflight, so that a daemon never holds more jobs than it
-may run at once (the prefetch of the previous releases, one job a message, was max_inflight):
-a message is acknowledged once every job it started has ended, so a message whose last job is
-slow keeps its place and the jobs it carried are held in that place meanwhile: at least
-`MIN_MESSAGES_HELD` messages (while max_inflight allows: a queue of 200 in flight carries 12
-jobs a message, of 2,000 the full 100) keep a few slow jobs from holding up a daemon's queue.
-A queue of long jobs of very uneven length runs best with `jobs_per_message = 1`.
+How many messages a consumer may hold unacknowledged stays the queue's max_inflight, as when a
+message carried one job: a message is acknowledged once every job it carries has ended (or was
+a duplicate or refused), so a prefetch of fewer messages would cap the jobs a daemon runs at
+once whenever messages are not full (a low rate, the tail of a lease: one job a message at
+worst), and it did (tests/e2e/test_crash_recovery.py runs 300 at once in one daemon; prefetch
+300 // 18 messages of up to 18 jobs held 288). So what bounds the jobs a daemon holds unstarted
+is the relay's window: at most `publish_ahead` x max_inflight jobs of a queue are published and
+not yet claimed, all daemons together; the jobs it runs stay bounded by max_inflight. A message
+carries at most max_inflight // `MESSAGES_PER_CAP` jobs (at least one), so a queue's window is
+at least that many messages, shared among its consumers, and a message whose last job is slow
+holds only its own jobs' place: a queue of 2,000 in flight carries the full 100 a message, of
+200 it carries 12, of 15 or fewer one (the earlier releases' messages).
 """
 
 from __future__ import annotations
@@ -34,19 +38,19 @@ from pamqp.common import FieldTable
 
 JOBS_CONTENT_TYPE = "application/x.dispatcher.jobs"
 _PAIR = struct.Struct("<qi")  # job id, the attempt it is ready after
-MIN_MESSAGES_HELD = 16
+MESSAGES_PER_CAP = 16
 
 
 def jobs_per_message(max_inflight: int, cap: int) -> int:
     """The jobs one message of a queue carries at most: `cap` (rabbitmq.jobs_per_message), less
-    when the queue's max_inflight would leave fewer than MIN_MESSAGES_HELD messages held."""
-    return max(1, min(cap, max_inflight // MIN_MESSAGES_HELD))
+    when the queue's max_inflight would be fewer than MESSAGES_PER_CAP full messages."""
+    return max(1, min(cap, max_inflight // MESSAGES_PER_CAP))
 
 
 def message_prefetch(max_inflight: int, cap: int) -> int:
-    """The messages a consumer of the queue may hold unacknowledged: as many as hold at most
-    max_inflight jobs (at least one)."""
-    return max(1, max_inflight // jobs_per_message(max_inflight, cap))
+    """The messages a consumer of the queue may hold unacknowledged: max_inflight, as when
+    each carried one job (see above)."""
+    return max_inflight
 
 
 def properties(jobs: Sequence[tuple[int, int, str]]) -> tuple[bytes, Basic.Properties]:
