@@ -249,6 +249,16 @@ OPERATOR_ROUTES = [
     ),
     Route(
         "POST",
+        "/v1/jobs/{id}/run-now",
+        "operate",
+        operate.run_job_now,
+        "Run a scheduled job now: ready at once, ahead of its due time",
+        parameters=(JOB_ID,),
+        response=JOB,
+        problems=(401, 404, 409, 503),
+    ),
+    Route(
+        "POST",
         "/v1/jobs/{id}/reschedule",
         "operate",
         operate.reschedule_job,
