@@ -68,7 +68,6 @@ def job_action(method: str) -> Callable[[web.Request], Awaitable[web.Response]]:
 retry_job = job_action("retry")
 cancel_job = job_action("cancel")
 discard_job = job_action("discard")
-run_job_now = job_action("run_now")
 
 
 async def reschedule_job(request: web.Request) -> web.Response:

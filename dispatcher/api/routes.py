@@ -201,7 +201,7 @@ OPERATOR_ROUTES = [
         "POST",
         "/v1/jobs/{id}/run-now",
         "operate",
-        operate.run_job_now,
+        operate.job_action("run_now"),
         "Run a scheduled job now: ready at once, ahead of its due time",
         parameters=(JOB_ID,),
         response=JOB,
