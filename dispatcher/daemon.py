@@ -49,11 +49,12 @@ from dispatcher.engine.completer import Completer
 from dispatcher.engine.due_scan import DueScanner
 from dispatcher.engine.executor import Executor
 from dispatcher.engine.gone_owners import GoneOwners
+from dispatcher.engine.heartbeat import LeaseHeartbeat
 from dispatcher.engine.history import FLUSH_INTERVAL_S, HistoryRecorder
 from dispatcher.engine.live_settings import INTERVAL_S as LIVE_INTERVAL_S
 from dispatcher.engine.live_settings import LiveSettings
-from dispatcher.engine.pool import LeaseHeartbeat, QueueWorker, WorkerPool
 from dispatcher.engine.pruning import Pruner
+from dispatcher.engine.queue_worker import QueueWorker
 from dispatcher.engine.sampler import MetricsSampler
 from dispatcher.engine.wake_gates import QueueGate, WakeGates
 from dispatcher.engine.work_poll import (
@@ -63,6 +64,7 @@ from dispatcher.engine.work_poll import (
     WorkPoller,
     poll_interval_s,
 )
+from dispatcher.engine.worker_pool import WorkerPool
 from dispatcher.intake.accept import Intake
 from dispatcher.observability.tracing import Tracing
 from dispatcher.operator.queue_limits import file_settings
@@ -247,28 +249,7 @@ class Daemon:
         workers = self._workers(effects, engine, claims, handlers, completer, wake, gates)
         judge = GoneOwners()  # which other daemons died: their running jobs are rescued
         timing = TimingEngine()  # when every periodic job, wake-up and cron fire runs
-        scanner = DueScanner(
-            engine,
-            timing,
-            batch=s.scan_batch,
-            interval_s=max(s.scan_interval_s, DUE_SCAN_IDLE_S),  # the work poll looks before
-            on_ready=lambda: wake("ready"),  # as a notice: the work poll first with many queues
-            gone_owners=judge.confirmed,
-        )
-
-        def wake_queue(queue: str) -> None:  # ready work: its claim loop, and an idle relay
-            workers.wake_queue(queue)
-            self._relay_wake()
-
-        poller = WorkPoller(
-            engine,
-            timing,
-            queues=list(s.queues),
-            capabilities=capabilities(s),
-            interval_s=poll_interval_s(s),
-            wake_queue=wake_queue,
-            scanner=scanner,
-        )
+        scanner, poller = self._due_scan_and_poll(engine, timing, workers, judge, wake)
         self._liveness = liveness_lock(s, dsn, self.owner, judge, on_gone=scanner.wake)
         await self._live_settings(QueueSettingsRepository(pools["engine"]), workers, timing)
         wake.bind(
@@ -324,6 +305,41 @@ class Daemon:
             )
             services.insert(4, listener)  # before the API listener
         return services
+
+    def _due_scan_and_poll(
+        self,
+        engine: JobRepository,
+        timing: TimingEngine,
+        workers: WorkerPool,
+        judge: GoneOwners,
+        wake: Wakeups,
+    ) -> tuple[DueScanner, WorkPoller]:
+        """The due-scan (scheduled -> ready, rescue of gone daemons' jobs) and the work poll
+        (which queues have ready work), both on the timing engine."""
+        s = self.settings
+        scanner = DueScanner(
+            engine,
+            timing,
+            batch=s.scan_batch,
+            interval_s=max(s.scan_interval_s, DUE_SCAN_IDLE_S),  # the work poll looks before
+            on_ready=lambda: wake("ready"),  # as a notice: the work poll first with many queues
+            gone_owners=judge.confirmed,
+        )
+
+        def wake_queue(queue: str) -> None:  # ready work: its claim loop, and an idle relay
+            workers.wake_queue(queue)
+            self._relay_wake()
+
+        poller = WorkPoller(
+            engine,
+            timing,
+            queues=list(s.queues),
+            capabilities=capabilities(s),
+            interval_s=poll_interval_s(s),
+            wake_queue=wake_queue,
+            scanner=scanner,
+        )
+        return scanner, poller
 
     async def _live_settings(
         self, store: QueueSettingsRepository, workers: WorkerPool, timing: TimingEngine
@@ -390,6 +406,19 @@ class Daemon:
         await self._disk.run_once()
         return self._disk
 
+    def _rabbit_transport(self, engine: JobRepository, claims: ClaimConnections) -> Transport:
+        """The RabbitMQ link and outbox relay, kept as broker services (started before the
+        consumers), and the transport the claim loops consume through."""
+        from dispatcher.relay.rabbitmq.broker import Broker  # aio_pika only when it is used
+
+        s = self.settings
+        relays = RelayRepository(engine.pool)
+        broker = Broker(s, relays, claims, owner=self.owner, capabilities=capabilities(s))
+        self._broker = broker.services
+        self._relay_wake = broker.relay.wake
+        self._on_max_inflight = broker.retune
+        return broker.transport
+
     def _workers(
         self,
         effects: dict[str, Effect],
@@ -406,42 +435,7 @@ class Daemon:
             claims, owner=self.owner, capabilities=capabilities(s), lease_s=s.lease_s
         )
         if s.transport == "rabbitmq":
-            from dispatcher.relay import rabbitmq  # aio_pika only when the broker is used
-
-            url = s.rabbitmq.resolved_url()
-            assert url is not None  # the settings refuse rabbitmq without a URL
-            link = rabbitmq.RabbitLink(
-                url,
-                s.rabbitmq.queue_prefix,
-                {q: qs.max_inflight for q, qs in s.queues.items()},
-                reconnect_max_s=s.rabbitmq.reconnect_max_s,
-                jobs_per_message=s.rabbitmq.jobs_per_message,
-            )
-            relays = RelayRepository(engine.pool)
-            relay = rabbitmq.OutboxRelay(
-                relays,
-                link,
-                batch=s.rabbitmq.relay_batch,
-                lease_s=s.rabbitmq.relay_lease_s,
-                publish_ahead=s.rabbitmq.publish_ahead,
-                republish_after_s=s.rabbitmq.republish_after_s,
-            )
-            self._broker = [link, relay]
-            self._relay_wake = relay.wake
-
-            async def retune_broker(queue: str, max_inflight: int) -> None:
-                relay.set_max_inflight(queue, max_inflight)
-                await link.set_prefetch(queue, max_inflight)
-
-            self._on_max_inflight = retune_broker
-            transport = rabbitmq.RabbitTransport(
-                claims,
-                link,
-                owner=self.owner,
-                capabilities=capabilities(s),
-                lease_s=s.lease_s,
-                wait_s=s.scan_interval_s,
-            )
+            transport = self._rabbit_transport(engine, claims)
 
         def executor(queue: str) -> Executor:
             return Executor(

@@ -54,7 +54,7 @@ def acting(request: web.Request) -> tuple[Operator, Actor]:
 # jobs -------------------------------------------------------------------------------------
 def job_action(method: str) -> Callable[[web.Request], Awaitable[web.Response]]:
     """The handler of `POST /v1/jobs/{id}/...` that runs the operator service's `method` (a
-    one-job action without a body: retry, cancel, discard) and answers the job."""
+    one-job action without a body: retry, cancel, discard, run_now) and answers the job."""
 
     async def handler(request: web.Request) -> web.Response:
         operator, actor = acting(request)

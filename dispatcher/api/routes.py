@@ -4,18 +4,12 @@ schemas, the problems it answers). The router (`create_app`), the scope check
 (dispatcher.api.scopes) and /openapi.json (dispatcher.api.openapi) are all read from `ROUTES`,
 so a route cannot exist without its scope and its description (tests/unit/test_route_scopes.py).
 
-Adding an operator action: a method of the operator service, a handler in
-dispatcher.api.operate, and one row here (docs/architecture.md, "Adding an operator action").
+Each row is a `Route` (dispatcher.api.route). Adding an operator action: a method of the
+operator service, a handler in dispatcher.api.operate, and one row here (docs/architecture.md,
+"Adding an operator action").
 """
 
 from __future__ import annotations
-
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
-
-from aiohttp import web
-from pydantic import BaseModel
 
 from dispatcher.api import bulk, health, history, jobs, operate
 from dispatcher.api.contract import (
@@ -45,59 +39,15 @@ from dispatcher.api.contract import (
     SCHEDULE_NAME,
     TRACEPARENT_HEADER,
     TRIGGER_REQUEST,
-    json_body,
     json_ok,
-    problem_responses,
 )
+from dispatcher.api.route import Route
 from dispatcher.api.schemas import MAX_BATCH, RescheduleRequest
 from dispatcher.db.job_reads import PREFIX_SCAN_IDS, PREFIX_SLICE_IDS
 from dispatcher.intake.requests import DeadLetterRequest, JobRequest
 from dispatcher.model import STATES
 from dispatcher.operator.bulk import ACTIONS, BULK_BATCH, MAX_IDS
 from dispatcher.operator.queue_limits import SettingsChange
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@dataclass(frozen=True)
-class Route:
-    """One operation of the API. `scope` None: public (no token; health, metrics, this
-    description). `request`: the body's model (a component schema) or schema; `response`: the
-    200 answer's schema; `answers`: other answers by status; `problems`: the problem statuses
-    it may answer besides those every route has (400, 401, 403, 413, 429)."""
-
-    method: str
-    path: str
-    scope: str | None
-    handler: Handler
-    summary: str
-    request: type[BaseModel] | dict[str, Any] | None = None
-    response: dict[str, Any] | None = None
-    problems: tuple[int, ...] = ()
-    parameters: tuple[dict[str, Any], ...] = ()
-    description: str = ""
-    answers: dict[str, Any] = field(default_factory=dict)
-
-    def operation(self) -> dict[str, Any]:
-        """The route's OpenAPI operation object (before `openapi_document` adds the answers
-        every route shares and the scope)."""
-        operation: dict[str, Any] = {"summary": self.summary}
-        if self.description:
-            operation["description"] = self.description
-        if self.parameters:
-            operation["parameters"] = list(self.parameters)
-        if isinstance(self.request, type):
-            operation["requestBody"] = json_body(
-                {"$ref": f"#/components/schemas/{self.request.__name__}"}
-            )
-        elif self.request is not None:
-            operation["requestBody"] = json_body(self.request)
-        responses = {} if self.response is None else {"200": json_ok(self.response)}
-        operation["responses"] = {**responses, **self.answers, **problem_responses(*self.problems)}
-        if self.scope is None:
-            operation["security"] = []
-        return operation
-
 
 JOB_ROUTES = [
     Route(
@@ -243,6 +193,16 @@ OPERATOR_ROUTES = [
         "operate",
         operate.discard_job,
         "Discard a dead job: terminal `discarded`, kept for the dead retention",
+        parameters=(JOB_ID,),
+        response=JOB,
+        problems=(401, 404, 409, 503),
+    ),
+    Route(
+        "POST",
+        "/v1/jobs/{id}/run-now",
+        "operate",
+        operate.job_action("run_now"),
+        "Run a scheduled job now: ready at once, ahead of its due time",
         parameters=(JOB_ID,),
         response=JOB,
         problems=(401, 404, 409, 503),

@@ -194,6 +194,7 @@ def _job_commands(command: Command) -> None:
         ("show", "show one job and its attempt history"),
         ("retry", "retry a dead or cancelled job with a new attempt budget"),
         ("cancel", "cancel a waiting job (a running one is not retried)"),
+        ("run-now", "run a scheduled job now, ahead of its due time"),
     ):
         p = jobs_sub.add_parser(action, help=help_text)
         p.add_argument("id", type=bounded_int(1, JOB_ID_MAX), help="job id")

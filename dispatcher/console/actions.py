@@ -44,6 +44,11 @@ JOB_ACTIONS = {
         TRANSITIONS["discard"].states,
         "set the dead letter aside (kept visible until the dead retention)",
     ),
+    "run_now": (
+        "Run now",
+        TRANSITIONS["run_now"].states,
+        "ready at once, ahead of its due time",
+    ),
 }
 
 

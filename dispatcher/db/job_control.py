@@ -66,27 +66,34 @@ class JobControl:
         return int(await self.pool.fetchval(query("count_dead"), *args))
 
     @translate_unavailable
-    async def reschedule(self, job_id: int, due_at: datetime | None) -> dict[str, Any] | str | None:
-        """Move a scheduled or ready job to `due_at` (None: now). Returns the job after the move,
-        or the state that forbids it, or None for an unknown job. A job a worker claims (or the
-        scan moves) between the look and the move is looked at again."""
+    async def reschedule(
+        self, job_id: int, due_at: datetime | None, movable: tuple[str, ...] = RESCHEDULABLE
+    ) -> dict[str, Any] | str | None:
+        """Move a job in one of the `movable` states (scheduled or ready) to `due_at` (None:
+        now). Returns the job after the move, or the state that forbids it, or None for an
+        unknown job. A job a worker claims (or the scan moves) between the look and the move is
+        looked at again."""
         for _ in range(RESCHEDULE_ROUNDS):
             try:
                 async with self.pool.acquire() as conn, conn.transaction():
-                    return await self._reschedule_in(conn, job_id, due_at)
+                    return await self._reschedule_in(conn, job_id, due_at, movable)
             except _MovedMeanwhile:
                 continue
         current = await self.pool.fetchrow(query("job_placement"), job_id)
         return None if current is None else str(current["state"])
 
     async def _reschedule_in(
-        self, conn: asyncpg.Connection, job_id: int, due_at: datetime | None
+        self,
+        conn: asyncpg.Connection,
+        job_id: int,
+        due_at: datetime | None,
+        movable: tuple[str, ...],
     ) -> dict[str, Any] | str | None:
         seen = await conn.fetchrow(query("job_placement"), job_id)
         if seen is None:
             return None
         state = str(seen["state"])
-        if state not in RESCHEDULABLE:
+        if state not in movable:
             return state
         if state == "ready":
             await conn.execute(

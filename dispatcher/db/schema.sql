@@ -1186,10 +1186,12 @@ BEGIN
     FOR round IN 1..50 LOOP
         INSERT INTO dispatcher.intents AS j
                (key, request_hash, queue, tenant, handler, handler_version, target, payload,
-                max_attempts, max_retry_age_s, priority, concurrency_key)
+                max_attempts, max_retry_age_s, priority, concurrency_key, size_bytes)
         VALUES (key, fingerprint, queue_name, tenant_name, handler, version, target, payload,
                 coalesce(max_attempts, defaults.max_attempts),
-                coalesce(max_retry_age_s, defaults.max_retry_age_s), prio, ckey)
+                coalesce(max_retry_age_s, defaults.max_retry_age_s), prio, ckey,
+                -- what the trigger intents_size_bytes would write, without its call
+                dispatcher.stored_bytes(payload, target))
             -- the key's unique index (migration 046), qualified: `key` alone is the parameter here
             ON CONFLICT ((j.key)) DO NOTHING
         RETURNING j.id INTO new_id;

@@ -23,7 +23,7 @@ INTERVAL_S = 1.0  # every change holds within this, even when its notice was los
 
 
 class Tunable(Protocol):
-    """What a claim loop exposes to be retuned (dispatcher.engine.pool.QueueWorker)."""
+    """What a claim loop exposes to be retuned (dispatcher.engine.queue_worker.QueueWorker)."""
 
     queue: str
     bucket: TokenBucket

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dispatcher.config.settings import Settings
 from dispatcher.db.jobs import JobRepository, WorkSeen
 from dispatcher.engine.due_scan import DueScanner
-from dispatcher.engine.pool import WorkerPool
+from dispatcher.engine.worker_pool import WorkerPool
 from dispatcher.runtime.lifecycle import Service
 from dispatcher.runtime.timing import TimingEngine
 

@@ -49,7 +49,7 @@ OVERVIEW_MAX_AGE_S = 1.0
 # some states: the rules of the bulk actions (one table for both).
 JOB_REFUSALS: dict[str, tuple[str, dict[str, str]]] = {
     action: ("job {id} is {state}; " + TRANSITIONS[action].rule, TRANSITIONS[action].hints)
-    for action in ("retry", "discard", "reschedule")
+    for action in ("retry", "discard", "reschedule", "run_now")
 }
 JOB_REFUSALS["cancel"] = (
     "job {id} is already {state}; nothing to cancel",
@@ -114,18 +114,23 @@ class Operator:
             tolerance_s = self.settings.due_at_past_tolerance_s
             if due_at is not None and (why := long_past(due_at, datetime.now(UTC), tolerance_s)):
                 raise Invalid(why, "due_at")
-            outcome = await self.repo.reschedule(job_id, due_at)
-            if isinstance(outcome, str):
-                raise self._refusal("reschedule", job_id, outcome)
-            if outcome is None:
-                raise NotFound(f"no job {job_id}")
-            if outcome["state"] == "ready":
-                self._on_ready()
-            return outcome
+            return await self._move("reschedule", job_id, due_at)
 
     async def run_now(self, actor: Actor, job_id: int) -> dict[str, Any]:
-        """A scheduled job made ready now (a reschedule to "now")."""
-        return await self.reschedule(actor, job_id, None)
+        """A scheduled job made ready now, ahead of its due time (a ready job is refused: it
+        is ready already)."""
+        with _audited(actor, "run_now", f"job {job_id}"):
+            return await self._move("run_now", job_id, None)
+
+    async def _move(self, action: str, job_id: int, due_at: datetime | None) -> dict[str, Any]:
+        outcome = await self.repo.reschedule(job_id, due_at, TRANSITIONS[action].states)
+        if isinstance(outcome, str):
+            raise self._refusal(action, job_id, outcome)
+        if outcome is None:
+            raise NotFound(f"no job {job_id}")
+        if outcome["state"] == "ready":
+            self._on_ready()
+        return outcome
 
     async def _job_action(self, action: str, job_id: int) -> dict[str, Any]:
         row: dict[str, Any] | None = await getattr(self.repo, action)(job_id)

@@ -37,6 +37,7 @@ POSITIONALS = {
     "show": ["1"],
     "retry": ["1"],
     "cancel": ["1"],
+    "run-now": ["1"],
     "reschedule": ["1", "--at", "now"],
     "revoke": ["--all"],
     "trigger": ["nightly", "--period", "2030-01-01T00:00:00Z"],

@@ -115,3 +115,70 @@ async def test_a_cli_action_is_audited_with_the_os_user(db_url: str, tmp_path: P
         "no queue 'nope'; queues: default"
     ]
     assert "token" not in audit_lines(paused.stderr)[0]  # an OS user is not a token
+
+
+async def test_run_now_at_each_door_makes_a_scheduled_job_ready_and_refuses_a_ready_one(
+    db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The one-job action added last (issue 21's "one service method, one table row, one console
+    entry, one CLI line"): the same move and the same refusal at the API, the console and the
+    CLI, each audited."""
+    caplog.set_level(logging.INFO, logger="dispatcher.operator")
+    settings = make_settings(db_url, queues={"default": {}})
+    env = {"DISPATCHER_DATABASE_URL": db_url}
+    conn = await asyncpg.connect(db_url)
+    try:
+        async with running_daemon(settings) as d, session() as browser:
+            async with d.session.post(f"{d.base_url}/v1/queues/default/pause") as r:
+                assert r.status == 200  # ready jobs stay ready: nothing claims them
+            body = {"handler": "http", "target": {"url": "https://x.example/"}, "due_at": FAR}
+            by_api, by_console, by_cli = [
+                (await d.post_job(f"later-{door}", body))["id"] for door in ("api", "ui", "cli")
+            ]
+            async with d.session.post(f"{d.base_url}/v1/jobs/{by_api}/run-now") as r:
+                assert r.status == 200
+                assert (await r.json())["state"] == "ready"
+            async with browser.get(f"{d.base_url}/console/jobs/{by_console}/run_now") as r:
+                page = await r.text()
+                assert r.status == 200 and "Run now" in page
+            async with browser.post(
+                f"{d.base_url}/console/jobs/{by_console}/run_now", data={"csrf": form_token(page)}
+            ) as r:
+                assert r.status == 200, await r.text()
+            ran = await cli("jobs", "run-now", str(by_cli), "--json", cwd=tmp_path, env=env)
+            assert ran.code == 0, ran.stderr
+            assert json.loads(ran.stdout)["state"] == "ready"
+            rows = await conn.fetch(
+                "SELECT id, state, due_at <= now() AS due FROM dispatcher.jobs WHERE id = ANY($1)",
+                [by_api, by_console, by_cli],
+            )
+            assert {(r["state"], r["due"]) for r in rows} == {("ready", True)}
+
+            refusal = (
+                f"job {by_api} is ready; only scheduled jobs can be run now (it is ready already)"
+            )
+            assert await api_refusal(d, f"/v1/jobs/{by_api}/run-now") == (409, refusal)
+            assert await console_refusal(browser, d.base_url, f"/jobs/{by_api}/run_now") == (
+                409,
+                refusal,
+            )
+            again = await cli("jobs", "run-now", str(by_api), cwd=tmp_path, env=env)
+            assert (again.code, again.stderr.splitlines()[-1]) == (1, f"dispatcher: {refusal}")
+        audited = sorted(
+            (
+                r.door,
+                r.getMessage().rsplit(": ", 1)[-1]
+                if "refused" not in r.getMessage()
+                else "refused",
+            )
+            for r in caplog.records
+            if r.getMessage().startswith("operator action run_now job ")
+        )
+        assert audited == [
+            ("api", "done"),
+            ("api", "refused"),
+            ("console", "done"),
+            ("console", "refused"),
+        ]
+    finally:
+        await conn.close()

@@ -1,7 +1,7 @@
 """Attempts of non-transactional python handlers start inline, in the claim loop's frame: those
 that finish without waiting share one task and one completion write, the others go on in a task
-of their own, in the context they started in (engine/pool.py, engine/executor.py). In process,
-real database: a claim of one batch mixes every way an attempt can end."""
+of their own, in the context they started in (engine/queue_worker.py, engine/executor.py). In
+process, real database: a claim of one batch mixes every way an attempt can end."""
 
 from __future__ import annotations
 

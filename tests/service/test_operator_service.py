@@ -109,7 +109,7 @@ async def test_actions_act_wake_the_workers_and_are_audited(
     )
     assert (counted["count"], woken) == (0, ["ready"])  # a dry run moves and wakes nothing
     assert audit(caplog) == [
-        f"operator action reschedule job {job} to now by 'alice' (cli): done",
+        f"operator action run_now job {job} by 'alice' (cli): done",
         f"operator action cancel job {job} by 'ops' (console): done",
         "operator action pause queue 'default' by 'oncall' (api): done",
         "operator action redrive dead letters (dry run) queue=default by 'oncall' (api): matched 0",

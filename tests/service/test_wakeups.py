@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from dispatcher.engine.pool import QueueWorker
+from dispatcher.engine.queue_worker import QueueWorker
 from dispatcher.model import ByteGrant
 from dispatcher.relay.transport import Delivery, InProcessTransport
 from tests.harness import make_settings, running_daemon, wait_until
