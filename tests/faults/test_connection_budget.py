@@ -176,16 +176,17 @@ async def test_two_daemons_with_120_queues_each_fit_a_server_of_100(
         second = await spawn({**env, "DISPATCHER_INSTANCE_NAME": "second"})
         keys = await enqueue_one_per_queue(db_url, 120, "two")
         most, visits = 0, 0
-        while not await delivered(db_url, keys):  # meanwhile other clients still connect
+        while True:  # meanwhile other clients still connect: at least once, however fast
             other = await asyncpg.connect(db_url, timeout=10)
             try:
                 most = max(most, await connections_of(db_url) - 1)  # `other` excepted
             finally:
                 await other.close()
             visits += 1
+            if await delivered(db_url, keys):
+                break
             assert visits < 1000, "not every queue delivered"
-        assert visits > 0
-        assert most <= 2 * BUDGET
+        assert 0 < most <= 2 * BUDGET
         for daemon in (first, second):
             assert storm_lines(daemon) == []
             assert await http_status(f"{daemon.base_url}/readyz") == 200
