@@ -21,7 +21,7 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 
 from dispatcher.observability import metrics
 from dispatcher.relay.rabbitmq.acks import Acks, Received
-from dispatcher.relay.rabbitmq.messages import carried, jobs_per_message, message_prefetch
+from dispatcher.relay.rabbitmq.messages import carried, jobs_per_message
 from dispatcher.runtime.lifecycle import LoopService
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,8 @@ class RabbitLink(LoopService):
     ):
         self._url = url
         self._prefix = prefix
-        # per queue: its max_inflight, in jobs (the broker's prefetch counts messages: _qos)
+        # per queue: its max_inflight, the messages a consumer may hold unacknowledged whatever
+        # they carry (messages.py says why)
         self.prefetch = prefetch
         self.jobs_cap = jobs_per_message  # rabbitmq.jobs_per_message
         self._reconnect_max_s = reconnect_max_s
@@ -94,10 +95,6 @@ class RabbitLink(LoopService):
         """The jobs one message of `queue` carries at most (messages.py)."""
         return jobs_per_message(self.prefetch[queue], self.jobs_cap)
 
-    def _qos(self, queue: str) -> int:
-        """The messages of `queue` a consumer may hold (messages.message_prefetch)."""
-        return message_prefetch(self.prefetch[queue], self.jobs_cap)
-
     async def _run(self) -> None:
         delay = RECONNECT_FIRST_S
         while True:
@@ -130,7 +127,7 @@ class RabbitLink(LoopService):
             self.publisher = cast(Channel, await publisher.get_underlay_channel())
             for queue in self.prefetch:
                 channel = await connection.channel(publisher_confirms=False)
-                await channel.set_qos(prefetch_count=self._qos(queue))
+                await channel.set_qos(prefetch_count=self.prefetch[queue])
                 await channel.declare_queue(
                     self.queue_name(queue), durable=True, arguments={"x-queue-type": "quorum"}
                 )
@@ -178,23 +175,20 @@ class RabbitLink(LoopService):
 
     async def set_prefetch(self, queue: str, prefetch: int) -> None:
         """Queue `queue`'s max_inflight changed at run time: the broker may hand this daemon
-        as many unacknowledged messages as carry at most that many jobs (_qos). A consumer's
-        prefetch is fixed when it starts, so the consumer starts again on the same channel
-        (deliveries held stay held and are acknowledged there); a later connection uses the new
-        value from the start."""
+        that many unacknowledged messages (messages.py: a daemon runs at most max_inflight jobs
+        whatever its messages carry). A consumer's prefetch is fixed when it starts, so the
+        consumer starts again on the same channel (deliveries held stay held and are
+        acknowledged there); a later connection uses the new value from the start."""
         if self.prefetch.get(queue) == prefetch:
             return
-        held = self._qos(queue) if queue in self.prefetch else None
         self.prefetch[queue] = prefetch
-        if self._qos(queue) == held:  # the same messages held (carrying more or fewer jobs)
-            return
         consumer = self._consumers.get(queue)
         if consumer is None or queue in self._stopped:
             return
         channel, tag = consumer
         try:
             await channel.basic_cancel(tag)
-            await channel.basic_qos(prefetch_count=self._qos(queue))
+            await channel.basic_qos(prefetch_count=prefetch)
             ok = await channel.basic_consume(
                 self.queue_name(queue), self._receivers[queue], no_ack=False
             )

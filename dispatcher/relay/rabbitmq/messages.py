@@ -47,12 +47,6 @@ def jobs_per_message(max_inflight: int, cap: int) -> int:
     return max(1, min(cap, max_inflight // MESSAGES_PER_CAP))
 
 
-def message_prefetch(max_inflight: int, cap: int) -> int:
-    """The messages a consumer of the queue may hold unacknowledged: max_inflight, as when
-    each carried one job (see above)."""
-    return max_inflight
-
-
 def properties(jobs: Sequence[tuple[int, int, str]]) -> tuple[bytes, Basic.Properties]:
     """The body and properties of the message carrying `jobs` ((job id, attempt, key) each, in
     the order to start them)."""
