@@ -850,20 +850,73 @@ $function$;
 CREATE OR REPLACE FUNCTION dispatcher.claim_ready(q text, wanted integer, caps text[], owner text, lease_s double precision, byte_budget bigint, alone boolean, after_priority integer, after_tenant text)
  RETURNS TABLE(id bigint, key text, queue text, tenant text, handler text, handler_version integer, target jsonb, payload jsonb, attempt integer, max_attempts integer, due_at timestamp with time zone, progress jsonb, run_key text, due_to_start_s double precision, traceparent text, size_bytes bigint, timeout_s double precision, taken_count integer, wait_s double precision, held_back boolean, cursor_priority smallint, cursor_tenant text, key_throttled boolean, expired_count integer)
  LANGUAGE plpgsql
- SET plan_cache_mode TO 'auto'
+ SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
 AS $function$
 #variable_conflict use_column
+DECLARE
+    plain        boolean;   -- no key limits, no group, not paused
+    one_priority smallint;  -- the priority and tenant of the first ready job, and whether
+    one_tenant   text;      -- the last one has them too (both NULL: nothing ready)
+    fast         boolean := false;
+    fast_granted integer;   -- the plain case's grant and pick, taken before the claim statement
+    fast_wait_s  float8;
+    fast_ids     bigint[];
 BEGIN
+    SELECT NOT x.paused AND x.limit_group IS NULL AND x.key_max_inflight IS NULL
+           AND x.key_rate_per_s IS NULL
+           AND NOT EXISTS (SELECT 1 FROM dispatcher.key_limits o WHERE o.queue = q),
+           a.priority, a.tenant, a.priority = b.priority AND a.tenant = b.tenant
+      INTO plain, one_priority, one_tenant, fast
+      FROM dispatcher.queues x
+      LEFT JOIN LATERAL (SELECT s.priority, s.tenant FROM dispatcher.job_state s
+                          WHERE s.queue = q AND s.state = 'ready'
+                          ORDER BY s.queue, s.priority, s.tenant LIMIT 1) a ON true
+      LEFT JOIN LATERAL (SELECT s.priority, s.tenant FROM dispatcher.job_state s
+                          WHERE s.queue = q AND s.state = 'ready'
+                          ORDER BY s.queue DESC, s.priority DESC, s.tenant DESC LIMIT 1) b ON true
+     WHERE x.name = q;  -- no row (a queue the daemon has not set up): the full claim
+    fast := coalesce(plain AND fast, false);
+    IF plain AND one_priority IS NULL THEN  -- nothing ready: the marker alone
+        RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::text,
+               NULL::integer, NULL::jsonb, NULL::jsonb, NULL::integer, NULL::integer,
+               NULL::timestamptz, NULL::jsonb, NULL::text, NULL::float8, NULL::text, NULL::bigint,
+               NULL::float8, 0, NULL::float8, false, NULL::smallint, NULL::text, false, 0;
+        RETURN;
+    END IF;
+    IF fast THEN  -- the plain case: the grant, then one walk of the tenant's jobs, earliest due first
+        SELECT g.granted, g.wait_s INTO fast_granted, fast_wait_s
+          FROM dispatcher.claim_grant(q, wanted) g;
+        SELECT coalesce(array_agg(f.id ORDER BY f.due_at, f.id), '{}') INTO fast_ids
+          FROM (SELECT s.id, s.due_at FROM dispatcher.job_state s
+                 WHERE s.queue = q AND s.state = 'ready' AND s.priority = one_priority
+                   AND s.tenant = one_tenant AND s.capability = ANY (caps)
+                   -- always true: a bound only the claim index can use, so the kept plan walks
+                   -- it; without, a plan kept from statistics of a drain's start walked
+                   -- jobs_due_at_id, over every job claimed before (tests/db/test_claim_plan.py)
+                   AND (s.queue, s.priority, s.tenant, s.due_at)
+                       >= (q, one_priority, one_tenant, '-infinity'::timestamptz)
+                 ORDER BY s.due_at, s.id
+                 LIMIT fast_granted
+                   FOR UPDATE SKIP LOCKED) f;
+    END IF;
     RETURN QUERY
     WITH grant_ AS MATERIALIZED (
-        SELECT granted, wait_s FROM dispatcher.claim_grant(q, wanted)
+        -- `fast` is a parameter: of each pair of branches, the one not taken is never run
+        SELECT granted, wait_s FROM dispatcher.claim_grant(q, wanted) WHERE NOT fast
+        UNION ALL
+        SELECT fast_granted, fast_wait_s WHERE fast
     ), candidates AS MATERIALIZED (
         -- a paused queue offers nothing (claim_pick looks first)
         SELECT p.id, p.pos, p.priority, p.tenant, p.turn
           FROM grant_ g
          CROSS JOIN LATERAL dispatcher.claim_pick(q, g.granted, caps, after_priority,
                                                   after_tenant) p
+         WHERE NOT fast
+        UNION ALL
+        SELECT u.id, u.pos::integer, one_priority, one_tenant, 1
+          FROM unnest(fast_ids) WITH ORDINALITY AS u(id, pos)
+         WHERE fast
     ), budgeted AS MATERIALIZED (
         -- The one primary-key probe of the intents per candidate, for its size (migration 020)
         -- and for what the claimed job carries (a payload stays a TOAST pointer until it is
@@ -883,13 +936,15 @@ BEGIN
     ), keyed AS MATERIALIZED (
         -- what each job's concurrency key may start now (migration 024); the rest stay ready.
         -- `claimed` starts (or ends expired) every job kept: key_take counts their starts itself
-        SELECT dispatcher.key_take(q, ARRAY(SELECT id FROM budgeted ORDER BY pos),
-                                   ARRAY(SELECT concurrency_key FROM budgeted ORDER BY pos),
-                                   true) AS ids
+        SELECT CASE WHEN fast THEN ARRAY(SELECT id FROM budgeted ORDER BY pos)
+                    ELSE dispatcher.key_take(q, ARRAY(SELECT id FROM budgeted ORDER BY pos),
+                                             ARRAY(SELECT concurrency_key FROM budgeted
+                                                    ORDER BY pos),
+                                             true) END AS ids
     ), keys_full AS MATERIALIZED (
         -- keys at their limit as the claim began (the pick skipped their jobs): the claim loop
         -- looks again soon, and the claim counts as throttled (dispatcher_key_throttled_claims)
-        SELECT dispatcher.key_wait_s() AS wait_s
+        SELECT CASE WHEN NOT fast THEN dispatcher.key_wait_s() END AS wait_s
     ), claimed AS (
         -- A job whose time to live passed after the scan moved it is ended here instead of
         -- started (`dead`, `expired`; migration 030): the same update, so no row is read twice.
