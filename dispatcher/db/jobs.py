@@ -407,6 +407,8 @@ class Claim(NamedTuple):
     held_back: bool  # the memory budget left picked jobs ready: claim again once bytes free
     expired: int = 0  # ready jobs it ended `dead` (expired) instead of starting (migration 030)
     key_throttled: bool = False  # a concurrency key at its limit held jobs back (migration 024)
+    # nothing else is ready for this worker: the loop waits for a wake-up without looking again
+    drained: bool = False
 
 
 def claimed_rows(rows: list[asyncpg.Record]) -> Claim:
@@ -420,6 +422,7 @@ def claimed_rows(rows: list[asyncpg.Record]) -> Claim:
         marker["held_back"],
         marker["expired_count"],
         bool(marker["key_throttled"]),
+        bool(marker["drained"]),
     )
 
 

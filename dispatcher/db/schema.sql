@@ -848,7 +848,7 @@ END
 $function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.claim_ready(q text, wanted integer, caps text[], owner text, lease_s double precision, byte_budget bigint, alone boolean, after_priority integer, after_tenant text)
- RETURNS TABLE(id bigint, key text, queue text, tenant text, handler text, handler_version integer, target jsonb, payload jsonb, attempt integer, max_attempts integer, due_at timestamp with time zone, progress jsonb, run_key text, due_to_start_s double precision, traceparent text, size_bytes bigint, timeout_s double precision, taken_count integer, wait_s double precision, held_back boolean, cursor_priority smallint, cursor_tenant text, key_throttled boolean, expired_count integer)
+ RETURNS TABLE(id bigint, key text, queue text, tenant text, handler text, handler_version integer, target jsonb, payload jsonb, attempt integer, max_attempts integer, due_at timestamp with time zone, progress jsonb, run_key text, due_to_start_s double precision, traceparent text, size_bytes bigint, timeout_s double precision, taken_count integer, wait_s double precision, held_back boolean, cursor_priority smallint, cursor_tenant text, key_throttled boolean, expired_count integer, drained boolean)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
@@ -881,7 +881,7 @@ BEGIN
         RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::text,
                NULL::integer, NULL::jsonb, NULL::jsonb, NULL::integer, NULL::integer,
                NULL::timestamptz, NULL::jsonb, NULL::text, NULL::float8, NULL::text, NULL::bigint,
-               NULL::float8, 0, NULL::float8, false, NULL::smallint, NULL::text, false, 0;
+               NULL::float8, 0, NULL::float8, false, NULL::smallint, NULL::text, false, 0, true;
         RETURN;
     END IF;
     IF fast THEN  -- the plain case: the grant, then one walk of the tenant's jobs, earliest due first
@@ -983,7 +983,7 @@ BEGIN
     )
     SELECT c.*, (SELECT cardinality(ids) FROM keyed)::int AS taken_count, NULL::float8 AS wait_s,
            NULL::boolean AS held_back, NULL::smallint AS cursor_priority, NULL::text AS cursor_tenant,
-           NULL::boolean AS key_throttled, NULL::int AS expired_count
+           NULL::boolean AS key_throttled, NULL::int AS expired_count, NULL::boolean AS drained
       FROM started c
     UNION ALL
     -- the marker row: how many ready jobs the claim took (those picked beyond the memory budget
@@ -1001,7 +1001,10 @@ BEGIN
            c.priority, c.tenant,
            (SELECT wait_s IS NOT NULL FROM keys_full)
            OR (SELECT cardinality(ids) FROM keyed) < (SELECT count(*) FROM budgeted),
-           (SELECT count(*) FROM claimed WHERE state = 'dead')::int  -- ended expired (030)
+           (SELECT count(*) FROM claimed WHERE state = 'dead')::int,  -- ended expired (030)
+           -- drained (migration 047): the plain case's walk found fewer than its grant, so
+           -- nothing else is ready for this worker (a job committed since wakes the loop)
+           fast AND (SELECT count(*) FROM candidates) < g.granted
       FROM grant_ g
       -- the jobs kept are a prefix of the candidates (a running sum of sizes under the
       -- budget): compared by position, not each id against an array of all of them (that

@@ -161,7 +161,7 @@ class QueueWorker(Service):
             if jobs:
                 self._start_all(jobs)
                 fault_point(self.name)  # tests: a bug in a claim loop that has work in flight
-                if len(jobs) < slots and not await self._more_ready():
+                if len(jobs) < slots and not await self._more_ready(delivery.drained):
                     await self._wait_for_work()
                 elif self._gate is not None:  # claims again at once: intake need not notify
                     self._gate.busy(self.queue)
@@ -179,11 +179,14 @@ class QueueWorker(Service):
             return  # work came in while the loop took the gate: claim it at once
         await self._pause(self._idle_poll_s, wake_on_signal=True)
 
-    async def _more_ready(self) -> bool:
+    async def _more_ready(self, drained: bool) -> bool:
         """After a claim that took fewer jobs than it asked: claim again at once, or wait for a
-        wake-up? A wake-up during the claim (a job committed after it began) means at once."""
+        wake-up? A wake-up during the claim (a job committed after it began) means at once; a
+        claim that says nothing else is ready (`drained`) means wait, without asking again."""
         if self._wake.is_set():
             return True
+        if drained:
+            return False
         try:
             return await self._transport.more_ready(self.queue)
         except Exception:  # the next claim says what is wrong

@@ -31,6 +31,8 @@ class Delivery(NamedTuple):
     held_back: bool = False
     # a concurrency key at its limit held jobs back (dispatcher_key_throttled_claims)
     key_throttled: bool = False
+    # nothing else is ready for this worker: wait for a wake-up without looking again
+    drained: bool = False
 
 
 class Transport(Protocol):
@@ -80,7 +82,12 @@ class InProcessTransport:
             metrics.DEAD_LETTERS.labels(queue, "expired").inc(claim.expired)
             metrics.JOBS_COMPLETED.labels(queue, "dead").inc(claim.expired)
         return Delivery(
-            claim.jobs, claim.consumed, claim.wait_s, claim.held_back, claim.key_throttled
+            claim.jobs,
+            claim.consumed,
+            claim.wait_s,
+            claim.held_back,
+            claim.key_throttled,
+            claim.drained,
         )
 
     async def more_ready(self, queue: str) -> bool:

@@ -177,3 +177,26 @@ async def test_the_plain_case_runs_neither_turns_nor_keys(repo: JobRepository) -
         " finished_at = now(), lease_owner = NULL, lease_expires_at = NULL"
     )
     assert (await functions_called(repo, 1))["claim_grant"] == 0  # nothing ready: no grant
+
+
+async def test_the_marker_says_drained_only_when_nothing_else_is_ready(
+    repo: JobRepository,
+) -> None:
+    await setup(repo, [job("a-1"), job("a-2"), job("a-3")])
+    assert not (await repo.claim_limited("default", 2, CAPS, "d0", 60)).drained  # one is left
+    last = await repo.claim_limited("default", 2, CAPS, "d0", 60)
+    assert [j.key for j in last.jobs] == ["a-3"] and last.drained  # fewer than granted
+    assert (await repo.claim_limited("default", 2, CAPS, "d0", 60)).drained  # nothing ready
+    # the full claim does not say so (its turns may have left work a share could not take)
+    await repo.enqueue_many([job("b-1", tenant="bravo"), job("c-1", tenant="charlie")])
+    full = await repo.claim_limited("default", 5, CAPS, "d0", 60)
+    assert len(full.jobs) == 2 and not full.drained
+
+
+async def test_a_job_of_a_handler_this_worker_does_not_run_leaves_it_drained(
+    repo: JobRepository,
+) -> None:
+    other = NewJob(key="other-1", handler="other", payload={}, tenant="acme")
+    await setup(repo, [job("a-1"), other])
+    claimed = await repo.claim_limited("default", 5, CAPS, "d0", 60)
+    assert [j.key for j in claimed.jobs] == ["a-1"] and claimed.drained

@@ -66,8 +66,9 @@ async def test_one_unique_key_index_is_left_and_keys_stay_unique(
         assert after["jobs_key_prefix_id"][1]
         prebuilt_oid = before.get("jobs_key_unique", (None, False))[0]
         assert (after["jobs_key_prefix_id"][0] == prebuilt_oid) == (prebuilt == "valid")
-        # both doors find a key that names a job written before the migration (here with
-        # another request), and one written after
+        # both doors (their functions come with the last migration) find a key that names a
+        # job written before the migration (here with another request), and one written after
+        await schema.migrate(conn)
         with pytest.raises(asyncpg.UniqueViolationError, match="already names job"):
             await conn.execute("SELECT dispatcher.enqueue('before-046', 'work')")
         rows = await conn.fetch(

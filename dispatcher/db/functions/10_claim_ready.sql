@@ -20,7 +20,8 @@
 -- drops the branch not taken, look cheaper than the kept one, and every claim was planned anew,
 -- 1.2 ms), with no sequential scan, so a plan kept from an empty table still probes the primary
 -- keys once a burst has filled them (10_claim_pick.sql says why).
--- Returns the claimed jobs, then one marker row (its first 17 columns NULL).
+-- Returns the claimed jobs, then one marker row (its first 17 columns NULL; `drained`,
+-- migration 047: nothing else is ready for this worker, so the loop need not look again).
 --
 -- The plain case, in fewer statements: a queue with no key limits and no limit group whose
 -- ready jobs are all of one tenant at one priority (every job of a steady stream, and a drain or
@@ -40,7 +41,8 @@ RETURNS TABLE (
     target jsonb, payload jsonb, attempt integer, max_attempts integer, due_at timestamptz,
     progress jsonb, run_key text, due_to_start_s float8, traceparent text, size_bytes bigint,
     timeout_s float8, taken_count integer, wait_s float8, held_back boolean,
-    cursor_priority smallint, cursor_tenant text, key_throttled boolean, expired_count integer)
+    cursor_priority smallint, cursor_tenant text, key_throttled boolean, expired_count integer,
+    drained boolean)
 LANGUAGE plpgsql VOLATILE
 -- planned once per connection and kept (generic), by index whatever the statistics (above)
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
@@ -73,7 +75,7 @@ BEGIN
         RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::text,
                NULL::integer, NULL::jsonb, NULL::jsonb, NULL::integer, NULL::integer,
                NULL::timestamptz, NULL::jsonb, NULL::text, NULL::float8, NULL::text, NULL::bigint,
-               NULL::float8, 0, NULL::float8, false, NULL::smallint, NULL::text, false, 0;
+               NULL::float8, 0, NULL::float8, false, NULL::smallint, NULL::text, false, 0, true;
         RETURN;
     END IF;
     IF fast THEN  -- the plain case: the grant, then one walk of the tenant's jobs, earliest due first
@@ -175,7 +177,7 @@ BEGIN
     )
     SELECT c.*, (SELECT cardinality(ids) FROM keyed)::int AS taken_count, NULL::float8 AS wait_s,
            NULL::boolean AS held_back, NULL::smallint AS cursor_priority, NULL::text AS cursor_tenant,
-           NULL::boolean AS key_throttled, NULL::int AS expired_count
+           NULL::boolean AS key_throttled, NULL::int AS expired_count, NULL::boolean AS drained
       FROM started c
     UNION ALL
     -- the marker row: how many ready jobs the claim took (those picked beyond the memory budget
@@ -193,7 +195,10 @@ BEGIN
            c.priority, c.tenant,
            (SELECT wait_s IS NOT NULL FROM keys_full)
            OR (SELECT cardinality(ids) FROM keyed) < (SELECT count(*) FROM budgeted),
-           (SELECT count(*) FROM claimed WHERE state = 'dead')::int  -- ended expired (030)
+           (SELECT count(*) FROM claimed WHERE state = 'dead')::int,  -- ended expired (030)
+           -- drained (migration 047): the plain case's walk found fewer than its grant, so
+           -- nothing else is ready for this worker (a job committed since wakes the loop)
+           fast AND (SELECT count(*) FROM candidates) < g.granted
       FROM grant_ g
       -- the jobs kept are a prefix of the candidates (a running sum of sizes under the
       -- budget): compared by position, not each id against an array of all of them (that
