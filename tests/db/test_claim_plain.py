@@ -131,6 +131,7 @@ async def test_the_memory_budget_and_expiry_hold(repo: JobRepository) -> None:
     claimed = await repo.claim_limited("default", 10, CAPS, "d0", 60, ByteGrant(4_500))
     assert [j.key for j in claimed.jobs] == ["big-0", "big-1"]
     assert claimed.held_back and claimed.expired == 1
+    assert not claimed.drained  # a job held back is still ready: the loop waits for bytes
     assert (
         await repo.pool.fetchval("SELECT dead_reason FROM dispatcher.jobs WHERE key = 'gone'")
         == "expired"

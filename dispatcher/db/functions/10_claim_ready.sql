@@ -27,12 +27,12 @@
 -- ready jobs are all of one tenant at one priority (every job of a steady stream, and a drain or
 -- a burst of one producer) is claimed without the turns, the key functions and their reads of
 -- the queue row. Two probes of the claim index (the first and the last ready job) tell it; the
--- pick is then one walk of that tenant's jobs, earliest due first, in the claim statement
--- itself, which is the order the turns give one tenant at one priority. A queue with nothing
--- ready answers the marker alone, without taking permits it would give back. Before, a claim of
--- one job ran about 17 statements (claim_grant, claim_pick, keys_at_limit, key_take,
--- claim_settle): 1.58-1.70 ms of server time per claim of one job, 1.19 now (a private
--- PostgreSQL 15, 2 cores, 1,000 claims each, pg_stat_statements).
+-- grant is then taken and that tenant's jobs walked, earliest due first, in one statement
+-- before the claim statement, which is the order the turns give one tenant at one priority. A
+-- queue with nothing ready answers the marker alone, without taking permits it would give back.
+-- Before, a claim of one job ran about 17 statements (claim_grant, claim_pick, keys_at_limit,
+-- key_take, claim_settle): 1.44-1.69 ms of server time per claim of one job, 0.83-1.24 now (a
+-- private PostgreSQL 15, 2 cores, 1,000 claims per run, pg_stat_statements).
 CREATE OR REPLACE FUNCTION dispatcher.claim_ready(
     q text, wanted integer, caps text[], owner text, lease_s float8, byte_budget bigint,
     alone boolean, after_priority integer, after_tenant text)
@@ -50,9 +50,10 @@ AS $$
 #variable_conflict use_column
 DECLARE
     plain        boolean;   -- no key limits, no group, not paused
-    one_priority smallint;  -- the priority and tenant of the first ready job, and whether
-    one_tenant   text;      -- the last one has them too (both NULL: nothing ready)
-    fast         boolean := false;
+    one_priority smallint;  -- the priority and tenant of the first ready job (NULL: none)
+    one_tenant   text;
+    single       boolean;   -- the last ready job has them too
+    fast         boolean;   -- the plain case: plain and single
     fast_granted integer;   -- the plain case's grant and pick, taken before the claim statement
     fast_wait_s  float8;
     fast_ids     bigint[];
@@ -61,7 +62,7 @@ BEGIN
            AND x.key_rate_per_s IS NULL
            AND NOT EXISTS (SELECT 1 FROM dispatcher.key_limits o WHERE o.queue = q),
            a.priority, a.tenant, a.priority = b.priority AND a.tenant = b.tenant
-      INTO plain, one_priority, one_tenant, fast
+      INTO plain, one_priority, one_tenant, single
       FROM dispatcher.queues x
       LEFT JOIN LATERAL (SELECT s.priority, s.tenant FROM dispatcher.job_state s
                           WHERE s.queue = q AND s.state = 'ready'
@@ -70,7 +71,7 @@ BEGIN
                           WHERE s.queue = q AND s.state = 'ready'
                           ORDER BY s.queue DESC, s.priority DESC, s.tenant DESC LIMIT 1) b ON true
      WHERE x.name = q;  -- no row (a queue the daemon has not set up): the full claim
-    fast := coalesce(plain AND fast, false);
+    fast := coalesce(plain AND single, false);
     IF plain AND one_priority IS NULL THEN  -- nothing ready: the marker alone
         RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::text,
                NULL::integer, NULL::jsonb, NULL::jsonb, NULL::integer, NULL::integer,
@@ -196,9 +197,11 @@ BEGIN
            (SELECT wait_s IS NOT NULL FROM keys_full)
            OR (SELECT cardinality(ids) FROM keyed) < (SELECT count(*) FROM budgeted),
            (SELECT count(*) FROM claimed WHERE state = 'dead')::int,  -- ended expired (030)
-           -- drained (migration 047): the plain case's walk found fewer than its grant, so
-           -- nothing else is ready for this worker (a job committed since wakes the loop)
+           -- drained (migration 047): the plain case's walk found fewer than its grant and the
+           -- memory budget held none back, so nothing else is ready for this worker (a job
+           -- committed since wakes the loop)
            fast AND (SELECT count(*) FROM candidates) < g.granted
+           AND (SELECT count(*) FROM candidates) = (SELECT count(*) FROM budgeted)
       FROM grant_ g
       -- the jobs kept are a prefix of the candidates (a running sum of sizes under the
       -- budget): compared by position, not each id against an array of all of them (that
