@@ -586,6 +586,65 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.claim_firsts(q text, lvl smallint, need integer, caps text[], blocked text[], from_priority integer, from_tenant text, after_priority integer, after_tenant text)
+ RETURNS TABLE(ids bigint[], tenants text[], turns integer[])
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'auto'
+ SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
+AS $function$
+BEGIN
+    -- dense: at most 4 ready jobs per tenant among the first 32 in turn order
+    IF (SELECT count(DISTINCT r.tenant) FROM (
+            (SELECT s.tenant FROM dispatcher.job_state s
+              WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
+                AND (s.priority, s.tenant) > (from_priority, from_tenant)
+              ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id LIMIT 32)
+            UNION ALL
+            (SELECT s.tenant FROM dispatcher.job_state s
+              WHERE lvl = after_priority AND s.queue = q AND s.state = 'ready'
+                AND s.priority = lvl AND s.tenant <= after_tenant
+              ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id LIMIT 32)
+            LIMIT 32) r) < 8 THEN
+        RETURN;
+    END IF;
+    -- The rows in turn order (index order, read lazily: the union reads the wrap only when the
+    -- onward rows run out), each tenant's first kept, then locked by their row addresses (one
+    -- statement, one snapshot; a row another claim took since is followed to its new version,
+    -- which is passed over unless still ready, and a locked one is skipped).
+    RETURN QUERY
+    WITH firsts AS MATERIALIZED (
+        SELECT r.id, r.row_at, r.tenant, row_number() OVER ()::integer AS turn
+          FROM (SELECT r.id, r.row_at, r.tenant, lag(r.tenant) OVER () AS before
+                  FROM ((SELECT s.id, s.ctid AS row_at, s.tenant FROM dispatcher.job_state s
+                          WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
+                            AND (s.priority, s.tenant) > (from_priority, from_tenant)
+                            AND s.capability = ANY (caps) AND s.tenant <> ALL (blocked)
+                            AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (blocked))
+                          ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id
+                          LIMIT 4 * need)
+                        UNION ALL
+                        (SELECT s.id, s.ctid, s.tenant FROM dispatcher.job_state s
+                          WHERE lvl = after_priority AND s.queue = q AND s.state = 'ready'
+                            AND s.priority = lvl AND s.tenant <= after_tenant
+                            AND s.capability = ANY (caps) AND s.tenant <> ALL (blocked)
+                            AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (blocked))
+                          ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id
+                          LIMIT 4 * need)
+                        LIMIT 4 * need) r) r
+         WHERE r.before IS DISTINCT FROM r.tenant
+         LIMIT need
+    )
+    SELECT array_agg(l.id ORDER BY l.turn), array_agg(l.tenant ORDER BY l.turn),
+           array_agg(l.turn ORDER BY l.turn)
+      FROM (SELECT s.id FROM dispatcher.job_state s
+             WHERE s.ctid = ANY (ARRAY(SELECT f.row_at FROM firsts f))
+               AND s.state = 'ready' AND s.queue = q AND s.priority = lvl
+               FOR UPDATE SKIP LOCKED) k
+      JOIN firsts l ON l.id = k.id;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION dispatcher.claim_grant(q text, wanted integer, OUT granted integer, OUT wait_s double precision)
  RETURNS record
  LANGUAGE plpgsql
@@ -762,6 +821,27 @@ BEGIN
             from_priority := lvl; from_tenant := after_tenant;
         ELSE
             from_priority := lvl - 1; from_tenant := '';
+        END IF;
+        -- Many small tenants: a tenant's first job each from one read of the claim index
+        -- (dispatcher.claim_firsts), where the walk below costs two index probes per tenant.
+        -- A claim of 1,000 among 10,000 tenants of two jobs: 14 ms by the walk, 4 by the read.
+        -- The rest of the claim, if any (the read ran out of rows, or found fewer tenants than
+        -- it wanted), goes to the walk, which passes over the jobs taken here.
+        IF need >= 16 THEN
+            SELECT f.ids, f.tenants, f.turns INTO got_ids, got_names, got_turns
+              FROM dispatcher.claim_firsts(q, lvl, need, caps, blocked, from_priority,
+                                           from_tenant, after_priority, after_tenant) f;
+            IF got_ids IS NOT NULL THEN
+                RETURN QUERY
+                SELECT g.id, (wanted - need + g.n)::integer, lvl, g.tenant, g.turn
+                  FROM unnest(got_ids, got_names, got_turns) WITH ORDINALITY
+                       AS g(id, tenant, turn, n);
+                need := need - cardinality(got_ids);
+                taken := taken || got_ids;
+                IF need <= 0 THEN
+                    RETURN;
+                END IF;
+            END IF;
         END IF;
         -- the walk: the tenants after the cursor, then from the first name round to it
         WITH RECURSIVE onward AS (

@@ -71,6 +71,27 @@ BEGIN
         ELSE
             from_priority := lvl - 1; from_tenant := '';
         END IF;
+        -- Many small tenants: a tenant's first job each from one read of the claim index
+        -- (dispatcher.claim_firsts), where the walk below costs two index probes per tenant.
+        -- A claim of 1,000 among 10,000 tenants of two jobs: 14 ms by the walk, 4 by the read.
+        -- The rest of the claim, if any (the read ran out of rows, or found fewer tenants than
+        -- it wanted), goes to the walk, which passes over the jobs taken here.
+        IF need >= 16 THEN
+            SELECT f.ids, f.tenants, f.turns INTO got_ids, got_names, got_turns
+              FROM dispatcher.claim_firsts(q, lvl, need, caps, blocked, from_priority,
+                                           from_tenant, after_priority, after_tenant) f;
+            IF got_ids IS NOT NULL THEN
+                RETURN QUERY
+                SELECT g.id, (wanted - need + g.n)::integer, lvl, g.tenant, g.turn
+                  FROM unnest(got_ids, got_names, got_turns) WITH ORDINALITY
+                       AS g(id, tenant, turn, n);
+                need := need - cardinality(got_ids);
+                taken := taken || got_ids;
+                IF need <= 0 THEN
+                    RETURN;
+                END IF;
+            END IF;
+        END IF;
         -- the walk: the tenants after the cursor, then from the first name round to it
         WITH RECURSIVE onward AS (
             (SELECT s.tenant FROM dispatcher.job_state s
