@@ -162,7 +162,7 @@ LIST_FILTERS = [
         "name": "concurrency_key",
         "in": "query",
         "description": "jobs of this concurrency key, exact (a job accepted without one has its "
-        "tenant's); served by the index jobs_concurrency_key_id",
+        "tenant's); served by the index intents_concurrency_key_id",
         "schema": {"type": "string", "maxLength": 200},
     },
     {

@@ -356,11 +356,12 @@ SELECT id, attempt, owner, started_at, finished_at, outcome, reason, http_status
 -- 8 lists of 1,000 whole rows took the daemon to 1.5 GB. The full job is one GET away.
 -- Filters: $1 state, $2 queue, $3 before id, $5 key, $6 tenant, $7 run key, $8 handler,
 -- $9 due before (exclusive), $10 due after (inclusive), $11 dead reason (jobs_dead_reason_id,
--- migration 031), $12 priority (exact; migration 023's jobs_priority_id holds the jobs off the
--- default 0); migration 039's searches: $13 a LIKE pattern of a key prefix, $14 an ILIKE
+-- migration 031), $12 priority (exact; intents_priority_id, migration 048, holds the jobs off
+-- the default 0); migration 039's searches: $13 a LIKE pattern of a key prefix, $14 an ILIKE
 -- pattern of last-error text (jobs_last_error_trgm), $15 where that index is missing, the id
 -- above which the error search looks (the newest jobs; NULL: all), $16 a concurrency key
--- (jobs_concurrency_key_id). Both patterns come escaped from dispatcher.db.job_reads.list_args.
+-- (intents_concurrency_key_id, migration 048). Both patterns come escaped from
+-- dispatcher.db.job_reads.list_args.
 -- $17 the most ids a key prefix reads from its index (job_reads.PREFIX_SCAN_IDS), $18 for a
 -- key prefix with at least that many matches below the cursor, the lowest id this page looks
 -- at (job_reads.prefix_slice; NULL: no bound, as bulk actions read).

@@ -501,9 +501,11 @@ CREATE INDEX console_sessions_expiry ON dispatcher.console_sessions USING btree 
 
 CREATE INDEX history_minute ON dispatcher.history USING btree (minute);
 
-CREATE INDEX job_state_expiring ON dispatcher.job_state USING btree (expires_at) WHERE ((expires_at IS NOT NULL) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text])));
+CREATE INDEX intents_concurrency_key_id ON dispatcher.intents USING btree (concurrency_key, id) WHERE (concurrency_key IS NOT NULL);
 
-CREATE INDEX jobs_concurrency_key_id ON dispatcher.job_state USING btree (concurrency_key, id) WHERE (concurrency_key IS NOT NULL);
+CREATE INDEX intents_priority_id ON dispatcher.intents USING btree (priority, id) WHERE (priority <> 0);
+
+CREATE INDEX job_state_expiring ON dispatcher.job_state USING btree (expires_at) WHERE ((expires_at IS NOT NULL) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text])));
 
 CREATE INDEX jobs_dead_reason_id ON dispatcher.job_state USING btree (dead_reason, id) WHERE (dead_reason IS NOT NULL);
 
@@ -518,8 +520,6 @@ CREATE INDEX jobs_handler_id ON dispatcher.intents USING btree (handler, id);
 CREATE UNIQUE INDEX jobs_key_prefix_id ON dispatcher.intents USING btree (key text_pattern_ops) INCLUDE (id);
 
 CREATE INDEX jobs_last_error_trgm ON dispatcher.job_state USING gin (last_error gin_trgm_ops) WHERE (last_error IS NOT NULL);
-
-CREATE INDEX jobs_priority_id ON dispatcher.job_state USING btree (priority, id) WHERE (priority <> 0);
 
 CREATE INDEX jobs_ready_claim ON dispatcher.job_state USING btree (queue, priority, tenant, due_at, id) WHERE (state = 'ready'::text);
 
@@ -599,13 +599,13 @@ BEGIN
             (SELECT s.tenant FROM dispatcher.job_state s
               WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
                 AND (s.priority, s.tenant) > (from_priority, from_tenant)
-              ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id LIMIT 32)
+              ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id LIMIT 64)
             UNION ALL
             (SELECT s.tenant FROM dispatcher.job_state s
               WHERE lvl = after_priority AND s.queue = q AND s.state = 'ready'
                 AND s.priority = lvl AND s.tenant <= after_tenant
-              ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id LIMIT 32)
-            LIMIT 32) r) < 8 THEN
+              ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id LIMIT 64)
+            LIMIT 64) r) < 8 THEN
         RETURN;
     END IF;
     -- The rows in turn order (index order, read lazily: the union reads the wrap only when the
@@ -622,7 +622,7 @@ BEGIN
                             AND s.capability = ANY (caps) AND s.tenant <> ALL (blocked)
                             AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (blocked))
                           ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id
-                          LIMIT 4 * need)
+                          LIMIT 8 * need)
                         UNION ALL
                         (SELECT s.id, s.ctid, s.tenant FROM dispatcher.job_state s
                           WHERE lvl = after_priority AND s.queue = q AND s.state = 'ready'
@@ -630,8 +630,8 @@ BEGIN
                             AND s.capability = ANY (caps) AND s.tenant <> ALL (blocked)
                             AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (blocked))
                           ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id
-                          LIMIT 4 * need)
-                        LIMIT 4 * need) r) r
+                          LIMIT 8 * need)
+                        LIMIT 8 * need) r) r
          WHERE r.before IS DISTINCT FROM r.tenant
          LIMIT need
     )
@@ -938,7 +938,8 @@ DECLARE
     plain        boolean;   -- no key limits, no group, not paused
     one_priority smallint;  -- the priority and tenant of the first ready job (NULL: none)
     one_tenant   text;
-    single       boolean;   -- the last ready job has them too
+    single       boolean;   -- no other tenant has ready jobs at that priority
+    beyond       boolean;   -- ready jobs of another priority or tenant wait after them
     fast         boolean;   -- the plain case: plain and single
     fast_granted integer;   -- the plain case's grant and pick, taken before the claim statement
     fast_wait_s  float8;
@@ -947,15 +948,17 @@ BEGIN
     SELECT NOT x.paused AND x.limit_group IS NULL AND x.key_max_inflight IS NULL
            AND x.key_rate_per_s IS NULL
            AND NOT EXISTS (SELECT 1 FROM dispatcher.key_limits o WHERE o.queue = q),
-           a.priority, a.tenant, a.priority = b.priority AND a.tenant = b.tenant
-      INTO plain, one_priority, one_tenant, single
+           a.priority, a.tenant, b.priority IS DISTINCT FROM a.priority, b.priority IS NOT NULL
+      INTO plain, one_priority, one_tenant, single, beyond
       FROM dispatcher.queues x
       LEFT JOIN LATERAL (SELECT s.priority, s.tenant FROM dispatcher.job_state s
                           WHERE s.queue = q AND s.state = 'ready'
                           ORDER BY s.queue, s.priority, s.tenant LIMIT 1) a ON true
-      LEFT JOIN LATERAL (SELECT s.priority, s.tenant FROM dispatcher.job_state s
+      -- the next (priority, tenant) with ready jobs: one descent past the first's jobs
+      LEFT JOIN LATERAL (SELECT s.priority FROM dispatcher.job_state s
                           WHERE s.queue = q AND s.state = 'ready'
-                          ORDER BY s.queue DESC, s.priority DESC, s.tenant DESC LIMIT 1) b ON true
+                            AND (s.priority, s.tenant) > (a.priority, a.tenant)
+                          ORDER BY s.queue, s.priority, s.tenant LIMIT 1) b ON true
      WHERE x.name = q;  -- no row (a queue the daemon has not set up): the full claim
     fast := coalesce(plain AND single, false);
     IF plain AND one_priority IS NULL THEN  -- nothing ready: the marker alone
@@ -1083,10 +1086,10 @@ BEGIN
            (SELECT wait_s IS NOT NULL FROM keys_full)
            OR (SELECT cardinality(ids) FROM keyed) < (SELECT count(*) FROM budgeted),
            (SELECT count(*) FROM claimed WHERE state = 'dead')::int,  -- ended expired (030)
-           -- drained (migration 047): the plain case's walk found fewer than its grant and the
-           -- memory budget held none back, so nothing else is ready for this worker (a job
-           -- committed since wakes the loop)
-           fast AND (SELECT count(*) FROM candidates) < g.granted
+           -- drained (migration 047): the plain case's walk found fewer than its grant, the
+           -- memory budget held none back and no other priority has ready jobs, so nothing
+           -- else is ready for this worker (a job committed since wakes the loop)
+           fast AND NOT beyond AND (SELECT count(*) FROM candidates) < g.granted
            AND (SELECT count(*) FROM candidates) = (SELECT count(*) FROM budgeted)
       FROM grant_ g
       -- the jobs kept are a prefix of the candidates (a running sum of sizes under the

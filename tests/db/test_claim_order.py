@@ -94,10 +94,13 @@ async def test_lowest_priority_first_then_tenants_in_turn_then_earliest_due(
         " (SELECT id FROM dispatcher.intents WHERE key = 'x-b-4')"
     )
     order = await drain_order(repo, batch=3)
+    # The first claim takes b's two jobs at -20 and stops at the end of that priority (one
+    # tenant's: the plain case, 10_claim_ready.sql); the turns at 5 start with the next claim.
     assert order == [
         "x-b-1", "x-b-2",  # priority -20
-        "x-a-1", "x-b-4", "x-a-2", "x-b-3",  # priority 5: turns, b's earliest due first
-        "x-a-3", "x-a-4", "x-a-5", "x-a-6",
+        "x-a-1", "x-b-4", "x-a-2",  # priority 5: turns (share 2), b's earliest due first
+        "x-a-3", "x-b-3", "x-a-4",  # the next claim from after b, its cursor
+        "x-a-5", "x-a-6",
         "x-c-1",  # priority 100 last
     ]  # fmt: skip
 

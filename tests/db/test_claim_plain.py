@@ -201,3 +201,25 @@ async def test_a_job_of_a_handler_this_worker_does_not_run_leaves_it_drained(
     await setup(repo, [job("a-1"), other])
     claimed = await repo.claim_limited("default", 5, CAPS, "d0", 60)
     assert [j.key for j in claimed.jobs] == ["a-1"] and claimed.drained
+
+
+async def test_one_tenant_at_the_lowest_priority_is_the_plain_case_up_to_its_end(
+    repo: JobRepository,
+) -> None:
+    """Priorities without tenants: the lowest priority's one tenant is claimed as the plain
+    case; the claim stops at the end of that priority (strict order), and says nothing is left
+    only when no other priority waits."""
+    await setup(repo, [job("u-1", priority=-5), job("u-2", priority=-5), job("b-1", "bravo")])
+    assert await functions_called(repo, 1) == {
+        "claim_grant": 1,
+        "claim_pick": 0,
+        "keys_at_limit": 0,
+        "key_take": 0,
+    }
+    urgent = await repo.claim_limited("default", 10, CAPS, "d0", 60)
+    assert [j.key for j in urgent.jobs] == ["u-2"] and not urgent.drained  # bravo waits
+    rest = await repo.claim_limited("default", 10, CAPS, "d0", 60)
+    assert [j.key for j in rest.jobs] == ["b-1"] and rest.drained
+    # two tenants at the lowest priority: the turns (the full claim)
+    await repo.enqueue_many([job("x-1", "acme", -9), job("y-1", "bravo", -9)])
+    assert (await functions_called(repo, 2))["claim_pick"] == 1

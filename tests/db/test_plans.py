@@ -273,7 +273,7 @@ BY_DUE = {"due_after": WINDOW[0], "due_before": WINDOW[1]}
         ("list_jobs", {"tenant": "t-42", "cursor": 20_000}, "jobs_tenant_id"),
         ("list_jobs", {"tenant": "t-42", "state": "dead", "queue": "default"}, "jobs_tenant_id"),
         ("list_jobs", {"run_key": "nightly:7"}, "jobs_run_key_id"),
-        ("list_jobs", {"priority": -5}, "jobs_priority_id"),  # migration 023
+        ("list_jobs", {"priority": -5}, "intents_priority_id"),  # migrations 023, 048
         ("list_jobs", {"handler": "rare"}, "jobs_handler_id"),
         ("list_jobs", {"handler": "rare", "state": "dead", "cursor": 30_000}, "jobs_handler_id"),
         ("list_jobs", {"reason": "HTTP 410 Gone"}, "jobs_dead_reason_id"),

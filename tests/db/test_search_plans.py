@@ -1,10 +1,10 @@
 """The job list's searches (migration 039) reach their indexes on a table big enough that a
 walk of the primary key would tempt the planner if an index did not serve: a key prefix
 (jobs_key_prefix_id, migration 042), text in the last error (jobs_last_error_trgm, pg_trgm),
-a concurrency key (jobs_concurrency_key_id), alone and beside the other filters. The
-statements are planned as the pools plan them (with their values) from the parameters the
-repository builds (`job_reads.list_args`). The time at 10 million jobs is measured by
-tests/bench/bench_console.py.
+a concurrency key (intents_concurrency_key_id, migration 048), alone and beside the other
+filters. The statements are planned as the pools plan them (with their values) from the
+parameters the repository builds (`job_reads.list_args`). The time at 10 million jobs is
+measured by tests/bench/bench_console.py.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def args_for(statement: str, cursor: ListCursor | None = None, **filters: object
         ({"key_prefix": "order-4711", "state": "dead"}, "jobs_key_prefix_id"),
         ({"error": "order 47110)"}, "jobs_last_error_trgm"),
         ({"error": "ORDER 4711", "queue": "default"}, "jobs_last_error_trgm"),
-        ({"concurrency_key": "customer-42"}, "jobs_concurrency_key_id"),
-        ({"concurrency_key": "customer-42", "state": "dead"}, "jobs_concurrency_key_id"),
+        ({"concurrency_key": "customer-42"}, "intents_concurrency_key_id"),
+        ({"concurrency_key": "customer-42", "state": "dead"}, "intents_concurrency_key_id"),
     ],
     ids=lambda v: "+".join(v) if isinstance(v, dict) else v,
 )

@@ -31,13 +31,13 @@ BEGIN
             (SELECT s.tenant FROM dispatcher.job_state s
               WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
                 AND (s.priority, s.tenant) > (from_priority, from_tenant)
-              ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id LIMIT 32)
+              ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id LIMIT 64)
             UNION ALL
             (SELECT s.tenant FROM dispatcher.job_state s
               WHERE lvl = after_priority AND s.queue = q AND s.state = 'ready'
                 AND s.priority = lvl AND s.tenant <= after_tenant
-              ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id LIMIT 32)
-            LIMIT 32) r) < 8 THEN
+              ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id LIMIT 64)
+            LIMIT 64) r) < 8 THEN
         RETURN;
     END IF;
     -- The rows in turn order (index order, read lazily: the union reads the wrap only when the
@@ -54,7 +54,7 @@ BEGIN
                             AND s.capability = ANY (caps) AND s.tenant <> ALL (blocked)
                             AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (blocked))
                           ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id
-                          LIMIT 4 * need)
+                          LIMIT 8 * need)
                         UNION ALL
                         (SELECT s.id, s.ctid, s.tenant FROM dispatcher.job_state s
                           WHERE lvl = after_priority AND s.queue = q AND s.state = 'ready'
@@ -62,8 +62,8 @@ BEGIN
                             AND s.capability = ANY (caps) AND s.tenant <> ALL (blocked)
                             AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (blocked))
                           ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id
-                          LIMIT 4 * need)
-                        LIMIT 4 * need) r) r
+                          LIMIT 8 * need)
+                        LIMIT 8 * need) r) r
          WHERE r.before IS DISTINCT FROM r.tenant
          LIMIT need
     )

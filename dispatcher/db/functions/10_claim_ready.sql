@@ -24,12 +24,15 @@
 -- migration 047: nothing else is ready for this worker, so the loop need not look again).
 --
 -- The plain case, in fewer statements: a queue with no key limits and no limit group whose
--- ready jobs are all of one tenant at one priority (every job of a steady stream, and a drain or
--- a burst of one producer) is claimed without the turns, the key functions and their reads of
--- the queue row. Two probes of the claim index (the first and the last ready job) tell it; the
--- grant is then taken and that tenant's jobs walked, earliest due first, in one statement
--- before the claim statement, which is the order the turns give one tenant at one priority. A
--- queue with nothing ready answers the marker alone, without taking permits it would give back.
+-- lowest priority with ready jobs holds one tenant's (every job of a steady stream, a drain or
+-- a burst of one producer, and priorities used without tenants) is claimed without the turns,
+-- the key functions and their reads of the queue row. Two probes of the claim index (the first
+-- ready job, and the next priority or tenant after its) tell it; the grant is then taken and
+-- that tenant's jobs at that priority walked, earliest due first, in one statement before the
+-- claim statement: the order the turns give one tenant at one priority. A claim that empties
+-- the priority stops there (the next claim goes on with the next one: the strict order holds,
+-- and the claim loop claims again at once, as it is not `drained`). A queue with nothing ready
+-- answers the marker alone, without taking permits it would give back.
 -- Before, a claim of one job ran about 17 statements (claim_grant, claim_pick, keys_at_limit,
 -- key_take, claim_settle): 1.44-1.69 ms of server time per claim of one job, 0.83-1.24 now (a
 -- private PostgreSQL 15, 2 cores, 1,000 claims per run, pg_stat_statements).
@@ -52,7 +55,8 @@ DECLARE
     plain        boolean;   -- no key limits, no group, not paused
     one_priority smallint;  -- the priority and tenant of the first ready job (NULL: none)
     one_tenant   text;
-    single       boolean;   -- the last ready job has them too
+    single       boolean;   -- no other tenant has ready jobs at that priority
+    beyond       boolean;   -- ready jobs of another priority or tenant wait after them
     fast         boolean;   -- the plain case: plain and single
     fast_granted integer;   -- the plain case's grant and pick, taken before the claim statement
     fast_wait_s  float8;
@@ -61,15 +65,17 @@ BEGIN
     SELECT NOT x.paused AND x.limit_group IS NULL AND x.key_max_inflight IS NULL
            AND x.key_rate_per_s IS NULL
            AND NOT EXISTS (SELECT 1 FROM dispatcher.key_limits o WHERE o.queue = q),
-           a.priority, a.tenant, a.priority = b.priority AND a.tenant = b.tenant
-      INTO plain, one_priority, one_tenant, single
+           a.priority, a.tenant, b.priority IS DISTINCT FROM a.priority, b.priority IS NOT NULL
+      INTO plain, one_priority, one_tenant, single, beyond
       FROM dispatcher.queues x
       LEFT JOIN LATERAL (SELECT s.priority, s.tenant FROM dispatcher.job_state s
                           WHERE s.queue = q AND s.state = 'ready'
                           ORDER BY s.queue, s.priority, s.tenant LIMIT 1) a ON true
-      LEFT JOIN LATERAL (SELECT s.priority, s.tenant FROM dispatcher.job_state s
+      -- the next (priority, tenant) with ready jobs: one descent past the first's jobs
+      LEFT JOIN LATERAL (SELECT s.priority FROM dispatcher.job_state s
                           WHERE s.queue = q AND s.state = 'ready'
-                          ORDER BY s.queue DESC, s.priority DESC, s.tenant DESC LIMIT 1) b ON true
+                            AND (s.priority, s.tenant) > (a.priority, a.tenant)
+                          ORDER BY s.queue, s.priority, s.tenant LIMIT 1) b ON true
      WHERE x.name = q;  -- no row (a queue the daemon has not set up): the full claim
     fast := coalesce(plain AND single, false);
     IF plain AND one_priority IS NULL THEN  -- nothing ready: the marker alone
@@ -197,10 +203,10 @@ BEGIN
            (SELECT wait_s IS NOT NULL FROM keys_full)
            OR (SELECT cardinality(ids) FROM keyed) < (SELECT count(*) FROM budgeted),
            (SELECT count(*) FROM claimed WHERE state = 'dead')::int,  -- ended expired (030)
-           -- drained (migration 047): the plain case's walk found fewer than its grant and the
-           -- memory budget held none back, so nothing else is ready for this worker (a job
-           -- committed since wakes the loop)
-           fast AND (SELECT count(*) FROM candidates) < g.granted
+           -- drained (migration 047): the plain case's walk found fewer than its grant, the
+           -- memory budget held none back and no other priority has ready jobs, so nothing
+           -- else is ready for this worker (a job committed since wakes the loop)
+           fast AND NOT beyond AND (SELECT count(*) FROM candidates) < g.granted
            AND (SELECT count(*) FROM candidates) = (SELECT count(*) FROM budgeted)
       FROM grant_ g
       -- the jobs kept are a prefix of the candidates (a running sum of sizes under the

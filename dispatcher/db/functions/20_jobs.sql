@@ -1,7 +1,8 @@
 -- A job, whole: its intent joined with its state row (migration 015), with the columns, in the
 -- order, of the table this replaced, so every reader is unchanged. `queue` and `run_key` come
 -- from the state row so that a filter on either next to `state` reaches the state table's
--- indexes, as do `priority` and `concurrency_key` (migration 023), which the claim reads there.
+-- indexes; `priority` and `concurrency_key` (migration 023; the claim reads the state row's)
+-- from the intent, whose indexes serve the list's filters on them (migration 048).
 -- Last, each job's contract (migrations 030 and 032) for the status reads.
 -- Writes through it: 30_jobs_view_write.sql.
 CREATE OR REPLACE VIEW dispatcher.jobs AS
@@ -9,7 +10,7 @@ SELECT i.id, i.key, i.request_hash, s.queue, i.tenant, i.handler, i.handler_vers
        i.payload, s.state, s.due_at, s.attempt, i.max_attempts, i.max_retry_age_s,
        s.budget_started_at, s.lease_owner, s.lease_expires_at, s.cancel_requested, s.progress,
        s.result, s.last_error, s.dead_reason, s.run_key, i.created_at, s.started_at,
-       s.finished_at, i.dead_letter_of, i.traceparent, s.priority, s.concurrency_key,
+       s.finished_at, i.dead_letter_of, i.traceparent, i.priority, i.concurrency_key,
        i.timeout_s, s.expires_at, i.on_success, i.on_failure, i.replaced_by, i.replacements,
        i.replaced_at, i.debounce_until
   FROM dispatcher.intents i
