@@ -395,9 +395,9 @@ ALTER TABLE dispatcher.intents ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
 
 ALTER TABLE dispatcher.intents ADD CONSTRAINT jobs_traceparent_w3c CHECK (traceparent ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]$'::text) NOT VALID NOT VALID;
 
-ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_due_at_in_range CHECK (due_at <@ dispatcher.due_at_range()) NOT VALID NOT VALID;
+ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_due_at_in_range CHECK (due_at <@ '["2000-01-01 00:00:00+00","9999-12-31 23:59:59+00"]'::tstzrange) NOT VALID NOT VALID;
 
-ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_expires_at_range CHECK (expires_at <@ dispatcher.due_at_range());
+ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_expires_at_range CHECK (expires_at <@ '["2000-01-01 00:00:00+00","9999-12-31 23:59:59+00"]'::tstzrange) NOT VALID NOT VALID;
 
 ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_lease_check CHECK ((state = 'running'::text) = (lease_owner IS NOT NULL)) NOT VALID NOT VALID;
 

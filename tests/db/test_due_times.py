@@ -123,6 +123,24 @@ async def test_python_and_sql_agree_on_the_range(conn: asyncpg.Connection) -> No
     )
 
 
+async def test_the_state_tables_checks_hold_the_same_range_as_constants(
+    conn: asyncpg.Connection,
+) -> None:
+    """Migration 049: the checks compare against a literal range (calling due_at_range() ran
+    it, planned anew, twice per state-row write); it must stay the function's range."""
+    ranges = await conn.fetch(
+        "SELECT c.conname, (regexp_match(pg_get_constraintdef(c.oid),"
+        "        $$'([^']+)'::tstzrange$$))[1]::tstzrange = dispatcher.due_at_range() AS same,"
+        "       pg_get_constraintdef(c.oid) LIKE '%due_at_range%' AS calls"
+        "  FROM pg_constraint c WHERE c.conrelid = 'dispatcher.job_state'::regclass"
+        "   AND c.conname IN ('job_state_due_at_in_range', 'job_state_expires_at_range')"
+    )
+    assert {r["conname"]: (r["same"], r["calls"]) for r in ranges} == {
+        "job_state_due_at_in_range": (True, False),
+        "job_state_expires_at_range": (True, False),
+    }
+
+
 async def test_a_row_written_straight_into_the_table_is_checked_too(
     conn: asyncpg.Connection,
 ) -> None:
