@@ -188,28 +188,10 @@ SELECT state, why, count(*)::int AS n FROM rescued GROUP BY state, why;
 SELECT * FROM dispatcher.claim_ready($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
 -- name: complete_succeeded
--- Record successful attempts and their history rows in one statement; only the current lease
--- holder may complete. $3: each result as JSON text (a jsonb[] parameter would read a result
--- that is a JSON array as a dimension of the array). $5-$7: HTTP status, latency (s) and
--- response excerpt per attempt.
-WITH done AS (
-    UPDATE dispatcher.job_state s
-       SET state = 'succeeded', finished_at = now(), result = r.result::jsonb,
-           lease_owner = NULL, lease_expires_at = NULL, last_error = NULL
-      FROM unnest($1::bigint[], $2::integer[], $3::text[], $5::integer[], $6::float8[],
-                  $7::text[]) AS r(id, attempt, result, http_status, latency_s, excerpt)
-     WHERE s.id = ANY (ARRAY(SELECT unnest($1::bigint[]))) AND s.id = r.id
-       AND s.attempt = r.attempt AND s.lease_owner = $4
-       AND CASE WHEN s.state = 'running' THEN true ELSE false END
-    RETURNING s.id, s.attempt, s.started_at, r.http_status, r.latency_s, r.excerpt
-), history AS (
-    INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome,
-                                     http_status, latency_s, excerpt)
-    SELECT id, attempt, $4, started_at, now(), 'succeeded', http_status, latency_s,
-           left(excerpt, 500)
-      FROM done
-)
-SELECT id, attempt FROM done;
+-- Record successful attempts and their history rows (db/functions/10_complete_succeeded.sql,
+-- a function for its kept plan): ids $1, attempts $2, results $3 (JSON text), owner $4, HTTP
+-- statuses $5, latencies $6, excerpts $7; returns (id, attempt) of each attempt recorded.
+SELECT * FROM dispatcher.complete_succeeded($1, $2, $3, $4, $5, $6, $7);
 
 -- name: record_failure
 -- Record a failed attempt and its history row: retry later ('scheduled' at now + $5 s) while

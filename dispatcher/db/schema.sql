@@ -1129,6 +1129,36 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.complete_succeeded(ids bigint[], attempts integer[], results text[], owner text, statuses integer[], latencies_s double precision[], excerpts text[])
+ RETURNS TABLE(id bigint, attempt integer)
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
+AS $function$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH done AS (
+        UPDATE dispatcher.job_state s
+           SET state = 'succeeded', finished_at = now(), result = r.result::jsonb,
+               lease_owner = NULL, lease_expires_at = NULL, last_error = NULL
+          FROM unnest(ids, attempts, results, statuses, latencies_s, excerpts)
+               AS r(id, attempt, result, http_status, latency_s, excerpt)
+         WHERE s.id = ANY (ids) AND s.id = r.id
+           AND s.attempt = r.attempt AND s.lease_owner = owner
+           AND CASE WHEN s.state = 'running' THEN true ELSE false END
+        RETURNING s.id, s.attempt, s.started_at, r.http_status, r.latency_s, r.excerpt
+    ), history AS (
+        INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at,
+                                         outcome, http_status, latency_s, excerpt)
+        SELECT d.id, d.attempt, owner, d.started_at, now(), 'succeeded', d.http_status,
+               d.latency_s, left(d.excerpt, 500)
+          FROM done d
+    )
+    SELECT d.id, d.attempt FROM done d;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION dispatcher.could_start(b dispatcher.queues, cap bigint)
  RETURNS bigint
  LANGUAGE plpgsql

@@ -136,3 +136,37 @@ async def test_plans_kept_from_an_empty_table_still_walk_the_claim_index(
 def walk(node: dict[str, Any]) -> list[dict[str, Any]]:
     """`node` and every node under it."""
     return [node, *(n for child in node.get("Plans", []) for n in walk(child))]
+
+
+async def test_the_kept_plan_of_complete_succeeded_reads_its_jobs_by_id(
+    pool: asyncpg.Pool,
+) -> None:
+    """complete_succeeded keeps its plan per connection (10_complete_succeeded.sql), made on an
+    empty table; completing a claim of a burst must still read each job by its primary key."""
+    await pool.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
+    await pool.execute("ALTER TABLE dispatcher.job_state SET (autovacuum_enabled = false)")
+    await pool.execute("VACUUM ANALYZE dispatcher.intents, dispatcher.job_state")
+    complete = query("complete_succeeded")
+    async with pool.acquire() as conn:
+        for _ in range(KEPT_FROM_EMPTY):  # nothing to complete: plans made on an empty table
+            assert await conn.fetch(complete, [1], [1], ["{}"], "owner", None, None, None) == []
+        await enqueue_noop_jobs(pool, "burst", BURST)
+        claimed = await conn.fetch(
+            query("claim_ready"), "default", BATCH, ["noop:1"], "owner", 60.0, 2**62, True,
+            None, None,
+        )  # fmt: skip
+        ids = [r["id"] for r in claimed if r["id"] is not None]
+        async with nested_plans(conn) as plans:
+            done = await conn.fetch(
+                complete, ids, [1] * len(ids), ["{}"] * len(ids), "owner", None, None, None
+            )
+    assert len(done) == BATCH
+    text = json.dumps(plans, indent=1)
+    tables = {n.get("Relation Name") for plan in plans for n in walk(plan)}
+    assert "job_state" in tables, text  # the update's plan was seen
+    for plan in plans:
+        for node in walk(plan):
+            if node.get("Relation Name") in JOB_TABLES and "Scan" in node["Node Type"]:
+                assert node["Node Type"] != "Seq Scan", text
+                read = node["Actual Rows"] * node["Actual Loops"]
+                assert read + node.get("Rows Removed by Filter", 0) <= 2 * BATCH, text
