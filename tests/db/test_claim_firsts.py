@@ -131,3 +131,24 @@ async def test_two_claims_at_once_take_different_jobs(
     )
     # and nothing is left out: the rest drains to the last job
     assert len(await drain_order(repo)) == 1000
+
+
+async def test_keys_at_their_limit_are_passed_over_and_the_rest_claimed(
+    noop: asyncpg.Pool,  # noqa: F811
+    repo: JobRepository,
+) -> None:
+    """One job per key at a time (a key is its tenant): the first claim takes 500 tenants'
+    first jobs, the next one only the 100 tenants not yet running, never a second job of a
+    tenant at its limit."""
+    await repo.sync_registry(
+        {"default": (3, 3600)},
+        {"noop": ("python", 1)},
+        limits={"default": (None, None, None)},
+        key_limits={"default": (None, None, 1)},
+    )
+    await enqueue_spread(noop, "k", TENANTS.format(n=600), 2)
+    async with noop.acquire() as conn:
+        first, cursor, calls = await claim_counted(conn, 500)
+        assert first == [f"k-{t}-1" for t in names(1, 500)] and calls == 1
+        rest, _, _ = await claim_counted(conn, 500, cursor)
+    assert rest == [f"k-{t}-1" for t in names(501, 600)]
