@@ -595,7 +595,7 @@ CREATE OR REPLACE FUNCTION dispatcher.claim_firsts(q text, lvl smallint, need in
  SET enable_nestloop TO 'off'
 AS $function$
 BEGIN
-    -- dense: at most 4 ready jobs per tenant among the first 32 in turn order
+    -- dense: at least 8 tenants among the first 64 ready jobs in turn order
     IF (SELECT count(DISTINCT r.tenant) FROM (
             (SELECT s.tenant FROM dispatcher.job_state s
               WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl

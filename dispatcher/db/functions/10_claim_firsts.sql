@@ -8,7 +8,7 @@
 -- 14 us per tenant, which a claim of 1,000 among 10,000 tenants of two jobs each pays a
 -- thousand times (14 of its 28 ms). When tenants hold few jobs each, reading the claim index
 -- in order and keeping each tenant's first row costs less (under 1 us a row): 4 ms for that
--- claim. The read is bounded (4 rows per tenant wanted), so it is only tried when the first 32
+-- claim. The read is bounded (8 rows per tenant wanted), so it is only tried when the first 64
 -- ready jobs in turn order hold at least 8 tenants; with fewer, bigger tenants (one tenant per
 -- priority, or a few with long backlogs) the walk is the cheaper way and this returns at once.
 -- A read that ends early (a big tenant in its range, or fewer tenants than wanted) leaves the
@@ -27,7 +27,7 @@ SET plan_cache_mode = auto SET enable_seqscan = off SET enable_bitmapscan = off
 SET enable_nestloop = off
 AS $$
 BEGIN
-    -- dense: at most 4 ready jobs per tenant among the first 32 in turn order
+    -- dense: at least 8 tenants among the first 64 ready jobs in turn order
     IF (SELECT count(DISTINCT r.tenant) FROM (
             (SELECT s.tenant FROM dispatcher.job_state s
               WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
