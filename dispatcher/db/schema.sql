@@ -1268,10 +1268,12 @@ $function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.due_at_range()
  RETURNS tstzrange
- LANGUAGE sql
+ LANGUAGE plpgsql
  IMMUTABLE PARALLEL SAFE
 AS $function$
-    SELECT tstzrange('2000-01-01 00:00:00+00', '9999-12-31 23:59:59+00', '[]')
+BEGIN
+    RETURN tstzrange(to_timestamp(946684800), to_timestamp(253402300799), '[]');
+END
 $function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.effective_concurrency_key(requested text, tenant text)

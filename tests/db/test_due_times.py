@@ -141,6 +141,16 @@ async def test_the_state_tables_checks_hold_the_same_range_as_constants(
     }
 
 
+async def test_the_range_folds_without_planning_a_statement(conn: asyncpg.Connection) -> None:
+    """10_due_at_range.sql: a statement planned per call folds due_at_range() by running it; as
+    a SQL function that planned its body every time (5.5 us), as PL/pgSQL it does not."""
+    kind = await conn.fetchrow(
+        "SELECT l.lanname, p.provolatile FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang"
+        " WHERE p.oid = 'dispatcher.due_at_range'::regproc"
+    )
+    assert tuple(kind) == ("plpgsql", "i")
+
+
 async def test_a_row_written_straight_into_the_table_is_checked_too(
     conn: asyncpg.Connection,
 ) -> None:
