@@ -145,7 +145,8 @@ async def test_the_range_folds_without_planning_a_statement(conn: asyncpg.Connec
     """10_due_at_range.sql: a statement planned per call folds due_at_range() by running it; as
     a SQL function that planned its body every time (5.5 us), as PL/pgSQL it does not."""
     kind = await conn.fetchrow(
-        "SELECT l.lanname, p.provolatile FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang"
+        "SELECT l.lanname, p.provolatile::text FROM pg_proc p"
+        "  JOIN pg_language l ON l.oid = p.prolang"
         " WHERE p.oid = 'dispatcher.due_at_range'::regproc"
     )
     assert tuple(kind) == ("plpgsql", "i")
