@@ -70,6 +70,12 @@ def blocks(path: Path) -> list[Block]:
     return found
 
 
+def blocks_tested_by(path: Path, test_file: str) -> list[Block]:
+    """The blocks of `path` marked `tested-by <test_file>` (its path from the repository root,
+    e.g. `tests/db/test_search_migration.py`), in page order."""
+    return [b for b in blocks(path) if b.marker == ("tested-by", test_file)]
+
+
 def expected_output(block: Block) -> list[str]:
     """The top-level `# ` lines of a shell block outside its here-documents."""
     shown: list[str] = []

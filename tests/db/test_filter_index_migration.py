@@ -11,7 +11,7 @@ from pathlib import Path
 import asyncpg
 
 from dispatcher.db import schema
-from tests.docs_blocks import blocks
+from tests.docs_blocks import blocks_tested_by
 from tests.harness.indexes import fail_half_way, index_states
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "operating.md"
@@ -20,9 +20,7 @@ OLD = ("jobs_priority_id", "jobs_concurrency_key_id")
 
 
 def documented_statements() -> list[str]:
-    (block,) = [
-        b for b in blocks(GUIDE) if b.marker == ("tested-by", f"tests/db/{Path(__file__).name}")
-    ]
+    (block,) = blocks_tested_by(GUIDE, f"tests/db/{Path(__file__).name}")
     return [s.strip() for s in block.text.split(";") if s.strip()]
 
 

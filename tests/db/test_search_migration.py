@@ -11,7 +11,7 @@ from pathlib import Path
 import asyncpg
 
 from dispatcher.db import schema
-from tests.docs_blocks import blocks
+from tests.docs_blocks import blocks_tested_by
 from tests.harness.indexes import fail_half_way, index_states
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "operating.md"
@@ -21,9 +21,7 @@ INDEXES = ("jobs_key_prefix", "jobs_concurrency_key_id", "jobs_last_error_trgm")
 def documented_statements(migration: int) -> list[str]:
     """The statements of the guide's block for `migration` (the blocks that name this test,
     in the guide's order: 039's, then 042's)."""
-    found = [
-        b for b in blocks(GUIDE) if b.marker == ("tested-by", f"tests/db/{Path(__file__).name}")
-    ]
+    found = blocks_tested_by(GUIDE, f"tests/db/{Path(__file__).name}")
     assert len(found) == 2, found
     block = found[0] if migration == 39 else found[1]
     return [s.strip() for s in block.text.split(";") if s.strip()]
