@@ -58,8 +58,13 @@ async def seeded(daemon: DaemonHandle, db_url: str) -> DaemonHandle:
 
 
 async def listed_keys(browser: Browser) -> list[str]:
-    cells = await browser.finds("#job-list tbody td:nth-child(3) .clip")
-    return [str(await browser.call(lambda c=c: c.get_attribute("title"))) for c in cells]
+    """The listed keys, read in one script: the list may be drawn again between finding its
+    cells and reading each one (a stale element, seen once in CI)."""
+    keys = await browser.script(
+        "return Array.from(document.querySelectorAll("
+        "'#job-list tbody td:nth-child(3) .clip'), c => c.getAttribute('title'))"
+    )
+    return [str(k) for k in keys]
 
 
 async def query_of(browser: Browser) -> dict[str, list[str]]:
