@@ -51,8 +51,13 @@ async def seeded(daemon: DaemonHandle, db_url: str) -> DaemonHandle:
 
 
 async def shown_ids(browser: Browser) -> list[int]:
-    cells = await browser.finds("#job-list tbody td.num a")
-    return [int(str(await browser.call(lambda c=c: c.text))) for c in cells]
+    """The listed ids, read in one script (the list may be drawn again between finding its
+    cells and reading each one: a stale element)."""
+    ids = await browser.script(
+        "return Array.from(document.querySelectorAll('#job-list tbody td.num a'),"
+        " a => a.innerText.trim())"
+    )
+    return [int(str(i)) for i in ids]
 
 
 async def onward_link(browser: Browser) -> str | None:
