@@ -459,26 +459,56 @@ SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, star
 -- name: list_jobs_by_due
 -- Operator listing of a due window, earliest due first, keyset-paginated by (due_at, id) after
 -- ($3, $12): an id order would sort the whole window or walk the table by id (3 s at 10 million
--- rows for a month's window) where jobs_due_at_id walks forward from the window's start.
+-- rows for a month's window). Two parts merged in that order, each read only when the state
+-- filter ($1) allows it: the jobs at rest (scheduled or finished) walk job_state_due_at_rest
+-- forward from the window's start; the ready ones come from the claim's index and the running
+-- ones from theirs, sorted (a backlog, and at most the in-flight limits). The due index leaves
+-- the ready and running jobs out so that intake, the claim and the due-scan write no entry
+-- there (migration 050).
 -- Same filters as list_jobs ($4 is the limit, $11 the dead reason, $13 the priority, then
 -- $14 to $17 as list_jobs's $13 to $16).
-SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, started_at,
-       finished_at, dead_reason, left(last_error, 500) AS last_error, run_key, priority,
-       concurrency_key
-  FROM dispatcher.jobs
- WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
-   AND ($3::timestamptz IS NULL OR (due_at, id) > ($3, $12::bigint))
-   AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant = $6)
-   AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler = $8)
-   AND ($9::timestamptz IS NULL OR due_at < $9) AND ($10::timestamptz IS NULL OR due_at >= $10)
-   AND ($11::text IS NULL OR dead_reason = $11)
-   AND ($13::integer IS NULL OR priority = $13)
-   AND ($14::text IS NULL OR key LIKE $14)
-   AND ($15::text IS NULL OR last_error ILIKE $15)
-   AND ($16::bigint IS NULL OR id > $16)
-   AND ($17::text IS NULL OR concurrency_key = $17)
- ORDER BY due_at, id
- LIMIT $4;
+WITH listed AS NOT MATERIALIZED (
+    SELECT id, key, queue, tenant, handler, state, attempt, due_at, created_at, started_at,
+           finished_at, dead_reason, left(last_error, 500) AS last_error, run_key, priority,
+           concurrency_key
+      FROM dispatcher.jobs
+     WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
+       AND ($3::timestamptz IS NULL OR (due_at, id) > ($3, $12::bigint))
+       AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant = $6)
+       AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler = $8)
+       AND ($9::timestamptz IS NULL OR due_at < $9)
+       AND ($10::timestamptz IS NULL OR due_at >= $10)
+       AND ($11::text IS NULL OR dead_reason = $11)
+       AND ($13::integer IS NULL OR priority = $13)
+       AND ($14::text IS NULL OR key LIKE $14)
+       AND ($15::text IS NULL OR last_error ILIKE $15)
+       AND ($16::bigint IS NULL OR id > $16)
+       AND ($17::text IS NULL OR concurrency_key = $17)
+)
+-- each part ordered and limited in itself: a UNION ALL's parts are planned without the order
+-- asked of the whole, and would be read whole and sorted
+(SELECT * FROM listed
+  WHERE state <> ALL (ARRAY['ready', 'running'])
+    AND ($1::text IS NULL OR $1::text <> ALL (ARRAY['ready', 'running']))
+  ORDER BY due_at, id LIMIT $4)
+UNION ALL
+-- the ready and running ones: their ids in the window sorted first, then each job read by id
+-- with every filter until the page is full: a lateral read kept apart by its LIMIT 1 (an id
+-- is one job); joined whole, the planner may hash the intents or walk the state rows
+(SELECT l.*
+   FROM (SELECT id, due_at, queue FROM dispatcher.job_state
+          WHERE state = 'ready' AND ($1::text IS NULL OR $1::text = 'ready')
+         UNION ALL
+         SELECT id, due_at, queue FROM dispatcher.job_state
+          WHERE state = 'running' AND ($1::text IS NULL OR $1::text = 'running')) r
+  CROSS JOIN LATERAL (SELECT * FROM listed WHERE listed.id = r.id LIMIT 1) l
+  WHERE ($2::text IS NULL OR r.queue = $2)
+    AND ($3::timestamptz IS NULL OR (r.due_at, r.id) > ($3, $12::bigint))
+    AND ($9::timestamptz IS NULL OR r.due_at < $9)
+    AND ($10::timestamptz IS NULL OR r.due_at >= $10)
+  ORDER BY r.due_at, r.id LIMIT $4)
+ORDER BY due_at, id
+LIMIT $4;
 
 -- name: retry_job
 -- Operator retry of a dead (or cancelled, or discarded) job: ready now, with a fresh attempt

@@ -505,6 +505,8 @@ CREATE INDEX intents_concurrency_key_id ON dispatcher.intents USING btree (concu
 
 CREATE INDEX intents_priority_id ON dispatcher.intents USING btree (priority, id) WHERE (priority <> 0);
 
+CREATE INDEX job_state_due_at_rest ON dispatcher.job_state USING btree (due_at, id) WHERE (state <> ALL (ARRAY['ready'::text, 'running'::text]));
+
 CREATE INDEX job_state_expiring ON dispatcher.job_state USING btree (expires_at) WHERE ((expires_at IS NOT NULL) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text])));
 
 CREATE INDEX jobs_dead_reason_id ON dispatcher.job_state USING btree (dead_reason, id) WHERE (dead_reason IS NOT NULL);
@@ -512,8 +514,6 @@ CREATE INDEX jobs_dead_reason_id ON dispatcher.job_state USING btree (dead_reaso
 CREATE INDEX jobs_dead_reason_queue_id ON dispatcher.job_state USING btree (dead_reason, queue, id) WHERE (dead_reason IS NOT NULL);
 
 CREATE INDEX jobs_discarded ON dispatcher.job_state USING btree (finished_at) WHERE (state = 'discarded'::text);
-
-CREATE INDEX jobs_due_at_id ON dispatcher.job_state USING btree (due_at, id);
 
 CREATE INDEX jobs_handler_id ON dispatcher.intents USING btree (handler, id);
 
@@ -982,8 +982,9 @@ BEGIN
                  WHERE s.queue = q AND s.state = 'ready' AND s.priority = one_priority
                    AND s.tenant = one_tenant AND s.capability = ANY (caps)
                    -- always true: a bound only the claim index can use, so the kept plan walks
-                   -- it; without, a plan kept from statistics of a drain's start walked
-                   -- jobs_due_at_id, over every job claimed before (tests/db/test_claim_plan.py)
+                   -- it; without, a plan kept from statistics of a drain's start walked the
+                   -- due index over every job claimed before (jobs_due_at_id, which held the
+                   -- ready jobs until migration 050; tests/db/test_claim_plan.py)
                    AND (s.queue, s.priority, s.tenant, s.due_at)
                        >= (q, one_priority, one_tenant, '-infinity'::timestamptz)
                  ORDER BY s.due_at, s.id

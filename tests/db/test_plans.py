@@ -244,6 +244,17 @@ async def listed_table(module_pools: NewPool) -> asyncpg.Pool:
                     ELSE 'max_attempts' END
           FROM generate_series(1, {LIST_ROWS}) g,
                LATERAL (SELECT timestamptz '2025-01-01' + g * interval '13 minutes' AS due) d""")
+    # a backlog and some in flight, which the due index leaves out (migration 050); each ready
+    # job due with the job before it, so that the merged parts of a due list tie
+    await pool.execute("""
+        UPDATE dispatcher.job_state
+           SET state = 'ready', finished_at = NULL, dead_reason = NULL,
+               due_at = due_at - interval '13 minutes'
+         WHERE id % 97 = 0;
+        UPDATE dispatcher.job_state
+           SET state = 'running', finished_at = NULL, dead_reason = NULL, lease_owner = 'd1',
+               lease_expires_at = now() + interval '1 hour'
+         WHERE id % 1009 = 0""")
     await pool.execute("ANALYZE dispatcher.intents, dispatcher.job_state")
     return pool
 
@@ -289,11 +300,13 @@ BY_DUE = {"due_after": WINDOW[0], "due_before": WINDOW[1]}
             "jobs_dead_reason_queue_id",
         ),
         ("list_jobs", {"reason": "HTTP 410 Gone", "cursor": 30_000}, "jobs_dead_reason_id"),
-        ("list_jobs_by_due", BY_DUE, "jobs_due_at_id"),
-        ("list_jobs_by_due", {"due_after": WINDOW[0]}, "jobs_due_at_id"),
-        ("list_jobs_by_due", {"due_before": WINDOW[1]}, "jobs_due_at_id"),
-        ("list_jobs_by_due", {**BY_DUE, "cursor": (WINDOW[0], 4500)}, "jobs_due_at_id"),
-        ("list_jobs_by_due", {**BY_DUE, "state": "dead"}, "jobs_due_at_id"),
+        ("list_jobs_by_due", BY_DUE, "job_state_due_at_rest"),
+        ("list_jobs_by_due", {"due_after": WINDOW[0]}, "job_state_due_at_rest"),
+        ("list_jobs_by_due", {"due_before": WINDOW[1]}, "job_state_due_at_rest"),
+        ("list_jobs_by_due", {**BY_DUE, "cursor": (WINDOW[0], 4500)}, "job_state_due_at_rest"),
+        ("list_jobs_by_due", {**BY_DUE, "state": "dead"}, "job_state_due_at_rest"),
+        ("list_jobs_by_due", {**BY_DUE, "state": "ready"}, "jobs_ready_claim"),
+        ("list_jobs_by_due", {**BY_DUE, "state": "running"}, "jobs_running_"),
     ],
     ids=lambda v: "+".join(v) if isinstance(v, dict) else v,
 )
@@ -304,6 +317,37 @@ async def test_each_list_filter_reaches_its_index(
     text = await plan(listed_table, query(statement), *args)
     assert_no_job_scan(text)
     assert index in text, text
+
+
+@pytest.mark.parametrize("state", [None, "ready", "running", "succeeded", "dead"])
+async def test_a_due_window_lists_every_state_earliest_due_first(
+    listed_table: asyncpg.Pool, state: str | None
+) -> None:
+    """The due index holds only the jobs at rest; the list merges the ready and running jobs
+    into its order, page after page, ties by id across the parts."""
+    after, before = datetime(2025, 1, 20, tzinfo=UTC), datetime(2025, 6, 20, tzinfo=UTC)
+    expected = [
+        r["id"]
+        for r in await listed_table.fetch(
+            "SELECT id FROM dispatcher.jobs WHERE due_at >= $1 AND due_at < $2"
+            " AND ($3::text IS NULL OR state = $3) ORDER BY due_at, id",
+            after,
+            before,
+            state,
+        )
+    ]
+    assert len(expected) > 10
+    window = JobFilter(state=state, due_after=after, due_before=before)
+    listed: list[int] = []
+    position: ListCursor | None = None
+    while True:
+        args = job_reads.list_args("list_jobs_by_due", window, position, 97)
+        page = await listed_table.fetch(query("list_jobs_by_due"), *args)
+        listed += [r["id"] for r in page]
+        if len(page) < 97:
+            break
+        position = ListCursor(page[-1]["id"], page[-1]["due_at"])
+    assert listed == expected
 
 
 async def test_the_list_statement_is_never_planned_generically(listed_table: asyncpg.Pool) -> None:

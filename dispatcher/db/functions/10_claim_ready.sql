@@ -93,8 +93,9 @@ BEGIN
                  WHERE s.queue = q AND s.state = 'ready' AND s.priority = one_priority
                    AND s.tenant = one_tenant AND s.capability = ANY (caps)
                    -- always true: a bound only the claim index can use, so the kept plan walks
-                   -- it; without, a plan kept from statistics of a drain's start walked
-                   -- jobs_due_at_id, over every job claimed before (tests/db/test_claim_plan.py)
+                   -- it; without, a plan kept from statistics of a drain's start walked the
+                   -- due index over every job claimed before (jobs_due_at_id, which held the
+                   -- ready jobs until migration 050; tests/db/test_claim_plan.py)
                    AND (s.queue, s.priority, s.tenant, s.due_at)
                        >= (q, one_priority, one_tenant, '-infinity'::timestamptz)
                  ORDER BY s.due_at, s.id
