@@ -496,13 +496,19 @@ UNION ALL
 -- with every filter until the page is full: a lateral read kept apart by its LIMIT 1 (an id
 -- is one job); joined whole, the planner may hash the intents or walk the state rows
 (SELECT l.*
-   FROM (SELECT id, due_at, queue FROM dispatcher.job_state
+   FROM (SELECT id, due_at, queue, tenant, run_key, priority, concurrency_key
+           FROM dispatcher.job_state
           WHERE state = 'ready' AND ($1::text IS NULL OR $1::text = 'ready')
          UNION ALL
-         SELECT id, due_at, queue FROM dispatcher.job_state
+         SELECT id, due_at, queue, tenant, run_key, priority, concurrency_key
+           FROM dispatcher.job_state
           WHERE state = 'running' AND ($1::text IS NULL OR $1::text = 'running')) r
   CROSS JOIN LATERAL (SELECT * FROM listed WHERE listed.id = r.id LIMIT 1) l
-  WHERE ($2::text IS NULL OR r.queue = $2)
+  -- the filters the state row can answer (its copies of the intent's tenant, priority and
+  -- key), before each job is read
+  WHERE ($2::text IS NULL OR r.queue = $2) AND ($6::text IS NULL OR r.tenant = $6)
+    AND ($7::text IS NULL OR r.run_key = $7) AND ($13::integer IS NULL OR r.priority = $13)
+    AND ($17::text IS NULL OR r.concurrency_key = $17)
     AND ($3::timestamptz IS NULL OR (r.due_at, r.id) > ($3, $12::bigint))
     AND ($9::timestamptz IS NULL OR r.due_at < $9)
     AND ($10::timestamptz IS NULL OR r.due_at >= $10)

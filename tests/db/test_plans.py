@@ -319,25 +319,40 @@ async def test_each_list_filter_reaches_its_index(
     assert index in text, text
 
 
-@pytest.mark.parametrize("state", [None, "ready", "running", "succeeded", "dead"])
+@pytest.mark.parametrize(
+    "filters",
+    [
+        {},
+        {"state": "ready"},
+        {"state": "running"},
+        {"state": "succeeded"},
+        {"state": "dead"},
+        {"tenant": "t-194"},  # one of its jobs is ready: the state row's copy is filtered
+        {"queue": "emails"},
+    ],
+    ids=lambda f: "+".join(f"{k}={v}" for k, v in f.items()) or "no filter",
+)
 async def test_a_due_window_lists_every_state_earliest_due_first(
-    listed_table: asyncpg.Pool, state: str | None
+    listed_table: asyncpg.Pool, filters: dict[str, str]
 ) -> None:
     """The due index holds only the jobs at rest; the list merges the ready and running jobs
     into its order, page after page, ties by id across the parts."""
-    after, before = datetime(2025, 1, 20, tzinfo=UTC), datetime(2025, 6, 20, tzinfo=UTC)
+    after, before = datetime(2025, 1, 1, tzinfo=UTC), datetime(2025, 6, 20, tzinfo=UTC)
     expected = [
         r["id"]
         for r in await listed_table.fetch(
             "SELECT id FROM dispatcher.jobs WHERE due_at >= $1 AND due_at < $2"
-            " AND ($3::text IS NULL OR state = $3) ORDER BY due_at, id",
+            " AND ($3::text IS NULL OR state = $3) AND ($4::text IS NULL OR tenant = $4)"
+            " AND ($5::text IS NULL OR queue = $5) ORDER BY due_at, id",
             after,
             before,
-            state,
+            filters.get("state"),
+            filters.get("tenant"),
+            filters.get("queue"),
         )
     ]
     assert len(expected) > 10
-    window = JobFilter(state=state, due_after=after, due_before=before)
+    window = JobFilter(due_after=after, due_before=before, **filters)
     listed: list[int] = []
     position: ListCursor | None = None
     while True:
