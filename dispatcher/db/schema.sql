@@ -2554,6 +2554,8 @@ CREATE OR REPLACE FUNCTION dispatcher.ready_after_intake(queue text, capabilitie
  RETURNS boolean
  LANGUAGE plpgsql
  SET lock_timeout TO '1s'
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
 AS $function$
 BEGIN
     BEGIN

@@ -184,6 +184,25 @@ async def test_the_kept_plan_of_complete_succeeded_reads_its_jobs_by_id(
     assert_jobs_read_by_index(plans)
 
 
+async def test_the_kept_plan_of_the_idle_look_walks_the_claim_index(pool: asyncpg.Pool) -> None:
+    """ready_after_intake (10_wake.sql), a claim loop's last look before it waits, keeps its
+    plan per connection, made on an empty table; after a burst it must still find the first
+    ready job through jobs_ready_claim, not read the state rows."""
+    await pool.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
+    await pool.execute("ALTER TABLE dispatcher.job_state SET (autovacuum_enabled = false)")
+    await pool.execute("VACUUM ANALYZE dispatcher.intents, dispatcher.job_state")
+    look = "SELECT dispatcher.ready_after_intake('default', ARRAY['noop:1'])"
+    async with pool.acquire() as conn:
+        for _ in range(KEPT_FROM_EMPTY):
+            assert await conn.fetchval(look) is False
+        await enqueue_noop_jobs(pool, "burst", BURST)
+        async with nested_plans(conn) as plans:
+            assert await conn.fetchval(look) is True
+    text = json.dumps(plans, indent=1)
+    assert "jobs_ready_claim" in text, text
+    assert_jobs_read_by_index(plans)
+
+
 async def test_plans_kept_from_an_empty_table_read_many_small_tenants_once(
     pool: asyncpg.Pool,
 ) -> None:

@@ -131,9 +131,14 @@ $$;
 -- NULL when an enqueue transaction stays open past the bound (1 s): the loop claims again and
 -- comes back to wait once more, rather than hold a connection it shares with other queues'
 -- claims (a business transaction left open costs that queue a claim a second until it ends).
+-- Its plan is kept per connection: the daemon's sessions plan every statement with its values
+-- (plan_cache_mode), which cost this probe 0.19 ms of planning per call against 0.013 ms of
+-- execution (W3, pg_stat_statements), on the path of a claim loop going idle. A plan kept from
+-- an empty table's statistics would read the state rows whole: sequential scans are off.
 CREATE OR REPLACE FUNCTION dispatcher.ready_after_intake(queue text, capabilities text[])
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE SET lock_timeout = '1s' AS $$
+LANGUAGE plpgsql VOLATILE SET lock_timeout = '1s' SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off AS $$
 BEGIN
     BEGIN
         PERFORM pg_advisory_xact_lock(1684632425, hashtext(queue));
