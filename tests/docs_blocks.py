@@ -76,6 +76,12 @@ def blocks_tested_by(path: Path, test_file: str) -> list[Block]:
     return [b for b in blocks(path) if b.marker == ("tested-by", test_file)]
 
 
+def sql_statements(block: Block) -> list[str]:
+    """The statements of a SQL block, each to run on its own (a concurrent index build may not
+    run inside a transaction, which a multi-statement string would be)."""
+    return [s.strip() for s in block.text.split(";") if s.strip()]
+
+
 def expected_output(block: Block) -> list[str]:
     """The top-level `# ` lines of a shell block outside its here-documents."""
     shown: list[str] = []

@@ -10,37 +10,24 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from dispatcher.db import schema
-from tests.docs_blocks import blocks_tested_by
-from tests.harness.indexes import fail_half_way, index_states
+from tests.docs_blocks import blocks_tested_by, sql_statements
+from tests.harness.indexes import upgrade_after_the_guides_block
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "operating.md"
 NEW, OLD = "job_state_due_at_rest", "jobs_due_at_id"
-
-
-def documented_statements() -> list[str]:
-    (block,) = blocks_tested_by(GUIDE, f"tests/db/{Path(__file__).name}")
-    return [s.strip() for s in block.text.split(";") if s.strip()]
 
 
 @pytest.mark.parametrize("left_invalid", [False, True], ids=["built", "failed half-way"])
 async def test_an_index_built_beforehand_is_kept_an_invalid_one_rebuilt_and_the_old_dropped(
     empty_db_url: str, left_invalid: bool
 ) -> None:
+    (block,) = blocks_tested_by(GUIDE, f"tests/db/{Path(__file__).name}")
     conn = await asyncpg.connect(empty_db_url)
     try:
-        await schema.migrate(conn, upto=49)
-        for statement in documented_statements():
-            await conn.execute(statement)
-        if left_invalid:
-            await fail_half_way(conn, NEW)
-        before = await index_states(conn)
+        before, after = await upgrade_after_the_guides_block(
+            conn, "050_due_index_at_rest.sql", sql_statements(block), NEW if left_invalid else None
+        )
         assert OLD in before
-        applied = await schema.migrate(conn, upto=50)
-        assert [n for n in applied if not n.startswith("functions/")] == [
-            "050_due_index_at_rest.sql"
-        ]
-        after = await index_states(conn)
         assert after[NEW][1], after
         assert (after[NEW][0] == before[NEW][0]) is not left_invalid  # kept, or built anew
         assert OLD not in after

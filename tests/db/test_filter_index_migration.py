@@ -11,35 +11,27 @@ from pathlib import Path
 import asyncpg
 
 from dispatcher.db import schema
-from tests.docs_blocks import blocks_tested_by
-from tests.harness.indexes import fail_half_way, index_states
+from tests.docs_blocks import blocks_tested_by, sql_statements
+from tests.harness.indexes import upgrade_after_the_guides_block
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "operating.md"
 NEW = ("intents_priority_id", "intents_concurrency_key_id")
 OLD = ("jobs_priority_id", "jobs_concurrency_key_id")
 
 
-def documented_statements() -> list[str]:
-    (block,) = blocks_tested_by(GUIDE, f"tests/db/{Path(__file__).name}")
-    return [s.strip() for s in block.text.split(";") if s.strip()]
-
-
 async def test_indexes_built_beforehand_are_kept_invalid_ones_rebuilt_and_old_ones_dropped(
     empty_db_url: str,
 ) -> None:
+    (block,) = blocks_tested_by(GUIDE, f"tests/db/{Path(__file__).name}")
     conn = await asyncpg.connect(empty_db_url)
     try:
-        await schema.migrate(conn, upto=47)
-        for statement in documented_statements():
-            await conn.execute(statement)
-        await fail_half_way(conn, "intents_concurrency_key_id")
-        before = await index_states(conn)
+        before, after = await upgrade_after_the_guides_block(
+            conn,
+            "048_filter_indexes_on_intents.sql",
+            sql_statements(block),
+            broken="intents_concurrency_key_id",
+        )
         assert all(name in before for name in OLD)
-        applied = await schema.migrate(conn, upto=48)
-        assert [n for n in applied if not n.startswith("functions/")] == [
-            "048_filter_indexes_on_intents.sql"
-        ]
-        after = await index_states(conn)
         assert all(after[name][1] for name in NEW), after
         assert after["intents_priority_id"][0] == before["intents_priority_id"][0]  # kept
         assert after["intents_concurrency_key_id"][0] != before["intents_concurrency_key_id"][0]

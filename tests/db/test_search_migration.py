@@ -10,9 +10,8 @@ from pathlib import Path
 
 import asyncpg
 
-from dispatcher.db import schema
-from tests.docs_blocks import blocks_tested_by
-from tests.harness.indexes import fail_half_way, index_states
+from tests.docs_blocks import blocks_tested_by, sql_statements
+from tests.harness.indexes import upgrade_after_the_guides_block
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "operating.md"
 INDEXES = ("jobs_key_prefix", "jobs_concurrency_key_id", "jobs_last_error_trgm")
@@ -24,26 +23,7 @@ def documented_statements(migration: int) -> list[str]:
     found = blocks_tested_by(GUIDE, f"tests/db/{Path(__file__).name}")
     assert len(found) == 2, found
     block = found[0] if migration == 39 else found[1]
-    return [s.strip() for s in block.text.split(";") if s.strip()]
-
-
-async def upgrade_after_the_guides_block(
-    conn: asyncpg.Connection, migration: str, statements: int, broken: str
-) -> tuple[dict[str, tuple[int, bool]], dict[str, tuple[int, bool]]]:
-    """Migrate to just before `migration` (its file name), run the guide's block for it
-    (`statements` statements, one at a time, outside any transaction), leave index `broken` as
-    a failed concurrent build does, then apply `migration` alone: the indexes before and after."""
-    version = int(migration.split("_", 1)[0])
-    await schema.migrate(conn, upto=version - 1)
-    block = documented_statements(version)
-    assert len(block) == statements, block
-    for statement in block:
-        await conn.execute(statement)
-    await fail_half_way(conn, broken)
-    before = await index_states(conn)
-    applied = await schema.migrate(conn, upto=version)
-    assert [name for name in applied if not name.startswith("functions/")] == [migration]
-    return before, await index_states(conn)
+    return sql_statements(block)
 
 
 async def test_indexes_built_concurrently_beforehand_are_kept_and_invalid_ones_rebuilt(
@@ -51,8 +31,10 @@ async def test_indexes_built_concurrently_beforehand_are_kept_and_invalid_ones_r
 ) -> None:
     conn = await asyncpg.connect(empty_db_url)
     try:
+        statements = documented_statements(39)
+        assert len(statements) == 4, statements
         before, after = await upgrade_after_the_guides_block(
-            conn, "039_list_search.sql", statements=4, broken="jobs_concurrency_key_id"
+            conn, "039_list_search.sql", statements, broken="jobs_concurrency_key_id"
         )
         for name in INDEXES:
             assert after[name][1], f"{name} is not valid"
@@ -67,8 +49,10 @@ async def test_the_key_prefix_index_built_concurrently_beforehand_is_kept(
 ) -> None:
     conn = await asyncpg.connect(empty_db_url)
     try:
+        statements = documented_statements(42)
+        assert len(statements) == 3, statements
         before, after = await upgrade_after_the_guides_block(
-            conn, "042_key_prefix_ids.sql", statements=3, broken="jobs_dead_reason_queue_id"
+            conn, "042_key_prefix_ids.sql", statements, broken="jobs_dead_reason_queue_id"
         )
         assert "jobs_key_prefix" not in before  # the guide's block dropped the old one
         for name in ("jobs_key_prefix_id", "jobs_dead_reason_queue_id"):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncpg
 
+from dispatcher.db import schema
+
 
 async def index_states(conn: asyncpg.Connection) -> dict[str, tuple[int, bool]]:
     """Every index of the dispatcher schema: name -> (oid, valid). A kept index keeps its oid."""
@@ -22,3 +24,21 @@ async def fail_half_way(conn: asyncpg.Connection, index: str) -> None:
         "UPDATE pg_index SET indisvalid = false WHERE indexrelid = $1::regclass",
         f"dispatcher.{index}",
     )
+
+
+async def upgrade_after_the_guides_block(
+    conn: asyncpg.Connection, migration: str, statements: list[str], broken: str | None
+) -> tuple[dict[str, tuple[int, bool]], dict[str, tuple[int, bool]]]:
+    """Migrate to just before `migration` (its file name), run the guide's `statements` one at a
+    time (outside any transaction), leave index `broken` (if any) as a failed concurrent build
+    does, then apply `migration` alone: the indexes before and after."""
+    version = int(migration.split("_", 1)[0])
+    await schema.migrate(conn, upto=version - 1)
+    for statement in statements:
+        await conn.execute(statement)
+    if broken is not None:
+        await fail_half_way(conn, broken)
+    before = await index_states(conn)
+    applied = await schema.migrate(conn, upto=version)
+    assert [name for name in applied if not name.startswith("functions/")] == [migration]
+    return before, await index_states(conn)
