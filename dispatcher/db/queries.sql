@@ -494,7 +494,9 @@ WITH listed AS NOT MATERIALIZED (
 UNION ALL
 -- the ready and running ones: their ids in the window sorted first, then each job read by id
 -- with every filter until the page is full: a lateral read kept apart by its LIMIT 1 (an id
--- is one job); joined whole, the planner may hash the intents or walk the state rows
+-- is one job); joined whole, the planner may hash the intents or walk the state rows. One
+-- select per state: each reaches its partial index (`state = ANY` matched neither and read
+-- the state rows whole).
 (SELECT l.*
    FROM (SELECT id, due_at, queue, tenant, run_key, priority, concurrency_key
            FROM dispatcher.job_state

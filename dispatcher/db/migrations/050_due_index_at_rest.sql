@@ -4,8 +4,9 @@
 -- running (claim) and finished (completion): three entries in an index no step needs, about
 -- 3 us of a bulk job's 25 us of intake (tests/bench/peers, W1) and 2 us of its claim. A job at
 -- rest pays one entry per step, as before. The list reads the ready jobs of a window from the
--- claim's index (jobs_ready_claim) and the running ones from jobs_running_queue, both sorted,
--- and merges them with this index's order (dispatcher/db/queries.sql, list_jobs_by_due).
+-- claim's index (jobs_ready_claim) and the running ones from the running jobs' partial indexes,
+-- sorts them, and merges them with this index's order (dispatcher/db/queries.sql,
+-- list_jobs_by_due).
 --
 -- Cost on upgrade: CREATE INDEX reads the state rows once and blocks their writes (intake,
 -- claims, completions) while it builds. To avoid that pause on a large table, build it first
