@@ -594,12 +594,26 @@ CREATE OR REPLACE FUNCTION dispatcher.claim_firsts(q text, lvl smallint, need in
  SET enable_bitmapscan TO 'off'
  SET enable_nestloop TO 'off'
 AS $function$
+DECLARE
+    -- The start, after (from_priority, from_tenant), as a bound on the claim index's last three
+    -- columns: past every job of the cursor's tenant at its own priority, else before every
+    -- job ('' is the first text in any collation). Written (priority, tenant) > (from_priority,
+    -- from_tenant) beside `priority = lvl`, PostgreSQL 15 descends to the priority only and
+    -- reads every entry before the cursor: 73 pages and 0.55 ms at the 6,400th of 10,000
+    -- tenants, 6 pages and 0.06 ms this way.
+    onward       boolean := from_priority <= lvl;
+    start_tenant text := CASE WHEN from_priority = lvl THEN from_tenant ELSE '' END;
+    start_due    timestamptz := CASE WHEN from_priority = lvl THEN 'infinity'::timestamptz
+                                     ELSE '-infinity'::timestamptz END;
+    start_id     bigint := CASE WHEN from_priority = lvl THEN 9223372036854775807
+                                ELSE -9223372036854775808 END;
 BEGIN
     -- dense: at least 8 tenants among the first 64 ready jobs in turn order
     IF (SELECT count(DISTINCT r.tenant) FROM (
             (SELECT s.tenant FROM dispatcher.job_state s
               WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
-                AND (s.priority, s.tenant) > (from_priority, from_tenant)
+                AND onward
+                AND (s.tenant, s.due_at, s.id) > (start_tenant, start_due, start_id)
               ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id LIMIT 64)
             UNION ALL
             (SELECT s.tenant FROM dispatcher.job_state s
@@ -621,7 +635,8 @@ BEGIN
           FROM (SELECT r.id, r.row_at, r.tenant, lag(r.tenant) OVER () AS before
                   FROM ((SELECT s.id, s.ctid AS row_at, s.tenant FROM dispatcher.job_state s
                           WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
-                            AND (s.priority, s.tenant) > (from_priority, from_tenant)
+                            AND onward
+                            AND (s.tenant, s.due_at, s.id) > (start_tenant, start_due, start_id)
                             AND s.capability = ANY (caps) AND s.tenant <> ALL (blocked)
                             AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (blocked))
                           ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id
@@ -812,6 +827,11 @@ DECLARE
     blocked   text[];      -- keys at their limit (per-key limits, migration 024): skipped
     from_priority integer; -- the walk takes the tenants after (from_priority, from_tenant)
     from_tenant   text;
+    -- the same start as a bound on the claim index's last three columns, which a kept plan
+    -- descends to (claim_firsts says why)
+    start_tenant  text;
+    start_due     timestamptz;
+    start_id      bigint;
 BEGIN
     IF wanted < 1 OR EXISTS (SELECT 1 FROM dispatcher.queues x WHERE x.name = q AND x.paused) THEN
         RETURN;  -- a paused queue offers nothing
@@ -825,8 +845,12 @@ BEGIN
         -- from the cursor at its own priority, else from before the first tenant
         IF lvl = after_priority THEN
             from_priority := lvl; from_tenant := after_tenant;
+            -- past every job of the cursor's tenant
+            start_tenant := after_tenant; start_due := 'infinity'; start_id := 9223372036854775807;
         ELSE
             from_priority := lvl - 1; from_tenant := '';
+            -- before every job ('' is the first text in any collation)
+            start_tenant := ''; start_due := '-infinity'; start_id := -9223372036854775808;
         END IF;
         -- Many small tenants: a tenant's first job each from one read of the claim index
         -- (dispatcher.claim_firsts), where the walk below costs two index probes per tenant.
@@ -853,7 +877,7 @@ BEGIN
         WITH RECURSIVE onward AS (
             (SELECT s.tenant FROM dispatcher.job_state s
               WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
-                AND (s.priority, s.tenant) > (from_priority, from_tenant)
+                AND (s.tenant, s.due_at, s.id) > (start_tenant, start_due, start_id)
               ORDER BY s.tenant LIMIT 1)
             UNION ALL
             SELECT n.tenant FROM onward o

@@ -8,6 +8,7 @@ each, earliest due first; the rest of a claim the read cannot fill goes to the w
 from __future__ import annotations
 
 import asyncpg
+import pytest
 
 from dispatcher.db.jobs import JobRepository
 from tests.db.test_claim_order import CAPS, drain_order, enqueue_spread, noop  # noqa: F401
@@ -152,3 +153,33 @@ async def test_keys_at_their_limit_are_passed_over_and_the_rest_claimed(
         assert first == [f"k-{t}-1" for t in names(1, 500)] and calls == 1
         rest, _, _ = await claim_counted(conn, 500, cursor)
     assert rest == [f"k-{t}-1" for t in names(501, 600)]
+
+
+_CLAIM_INDEX_PAGES = (
+    "SELECT pg_stat_get_xact_blocks_fetched('dispatcher.jobs_ready_claim'::regclass)"
+)
+
+
+@pytest.mark.parametrize("wanted", [1, 32], ids=["the walk", "the read"])
+async def test_a_claim_descends_to_its_cursor_past_a_big_tenant(
+    noop: asyncpg.Pool,  # noqa: F811
+    wanted: int,
+) -> None:
+    """The tenants after the cursor are found by one descent of the claim index, not by reading
+    every entry before the cursor: a tenant of 20,000 ready jobs named before it costs a claim
+    nothing (written `(priority, tenant) > cursor` beside `priority = lvl`, PostgreSQL read all
+    of its entries, about 130 pages, on every claim, by the walk and by the read alike)."""
+    await enqueue_spread(noop, "big", "SELECT 'a-big'", 20_000)
+    await enqueue_spread(noop, "s", "SELECT 'b' || lpad(g::text, 3, '0') FROM "
+                         "generate_series(1, 40) g", 1)  # fmt: skip
+    async with noop.acquire() as conn, conn.transaction():
+        before = await conn.fetchval(_CLAIM_INDEX_PAGES)
+        rows = await conn.fetch(_CLAIM, wanted, CAPS, 2**62, 0, "a-big")
+        pages = await conn.fetchval(_CLAIM_INDEX_PAGES) - before
+    tenants = await noop.fetch(
+        "SELECT i.tenant FROM unnest($1::bigint[]) WITH ORDINALITY u(id, n)"
+        " JOIN dispatcher.intents i USING (id) ORDER BY u.n",
+        [r["id"] for r in rows[:-1]],
+    )
+    assert [t["tenant"] for t in tenants] == [f"b{g:03d}" for g in range(1, wanted + 1)]
+    assert pages < 40, pages  # 10 and 12 here; 130 and 252 before

@@ -31,8 +31,8 @@
 -- (plan_cache_mode = auto), and every read of job_state is a walk of jobs_ready_claim whatever
 -- the statistics say (no sequential or bitmap scan: a plan kept from an empty table must not
 -- read the whole table once a burst has filled it). The walk's conditions are written so a
--- kept plan can use them as index bounds: (priority, tenant) > (from_priority, from_tenant)
--- rather than an OR on the cursor, and ORDER BY ... LIMIT 1 rather than min().
+-- kept plan can use them as index bounds: (tenant, due_at, id) > (start_tenant, start_due,
+-- start_id) rather than an OR on the cursor, and ORDER BY ... LIMIT 1 rather than min().
 CREATE OR REPLACE FUNCTION dispatcher.claim_pick(q text, wanted integer, caps text[],
                                       after_priority integer, after_tenant text)
 RETURNS TABLE (id bigint, pos integer, priority smallint, tenant text, turn integer)
@@ -55,6 +55,11 @@ DECLARE
     blocked   text[];      -- keys at their limit (per-key limits, migration 024): skipped
     from_priority integer; -- the walk takes the tenants after (from_priority, from_tenant)
     from_tenant   text;
+    -- the same start as a bound on the claim index's last three columns, which a kept plan
+    -- descends to (claim_firsts says why)
+    start_tenant  text;
+    start_due     timestamptz;
+    start_id      bigint;
 BEGIN
     IF wanted < 1 OR EXISTS (SELECT 1 FROM dispatcher.queues x WHERE x.name = q AND x.paused) THEN
         RETURN;  -- a paused queue offers nothing
@@ -68,8 +73,12 @@ BEGIN
         -- from the cursor at its own priority, else from before the first tenant
         IF lvl = after_priority THEN
             from_priority := lvl; from_tenant := after_tenant;
+            -- past every job of the cursor's tenant
+            start_tenant := after_tenant; start_due := 'infinity'; start_id := 9223372036854775807;
         ELSE
             from_priority := lvl - 1; from_tenant := '';
+            -- before every job ('' is the first text in any collation)
+            start_tenant := ''; start_due := '-infinity'; start_id := -9223372036854775808;
         END IF;
         -- Many small tenants: a tenant's first job each from one read of the claim index
         -- (dispatcher.claim_firsts), where the walk below costs two index probes per tenant.
@@ -96,7 +105,7 @@ BEGIN
         WITH RECURSIVE onward AS (
             (SELECT s.tenant FROM dispatcher.job_state s
               WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
-                AND (s.priority, s.tenant) > (from_priority, from_tenant)
+                AND (s.tenant, s.due_at, s.id) > (start_tenant, start_due, start_id)
               ORDER BY s.tenant LIMIT 1)
             UNION ALL
             SELECT n.tenant FROM onward o
