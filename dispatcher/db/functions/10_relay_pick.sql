@@ -21,21 +21,35 @@ DECLARE
     got_turns integer[];
     filled    text[];
     rounds    integer;
+    -- the walk's start as a bound on the index's last three columns: past every row of the
+    -- cursor's tenant at its own priority, else before every row ('' is the first text).
+    -- Each read here is one a plan descends to, a kept one too (a pooled session has no
+    -- plan_cache_mode of ours): planned generically, an OR on the cursor read every row before
+    -- it, and min() every row of the queue (tests/db/test_relay_order.py)
+    start_tenant  text;
+    start_created timestamptz;
+    start_id      bigint;
 BEGIN
     IF wanted < 1 THEN
         RETURN;
     END IF;
     LOOP
-        SELECT min(s.priority) INTO lvl FROM dispatcher.outbox s
-         WHERE s.queue = q
-                AND s.leased_until IS NULL AND (lvl IS NULL OR s.priority > lvl);
+        SELECT s.priority INTO lvl FROM dispatcher.outbox s  -- NULL when none
+         WHERE s.queue = q AND s.leased_until IS NULL AND s.priority > coalesce(lvl, -32768)
+         ORDER BY s.queue, s.priority LIMIT 1;
         EXIT WHEN lvl IS NULL;
+        IF lvl = after_priority THEN
+            start_tenant := after_tenant; start_created := 'infinity';
+            start_id := 9223372036854775807;
+        ELSE
+            start_tenant := ''; start_created := '-infinity'; start_id := -9223372036854775808;
+        END IF;
         -- the walk: the tenants after the cursor, then from the first name round to it
         WITH RECURSIVE onward AS (
             (SELECT s.tenant FROM dispatcher.outbox s
               WHERE s.queue = q
                 AND s.leased_until IS NULL AND s.priority = lvl
-                AND (lvl IS DISTINCT FROM after_priority OR s.tenant > after_tenant)
+                AND (s.tenant, s.created_at, s.id) > (start_tenant, start_created, start_id)
               ORDER BY s.tenant LIMIT 1)
             UNION ALL
             SELECT n.tenant FROM onward o
