@@ -108,6 +108,21 @@ class Browser:
     async def page_text(self) -> str:
         return await self.text("body")
 
+    async def wait_for_text(self, fragment: str) -> None:
+        """Until the page's text holds `fragment`: after a click that submits a form or follows
+        a link, the body read at once may still be the old page's."""
+        shown = ""
+
+        async def on_the_page() -> bool:
+            nonlocal shown
+            shown = await self.page_text()
+            return fragment in shown
+
+        try:
+            await wait_until(on_the_page, ELEMENT_WAIT_S, 0.05, repr(fragment))
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the page reads: {shown}") from None
+
     async def path(self) -> str:
         url = await self.call(lambda: self.driver.current_url)
         return str(url)[len(self.base_url) :]

@@ -161,7 +161,7 @@ async def test_pause_and_resume_a_queue_watching_the_counters(
     target.fixed["fixed"] = True  # type: ignore[attr-defined]
     await browser.sign_in(OPERATOR_TOKEN)
     await browser.click(await browser.link("Pause"))
-    assert "Pause queue default?" in await browser.page_text()
+    await browser.wait_for_text("Pause queue default?")
     await browser.click(await browser.find("#confirm"))
     assert "Queue default is paused." in await browser.text("#outcome")
     await browser.get("/console/")
@@ -221,7 +221,7 @@ async def test_schedules_read_in_words_and_trigger_now(
     # trigger now: the dry run names the period that started last (a past weekday 06:30 in
     # Berlin: the daemon, started later with no grace, never fired it), then creates its run
     await browser.click(await browser.find("#trigger-berlin"))
-    assert "creates the run berlin:" in await browser.page_text()
+    await browser.wait_for_text("creates the run berlin:")
     await browser.screenshot("trigger-dry-run")
     await browser.click(await browser.find("#confirm"))
     outcome = await browser.text("#outcome")
@@ -230,7 +230,7 @@ async def test_schedules_read_in_words_and_trigger_now(
     assert "api" in await browser.text("#schedule-berlin .receipts")
     # again: the same period, found existing, nothing new
     await browser.click(await browser.find("#trigger-berlin"))
-    assert "already has its run" in await browser.page_text()
+    await browser.wait_for_text("already has its run")
     await browser.screenshot("schedules")
 
 
@@ -352,6 +352,6 @@ async def test_change_a_queues_limits_and_window_then_reset(
     await browser.screenshot("queue-page")
 
     await browser.click(await browser.find("#reset"))
-    assert "rate_per_s: 25.0 → 1000.0 (the file's)" in await browser.page_text()
+    await browser.wait_for_text("rate_per_s: 25.0 → 1000.0 (the file's)")
     await browser.click(await browser.find("#confirm"))
     assert "Queue default: settings reset." in await browser.text("#outcome")

@@ -100,7 +100,7 @@ async def test_nothing_ticked_is_explained_and_a_viewer_has_no_checkboxes(
     await browser.sign_in(OPERATOR_TOKEN)
     await browser.get("/console/jobs")
     await browser.click(await browser.find("#bulk-review"))
-    assert "Tick the jobs to act on" in await browser.page_text()
+    await browser.wait_for_text("Tick the jobs to act on")
     await browser.click(await browser.find("form.inline button"))  # sign out
     await browser.sign_in(VIEWER_TOKEN)
     await browser.get("/console/jobs")

@@ -300,7 +300,7 @@ async def test_pause_and_resume_a_schedule_and_watch_its_last_run(
     await browser.sign_in(OPERATOR_TOKEN)
     await browser.get("/console/schedules")
     await browser.click(await browser.find("#pause-hourly"))
-    assert "Pause schedule hourly?" in await browser.page_text()
+    await browser.wait_for_text("Pause schedule hourly?")
     await browser.click(await browser.find("#confirm"))
     assert "Schedule hourly: paused." in await browser.text("#outcome")
     await browser.get("/console/schedules")
