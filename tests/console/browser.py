@@ -127,6 +127,17 @@ class Browser:
         url = await self.call(lambda: self.driver.current_url)
         return str(url)[len(self.base_url) :]
 
+    async def wait_for_path(self, prefix: str) -> None:
+        """Until the browser is on a page whose path starts with `prefix` (a link followed),
+        loaded."""
+
+        async def arrived() -> bool:
+            if not (await self.path()).startswith(prefix):
+                return False
+            return bool(await self.script("return document.readyState === 'complete'"))
+
+        await wait_until(arrived, ELEMENT_WAIT_S, 0.05, f"a page under {prefix}")
+
     async def script(self, source: str, *args: Any) -> Any:
         return await self.call(self.driver.execute_script, source, *args)
 

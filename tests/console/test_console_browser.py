@@ -117,6 +117,7 @@ async def test_sign_in_retry_and_redrive_dead_jobs(
     await browser.screenshot("overview", also=screenshot_target())
     # the count is a link to the jobs it counts
     await browser.click(await browser.find("#queues td[data-f=dead] a"))
+    await browser.wait_for_path("/console/jobs")
     listed = await browser.page_text()
     assert "grant-1" in listed and "grant-2" in listed, listed
 
@@ -128,6 +129,7 @@ async def test_sign_in_retry_and_redrive_dead_jobs(
     listing = await browser.link("List")
     assert "reason=http_4xx" in await browser.call(listing.get_attribute, "href")
     await browser.click(listing)
+    await browser.wait_for_path("/console/jobs")
     listed = await browser.page_text()
     assert "grant-1" in listed and "grant-2" in listed, listed
     await browser.click(await browser.link("Dead letters"))
@@ -335,6 +337,7 @@ async def test_change_a_queues_limits_and_window_then_reset(
     await browser.type_into("#in-rate_per_s", "25")
     await browser.type_into("#in-windows", "Mon-Fri 18:00-07:00 Europe/Berlin")
     await browser.click(await browser.find("#change"))
+    await browser.wait_for_text("Change queue default?")
     text = await browser.page_text()
     assert "Change queue default?" in text and "rate_per_s: 1000.0 → 25.0" in text
     await browser.click(await browser.find("#confirm"))
