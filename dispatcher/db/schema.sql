@@ -1019,9 +1019,11 @@ BEGIN
                  ORDER BY s.due_at, s.id
                  LIMIT granted_n
                    FOR UPDATE SKIP LOCKED) f;
-        cand_priorities := array_fill(one_priority, ARRAY[cardinality(cand_ids)]);
-        cand_tenants := array_fill(one_tenant, ARRAY[cardinality(cand_ids)]);
-        cand_turns := array_fill(1, ARRAY[cardinality(cand_ids)]);
+        -- every job picked has this priority, tenant and turn: the first position stands for
+        -- all of them in the cursor below (none kept, none picked: no cursor)
+        cand_priorities := ARRAY[one_priority];
+        cand_tenants := ARRAY[one_tenant];
+        cand_turns := ARRAY[1];
     ELSE  -- the turns (a paused queue offers nothing: claim_pick looks first)
         SELECT coalesce(array_agg(p.id ORDER BY p.pos), '{}'),
                array_agg(p.priority ORDER BY p.pos), array_agg(p.tenant ORDER BY p.pos),
