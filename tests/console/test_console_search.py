@@ -79,12 +79,14 @@ async def test_search_from_the_form_and_counts_that_open_their_lists(
     await browser.type_into("#f-key_prefix", "invoice-")
     await browser.type_into("#f-error", "BILLING")
     await browser.click(await browser.find(".filters button[type=submit]"))
+    await browser.wait_for_path("/console/jobs?")  # the list the click loads, not the last
     await browser.find("#job-list")
     assert await listed_keys(browser) == [LONG_KEY, "invoice-1"]
 
     # the overview's dead count of the default queue opens that list
     await browser.get("/console/")
     await browser.click(await browser.find('a[aria-label="dead jobs of default"]'))
+    await browser.wait_for_path("/console/jobs?")  # the list the click loads, not the last
     await browser.find("#job-list")
     assert await query_of(browser) == {"queue": ["default"], "state": ["dead"]}
     assert len(await listed_keys(browser)) == 4
@@ -94,6 +96,7 @@ async def test_search_from_the_form_and_counts_that_open_their_lists(
     row = await browser.find("#dead-groups tbody tr")
     reason = await browser.call(lambda: row.find_element("css selector", "td").text)
     await browser.click(await browser.link("List"))
+    await browser.wait_for_path("/console/jobs?")  # the list the click loads, not the last
     await browser.find("#job-list")
     assert (await query_of(browser))["reason"] == [reason]
     assert len(await listed_keys(browser)) == (3 if reason == "http_5xx" else 1)
@@ -101,6 +104,7 @@ async def test_search_from_the_form_and_counts_that_open_their_lists(
     # the queue page's counts
     await browser.get("/console/queues/default")
     await browser.click(await browser.link("1 scheduled"))
+    await browser.wait_for_path("/console/jobs?")  # the list the click loads, not the last
     await browser.find("#job-list")
     assert await listed_keys(browser) == ["refund-2"]
     await browser.get("/console/queues/default")
