@@ -324,6 +324,7 @@ class Daemon:
             interval_s=max(s.scan_interval_s, DUE_SCAN_IDLE_S),  # the work poll looks before
             on_ready=lambda: wake("ready"),  # as a notice: the work poll first with many queues
             gone_owners=judge.confirmed,
+            ahead_s=s.scan_ahead_s,
         )
 
         def wake_queue(queue: str) -> None:  # ready work: its claim loop, and an idle relay

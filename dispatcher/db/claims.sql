@@ -5,6 +5,7 @@
 -- index's order, so stale statistics (every job ready) never make it a sequential scan.
 SELECT true FROM dispatcher.job_state s
  WHERE s.queue = $1 AND s.state = 'ready' AND s.capability = ANY ($2::text[])
+   AND s.due_at <= now()  -- one the due-scan moved ahead of its due time is not yet runnable
  ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id  -- jobs_ready_claim (migration 023)
  LIMIT 1;
 
@@ -25,7 +26,7 @@ SELECT array(
          SELECT q FROM unnest($1::text[]) q
           WHERE EXISTS (SELECT 1 FROM dispatcher.job_state s
                          WHERE s.queue = q AND s.state = 'ready'
-                           AND s.capability = ANY ($2::text[])
+                           AND s.capability = ANY ($2::text[]) AND s.due_at <= now()
                          ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id LIMIT 1)
             AND NOT EXISTS (SELECT 1 FROM dispatcher.queues r WHERE r.name = q AND r.paused)
        ) AS ready,

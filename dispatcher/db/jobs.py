@@ -131,9 +131,10 @@ class JobRepository(JobReads, JobControl):
         return results
 
     # scanning and rescue ------------------------------------------------------------------
-    async def scan_due(self, batch: int) -> int:
-        moved: int = await self.pool.fetchval(query("scan_due"), batch)
-        return moved
+    async def scan_due(self, batch: int, ahead_s: float = 0.0) -> DueMoved:
+        """Move up to `batch` scheduled jobs due within `ahead_s` to ready (db/queries.sql)."""
+        row = await self.pool.fetchrow(query("scan_due"), batch, ahead_s)
+        return DueMoved(row["moved"], row["due_now"], list(row["due_in_s"]))
 
     async def expire_unstarted(self, batch: int) -> dict[str, int]:
         """End up to `batch` scheduled or ready jobs past their time to live (`dead`,
@@ -386,6 +387,16 @@ async def claim_on(
 class ClaimCursors(dict[str, tuple[int, str]]):
     """Per queue, the (priority, tenant) a claimer served last: its next claim's tenant walk
     starts after it, so tenants take turns across claims (migration 023, claim_pick)."""
+
+
+class DueMoved(NamedTuple):
+    """What one round of the due-scan's move did."""
+
+    moved: int
+    due_now: int  # of those moved, the jobs already due
+    # in how many seconds the jobs it moved ahead of their due time fall due (distinct, to the
+    # millisecond, rounded up; counted from the statement's start, so never early)
+    due_in_s: list[float]
 
 
 class WorkSeen(NamedTuple):

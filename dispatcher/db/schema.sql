@@ -638,6 +638,7 @@ BEGIN
                             AND onward
                             AND (s.tenant, s.due_at, s.id) > (start_tenant, start_due, start_id)
                             AND s.capability = ANY (caps) AND s.tenant <> ALL (blocked)
+                            AND s.due_at <= now()  -- none before its due time
                             AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (blocked))
                           ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id
                           LIMIT 8 * need)
@@ -646,6 +647,7 @@ BEGIN
                           WHERE lvl = after_priority AND s.queue = q AND s.state = 'ready'
                             AND s.priority = lvl AND s.tenant <= after_tenant
                             AND s.capability = ANY (caps) AND s.tenant <> ALL (blocked)
+                            AND s.due_at <= now()  -- none before its due time
                             AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (blocked))
                           ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id
                           LIMIT 8 * need)
@@ -920,6 +922,7 @@ BEGIN
                          FROM (SELECT s.id, s.due_at FROM dispatcher.job_state s
                                 WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
                                   AND s.tenant = w.tenant AND s.capability = ANY (caps)
+                                  AND s.due_at <= now()  -- none before its due time
                                   AND (s.concurrency_key IS NULL
                                        OR s.concurrency_key <> ALL (blocked))
                                   AND s.id <> ALL (taken)
@@ -1010,6 +1013,9 @@ BEGIN
           FROM (SELECT s.id, s.due_at FROM dispatcher.job_state s
                  WHERE s.queue = q AND s.state = 'ready' AND s.priority = one_priority
                    AND s.tenant = one_tenant AND s.capability = ANY (caps)
+                   -- moved ahead of its due time by the due-scan: not before it (queries.sql
+                   -- scan_due); a bound on the walk, which stops at the tenant's first such job
+                   AND s.due_at <= now()
                    -- always true: a bound only the claim index can use, so the kept plan walks
                    -- it; without, a plan kept from statistics of a drain's start walked the
                    -- due index over every job claimed before (jobs_due_at_id, which held the
@@ -2598,6 +2604,7 @@ BEGIN
         SELECT 1 FROM dispatcher.job_state s
          WHERE s.queue = ready_after_intake.queue AND s.state = 'ready'
            AND s.capability = ANY (ready_after_intake.capabilities)
+           AND s.due_at <= now()  -- not one moved ahead of its due time (queries.sql scan_due)
          ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id  -- jobs_ready_claim
          LIMIT 1);
 END
@@ -2918,7 +2925,7 @@ BEGIN
         IF (job.handler, job.queue, job.tenant) IS DISTINCT FROM (r.h, r.qn, r.tn) THEN
             RETURN NEXT ROW(r.o::integer, job.id, r.k, job.state, job.due_at, job.created_at,
                             'conflict')::dispatcher.enqueue_result;
-        ELSIF job.state <> 'scheduled' THEN
+        ELSIF job.state <> 'scheduled' AND NOT (job.state = 'ready' AND job.due_at > now()) THEN
             RETURN NEXT ROW(r.o::integer, job.id, r.k, job.state, job.due_at, job.created_at,
                             'not_replaced')::dispatcher.enqueue_result;
         ELSE
@@ -2942,11 +2949,11 @@ BEGIN
               FROM dispatcher.queues qd
              WHERE i.id = job.id AND qd.name = r.qn;
             UPDATE dispatcher.job_state
-               SET due_at = due, budget_started_at = due, priority = r.prio,
+               SET state = 'scheduled', due_at = due, budget_started_at = due, priority = r.prio,
                    concurrency_key = r.ckey, expires_at = r.ex,
                    has_callback = num_nonnulls(r.os, r.ofl) > 0
              WHERE id = job.id;
-            woken := woken OR due <> job.due_at;
+            woken := woken OR due <> job.due_at OR job.state = 'ready';
             RETURN NEXT ROW(r.o::integer, job.id, r.k, 'scheduled', due, job.created_at,
                             'replaced')::dispatcher.enqueue_result;
         END IF;

@@ -7,11 +7,20 @@ woken (intake of a future job, a retry, a NOTIFY from another instance: `wake`),
 time it computed after its last round, and at least every `interval_s`; so a job due now starts
 within milliseconds and a missed wake-up costs at most one interval. A wake-up during a round
 runs one more round after it.
+
+Moving ahead (`ahead_s`, the setting `scan_ahead_s`): a round moves the jobs due within
+`ahead_s` too, and wakes the workers when each falls due (a timer of the event loop, from the
+move's own answer, so never early); the claims take no job before its due time. A burst of
+10,000 due at one instant is then moved in the second before it, while nothing runs, instead of
+by statements that share the database with its own claims. Only the daemon that moved a job
+wakes for it; another daemon finds it by its work poll should that one stop first.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -38,6 +47,7 @@ class DueScanner(Service):
         interval_s: float,
         on_ready: Callable[[], None],
         gone_owners: Callable[[], list[str]] = list,
+        ahead_s: float = 0.0,
     ):
         self._repo = repo
         self._timing = timing
@@ -46,6 +56,9 @@ class DueScanner(Service):
         self._on_ready = on_ready
         # daemons judged gone (engine/gone_owners.py): their running jobs are rescued now
         self._gone_owners = gone_owners
+        self._ahead_s = ahead_s
+        # the workers' wake-ups for jobs moved ahead, by the loop time (ms) they fall due
+        self._due_wakes: dict[float, asyncio.TimerHandle] = {}
 
     async def start(self) -> None:
         self._timing.every(self.name, self._interval_s, self.scan, finish_on_stop=True)
@@ -53,12 +66,16 @@ class DueScanner(Service):
 
     async def stop(self) -> None:
         await self._timing.cancel(self.name)
+        for handle in self._due_wakes.values():
+            handle.cancel()
+        self._due_wakes.clear()
 
     def wake(self) -> None:
         self._timing.run_now(self.name)
 
     def wake_in(self, seconds: float) -> None:
-        """A round no later than `seconds` from now (a job falls due then)."""
+        """A round in time for a job that falls due in `seconds` (`ahead_s` before it)."""
+        seconds -= self._ahead_s
         if seconds <= 0:
             self.wake()
         else:
@@ -75,16 +92,30 @@ class DueScanner(Service):
         # claim.
         batch = min(FIRST_BATCH, self._batch)
         while True:
-            n = await self._repo.scan_due(batch)
+            done = await self._repo.scan_due(batch, self._ahead_s)
+            n = done.moved
             moved += n
-            if n:
+            if done.due_now:
                 self._on_ready()  # let workers start on the first batch while we move the next
+            for seconds in done.due_in_s:
+                self._wake_workers_in(seconds)
             if n < batch:
                 break
             batch = min(batch * 4, self._batch)
         await self._rescue()
         metrics.SCAN_MOVED.inc(moved)
         return moved
+
+    def _wake_workers_in(self, seconds: float) -> None:
+        """The workers' wake-up when jobs moved ahead fall due (one per millisecond)."""
+        loop = asyncio.get_running_loop()
+        when = math.ceil((loop.time() + seconds) * 1000) / 1000  # up, never early
+        if when not in self._due_wakes:
+            self._due_wakes[when] = loop.call_at(when, self._due_now, when)
+
+    def _due_now(self, when: float) -> None:
+        self._due_wakes.pop(when, None)
+        self._on_ready()
 
     async def _expire(self) -> None:
         """End the scheduled and ready jobs whose time to live passed before they started, a
@@ -129,8 +160,11 @@ class DueScanner(Service):
         except Exception as exc:  # the database may be restarting: try again next interval
             log.error("due-scan failed: %s", exc)
             return
-        if next_due is None or next_due >= self._interval_s:
+        if next_due is None:
+            return
+        wait_s = max(next_due - self._ahead_s, 0.0)  # the next round moves it ahead
+        if wait_s >= self._interval_s:
             return
         if not moved:  # due rows we could not take are locked by another instance: no spin
-            next_due = max(next_due, MIN_IDLE_WAIT_S)
-        self._timing.run_by(self.name, datetime.now(UTC) + timedelta(seconds=next_due))
+            wait_s = max(wait_s, MIN_IDLE_WAIT_S)
+        self._timing.run_by(self.name, datetime.now(UTC) + timedelta(seconds=wait_s))

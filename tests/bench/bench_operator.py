@@ -142,7 +142,7 @@ async def measure(bench: Bench, args: argparse.Namespace, dsn: str) -> None:
         no_trigger = "ALTER TABLE dispatcher.job_state DISABLE TRIGGER jobs_dead_letter_notice"
 
         async def scan(c: asyncpg.Connection) -> Any:
-            return await c.execute(query("scan_due"), DUE)
+            return await c.execute(query("scan_due"), DUE, 0.0)
 
         async def complete(c: asyncpg.Connection) -> Any:
             return await c.fetch(

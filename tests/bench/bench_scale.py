@@ -62,7 +62,7 @@ async def scan_ms(conn: asyncpg.Connection, rounds: int = 5) -> float:
             floor,
         )
         started = time.perf_counter()
-        moved = await conn.fetchval(query("scan_due"), SCAN_BATCH)
+        moved = await conn.fetchval(query("scan_due"), SCAN_BATCH, 0.0)
         times.append((time.perf_counter() - started) * 1000)
         assert moved == SCAN_BATCH, moved
         await conn.execute("DELETE FROM dispatcher.outbox")

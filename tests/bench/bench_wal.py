@@ -95,7 +95,7 @@ async def main(args: argparse.Namespace) -> None:
                 ):
                     await asyncio.sleep(0.05)
                     continue
-                await steps["due-scan"].measure(query("scan_due"), batch)
+                await steps["due-scan"].measure(query("scan_due"), batch, 0.0)
         finally:
             await conn.close()
     for name, wal in steps.items():

@@ -24,6 +24,10 @@ Patches (comma-separated in BENCH_PATCHES):
                intake), the claim sent and answered, the handler entered (the peer benchmark's
                `record` handler); medians and p95 of each stage printed to stderr at exit as
                `bench-stages {...}` (ms, from the job's due time)
+  twoloops     two claim loops per queue (claims overlap the daemon's work on the last batch)
+  timeline     every claim, due-scan round and completion write with its wall-clock start, end
+               and rows, and every handler entry, written at exit as JSON to the file named by
+               `BENCH_TIMELINE_FILE` (where a burst's time goes, call by call)
 """
 
 from __future__ import annotations
@@ -218,6 +222,51 @@ def patch_stages() -> None:
     atexit.register(report)
 
 
+def patch_two_loops() -> None:
+    from dispatcher.engine.queue_worker import QueueWorker
+
+    started = QueueWorker.start
+
+    async def start(self: Any) -> None:
+        await started(self)
+        self.spawn(self._claim_loop())
+
+    QueueWorker.start = start  # type: ignore[method-assign]
+
+
+def patch_timeline() -> None:
+    from dispatcher.db.claims import ClaimConnections
+    from dispatcher.db.jobs import JobRepository
+    from dispatcher.engine.completer import Completer
+    from tests.bench.peers import handlers
+
+    calls: list[tuple[str, float, float, int]] = []
+
+    def timed(cls: Any, name: str, rows: Any) -> None:
+        fn = getattr(cls, name)
+
+        @functools.wraps(fn)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            began = time.time()
+            result = await fn(*args, **kwargs)
+            calls.append((name, began, time.time(), rows(args, result)))
+            return result
+
+        setattr(cls, name, wrapper)
+
+    timed(ClaimConnections, "claim", lambda _a, r: len(r.jobs))
+    timed(JobRepository, "scan_due", lambda _a, r: r.moved)
+    timed(Completer, "_write", lambda a, _r: len(a[1].jobs))
+
+    def report() -> None:
+        path = os.environ.get("BENCH_TIMELINE_FILE")
+        if path:
+            with open(path, "w") as f:
+                json.dump({"calls": calls, "starts": handlers.STARTS}, f)
+
+    atexit.register(report)
+
+
 def main() -> int:
     patches = {p for p in os.environ.get("BENCH_PATCHES", "").split(",") if p}
     # nonotify and fastkey patch the SQL door in the benchmark database (tests.bench.common)
@@ -232,6 +281,8 @@ def main() -> int:
         "fastkey",
         "enqcustom",
         "stages",
+        "timeline",
+        "twoloops",
     }
     unknown = patches - known
     if unknown:
@@ -246,6 +297,10 @@ def main() -> int:
         patch_count()
     if "stages" in patches:
         patch_stages()
+    if "timeline" in patches:
+        patch_timeline()
+    if "twoloops" in patches:
+        patch_two_loops()
     if patches & {"noreset", "customplans"}:
         patch_pool(no_reset="noreset" in patches, custom_plans="customplans" in patches)
     from dispatcher.cli import main as cli_main

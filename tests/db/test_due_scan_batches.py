@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from dispatcher.db.jobs import JobRepository
+from dispatcher.db.jobs import DueMoved, JobRepository
 from dispatcher.engine.due_scan import DueScanner
 from dispatcher.runtime.timing import TimingEngine
 from tests.harness import enqueue_noop_jobs
@@ -20,10 +20,10 @@ class RecordingRepository(JobRepository):
         super().__init__(pool)
         self.batches: list[tuple[int, int]] = []
 
-    async def scan_due(self, batch: int) -> int:
-        moved = await super().scan_due(batch)
-        self.batches.append((batch, moved))
-        return moved
+    async def scan_due(self, batch: int, ahead_s: float = 0.0) -> DueMoved:
+        done = await super().scan_due(batch, ahead_s)
+        self.batches.append((batch, done.moved))
+        return done
 
 
 async def test_a_burst_moves_in_growing_batches_each_waking_the_workers(

@@ -89,7 +89,7 @@ async def test_the_scan_ends_unstarted_jobs_past_their_ttl_and_moves_none_of_the
         "UPDATE dispatcher.job_state SET expires_at = now() + interval '1 h' WHERE id = $1", alive
     )
     # the move alone never starts an expired job on its way
-    assert await repo.scan_due(100) == 2
+    assert (await repo.scan_due(100)).moved == 2
     assert await repo.expire_unstarted(100) == {"default": 2}
     assert await state_of(repo, due) == ("dead", "expired")
     assert await state_of(repo, scheduled) == ("dead", "expired")

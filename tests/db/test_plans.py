@@ -96,7 +96,7 @@ async def nested_plans(pool: asyncpg.Pool, statement: str, *args: object) -> str
     [
         ("claim_ready", ("default", 1000, ["noop:1"], "owner", 60.0, 2**62, True, None, None)),
         ("ready_left", ("default", ["noop:1"])),  # in jobs_ready_claim's order: no sort
-        ("scan_due", (2000,)),
+        ("scan_due", (2000, 1.0)),
         ("rescue_expired_leases", (1000, [])),
         ("rescue_expired_leases", (1000, ["host:1:gone"])),  # a daemon judged gone (022)
         ("prune_terminal", ("succeeded", 86400.0, 1000)),

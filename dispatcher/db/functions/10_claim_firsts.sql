@@ -70,6 +70,7 @@ BEGIN
                             AND onward
                             AND (s.tenant, s.due_at, s.id) > (start_tenant, start_due, start_id)
                             AND s.capability = ANY (caps) AND s.tenant <> ALL (blocked)
+                            AND s.due_at <= now()  -- none before its due time
                             AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (blocked))
                           ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id
                           LIMIT 8 * need)
@@ -78,6 +79,7 @@ BEGIN
                           WHERE lvl = after_priority AND s.queue = q AND s.state = 'ready'
                             AND s.priority = lvl AND s.tenant <= after_tenant
                             AND s.capability = ANY (caps) AND s.tenant <> ALL (blocked)
+                            AND s.due_at <= now()  -- none before its due time
                             AND (s.concurrency_key IS NULL OR s.concurrency_key <> ALL (blocked))
                           ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id
                           LIMIT 8 * need)

@@ -148,6 +148,7 @@ BEGIN
                          FROM (SELECT s.id, s.due_at FROM dispatcher.job_state s
                                 WHERE s.queue = q AND s.state = 'ready' AND s.priority = lvl
                                   AND s.tenant = w.tenant AND s.capability = ANY (caps)
+                                  AND s.due_at <= now()  -- none before its due time
                                   AND (s.concurrency_key IS NULL
                                        OR s.concurrency_key <> ALL (blocked))
                                   AND s.id <> ALL (taken)

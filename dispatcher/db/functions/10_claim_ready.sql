@@ -97,6 +97,9 @@ BEGIN
           FROM (SELECT s.id, s.due_at FROM dispatcher.job_state s
                  WHERE s.queue = q AND s.state = 'ready' AND s.priority = one_priority
                    AND s.tenant = one_tenant AND s.capability = ANY (caps)
+                   -- moved ahead of its due time by the due-scan: not before it (queries.sql
+                   -- scan_due); a bound on the walk, which stops at the tenant's first such job
+                   AND s.due_at <= now()
                    -- always true: a bound only the claim index can use, so the kept plan walks
                    -- it; without, a plan kept from statistics of a drain's start walked the
                    -- due index over every job claimed before (jobs_due_at_id, which held the

@@ -6,7 +6,10 @@
 -- The payload, target and fingerprint are replaced; the due time too unless `keep_due`, and
 -- never past the job's acceptance plus `debounce_max_s` (NULL: no bound). A job of another
 -- handler, queue or tenant is not replaced (outcome "conflict"); one already ready, running
--- or finished is not either (outcome "not_replaced", with its state).
+-- or finished is not either (outcome "not_replaced", with its state). A job the due-scan moved
+-- to ready ahead of its due time (queries.sql scan_due) is still waiting for it: replaced as a
+-- scheduled one, and scheduled again (the due-scan moves it anew); the relay, which would have
+-- its message already, moves nothing ahead.
 -- The whole request is replaced (migration 032): the retry settings, `priority` and
 -- `concurrency_key` (on the intent and the state row, which the claim orders and limits by)
 -- and the contract (deadline, time to live, callbacks), so the fingerprint and the contract
@@ -48,7 +51,7 @@ BEGIN
         IF (job.handler, job.queue, job.tenant) IS DISTINCT FROM (r.h, r.qn, r.tn) THEN
             RETURN NEXT ROW(r.o::integer, job.id, r.k, job.state, job.due_at, job.created_at,
                             'conflict')::dispatcher.enqueue_result;
-        ELSIF job.state <> 'scheduled' THEN
+        ELSIF job.state <> 'scheduled' AND NOT (job.state = 'ready' AND job.due_at > now()) THEN
             RETURN NEXT ROW(r.o::integer, job.id, r.k, job.state, job.due_at, job.created_at,
                             'not_replaced')::dispatcher.enqueue_result;
         ELSE
@@ -72,11 +75,11 @@ BEGIN
               FROM dispatcher.queues qd
              WHERE i.id = job.id AND qd.name = r.qn;
             UPDATE dispatcher.job_state
-               SET due_at = due, budget_started_at = due, priority = r.prio,
+               SET state = 'scheduled', due_at = due, budget_started_at = due, priority = r.prio,
                    concurrency_key = r.ckey, expires_at = r.ex,
                    has_callback = num_nonnulls(r.os, r.ofl) > 0
              WHERE id = job.id;
-            woken := woken OR due <> job.due_at;
+            woken := woken OR due <> job.due_at OR job.state = 'ready';
             RETURN NEXT ROW(r.o::integer, job.id, r.k, 'scheduled', due, job.created_at,
                             'replaced')::dispatcher.enqueue_result;
         END IF;

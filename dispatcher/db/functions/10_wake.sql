@@ -150,6 +150,7 @@ BEGIN
         SELECT 1 FROM dispatcher.job_state s
          WHERE s.queue = ready_after_intake.queue AND s.state = 'ready'
            AND s.capability = ANY (ready_after_intake.capabilities)
+           AND s.due_at <= now()  -- not one moved ahead of its due time (queries.sql scan_due)
          ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id  -- jobs_ready_claim
          LIMIT 1);
 END

@@ -1,0 +1,179 @@
+"""Jobs moved to ready ahead of their due time (the due-scan's `scan_ahead_s`, queries.sql
+`scan_due`): the move says when each falls due, and no claim, look or metric treats one as
+runnable before it is due, whichever way the claim picks (one tenant, the tenants' turns, the
+many-small-tenants read). Over a relay nothing moves early; a replacement (debounce) of a job
+moved ahead still replaces it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+
+import asyncpg
+import pytest
+
+from dispatcher.db.jobs import JobRepository
+from dispatcher.db.queries import query
+from tests.harness import wait_until
+
+CAPS = ["report:1"]
+OWNER = "ahead-test"
+ENQUEUE = """SELECT dispatcher.enqueue(key => $1, handler => 'report', payload => '{}',
+                                       due_at => $2, tenant => $3, on_key => $4)"""
+
+
+@pytest.fixture
+async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
+    c = await asyncpg.connect(db_url)
+    yield c
+    await c.close()
+
+
+@pytest.fixture(autouse=True)
+async def registry(repo: JobRepository) -> None:
+    await repo.sync_registry(
+        {"default": (10, 86_400)},
+        {"report": ("python", 1)},
+        due_at_past_tolerance_s=300,
+        max_timeout_s={"report": 60.0},
+    )
+
+
+async def db_now(conn: asyncpg.Connection) -> datetime:
+    now: datetime = await conn.fetchval("SELECT now()")
+    return now
+
+
+async def enqueue(
+    conn: asyncpg.Connection, key: str, due: datetime | None, tenant: str = ""
+) -> int:
+    job_id: int = await conn.fetchval(ENQUEUE, key, due, tenant, None)
+    return job_id
+
+
+async def state(conn: asyncpg.Connection, job_id: int) -> str:
+    found: str = await conn.fetchval("SELECT state FROM dispatcher.job_state WHERE id = $1", job_id)
+    return found
+
+
+async def ready_left(repo: JobRepository) -> bool:
+    return bool(await repo.pool.fetchval(query("ready_left"), "default", CAPS))
+
+
+async def until_due(conn: asyncpg.Connection, due: datetime) -> None:
+    async def passed() -> bool:
+        return await db_now(conn) >= due
+
+    await wait_until(passed, timeout_s=10, what="the due time to pass")
+
+
+async def test_the_move_takes_jobs_due_within_ahead_and_says_when_they_fall_due(
+    conn: asyncpg.Connection, repo: JobRepository
+) -> None:
+    now = await db_now(conn)
+    due_now = await enqueue(conn, "now", None)
+    await conn.execute("UPDATE dispatcher.job_state SET state = 'scheduled' WHERE id = $1", due_now)
+    soon = await enqueue(conn, "soon", now + timedelta(seconds=30))
+    later = await enqueue(conn, "later", now + timedelta(hours=1))
+
+    done = await repo.scan_due(100, 60.0)
+
+    assert (done.moved, done.due_now) == (2, 1)
+    assert len(done.due_in_s) == 1 and 29 < done.due_in_s[0] <= 30.001
+    assert [await state(conn, j) for j in (due_now, soon, later)] == ["ready", "ready", "scheduled"]
+    # without ahead time, only what is due moves
+    again = await enqueue(conn, "again", now + timedelta(seconds=30))
+    assert (await repo.scan_due(100, 0.0)).moved == 0
+    assert await state(conn, again) == "scheduled"
+
+
+async def test_a_job_moved_ahead_is_claimed_at_its_due_time_not_before(
+    conn: asyncpg.Connection, repo: JobRepository
+) -> None:
+    due = await db_now(conn) + timedelta(seconds=1)
+    job_id = await enqueue(conn, "one", due)
+    assert (await repo.scan_due(100, 5.0)).moved == 1
+    assert await state(conn, job_id) == "ready"
+
+    early = await repo.claim_limited("default", 10, CAPS, OWNER, 30)
+    assert early.jobs == []
+    assert early.drained  # the loop waits for the due-scan's wake-up, it does not spin
+    assert not await repo.pool.fetchval(
+        "SELECT dispatcher.ready_after_intake('default', $1::text[])", CAPS
+    )
+    assert not await ready_left(repo)
+    seen = await repo.poll_work(["default"], CAPS)
+    assert seen.ready == []
+    assert await repo.oldest_ready_age() == {}  # not waiting yet: no alert fires for it
+
+    await until_due(conn, due)
+    claim = await repo.claim_limited("default", 10, CAPS, OWNER, 30)
+    assert [j.id for j in claim.jobs] == [job_id]
+    started = await conn.fetchrow(
+        "SELECT started_at, due_at FROM dispatcher.job_state WHERE id = $1", job_id
+    )
+    assert started["started_at"] >= started["due_at"]
+
+
+async def test_the_turns_take_only_due_jobs_of_each_tenant(
+    conn: asyncpg.Connection, repo: JobRepository
+) -> None:
+    """Many small tenants (the read of claim_firsts) and a few (claim_pick's walk), each with a
+    job moved ahead, half of them with one due now too: only those start before the due time."""
+    due = await db_now(conn) + timedelta(seconds=1)
+    tenants = [f"t{n:02}" for n in range(24)]
+    now_ids, ahead_ids = set(), set()
+    for n, tenant in enumerate(tenants):  # half of them hold only a job moved ahead
+        ahead_ids.add(await enqueue(conn, f"{tenant}-ahead", due, tenant))
+        if n % 2:
+            now_ids.add(await enqueue(conn, f"{tenant}-now", None, tenant))
+    await repo.scan_due(100, 5.0)
+
+    taken: set[int] = set()
+    for wanted in (32, 3, 3):  # the read (16 or more), then the walk
+        claim = await repo.claim_limited("default", wanted, CAPS, OWNER, 30)
+        taken |= {j.id for j in claim.jobs}
+    while claim.jobs:
+        claim = await repo.claim_limited("default", 3, CAPS, OWNER, 30)
+        taken |= {j.id for j in claim.jobs}
+    assert taken == now_ids
+    assert not await ready_left(repo)
+
+    await until_due(conn, due)
+    claim = await repo.claim_limited("default", 100, CAPS, OWNER, 30)
+    assert {j.id for j in claim.jobs} == ahead_ids
+    early = await conn.fetchval(
+        "SELECT count(*) FROM dispatcher.job_state WHERE started_at < due_at"
+    )
+    assert early == 0
+
+
+async def test_a_relay_moves_nothing_early(conn: asyncpg.Connection, repo: JobRepository) -> None:
+    await conn.execute("UPDATE dispatcher.intake_settings SET ready_outbox = true")
+    job_id = await enqueue(conn, "relayed", await db_now(conn) + timedelta(seconds=30))
+    done = await repo.scan_due(100, 60.0)
+    assert done.moved == 0 and done.due_in_s == []
+    assert await state(conn, job_id) == "scheduled"
+    assert await conn.fetchval("SELECT count(*) FROM dispatcher.outbox") == 0
+
+
+async def test_a_job_moved_ahead_is_still_replaced_by_a_debounce(
+    conn: asyncpg.Connection, repo: JobRepository
+) -> None:
+    due = await db_now(conn) + timedelta(seconds=30)
+    job_id = await enqueue(conn, "debounced", due)
+    await repo.scan_due(100, 60.0)
+    assert await state(conn, job_id) == "ready"
+
+    later = due + timedelta(seconds=60)
+    row = await conn.fetchrow(
+        "SELECT r.outcome, r.state, r.due_at FROM dispatcher.enqueue_many("
+        " keys => ARRAY['debounced'], handlers => ARRAY['report'], payloads => ARRAY[$1::jsonb],"
+        " due_ats => ARRAY[$2::timestamptz], on_keys => ARRAY['replace']) r",
+        json.dumps({"n": 2}),
+        later,
+    )
+    assert (row["outcome"], row["state"], row["due_at"]) == ("replaced", "scheduled", later)
+    assert await state(conn, job_id) == "scheduled"  # the due-scan moves it anew, in time
+    assert (await repo.claim_limited("default", 10, CAPS, OWNER, 30)).jobs == []
