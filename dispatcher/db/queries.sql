@@ -757,8 +757,13 @@ WITH settings AS (
 ), backfilled AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
     SELECT s.id, s.queue, s.tenant, s.capability, s.priority FROM dispatcher.job_state s
-     WHERE $2 AND s.state = 'ready'
+     WHERE $2 AND s.state = 'ready' AND s.due_at <= now()
        AND NOT EXISTS (SELECT 1 FROM dispatcher.outbox o WHERE o.job_id = s.id)
+), unmoved AS (
+    -- jobs an in-process due-scan moved ahead of their due time (scan_due): a relay would
+    -- deliver them at once, so they wait as scheduled and a due-scan moves them when due
+    UPDATE dispatcher.job_state s SET state = 'scheduled'
+     WHERE $2 AND s.state = 'ready' AND s.due_at > now()
 ), dropped AS (
     DELETE FROM dispatcher.outbox WHERE NOT $2
 )

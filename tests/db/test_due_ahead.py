@@ -177,3 +177,26 @@ async def test_a_job_moved_ahead_is_still_replaced_by_a_debounce(
     assert (row["outcome"], row["state"], row["due_at"]) == ("replaced", "scheduled", later)
     assert await state(conn, job_id) == "scheduled"  # the due-scan moves it anew, in time
     assert (await repo.claim_limited("default", 10, CAPS, OWNER, 30)).jobs == []
+
+
+async def test_a_relay_switched_on_sends_jobs_moved_ahead_back_to_wait(
+    conn: asyncpg.Connection, repo: JobRepository
+) -> None:
+    """A daemon started with the relay transport over jobs an in-process one moved ahead: they
+    get no outbox row (the relay would deliver them at once) and wait as scheduled; those due
+    get theirs."""
+    due = await db_now(conn) + timedelta(seconds=30)
+    ahead = await enqueue(conn, "moved-ahead", due)
+    await repo.scan_due(100, 60.0)
+    waiting = await enqueue(conn, "due-now", None)
+    assert [await state(conn, j) for j in (ahead, waiting)] == ["ready", "ready"]
+
+    await repo.sync_registry(
+        {"default": (10, 86_400)},
+        {"report": ("python", 1)},
+        due_at_past_tolerance_s=300,
+        ready_outbox=True,
+    )
+    assert [await state(conn, j) for j in (ahead, waiting)] == ["scheduled", "ready"]
+    outboxed = await conn.fetch("SELECT job_id FROM dispatcher.outbox")
+    assert [r["job_id"] for r in outboxed] == [waiting]

@@ -211,7 +211,8 @@ async def test_claims_of_the_queue_go_on_past_bad_rows(
     # their due time) is not started before it: 'infinity', 9999 and 20000 stay ready
     later = {f"poison-ready-{i}" for i, due in enumerate(OUT_OF_RANGE) if due in LATER}
     assert len(later) == len(LATER)
-    assert sorted(keys) == sorted([k for k in poisoned if "-ready-" in k and k not in later] + ["good"])
+    started = [k for k in poisoned if "-ready-" in k and k not in later]
+    assert sorted(keys) == sorted([*started, "good"])
     for job in claimed:
         assert job.due_to_start_s >= 0 and job.due_to_start_s < float("inf")
         assert EARLIEST_INSTANT <= job.due_at <= LATEST_INSTANT  # a time Python can hold

@@ -76,7 +76,8 @@ async def test_a_burst_is_moved_before_its_instant_and_started_at_it(db_url: str
     try:
         assert await started_early(conn) == 0
         first: float = await conn.fetchval(
-            "SELECT extract(epoch FROM min(started_at) - $1::timestamptz) FROM dispatcher.job_state",
+            "SELECT extract(epoch FROM min(started_at) - $1::timestamptz)"
+            "  FROM dispatcher.job_state",
             due,
         )
         assert first >= 0
