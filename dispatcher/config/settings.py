@@ -150,7 +150,7 @@ class Settings(Strict):
     scan_batch: int = Field(2000, ge=1, le=100_000)
     # The due-scan moves a job to ready this long before it is due, so a burst due at one
     # instant is moved before it, not while its own claims run; no job starts before its due
-    # time. 0: at the due time. Nothing moves early over RabbitMQ (docs/concepts/states.md).
+    # time. 0: at the due time. Nothing moves early over RabbitMQ (docs/concepts/how-it-works.md).
     scan_ahead_s: float = Field(1.0, ge=0, le=60)
     # Every connection this daemon opens, whatever the number of queues; the pools below are
     # derived from it (dispatcher/config/connection_budget.py, docs/connections.md).
