@@ -395,7 +395,7 @@ class DueMoved(NamedTuple):
     moved: int
     due_now: int  # of those moved, the jobs already due
     # in how many seconds the jobs it moved ahead of their due time fall due (distinct, to the
-    # millisecond, rounded up; counted from the statement's start, so never early)
+    # millisecond, rounded up; counted from the statement's end, so never early)
     due_in_s: list[float]
 
 

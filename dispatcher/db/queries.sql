@@ -72,8 +72,9 @@ SELECT i.id, i.timeout_s, s.expires_at, i.on_success, i.on_failure
 -- moved while nothing runs, not while its own claims run (the due-scan's write was 38 % of a
 -- burst's PostgreSQL time). With a relay, nothing is moved early: its message would be
 -- delivered at once. Returns how many moved, how many of them are due now, and in how many
--- seconds (from this statement's start, so a wake-up timed from its answer is never early) the
--- others fall due, one entry per distinct millisecond.
+-- seconds the others fall due, one entry per distinct millisecond, rounded up and counted from
+-- the end of the statement (before its answer leaves: a wake-up timed from the answer is never
+-- early).
 -- A job past its time to live is not moved: expire_unstarted ends it (migration 030).
 WITH due AS (
     SELECT id FROM dispatcher.job_state
@@ -93,9 +94,12 @@ WITH due AS (
     SELECT id, queue, tenant, capability, priority FROM moved WHERE dispatcher.ready_outbox()
 )
 SELECT count(*)::int AS moved, (count(*) FILTER (WHERE due_at <= now()))::int AS due_now,
-       coalesce(array_agg(DISTINCT ceil((extract(epoch FROM due_at) - extract(epoch FROM now()))
-                                        * 1000) / 1000) FILTER (WHERE due_at > now()),
-                '{}')::float8[] AS due_in_s
+       -- read after every row moved (the statement's end, not its start: a move of 2,000
+       -- takes 30 ms, which a wake-up timed from its start would lose at the instant)
+       ARRAY(SELECT DISTINCT ceil((extract(epoch FROM d) - extract(epoch FROM clock_timestamp()))
+                                  * 1000) / 1000
+               FROM unnest(array_agg(due_at) FILTER (WHERE due_at > now())) d)::float8[]
+           AS due_in_s
   FROM moved;
 
 -- name: expire_unstarted
