@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from typing import Any
 
 from dispatcher.db.jobs import JobRepository
@@ -38,7 +39,7 @@ class _Group:
     """Successes queued together, answered by one future: per attempt, whether its lease still
     held. Parallel lists, so a claim's worth costs three lists, not an object per attempt."""
 
-    __slots__ = ("future", "jobs", "latencies", "results")
+    __slots__ = ("future", "jobs", "latencies", "queues", "results")
 
     def __init__(
         self,
@@ -51,6 +52,7 @@ class _Group:
         self.results = results
         self.latencies = latencies
         self.future = future
+        self.queues = Counter(job.queue for job in jobs)
 
 
 class _Rows:
@@ -97,6 +99,7 @@ class Completer(Service):
         self._owner = owner
         self._pending: list[_Group] = []
         self._pending_rows = 0
+        self._unwritten: Counter[str] = Counter()  # per queue: successes queued or being written
         self._wake = asyncio.Event()
         self._flushed = asyncio.Event()
         self._writing = 0
@@ -121,6 +124,16 @@ class Completer(Service):
         """Completions queued or being written."""
         return self._pending_rows + self._writing
 
+    def unwritten(self, queue: str) -> int:
+        """Successes of `queue` queued or being written: their jobs are still `running` in the
+        database, whose count the claim's grant holds to the queue's `max_inflight`."""
+        return self._unwritten[queue]
+
+    async def wait_for_a_write(self) -> None:
+        """Until the write in progress (or the next one) has ended."""
+        self._flushed.clear()
+        await self._flushed.wait()
+
     async def wait_backlog_at_most(self, limit: int) -> None:
         while self.backlog > limit and self._task is not None:
             self._flushed.clear()
@@ -138,8 +151,10 @@ class Completer(Service):
         """Queue successes (parallel lists, taken over by the completer); the future answers,
         in order, whether each attempt's lease still held."""
         future: asyncio.Future[list[bool]] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Group(jobs, results, latencies, future))
+        group = _Group(jobs, results, latencies, future)
+        self._pending.append(group)
         self._pending_rows += len(jobs)
+        self._unwritten.update(group.queues)
         self._wake.set()
         return future
 
@@ -154,6 +169,8 @@ class Completer(Service):
                     await self._flush(batch)
                 finally:
                     self._writing = 0
+                    for group in batch:
+                        self._unwritten.subtract(group.queues)
                     self._flushed.set()
             if self._stopping:
                 return

@@ -293,6 +293,13 @@ class Executor:
             async with asyncio.timeout(self._timeout_s(job.handler, job.timeout_s)):
                 return await effect.run(job, complete, conn)
 
+    def unwritten(self, queue: str) -> int:
+        """Successes of `queue` not yet written (Completer.unwritten)."""
+        return self._completer.unwritten(queue)
+
+    async def wait_for_a_write(self) -> None:
+        await self._completer.wait_for_a_write()
+
     async def completion_backpressure(self, limit: int) -> None:
         """Hold new claims while more than `limit` completions wait to be written."""
         await self._completer.wait_backlog_at_most(limit)
