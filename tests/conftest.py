@@ -19,6 +19,7 @@ from dispatcher.db import schema
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.pool import connect, create_pool
 from tests.harness.fixtures import (  # noqa: F401 (fixtures: the one definition of each)
+    conn,
     daemon,
     daemon_env,
     daemon_in_process,

@@ -7,7 +7,6 @@ moved ahead still replaces it."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 
 import asyncpg
@@ -23,21 +22,12 @@ ENQUEUE = """SELECT dispatcher.enqueue(key => $1, handler => 'report', payload =
                                        due_at => $2, tenant => $3, on_key => $4)"""
 
 
-@pytest.fixture
-async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
-    c = await asyncpg.connect(db_url)
-    yield c
-    await c.close()
-
-
-@pytest.fixture(autouse=True)
-async def registry(repo: JobRepository) -> None:
-    await repo.sync_registry(
-        {"default": (10, 86_400)},
-        {"report": ("python", 1)},
-        due_at_past_tolerance_s=300,
-        max_timeout_s={"report": 60.0},
-    )
+pytestmark = [
+    pytest.mark.registry(
+        {"default": (10, 86_400)}, {"report": ("python", 1)}, due_at_past_tolerance_s=300
+    ),
+    pytest.mark.usefixtures("registry"),
+]
 
 
 async def db_now(conn: asyncpg.Connection) -> datetime:

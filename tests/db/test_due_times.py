@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,14 +41,6 @@ SELECT ord, id, state, outcome FROM dispatcher.enqueue_many(
     $1::text[], ARRAY['http', 'http'], ARRAY['{}', '{}']::jsonb[],
     due_ats => $2::text[]::timestamptz[], targets => ARRAY[$3, $3]::jsonb[])
 """
-
-
-@pytest.fixture
-async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
-    """A plain connection, as an application would have: no dispatcher codecs registered."""
-    c = await asyncpg.connect(db_url)
-    yield c
-    await c.close()
 
 
 async def jobs_and_outbox(conn: asyncpg.Connection) -> tuple[int, int]:

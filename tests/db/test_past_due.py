@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import asyncpg
@@ -40,14 +39,6 @@ SELECT ord, id, state, outcome FROM dispatcher.enqueue_many(
     due_ats => ARRAY[now() + make_interval(secs => $2), now() + make_interval(secs => $3)],
     targets => ARRAY[$4, $4]::jsonb[])
 """
-
-
-@pytest.fixture
-async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
-    """A plain connection, as an application would have."""
-    c = await asyncpg.connect(db_url)
-    yield c
-    await c.close()
 
 
 async def stored(conn: asyncpg.Connection) -> int:

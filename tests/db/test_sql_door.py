@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,14 +25,6 @@ pytestmark = [
 
 TARGET = {"url": "https://hooks.example.com/grants"}
 DEADLINE_S = 10.0
-
-
-@pytest.fixture
-async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
-    """A plain connection, as an application would have: no dispatcher codecs registered."""
-    c = await asyncpg.connect(db_url)
-    yield c
-    await c.close()
 
 
 async def jobs_and_outbox(conn: asyncpg.Connection) -> tuple[int, int]:

@@ -6,7 +6,6 @@ daemon's door `enqueue_many_internal`."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -18,13 +17,6 @@ from dispatcher.model import ByteGrant, NewJob
 
 MANY = """SELECT r.ord, r.id, r.state, r.outcome, r.due_at FROM dispatcher.enqueue_many(
               $1::text[], $2::text[], $3::text[]::jsonb[]) r ORDER BY r.ord"""
-
-
-@pytest.fixture
-async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
-    c = await asyncpg.connect(db_url)
-    yield c
-    await c.close()
 
 
 @pytest.fixture(autouse=True)

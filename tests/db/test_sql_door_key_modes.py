@@ -7,7 +7,6 @@ request: priority and concurrency key included, in the job and in its fingerprin
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,13 +28,6 @@ MANY = """SELECT r.ord, r.id, r.state, r.outcome, r.due_at FROM dispatcher.enque
               on_keys => $6::text[], debounce_max_s => $7::integer[], timeout_s => $8::float8[],
               expires_ats => $9::timestamptz[], on_success => $10::text[]::jsonb[],
               on_failure => $11::text[]::jsonb[]) r ORDER BY r.ord"""
-
-
-@pytest.fixture
-async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
-    c = await asyncpg.connect(db_url)
-    yield c
-    await c.close()
 
 
 @pytest.fixture(autouse=True)

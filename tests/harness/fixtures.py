@@ -122,6 +122,17 @@ async def relay_transport(pool: asyncpg.Pool) -> None:
 
 
 @pytest.fixture
+async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A plain connection to the test database, as an application would have (no dispatcher
+    codecs registered)."""
+    connection = await asyncpg.connect(db_url)
+    try:
+        yield connection
+    finally:
+        await connection.close()
+
+
+@pytest.fixture
 async def registry(repo: JobRepository, request: pytest.FixtureRequest) -> JobRepository:
     """The registry (queues, handlers) a daemon writes at start, as the module's
     `@pytest.mark.registry(queues, handlers, **options)` names it (the arguments of
