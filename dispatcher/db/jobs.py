@@ -134,7 +134,13 @@ class JobRepository(JobReads, JobControl):
     async def scan_due(self, batch: int, ahead_s: float = 0.0) -> DueMoved:
         """Move up to `batch` scheduled jobs due within `ahead_s` to ready (db/queries.sql)."""
         row = await self.pool.fetchrow(query("scan_due"), batch, ahead_s)
-        return DueMoved(row["moved"], row["due_now"], list(row["due_in_s"]))
+        return DueMoved(
+            row["moved"], row["due_now"], list(row["due_in_s"]), list(row["due_counts"])
+        )
+
+    async def wake_ready(self) -> None:
+        """NOTIFY every listening daemon that jobs are ready (dispatcher.wake('ready'))."""
+        await self.pool.execute(query("wake_ready"))
 
     async def expire_unstarted(self, batch: int) -> dict[str, int]:
         """End up to `batch` scheduled or ready jobs past their time to live (`dead`,
@@ -394,9 +400,11 @@ class DueMoved(NamedTuple):
 
     moved: int
     due_now: int  # of those moved, the jobs already due
-    # in how many seconds the jobs it moved ahead of their due time fall due (distinct, to the
-    # millisecond, rounded up; counted from the statement's end, so never early)
+    # in how many seconds the jobs it moved ahead of their due time fall due (per due time,
+    # rounded up to the millisecond; counted from the statement's end, so never early), and
+    # how many fall due at each
     due_in_s: list[float]
+    due_counts: list[int]
 
 
 class WorkSeen(NamedTuple):

@@ -71,10 +71,10 @@ SELECT i.id, i.timeout_s, s.expires_at, i.on_success, i.on_failure
 -- the claim index but never claimed before it (the claims take `due_at <= now()`): a burst is
 -- moved while nothing runs, not while its own claims run (the due-scan's write was 38 % of a
 -- burst's PostgreSQL time). With a relay, nothing is moved early: its message would be
--- delivered at once. Returns how many moved, how many of them are due now, and in how many
--- seconds the others fall due, one entry per distinct millisecond, rounded up and counted from
--- the end of the statement (before its answer leaves: a wake-up timed from the answer is never
--- early).
+-- delivered at once. Returns how many moved, how many of them are due now, and, per distinct
+-- due time of the others, in how many seconds it comes (rounded up to the millisecond and
+-- counted from the end of the statement, before its answer leaves: a wake-up timed from the
+-- answer is never early) and how many jobs fall due then.
 -- A job past its time to live is not moved: expire_unstarted ends it (migration 030).
 WITH due AS (
     SELECT id FROM dispatcher.job_state
@@ -93,14 +93,22 @@ WITH due AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
     SELECT id, queue, tenant, capability, priority FROM moved WHERE dispatcher.ready_outbox()
 )
-SELECT count(*)::int AS moved, (count(*) FILTER (WHERE due_at <= now()))::int AS due_now,
-       -- read after every row moved (the statement's end, not its start: a move of 2,000
-       -- takes 30 ms, which a wake-up timed from its start would lose at the instant)
-       ARRAY(SELECT DISTINCT ceil((extract(epoch FROM d) - extract(epoch FROM clock_timestamp()))
-                                  * 1000) / 1000
-               FROM unnest(array_agg(due_at) FILTER (WHERE due_at > now())) d)::float8[]
-           AS due_in_s
-  FROM moved;
+SELECT m.moved, m.due_now, coalesce(w.due_in_s, '{}') AS due_in_s,
+       coalesce(w.due_counts, '{}') AS due_counts
+  FROM (SELECT count(*)::int AS moved, (count(*) FILTER (WHERE due_at <= now()))::int AS due_now,
+               array_agg(due_at) FILTER (WHERE due_at > now()) AS ahead
+          FROM moved) m
+ CROSS JOIN LATERAL (
+       -- the clock read after every row moved (the statement's end, not its start: a move of
+       -- 2,000 takes 30 ms, which a wake-up timed from its start would lose at the instant)
+       SELECT array_agg(ceil((extract(epoch FROM t.due) - extract(epoch FROM clock_timestamp()))
+                             * 1000) / 1000 ORDER BY t.due)::float8[] AS due_in_s,
+              array_agg(t.n ORDER BY t.due)::int[] AS due_counts
+         FROM (SELECT d AS due, count(*) AS n FROM unnest(m.ahead) d GROUP BY d) t) w;
+
+-- name: wake_ready
+-- Tell every listening daemon that jobs are ready to claim (a burst moved ahead has fallen due).
+SELECT dispatcher.wake('ready');
 
 -- name: expire_unstarted
 -- End up to $1 scheduled or ready jobs whose time to live passed before an attempt started:

@@ -12,8 +12,11 @@ Moving ahead (`ahead_s`, the setting `scan_ahead_s`): a round moves the jobs due
 `ahead_s` too, and wakes the workers when each falls due (a timer of the event loop, from the
 move's own answer, so never early); the claims take no job before its due time. A burst of
 10,000 due at one instant is then moved in the second before it, while nothing runs, instead of
-by statements that share the database with its own claims. Only the daemon that moved a job
-wakes for it; another daemon finds it by its work poll should that one stop first.
+by statements that share the database with its own claims. The daemon that moved a job wakes
+its own loops at its due time, and, for `WAKE_OTHERS_FROM` jobs or more due at one instant,
+every other daemon too (one NOTIFY), so a burst is shared as when each daemon's scan moved part
+of it at the instant; another daemon finds a smaller one by its work poll should the mover stop
+first.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ log = logging.getLogger(__name__)
 
 MIN_IDLE_WAIT_S = 0.005
 FIRST_BATCH = 125
+# jobs moved ahead that fall due at one instant, from which the other daemons are told then
+WAKE_OTHERS_FROM = 100
 
 
 class DueScanner(Service):
@@ -57,8 +62,10 @@ class DueScanner(Service):
         # daemons judged gone (engine/gone_owners.py): their running jobs are rescued now
         self._gone_owners = gone_owners
         self._ahead_s = ahead_s
-        # the workers' wake-ups for jobs moved ahead, by the loop time (ms) they fall due
-        self._due_wakes: dict[float, asyncio.TimerHandle] = {}
+        # the workers' wake-ups for jobs moved ahead, by the loop time (ms) they fall due, with
+        # how many jobs fall due then
+        self._due_wakes: dict[float, tuple[asyncio.TimerHandle, int]] = {}
+        self._notices: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self._timing.every(self.name, self._interval_s, self.scan, finish_on_stop=True)
@@ -66,9 +73,12 @@ class DueScanner(Service):
 
     async def stop(self) -> None:
         await self._timing.cancel(self.name)
-        for handle in self._due_wakes.values():
+        for handle, _jobs in self._due_wakes.values():
             handle.cancel()
         self._due_wakes.clear()
+        for task in list(self._notices):
+            task.cancel()
+        await asyncio.gather(*self._notices, return_exceptions=True)
 
     def wake(self) -> None:
         self._timing.run_now(self.name)
@@ -97,8 +107,8 @@ class DueScanner(Service):
             moved += n
             if done.due_now:
                 self._on_ready()  # let workers start on the first batch while we move the next
-            for seconds in done.due_in_s:
-                self._wake_workers_in(seconds)
+            for seconds, jobs in zip(done.due_in_s, done.due_counts, strict=True):
+                self._wake_workers_in(seconds, jobs)
             if n < batch:
                 break
             batch = min(batch * 4, self._batch)
@@ -106,16 +116,29 @@ class DueScanner(Service):
         metrics.SCAN_MOVED.inc(moved)
         return moved
 
-    def _wake_workers_in(self, seconds: float) -> None:
-        """The workers' wake-up when jobs moved ahead fall due (one per millisecond)."""
+    def _wake_workers_in(self, seconds: float, jobs: int) -> None:
+        """The workers' wake-up when `jobs` moved ahead fall due (one per millisecond)."""
         loop = asyncio.get_running_loop()
         when = math.ceil((loop.time() + seconds) * 1000) / 1000  # up, never early
-        if when not in self._due_wakes:
-            self._due_wakes[when] = loop.call_at(when, self._due_now, when)
+        if when in self._due_wakes:
+            handle, before = self._due_wakes[when]
+            self._due_wakes[when] = (handle, before + jobs)
+        else:
+            self._due_wakes[when] = (loop.call_at(when, self._due_now, when), jobs)
 
     def _due_now(self, when: float) -> None:
-        self._due_wakes.pop(when, None)
+        _handle, jobs = self._due_wakes.pop(when, (None, 0))
         self._on_ready()
+        if jobs >= WAKE_OTHERS_FROM:
+            task = asyncio.create_task(self._wake_others(jobs))
+            self._notices.add(task)
+            task.add_done_callback(self._notices.discard)
+
+    async def _wake_others(self, jobs: int) -> None:
+        try:
+            await self._repo.wake_ready()
+        except Exception as exc:  # they find the jobs by their work poll
+            log.warning("could not tell the other daemons of %d jobs due now: %s", jobs, exc)
 
     async def _expire(self) -> None:
         """End the scheduled and ready jobs whose time to live passed before they started, a

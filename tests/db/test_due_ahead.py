@@ -71,6 +71,7 @@ async def test_the_move_takes_jobs_due_within_ahead_and_says_when_they_fall_due(
 
     assert (done.moved, done.due_now) == (2, 1)
     assert len(done.due_in_s) == 1 and 29 < done.due_in_s[0] <= 30.001
+    assert done.due_counts == [1]
     assert [await state(conn, j) for j in (due_now, soon, later)] == ["ready", "ready", "scheduled"]
     # without ahead time, only what is due moves
     again = await enqueue(conn, "again", now + timedelta(seconds=30))

@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import signal
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 
+from dispatcher.config.settings import Settings
 from tests.harness import (
     LOOPBACK_ENV,
     Target,
@@ -110,5 +112,46 @@ async def test_jobs_moved_by_a_killed_daemon_start_on_another(db_url: str, spawn
         assert len(target.requests) == jobs
         assert await started_early(conn) == 0
         assert await conn.fetchval("SELECT min(started_at) FROM dispatcher.job_state") >= due
+    finally:
+        await conn.close()
+
+
+async def test_a_burst_moved_by_one_daemon_is_shared_at_its_instant(db_url: str) -> None:
+    """The mover tells the other daemons when a burst falls due (one NOTIFY), so they take
+    their share at once: here the second daemon starts after the move and its work poll runs
+    once an hour, so without the notice it would start none (the mover needs 16 claims of 25
+    for the burst; the notice reaches the other within a few milliseconds)."""
+    jobs = 400
+    queues = {"default": {"max_inflight": 1000, "claim_batch": 25}}
+
+    def settings(name: str, **extra: Any) -> Settings:
+        return make_settings(
+            db_url, scan_interval_s=3600, instance_name=name, queues=queues, **extra
+        )
+
+    conn = await asyncpg.connect(db_url)
+    try:
+        async with (
+            serve_target(target := Target(delay_s=0.2)),
+            running_daemon(settings("mover", scan_ahead_s=5)),
+        ):
+            await enqueue_burst(conn, "shared", jobs, 3.0, target)
+
+            async def all_ready() -> bool:
+                return await count(conn, "ready") == jobs
+
+            await wait_until(all_ready, timeout_s=10, what="the burst moved ahead")
+            async with running_daemon(settings("other")):
+
+                async def all_done() -> bool:
+                    return await count(conn, "succeeded") == jobs
+
+                await wait_until(all_done, timeout_s=30, what="the burst to run")
+        owners = await conn.fetch(
+            "SELECT split_part(owner, ':', 1) AS daemon, count(*) AS n FROM dispatcher.attempts"
+            " GROUP BY 1 ORDER BY 1"
+        )
+        assert {r["daemon"] for r in owners} == {"mover", "other"}, owners
+        assert await started_early(conn) == 0
     finally:
         await conn.close()
