@@ -37,9 +37,10 @@ UNSTORABLE = "result_unstorable"
 
 class _Group:
     """Successes queued together, answered by one future: per attempt, whether its lease still
-    held. Parallel lists, so a claim's worth costs three lists, not an object per attempt."""
+    held. Parallel lists, so a claim's worth costs three lists, not an object per attempt. The
+    attempts of one queue (one claim's, or one attempt)."""
 
-    __slots__ = ("future", "jobs", "latencies", "queues", "results")
+    __slots__ = ("future", "jobs", "latencies", "queue", "results")
 
     def __init__(
         self,
@@ -52,7 +53,7 @@ class _Group:
         self.results = results
         self.latencies = latencies
         self.future = future
-        self.queues = Counter(job.queue for job in jobs)
+        self.queue = jobs[0].queue if jobs else ""
 
 
 class _Rows:
@@ -98,11 +99,9 @@ class Completer(Service):
         self._repo = repo
         self._owner = owner
         self._pending: list[_Group] = []
-        self._pending_rows = 0
         self._unwritten: Counter[str] = Counter()  # per queue: successes queued or being written
         self._wake = asyncio.Event()
         self._flushed = asyncio.Event()
-        self._writing = 0
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._children: dict[str, tuple[Any, Any]] = {}  # queue -> (duration, succeeded)
@@ -122,7 +121,7 @@ class Completer(Service):
     @property
     def backlog(self) -> int:
         """Completions queued or being written."""
-        return self._pending_rows + self._writing
+        return self._unwritten.total()
 
     def unwritten(self, queue: str) -> int:
         """Successes of `queue` queued or being written: their jobs are still `running` in the
@@ -136,8 +135,7 @@ class Completer(Service):
 
     async def wait_backlog_at_most(self, limit: int) -> None:
         while self.backlog > limit and self._task is not None:
-            self._flushed.clear()
-            await self._flushed.wait()
+            await self.wait_for_a_write()
 
     def record(self, job: Job, result: Any, latency_s: float) -> asyncio.Future[list[bool]]:
         """Queue a success; `latency_s` (the effect's duration) goes to the attempt history,
@@ -148,13 +146,12 @@ class Completer(Service):
     def record_many(
         self, jobs: list[Job], results: list[Any], latencies: list[float]
     ) -> asyncio.Future[list[bool]]:
-        """Queue successes (parallel lists, taken over by the completer); the future answers,
-        in order, whether each attempt's lease still held."""
+        """Queue successes of one queue (parallel lists, taken over by the completer); the
+        future answers, in order, whether each attempt's lease still held."""
         future: asyncio.Future[list[bool]] = asyncio.get_running_loop().create_future()
         group = _Group(jobs, results, latencies, future)
         self._pending.append(group)
-        self._pending_rows += len(jobs)
-        self._unwritten.update(group.queues)
+        self._unwritten[group.queue] += len(jobs)
         self._wake.set()
         return future
 
@@ -163,19 +160,17 @@ class Completer(Service):
             await self._wake.wait()
             self._wake.clear()
             while self._pending:
-                batch, rows = self._take()
-                self._writing = rows
+                batch = self._take()
                 try:
                     await self._flush(batch)
                 finally:
-                    self._writing = 0
                     for group in batch:
-                        self._unwritten.subtract(group.queues)
+                        self._unwritten[group.queue] -= len(group.jobs)
                     self._flushed.set()
             if self._stopping:
                 return
 
-    def _take(self) -> tuple[list[_Group], int]:
+    def _take(self) -> list[_Group]:
         """Whole groups from the front of the queue, up to MAX_BATCH rows (at least one)."""
         taken, rows = 0, 0
         for group in self._pending:
@@ -184,8 +179,7 @@ class Completer(Service):
             taken += 1
             rows += len(group.jobs)
         batch, self._pending = self._pending[:taken], self._pending[taken:]
-        self._pending_rows -= rows
-        return batch, rows
+        return batch
 
     async def _flush(self, batch: list[_Group]) -> None:
         if len(batch) == 1:  # a claim's worth of attempts that finished at once
