@@ -13,7 +13,10 @@ import asyncpg
 import pytest
 
 from dispatcher.db.jobs import JobRepository
+from dispatcher.db.pool import create_pool
 from dispatcher.db.queries import query
+from dispatcher.engine.due_scan import WAKE_OTHERS_FROM, DueScanner
+from dispatcher.runtime.timing import TimingEngine
 from tests.harness import wait_until
 
 CAPS = ["report:1"]
@@ -191,3 +194,30 @@ async def test_a_relay_switched_on_sends_jobs_moved_ahead_back_to_wait(
     assert [await state(conn, j) for j in (ahead, waiting)] == ["scheduled", "ready"]
     outboxed = await conn.fetch("SELECT job_id FROM dispatcher.outbox")
     assert [r["job_id"] for r in outboxed] == [waiting]
+
+
+async def test_a_notice_that_cannot_be_sent_is_said_and_harms_nothing(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The notice to the other daemons at a burst's instant, with the database gone: a
+    warning (the others find the jobs by their work poll), and the mover's own wake-up
+    happened first."""
+    closed = await create_pool(db_url, size=1, min_size=1)
+    await closed.close()
+    woken: list[int] = []
+    scanner = DueScanner(
+        JobRepository(closed),
+        TimingEngine(),
+        batch=10,
+        interval_s=60,
+        on_ready=lambda: woken.append(1),
+    )
+    scanner._wake_workers_in(0.0, WAKE_OTHERS_FROM)
+
+    async def notice_ended() -> bool:
+        return bool(woken) and not scanner._notices
+
+    await wait_until(notice_ended, timeout_s=5, what="the notice to end")
+    assert woken == [1]
+    assert "could not tell the other daemons" in caplog.text
+    await scanner.stop()
