@@ -10,15 +10,58 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import os
+import random
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _port_candidates() -> itertools.cycle[int]:
+    """This process's own slice of the ports below the kernel's ephemeral range.
+
+    A port the kernel hands out for `bind(0)` lies in the ephemeral range, where every
+    outgoing connection of every process takes its local port too: one of them took a port
+    between the test's pick and the daemon's bind (a flaky "Address already in use"). Below
+    that range nothing is handed out unasked, and each xdist worker picks from its own slice,
+    so two workers never hand out the same port.
+    """
+    high = _ephemeral_low()
+    low = max(1024, high - 20_000)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    slices = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) if worker else 1
+    index = int(worker.removeprefix("gw") or 0) if worker else 0
+    size = (high - low) // slices
+    ports = list(range(low + index * size, low + (index + 1) * size))
+    start = random.randrange(len(ports))  # another run beside this one starts elsewhere
+    return itertools.cycle(ports[start:] + ports[:start])
+
+
+_candidates: itertools.cycle[int] | None = None
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now, not handed out by this process lately (see `_port_candidates`)."""
+    global _candidates
+    if _candidates is None:
+        _candidates = _port_candidates()
+    for port in _candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("unreachable: the candidates cycle")
 
 
 async def wait_until(
