@@ -25,6 +25,7 @@ Patches (comma-separated in BENCH_PATCHES):
                `record` handler); medians and p95 of each stage printed to stderr at exit as
                `bench-stages {...}` (ms, from the job's due time)
   twoloops     two claim loops per queue (claims overlap the daemon's work on the last batch)
+  tworelays    a second relay loop in each daemon (two leases in flight at once)
   timeline     every claim, due-scan round and completion write with its wall-clock start, end
                and rows, and every handler entry, written at exit as JSON to the file named by
                `BENCH_TIMELINE_FILE` (where a burst's time goes, call by call)
@@ -237,7 +238,10 @@ def patch_two_loops() -> None:
 def patch_timeline() -> None:
     from dispatcher.db.claims import ClaimConnections
     from dispatcher.db.jobs import JobRepository
+    from dispatcher.db.relay import RelayRepository
     from dispatcher.engine.completer import Completer
+    from dispatcher.relay.rabbitmq.link import RabbitLink
+    from dispatcher.relay.rabbitmq.outbox import OutboxRelay
     from tests.bench.peers import handlers
 
     calls: list[tuple[str, float, float, int]] = []
@@ -257,6 +261,25 @@ def patch_timeline() -> None:
     timed(ClaimConnections, "claim", lambda _a, r: len(r.jobs))
     timed(JobRepository, "scan_due", lambda _a, r: r.moved)
     timed(Completer, "_write", lambda a, _r: len(a[1].jobs))
+    # over RabbitMQ: the relay's rounds (lease, confirms awaited, mark), the claims of
+    # deliveries, and each message's arrival (its jobs)
+    timed(RelayRepository, "lease_outbox", lambda _a, r: len(r))
+    timed(RelayRepository, "mark_published", lambda a, _r: len(a[1]))
+    timed(OutboxRelay, "_confirmed", lambda a, _r: sum(len(b) for b in a[1]))
+    timed(ClaimConnections, "claim_delivered", lambda _a, r: len(r.jobs))
+    receiver = RabbitLink._receiver
+
+    def arrivals(self: Any, queue: str, acks: Any) -> Any:
+        on_message = receiver(self, queue, acks)
+
+        async def timed_message(message: Any) -> None:
+            began = time.time()
+            await on_message(message)
+            calls.append(("delivery", began, time.time(), len(message.body) // 12 or 1))
+
+        return timed_message
+
+    RabbitLink._receiver = arrivals  # type: ignore[method-assign]
 
     def report() -> None:
         path = os.environ.get("BENCH_TIMELINE_FILE")
@@ -265,6 +288,40 @@ def patch_timeline() -> None:
                 json.dump({"calls": calls, "starts": handlers.STARTS}, f)
 
     atexit.register(report)
+
+
+def patch_two_relays() -> None:
+    """A second relay loop beside the first in each daemon: two leases in flight at once."""
+    from dispatcher.relay.rabbitmq.broker import Broker
+    from dispatcher.relay.rabbitmq.outbox import OutboxRelay
+
+    original = Broker.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        first = self.relay
+        second = OutboxRelay(
+            first._repo,
+            self.link,
+            batch=first._batch,
+            lease_s=first._lease_s,
+            publish_ahead=first._publish_ahead,
+            republish_after_s=first._republish_after_s,
+        )
+        second.name = "outbox-relay-2"
+        wake = first.wake
+
+        def both() -> None:
+            wake()
+            second.wake()
+
+        first.wake = both  # type: ignore[method-assign]
+        self._second_relay = second
+
+    Broker.__init__ = init  # type: ignore[method-assign]
+    Broker.services = property(  # type: ignore[method-assign,assignment]
+        lambda self: [self.link, self.relay, self._second_relay]
+    )
 
 
 def main() -> int:
@@ -283,6 +340,7 @@ def main() -> int:
         "stages",
         "timeline",
         "twoloops",
+        "tworelays",
     }
     unknown = patches - known
     if unknown:
@@ -301,6 +359,8 @@ def main() -> int:
         patch_timeline()
     if "twoloops" in patches:
         patch_two_loops()
+    if "tworelays" in patches:
+        patch_two_relays()
     if patches & {"noreset", "customplans"}:
         patch_pool(no_reset="noreset" in patches, custom_plans="customplans" in patches)
     from dispatcher.cli import main as cli_main

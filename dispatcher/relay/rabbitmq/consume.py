@@ -98,8 +98,10 @@ class RabbitTransport:
                 for received in by_job.values():
                     received.acks.give_back(received.tag)
             raise
-        started = {job.id for job in claimed.jobs}
-        held = [r for r in by_job.values() if r.job_id in claimed.eligible - started]
+        # eligible and not started: the limits held them back (one set difference: taken
+        # inside the comprehension it was one per delivery, 39 % of the daemon's CPU in a drain)
+        held_back = claimed.eligible - {job.id for job in claimed.jobs}
+        held = [r for r in by_job.values() if r.job_id in held_back]
         for job_id, received in by_job.items():
             if job_id not in claimed.eligible:  # done, another attempt's, or refused: not here
                 duplicates += job_id not in claimed.refused
