@@ -254,7 +254,7 @@ CREATE TABLE dispatcher.outbox (
     published_at timestamp with time zone,
     priority smallint DEFAULT 0 NOT NULL,
     held_key text
-) WITH (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=5000);
+) WITH (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=5000, fillfactor=50);
 
 CREATE TABLE dispatcher.queues (
     name text NOT NULL,
