@@ -154,6 +154,39 @@ async def test_the_rabbitmq_claim_holds_key_limits_and_refuses_held_deliveries(
     )
 
 
+async def test_one_rabbitmq_claim_holds_ends_and_starts_each_job_by_its_own_verdict(
+    repo: JobRepository,
+) -> None:
+    """Keys holding jobs back, a job past its time to live and jobs that start, all in one
+    claim of deliveries (the statement tests each against the ids its key holds back)."""
+    await setup(repo, (None, None, 2), {"a": 6, "b": 3})
+    relay = RelayRepository(repo.pool)
+    await repo.pool.execute("UPDATE dispatcher.intake_settings SET ready_outbox = true")
+    rows = await repo.pool.fetch(
+        "SELECT id, attempt, concurrency_key FROM dispatcher.jobs ORDER BY concurrency_key, id"
+    )
+    late = next(r["id"] for r in rows if r["concurrency_key"] == "b")
+    await repo.pool.execute(
+        "UPDATE dispatcher.job_state SET expires_at = now() - interval '1 second' WHERE id = $1",
+        late,
+    )
+    claimed = await relay.claim_delivered(
+        "default", [(r["id"], r["attempt"]) for r in rows], CAPABILITIES, "d0", 60
+    )
+    started = {j.id for j in claimed.jobs}
+    a_ids = {r["id"] for r in rows if r["concurrency_key"] == "a"}
+    b_ids = {r["id"] for r in rows if r["concurrency_key"] == "b"}
+    # a: two start, four are held back and refused; b: the late one ends, its two others start
+    # (the late one took none of b's two places)
+    assert len(started & a_ids) == 2 and started & b_ids == b_ids - {late}
+    assert claimed.refused == a_ids - started and claimed.key_held == 4
+    assert claimed.expired == 1 and late not in claimed.eligible | claimed.refused
+    state = await repo.pool.fetchrow(
+        "SELECT state, dead_reason FROM dispatcher.jobs WHERE id = $1", late
+    )
+    assert (state["state"], state["dead_reason"]) == ("dead", "expired")
+
+
 @pytest.mark.parametrize(
     ("sql", "constraint"),
     [
