@@ -294,25 +294,3 @@ async def test_the_relay_and_its_sweep_never_scan_the_job_tables(
     assert "Seq Scan on outbox" not in await plan(pool, "sweep_unclaimed", 300.0, 500)
     # the release of run-out leases too: it runs a few times a second (migration 041)
     assert "Seq Scan on outbox" not in await plan(pool, "release_outbox", 500)
-
-
-async def test_a_relays_mark_writes_no_index_entry(
-    repo: JobRepository, relay: RelayRepository
-) -> None:
-    """Migration 051: the outbox's pages keep room, so marking a confirmed message's rows
-    published is a heap-only update (a full page moved each row, with an entry in three
-    indexes). The counts are this backend's, read before and after the mark."""
-    await enqueue(repo, [f"k{i}" for i in range(400)])
-    leased = await relay.lease_outbox({"default": 1_000}, 400, 30)
-    assert len(leased) == 400
-    counts = (
-        "SELECT pg_stat_get_xact_tuples_updated(c), pg_stat_get_xact_tuples_hot_updated(c)"
-        " FROM CAST('dispatcher.outbox' AS regclass) AS c"
-    )
-    async with repo.pool.acquire() as conn, conn.transaction():
-        before = await conn.fetchrow(counts)  # this backend's counts not yet reported
-        await conn.execute(query("mark_published"), [r.id for r in leased])
-        after = await conn.fetchrow(counts)
-    updated, heap_only = after[0] - before[0], after[1] - before[1]
-    assert updated == 400
-    assert heap_only >= 300, f"{heap_only} of 400 marks were heap-only (10 at a full fill)"
