@@ -26,7 +26,7 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def _port_candidates() -> itertools.cycle[int]:
+def _port_candidates() -> list[int]:
     """This process's own slice of the ports below the kernel's ephemeral range.
 
     A port the kernel hands out for `bind(0)` lies in the ephemeral range, where every
@@ -40,28 +40,30 @@ def _port_candidates() -> itertools.cycle[int]:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     slices = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) if worker else 1
     index = int(worker.removeprefix("gw") or 0) if worker else 0
-    size = (high - low) // slices
+    size = max(1, (high - low) // slices)
     ports = list(range(low + index * size, low + (index + 1) * size))
     start = random.randrange(len(ports))  # another run beside this one starts elsewhere
-    return itertools.cycle(ports[start:] + ports[:start])
+    return ports[start:] + ports[:start]
 
 
 _candidates: itertools.cycle[int] | None = None
+_slice = 0  # how many ports the cycle holds: one turn of it tries each once
 
 
 def free_port() -> int:
     """A loopback port free now, not handed out by this process lately (see `_port_candidates`)."""
-    global _candidates
+    global _candidates, _slice
     if _candidates is None:
-        _candidates = _port_candidates()
-    for port in _candidates:
+        ports = _port_candidates()
+        _candidates, _slice = itertools.cycle(ports), len(ports)
+    for port in itertools.islice(_candidates, _slice):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    raise AssertionError("unreachable: the candidates cycle")
+    raise AssertionError(f"none of this worker's {_slice} loopback ports is free")
 
 
 async def wait_until(
