@@ -26,6 +26,8 @@ Patches (comma-separated in BENCH_PATCHES):
                `bench-stages {...}` (ms, from the job's due time)
   twoloops     two claim loops per queue (claims overlap the daemon's work on the last batch)
   tworelays    a second relay loop in each daemon (two leases in flight at once)
+  nomark       the relay never marks a row published and leases for an hour: the ceiling of a
+               lease that needs no mark (rows leased are published; none is released)
   timeline     every claim, due-scan round and completion write with its wall-clock start, end
                and rows, and every handler entry, written at exit as JSON to the file named by
                `BENCH_TIMELINE_FILE` (where a burst's time goes, call by call)
@@ -324,6 +326,22 @@ def patch_two_relays() -> None:
     )
 
 
+def patch_no_mark() -> None:
+    """The relay's rows need no mark: leased for an hour, never marked."""
+    from dispatcher.db.relay import RelayRepository
+
+    lease = RelayRepository.lease_outbox
+
+    async def lease_long(self: Any, windows: Any, batch: int, lease_s: float) -> Any:
+        return await lease(self, windows, batch, 3600.0)
+
+    async def no_mark(self: Any, ids: list[int]) -> None:
+        return None
+
+    RelayRepository.lease_outbox = lease_long  # type: ignore[method-assign]
+    RelayRepository.mark_published = no_mark  # type: ignore[method-assign]
+
+
 def main() -> int:
     patches = {p for p in os.environ.get("BENCH_PATCHES", "").split(",") if p}
     # nonotify and fastkey patch the SQL door in the benchmark database (tests.bench.common)
@@ -341,6 +359,7 @@ def main() -> int:
         "timeline",
         "twoloops",
         "tworelays",
+        "nomark",
     }
     unknown = patches - known
     if unknown:
@@ -357,6 +376,8 @@ def main() -> int:
         patch_stages()
     if "timeline" in patches:
         patch_timeline()
+    if "nomark" in patches:
+        patch_no_mark()
     if "twoloops" in patches:
         patch_two_loops()
     if "tworelays" in patches:
