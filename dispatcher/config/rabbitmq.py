@@ -24,6 +24,9 @@ class RabbitSettings(Strict):
     # messages: the setting for a rolling release from one (a consumer of a previous release
     # starts only the first job of a larger message; the sweep publishes the others again).
     jobs_per_message: int = Field(100, ge=1, le=1000)
+    # How long the relay waits for the broker to confirm a batch before giving its rows back to
+    # be published again; and how often it releases the rows a consumer leased (a refused
+    # delivery's) whose daemon died before releasing them.
     relay_lease_s: float = Field(30.0, gt=0, le=3600)
     reconnect_max_s: float = Field(10.0, gt=0, le=600)
     # The relay keeps at most this many times a queue's max_inflight of its messages published
@@ -31,7 +34,8 @@ class RabbitSettings(Strict):
     # so one tenant's burst waits in the database, where the relay orders it fairly.
     publish_ahead: float = Field(2.0, ge=1, le=100)
     # A message published this long ago whose job is still ready and unclaimed was lost in the
-    # broker (queue purged, broker data lost): the relay's sweep publishes it again.
+    # broker (queue purged, broker data lost): the relay's sweep publishes it again. The relay
+    # leases each row it publishes for this long (migration 052).
     republish_after_s: float = Field(300.0, ge=1, le=MAX_DURATION_S)
 
     @model_validator(mode="after")

@@ -167,7 +167,10 @@ class JobRepository(JobReads, JobControl):
     async def rescue(self, batch: int, gone_owners: Sequence[str]) -> dict[tuple[str, str], int]:
         """Rescue expired leases, and the running jobs of `gone_owners` (daemons whose liveness
         lock was seen released); jobs per (why, new state), why being `lease_expired` or
-        `owner_gone`."""
+        `owner_gone`. First, the outbox rows the gone owners' relays leased go back to be
+        published again (the rescue forgets an owner once it has no running job)."""
+        if gone_owners:
+            await self.pool.execute(query("release_gone_relays"), list(gone_owners))
         rows = await self.pool.fetch(query("rescue_expired_leases"), batch, list(gone_owners))
         return {(r["why"], r["state"]): r["n"] for r in rows}
 

@@ -146,7 +146,8 @@ SELECT CASE WHEN min(due_at) IS NULL THEN NULL
 -- last attempt, or cancelled when an operator asked; each leaves a `lease_expired` history row
 -- naming the owner that lost it (reason `owner_gone` for the second kind). An owner in $2 that
 -- holds its lock again keeps its jobs; one with no running job left leaves the registry (in
--- this statement's snapshot, so one scan after its last rescue).
+-- this statement's snapshot, so one scan after its last rescue: release_gone_relays runs
+-- first).
 WITH expired AS (
     SELECT id, lease_owner, 'lease_expired' AS why FROM dispatcher.job_state
      WHERE state = 'running' AND lease_expires_at < now()
@@ -205,6 +206,28 @@ WITH expired AS (
                         WHERE s.state = 'running' AND s.lease_owner = i.owner)
 )
 SELECT state, why, count(*)::int AS n FROM rescued GROUP BY state, why;
+
+-- name: release_gone_relays
+-- The outbox rows the relays of gone owners ($1, as rescue_expired_leases takes them) leased go
+-- back to the pick (migration 052): whether the broker had their messages is not known, so
+-- they are published again (a message it had is then a counted duplicate). Run before the
+-- rescue, which forgets an owner once it has no running job. Per queue through
+-- outbox_relayed_queue (OFFSET 0, as the relay's statements); how many.
+WITH gone AS MATERIALIZED (
+    SELECT o FROM unnest($1::text[]) o WHERE NOT dispatcher.liveness_held(o)
+), released AS (
+    UPDATE dispatcher.outbox o SET leased_until = NULL, leased_by = NULL
+     WHERE o.id = ANY (ARRAY(
+           SELECT x.id
+             FROM dispatcher.queues q
+            CROSS JOIN LATERAL (
+                  SELECT x.id FROM dispatcher.outbox x
+                   WHERE x.queue = q.name AND x.leased_until IS NOT NULL
+                     AND x.leased_by = ANY (ARRAY(SELECT o FROM gone))
+                  OFFSET 0) x))
+    RETURNING 1
+)
+SELECT count(*)::int FROM released;
 
 -- name: claim_ready
 -- Claim up to $2 ready jobs of queue $1 for owner $4: dispatcher.claim_ready

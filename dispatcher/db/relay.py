@@ -14,7 +14,7 @@ from dispatcher.model import UNBOUNDED, AttemptKey, ByteGrant, Job
 
 _CLAIM_DELIVERED = query("claim_delivered")
 _LEASE_OUTBOX = query("lease_outbox")
-_MARK_PUBLISHED = query("mark_published")
+_RELEASE_LEASED = query("release_leased")
 _RELEASE_OUTBOX = query("release_outbox")
 
 
@@ -52,10 +52,11 @@ class RelayRepository:
         self._cursors: dict[str, tuple[int, str]] = {}
 
     async def lease_outbox(
-        self, windows: dict[str, int], batch: int, lease_s: float
+        self, windows: dict[str, int], batch: int, lease_s: float, owner: str
     ) -> list[OutboxLease]:
-        """Lease up to `batch` unpublished rows, each queue at most its window ahead of its
-        consumers, by priority, then tenants in turn; in the order to publish them."""
+        """Lease up to `batch` rows nobody holds to `owner` for `lease_s` (until their messages
+        count as lost), each queue at most its window ahead of its consumers, by priority, then
+        tenants in turn; in the order to publish them."""
         queues = list(windows)
         after = [self._cursors.get(q) for q in queues]
         rows = await self.pool.fetch(
@@ -66,6 +67,7 @@ class RelayRepository:
             batch,
             [a[0] if a else None for a in after],
             [a[1] if a else None for a in after],
+            owner,
         )
         leases = [OutboxLease(*r) for r in rows]
         last: dict[str, OutboxLease] = {}
@@ -77,16 +79,19 @@ class RelayRepository:
         return leases
 
     async def release_outbox(self, batch: int) -> int:
-        """Return up to `batch` rows whose lease ran out unconfirmed to the rows the relays
-        pick from; how many."""
+        """Return up to `batch` rows a consumer leased (refused, held by a key) whose lease ran
+        out to the rows the relays pick from; how many."""
         return int(await self.pool.fetchval(_RELEASE_OUTBOX, batch))
 
-    async def mark_published(self, ids: list[int]) -> None:
-        await self.pool.execute(_MARK_PUBLISHED, ids)
+    async def release_leased(self, ids: list[int], owner: str) -> None:
+        """The broker did not confirm these rows' messages: back to the pick, unless a claim
+        or another relay has them now."""
+        await self.pool.execute(_RELEASE_LEASED, ids, owner)
 
     async def sweep_unclaimed(self, older_than_s: float, batch: int) -> dict[str, tuple[int, int]]:
         """Have the messages lost in the broker published again; return, per queue, how many
-        rows were unmarked (published again) and how many left-over rows were deleted."""
+        rows went back to the pick (published again) and how many left-over rows were
+        deleted."""
         rows = await self.pool.fetch(query("sweep_unclaimed"), older_than_s, batch)
         return {r["queue"]: (r["republished"], r["dropped"]) for r in rows}
 

@@ -2,16 +2,22 @@
 -- consumer's claim. Same conventions as queries.sql.
 --
 -- An outbox row's life over RabbitMQ (migration 017): written with the job's move to `ready`;
--- leased by a relay (leased_until); marked published once the broker confirmed its message
--- (published_at); deleted by the claim that starts its job. A lease that ran out unconfirmed
--- is released (leased_until NULL again, release_outbox): the relay picks only rows with none
--- (migration 041). The marked rows of a queue are the
--- messages published and not yet claimed: the relay's window counts them, the sweep finds the
--- lost ones among them. Every row a relay touched keeps leased_until set, so the claim reaches
--- it by job id (outbox_relayed_job) even when the claim wins the race with the relay's mark.
+-- leased by a relay, which names itself (leased_by) and holds it until its message would count
+-- as lost in the broker (republish_after_s, migration 052); deleted by the claim that starts its
+-- job. No mark follows the broker's confirm: a leased row is a message published (or being
+-- published). A batch the broker did not confirm goes back to the pick at once (release_leased,
+-- by its relay), as do the rows of a relay whose daemon is gone (the due-scan's rescue,
+-- queries.sql); a lease that ran out unclaimed is a message the broker lost (sweep_unclaimed).
+-- The rows a consumer writes (refused, held by a key) are leased briefly by nobody (leased_by
+-- NULL) and released once that runs out (release_outbox); so were an earlier release's rows
+-- until the broker confirmed them (published_at, kept for a rolling upgrade). The leased rows
+-- of a queue are the messages published and not yet claimed: the relay's window counts them.
+-- Every leased row keeps leased_until set, so the claim reaches it by job id
+-- (outbox_relayed_job) whatever its relay does meanwhile.
 
 -- name: lease_outbox
--- Relay: lease for $3 seconds up to $4 unpublished rows nobody holds, of the queues $1, each at
+-- Relay $7: lease for $3 seconds (until its message counts as lost) up to $4 rows nobody holds,
+-- to publish them, of the queues $1, each at
 -- most $2 (its window) ahead of its consumers: the window less its rows published (or being
 -- published: leased) and not yet claimed. Within a queue, in the order claim_ready takes ready
 -- jobs (dispatcher.relay_pick, migration 023): the lowest priority value first, tenants in turn
@@ -39,7 +45,8 @@ WITH windows AS MATERIALIZED (
      ORDER BY p.pos
      LIMIT $4
 ), leased AS (
-    UPDATE dispatcher.outbox o SET leased_until = now() + make_interval(secs => $3)
+    UPDATE dispatcher.outbox o SET leased_until = now() + make_interval(secs => $3),
+                                   leased_by = $7
      WHERE o.id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING o.id, o.job_id, o.queue, o.created_at
 )
@@ -52,10 +59,11 @@ SELECT l.id, l.job_id, l.queue, i.key, s.attempt,
  ORDER BY p.pos, l.queue;
 
 -- name: release_outbox
--- Relay: the rows whose lease ran out before the broker confirmed their messages (a relay that
--- stopped or failed mid-batch; a refused delivery's row, written leased until it is due again)
--- go back to the rows the relays pick from (leased_until NULL, migration 041; a row a key held
--- back waits for nothing more: held_key NULL, migration 045). Up to $1 rows,
+-- Relay: the rows nobody leased to publish whose lease ran out (a refused delivery's row,
+-- written leased until it is due again; an earlier release's row its relay did not mark
+-- published) go back to the rows the relays pick from (leased_until NULL, migration 041; a row
+-- a key held back waits for nothing more: held_key NULL, migration 045). A relay's own rows
+-- are the sweep's once their lease ran out (migration 052). Up to $1 rows,
 -- those nobody holds; how many. Run by a relay when a lease it knows of can have run out (and
 -- once a lease time for a relay that died): it walks only the relayed rows (the windows), where
 -- the pick, which walks none of them, does not look.
@@ -67,7 +75,7 @@ WITH expired AS MATERIALIZED (
      CROSS JOIN LATERAL (
            SELECT x.id FROM dispatcher.outbox x
             WHERE x.queue = q.name AND x.leased_until IS NOT NULL AND x.published_at IS NULL
-              AND x.leased_until < now()
+              AND x.leased_by IS NULL AND x.leased_until < now()
             LIMIT $1
               FOR UPDATE SKIP LOCKED) o
      LIMIT $1
@@ -78,31 +86,37 @@ WITH expired AS MATERIALIZED (
 )
 SELECT count(*)::integer FROM released;
 
--- name: mark_published
--- Relay: the broker confirmed the messages of these rows ($1 ids); a claim deletes them.
-UPDATE dispatcher.outbox SET published_at = now() WHERE id = ANY ($1::bigint[]);
+-- name: release_leased
+-- Relay $2: the broker did not confirm the messages of these rows ($1 ids): back to the pick,
+-- to be published again (those a claim deleted meanwhile, or another relay leased, stay as
+-- they are).
+UPDATE dispatcher.outbox SET leased_until = NULL, leased_by = NULL
+ WHERE id = ANY ($1::bigint[]) AND leased_by = $2;
 
 -- name: sweep_unclaimed
--- Relay sweep: up to $2 rows published more than $1 seconds ago and still not claimed (oldest
--- first; not of a paused queue, whose consumers claim nothing; only registered queues). A row whose job is still ready
--- is a message the broker lost: unmarked, so the relay publishes it again (if the message was
--- only slow, one of the two deliveries is a counted duplicate). A row whose job is no longer
--- ready is left over: deleted. One row per queue: how many were published again, how many
--- deleted.
+-- Relay sweep: up to $2 rows whose relay's lease ran out unclaimed (leased until their message
+-- counts as lost, migration 052; an earlier release's rows: marked published more than $1
+-- seconds ago), oldest first; not of a paused queue, whose consumers claim nothing; only
+-- registered queues. A row whose job is still ready is a message the broker lost: back to the
+-- pick, so the relay publishes it again (if the message was only slow, one of the two
+-- deliveries is a counted duplicate). A row whose job is no longer ready is left over: deleted.
+-- One row per queue: how many were published again, how many deleted.
 -- Per queue through outbox_relayed_queue (OFFSET 0: with the statistics of a young table the
 -- planner chose to read the whole outbox); each queue's oldest first, at most $2 of each locked.
 WITH stale AS MATERIALIZED (
     SELECT o.id, o.job_id, o.queue
       FROM dispatcher.queues q
      CROSS JOIN LATERAL (
-           SELECT x.id, x.job_id, x.queue, x.published_at FROM dispatcher.outbox x
+           SELECT x.id, x.job_id, x.queue, coalesce(x.published_at, x.leased_until) AS since
+             FROM dispatcher.outbox x
             WHERE x.queue = q.name AND x.leased_until IS NOT NULL
-              AND x.published_at < now() - make_interval(secs => $1)
-            ORDER BY x.published_at
+              AND (x.published_at < now() - make_interval(secs => $1)
+                   OR (x.leased_by IS NOT NULL AND x.leased_until < now()))
+            ORDER BY since
             LIMIT $2
               FOR UPDATE SKIP LOCKED) o
      WHERE NOT q.paused
-     ORDER BY o.published_at
+     ORDER BY o.since
      LIMIT $2
 ), judged AS MATERIALIZED (
     -- the state by primary key (a condition on `state` here could walk an index of ready rows)
@@ -111,7 +125,8 @@ WITH stale AS MATERIALIZED (
                     false) AS ready
       FROM stale s
 ), again AS (
-    UPDATE dispatcher.outbox o SET published_at = NULL, leased_until = NULL  -- to pick again
+    UPDATE dispatcher.outbox o
+       SET published_at = NULL, leased_until = NULL, leased_by = NULL  -- to pick again
      WHERE o.id = ANY (ARRAY(SELECT id FROM judged WHERE ready))
     RETURNING o.queue
 ), dropped AS (

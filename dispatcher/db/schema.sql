@@ -253,7 +253,8 @@ CREATE TABLE dispatcher.outbox (
     leased_until timestamp with time zone,
     published_at timestamp with time zone,
     priority smallint DEFAULT 0 NOT NULL,
-    held_key text
+    held_key text,
+    leased_by text
 ) WITH (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=5000, fillfactor=50);
 
 CREATE TABLE dispatcher.queues (

@@ -52,11 +52,11 @@ class Relays:
         return got
 
     async def held(self) -> int:
-        """Rows a key holds back: leased, unpublished, naming their key."""
+        """Rows a key holds back: leased by nobody (not published), naming their key."""
         return int(
             await self.conn.fetchval(
                 "SELECT count(*) FROM dispatcher.outbox WHERE held_key IS NOT NULL"
-                " AND leased_until > now() AND published_at IS NULL"
+                " AND leased_until > now() AND leased_by IS NULL"
             )
         )
 
@@ -89,8 +89,8 @@ async def deliver_all(repo: JobRepository, key_limits: Limits, jobs: int) -> Cla
     await repo.pool.execute("UPDATE dispatcher.intake_settings SET ready_outbox = true")
     await repo.pool.execute(
         "INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, leased_until,"
-        "                               published_at)"
-        " SELECT id, queue, tenant, 'work:1', now() + interval '1 hour', now()"
+        "                               leased_by)"
+        " SELECT id, queue, tenant, 'work:1', now() + interval '1 hour', 'r1'"
         "   FROM dispatcher.jobs"
     )
     rows = await repo.pool.fetch("SELECT id, attempt FROM dispatcher.jobs ORDER BY id")
@@ -176,7 +176,7 @@ async def test_a_released_row_names_no_key_so_an_end_never_releases_it_twice(
     await repo.pool.execute("UPDATE dispatcher.outbox SET leased_until = now() - interval '1 s'")
     relay = RelayRepository(repo.pool)
     await relay.release_outbox(100)
-    leased = await relay.lease_outbox({"default": 10}, 10, 30)
+    leased = await relay.lease_outbox({"default": 10}, 10, 30, "r1")
     assert [r.job_id for r in leased] == [claimed.refused.pop()]
     [job] = claimed.jobs
     await repo.complete([job.id], [job.attempt], [None], "d0")

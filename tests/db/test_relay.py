@@ -41,9 +41,10 @@ async def enqueue(repo: JobRepository, keys: list[str], tenant: str | None = Non
 
 
 async def outbox(pool: asyncpg.Pool) -> list[asyncpg.Record]:
+    """Each row's job and whether a relay holds it (its message published)."""
     return list(
         await pool.fetch(
-            "SELECT job_id, published_at IS NOT NULL AS published FROM dispatcher.outbox"
+            "SELECT job_id, leased_by IS NOT NULL AS published FROM dispatcher.outbox"
             " ORDER BY job_id"
         )
     )
@@ -53,20 +54,19 @@ async def test_the_relay_publishes_at_most_a_window_ahead_of_the_claims(
     repo: JobRepository, relay: RelayRepository
 ) -> None:
     await enqueue(repo, [f"k{i}" for i in range(10)])
-    leased = await relay.lease_outbox({"default": 4}, 100, 30)
+    leased = await relay.lease_outbox({"default": 4}, 100, 30, "r1")
     assert len(leased) == 4
-    # leased and being published counts against the window as much as published
-    assert await relay.lease_outbox({"default": 4}, 100, 30) == []
-    await relay.mark_published([r.id for r in leased])
-    assert await relay.lease_outbox({"default": 4}, 100, 30) == []
+    # leased (published, or being published) counts against the window, whoever leased it
+    assert await relay.lease_outbox({"default": 4}, 100, 30, "r1") == []
+    assert await relay.lease_outbox({"default": 4}, 100, 30, "r2") == []
     # two messages consumed: their jobs started, their rows gone, two more may go out
     claimed = await relay.claim_delivered(
         "default", [(r.job_id, r.attempt) for r in leased[:2]], CAPABILITIES, "d1", 60
     )
     assert len(claimed.jobs) == 2
-    assert len(await relay.lease_outbox({"default": 4}, 100, 30)) == 2
+    assert len(await relay.lease_outbox({"default": 4}, 100, 30, "r1")) == 2
     # a queue not named is not published at all (its broker queue may not exist here)
-    assert await relay.lease_outbox({"other": 100}, 100, 30) == []
+    assert await relay.lease_outbox({"other": 100}, 100, 30, "r1") == []
 
 
 async def test_the_relay_publishes_fairly_across_tenants(
@@ -74,7 +74,7 @@ async def test_the_relay_publishes_fairly_across_tenants(
 ) -> None:
     await enqueue(repo, [f"big{i}" for i in range(200)], tenant="big")
     [small] = await enqueue(repo, ["small"], tenant="small")
-    leased = await relay.lease_outbox({"default": 4}, 100, 30)
+    leased = await relay.lease_outbox({"default": 4}, 100, 30, "r1")
     assert len(leased) <= 4
     assert small in {r.job_id for r in leased}
 
@@ -83,18 +83,17 @@ async def test_the_sweep_publishes_lost_messages_again_and_drops_left_over_rows(
     repo: JobRepository, relay: RelayRepository
 ) -> None:
     lost, slow, done = await enqueue(repo, ["lost", "slow", "done"])
-    leased = await relay.lease_outbox({"default": 10}, 100, 30)
-    await relay.mark_published([r.id for r in leased])
+    await relay.lease_outbox({"default": 10}, 100, 30, "r1")
     await relay.claim_delivered("default", [(done, 0)], CAPABILITIES, "d1", 60)
-    # a row left behind for the started job (a relay's mark that lost a race), published long
-    # ago, and the lost job's message published long ago; the slow one only just
+    # a row left behind for the started job, and the lost job's: their relay's lease ran out
+    # unclaimed (the message counts as lost); the slow one's still runs
     await repo.pool.execute(
         "INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, leased_until,"
-        " published_at) VALUES ($1, 'default', '', 'work:1', now(), now() - interval '1 hour')",
+        " leased_by) VALUES ($1, 'default', '', 'work:1', now() - interval '1 s', 'r1')",
         done,
     )
     await repo.pool.execute(
-        "UPDATE dispatcher.outbox SET published_at = now() - interval '1 hour' WHERE job_id = $1",
+        "UPDATE dispatcher.outbox SET leased_until = now() - interval '1 s' WHERE job_id = $1",
         lost,
     )
     assert await relay.sweep_unclaimed(60, 100) == {"default": (1, 1)}
@@ -102,40 +101,109 @@ async def test_the_sweep_publishes_lost_messages_again_and_drops_left_over_rows(
         (lost, False),
         (slow, True),
     ]
-    # unmarked: the relay publishes it again, as the attempt it is still ready after
-    again = await relay.lease_outbox({"default": 10}, 100, 30)
+    # back to the pick: the relay publishes it again, as the attempt it is still ready after
+    again = await relay.lease_outbox({"default": 10}, 100, 30, "r2")
     assert [(r.job_id, r.attempt) for r in again] == [(lost, 0)]
     assert await relay.sweep_unclaimed(60, 100) == {}
 
 
-async def test_a_lease_that_ran_out_unconfirmed_is_released_and_leased_again(
+async def test_an_earlier_releases_published_row_is_swept_after_republish_after_s(
+    repo: JobRepository, relay: RelayRepository
+) -> None:
+    """A rolling upgrade: a relay before migration 052 leased briefly and marked the row
+    published once confirmed; such a row is neither released nor relayed again before the
+    sweep's age."""
+    (job,) = await enqueue(repo, ["a"])
+    await repo.pool.execute(
+        "UPDATE dispatcher.outbox SET leased_until = now() - interval '1 s',"
+        " published_at = now() - interval '30 s'"
+    )
+    assert await relay.release_outbox(100) == 0
+    assert await relay.lease_outbox({"default": 10}, 100, 30, "r1") == []
+    assert await relay.sweep_unclaimed(60, 100) == {}
+    assert await relay.sweep_unclaimed(20, 100) == {"default": (1, 0)}
+    assert [r.job_id for r in await relay.lease_outbox({"default": 10}, 100, 30, "r1")] == [job]
+
+
+async def test_a_consumers_lease_that_ran_out_is_released_a_relays_is_not(
     repo: JobRepository, relay: RelayRepository
 ) -> None:
     (job,) = await enqueue(repo, ["a"])
-    leased = await relay.lease_outbox({"default": 10}, 100, 30)
-    assert [r.job_id for r in leased] == [job]
+    # a consumer's lease (a refused delivery's row, held until it is due again): nobody's
+    await repo.pool.execute("UPDATE dispatcher.outbox SET leased_until = now() + interval '1 h'")
     assert await relay.release_outbox(100) == 0  # its lease still runs
-    assert await relay.lease_outbox({"default": 10}, 100, 30) == []
+    assert await relay.lease_outbox({"default": 10}, 100, 30, "r1") == []
     await repo.pool.execute("UPDATE dispatcher.outbox SET leased_until = now() - interval '1 s'")
     # the pick reads only rows no relay holds (migration 041): not taken until released
-    assert await relay.lease_outbox({"default": 10}, 100, 30) == []
+    assert await relay.lease_outbox({"default": 10}, 100, 30, "r1") == []
     assert await relay.release_outbox(100) == 1
-    again = await relay.lease_outbox({"default": 10}, 100, 30)
+    again = await relay.lease_outbox({"default": 10}, 100, 30, "r1")
     assert [(r.job_id, r.attempt) for r in again] == [(job, 0)]
-    # a confirmed row stays relayed whatever its lease says: its message is in the broker
-    await relay.mark_published([r.id for r in again])
+    # a relay's lease stays whatever it says: its message is in the broker, or lost (the
+    # sweep's), never released to be published beside it
     await repo.pool.execute("UPDATE dispatcher.outbox SET leased_until = now() - interval '1 s'")
     assert await relay.release_outbox(100) == 0
-    assert await relay.lease_outbox({"default": 10}, 100, 30) == []
+    assert await relay.lease_outbox({"default": 10}, 100, 30, "r1") == []
+
+
+async def test_a_relay_gives_back_only_its_own_unconfirmed_rows(
+    repo: JobRepository, relay: RelayRepository
+) -> None:
+    a, b = await enqueue(repo, ["a", "b"])
+    [first] = await relay.lease_outbox({"default": 1}, 1, 30, "r1")
+    # another relay's row, and a row a claim deleted meanwhile: left as they are
+    await relay.release_leased([first.id], "r2")
+    assert [(r["job_id"], r["published"]) for r in await outbox(repo.pool)] == [
+        (a, True),
+        (b, False),
+    ]
+    await relay.release_leased([first.id], "r1")
+    assert [(r["job_id"], r["published"]) for r in await outbox(repo.pool)] == [
+        (a, False),
+        (b, False),
+    ]
+    leased = await relay.lease_outbox({"default": 10}, 100, 30, "r2")
+    assert sorted(r.job_id for r in leased) == [a, b]
+    await relay.claim_delivered("default", [(a, 0)], CAPABILITIES, "d1", 60)
+    await relay.release_leased([r.id for r in leased], "r2")
+    assert [(r["job_id"], r["published"]) for r in await outbox(repo.pool)] == [(b, False)]
+
+
+async def test_the_rows_of_a_gone_daemons_relay_go_back_to_the_pick_at_its_rescue(
+    repo: JobRepository, relay: RelayRepository
+) -> None:
+    """A daemon killed between its relay's lease and the broker's confirm leaves rows leased for
+    republish_after_s; once its liveness lock is gone, the due-scan's rescue gives them back
+    (a daemon whose lock is held keeps its rows, as it keeps its running jobs)."""
+    dead, alive, other = await enqueue(repo, ["dead", "alive", "other"])
+    [d] = await relay.lease_outbox({"default": 1}, 1, 300, "gone-daemon")
+    [a] = await relay.lease_outbox({"default": 2}, 1, 300, "living-daemon")
+    assert (d.job_id, a.job_id) == (dead, alive)
+    async with repo.pool.acquire() as lock:
+        await lock.execute(
+            "SELECT pg_advisory_lock(dispatcher.liveness_namespace(),"
+            " dispatcher.liveness_key('living-daemon'))"
+        )
+        await repo.rescue(100, ())  # no owner gone: nothing given back
+        assert [r["published"] for r in await outbox(repo.pool)] == [True, True, False]
+        await repo.rescue(100, ["gone-daemon", "living-daemon"])
+        assert [(r["job_id"], r["published"]) for r in await outbox(repo.pool)] == [
+            (dead, False),
+            (alive, True),
+            (other, False),
+        ]
+        await lock.execute("SELECT pg_advisory_unlock_all()")
+    # picked again, by any relay, as the attempt it is still ready after
+    again = await relay.lease_outbox({"default": 10}, 100, 300, "r1")
+    assert sorted((r.job_id, r.attempt) for r in again) == [(dead, 0), (other, 0)]
 
 
 async def test_the_sweep_leaves_a_paused_queue_alone(
     repo: JobRepository, relay: RelayRepository
 ) -> None:
     await enqueue(repo, ["a"])
-    leased = await relay.lease_outbox({"default": 10}, 100, 30)
-    await relay.mark_published([r.id for r in leased])
-    await repo.pool.execute("UPDATE dispatcher.outbox SET published_at = now() - interval '1 day'")
+    await relay.lease_outbox({"default": 10}, 100, 30, "r1")
+    await repo.pool.execute("UPDATE dispatcher.outbox SET leased_until = now() - interval '1 s'")
     await repo.set_queue_paused("default", True)
     assert await relay.sweep_unclaimed(60, 100) == {}
     await repo.set_queue_paused("default", False)
@@ -146,8 +214,7 @@ async def test_a_claim_deletes_the_rows_of_what_it_started_and_keeps_another_att
     repo: JobRepository, relay: RelayRepository
 ) -> None:
     started, other = await enqueue(repo, ["started", "other"])
-    leased = await relay.lease_outbox({"default": 10}, 100, 30)
-    await relay.mark_published([r.id for r in leased])
+    await relay.lease_outbox({"default": 10}, 100, 30, "r1")
     # `other`'s delivery is stale (published after an attempt it is no longer ready after):
     # its row carries the message of the attempt it is ready for now, so it stays
     claimed = await relay.claim_delivered(
@@ -234,11 +301,12 @@ ROWS = 30_000
 async def big_outbox(
     module_pools: Callable[[], Awaitable[asyncpg.Pool]],
 ) -> tuple[asyncpg.Pool, list[int]]:
-    """30,000 ready jobs with outbox rows, 4,000 of them published: enough rows to tempt the
-    planner into scanning a whole table instead of probing it per delivery. The statistics are
-    those of the empty tables (taken before the jobs arrived, as when a burst outruns
-    autovacuum's analyze): what the planner then believes about ready rows is wrong. Built once
-    for the module's plan tests, which only plan (EXPLAIN); no autovacuum analyze meanwhile."""
+    """30,000 ready jobs with outbox rows, 4,000 of them leased by a relay (published): enough
+    rows to tempt the planner into scanning a whole table instead of probing it per delivery.
+    The statistics are those of the empty tables (taken before the jobs arrived, as when a
+    burst outruns autovacuum's analyze): what the planner then believes about ready rows is
+    wrong. Built once for the module's plan tests, which only plan (EXPLAIN); no autovacuum
+    analyze meanwhile."""
     repo = JobRepository(await module_pools())
     relay = RelayRepository(repo.pool)
     await repo.sync_registry({"default": (3, 3600)}, {"work": ("python", 1)})
@@ -251,8 +319,7 @@ async def big_outbox(
                array_fill('work'::text, ARRAY[{ROWS}]),
                array_fill('{{}}'::jsonb, ARRAY[{ROWS}]))""")
     await enqueue(repo, [])  # the outbox rows, whatever intake wrote
-    leased = await relay.lease_outbox({"default": 4000}, 4000, 30)
-    await relay.mark_published([r.id for r in leased])
+    leased = await relay.lease_outbox({"default": 4000}, 4000, 30, "r1")
     return repo.pool, [r.job_id for r in leased]
 
 
@@ -283,9 +350,10 @@ async def test_the_relay_and_its_sweep_never_scan_the_job_tables(
 ) -> None:
     pool = big_outbox[0]
     for name, args in (
-        ("lease_outbox", (["default"], [8000], 30.0, 500, [None], [None])),
+        ("lease_outbox", (["default"], [8000], 30.0, 500, [None], [None], "r1")),
         ("sweep_unclaimed", (300.0, 500)),
         ("release_outbox", (500,)),
+        ("release_gone_relays", (["host:1:gone"],)),
     ):
         text = await plan(pool, name, *args)
         for table in ("intents", "job_state"):
@@ -294,3 +362,6 @@ async def test_the_relay_and_its_sweep_never_scan_the_job_tables(
     assert "Seq Scan on outbox" not in await plan(pool, "sweep_unclaimed", 300.0, 500)
     # the release of run-out leases too: it runs a few times a second (migration 041)
     assert "Seq Scan on outbox" not in await plan(pool, "release_outbox", 500)
+    # and of a gone daemon's relay's rows (migration 052)
+    text = await plan(pool, "release_gone_relays", ["host:1:gone"])
+    assert "Seq Scan on outbox" not in text and "outbox_relayed_queue" in text, text

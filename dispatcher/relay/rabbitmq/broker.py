@@ -35,8 +35,9 @@ class Broker:
         self.relay = OutboxRelay(
             relays,
             self.link,
+            owner=owner,
             batch=s.rabbitmq.relay_batch,
-            lease_s=s.rabbitmq.relay_lease_s,
+            confirm_timeout_s=s.rabbitmq.relay_lease_s,
             publish_ahead=s.rabbitmq.publish_ahead,
             republish_after_s=s.rabbitmq.republish_after_s,
         )

@@ -1,9 +1,18 @@
-"""`OutboxRelay`: publishes outbox rows to RabbitMQ within each queue's window, marks them
-published once confirmed, and publishes again what the broker lost."""
+"""`OutboxRelay`: publishes outbox rows to RabbitMQ within each queue's window, gives back at once
+the rows of a batch the broker did not confirm, and publishes again what the broker lost.
+
+A row this relay leased stays leased until its message would count as lost
+(`republish_after_s`): the lease is the record that its message is published, so the broker's
+confirm needs no second write of the row (migration 052). What could leave a row leased with no
+message behind it is handled where it happens: an unconfirmed batch is released by this relay
+(again each round until the database takes it), a batch awaiting its confirms at stop is given
+a moment and then released, and the rows of a daemon that died are released by the due-scan's
+rescue once its liveness lock is gone."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -26,14 +35,15 @@ log = logging.getLogger(__name__)
 # window, a lease it knows of running out. This bounds the wait should every one be lost. Polling
 # every 50 ms and releasing every quarter second had cost an idle daemon 24 statements/s.
 RELAY_IDLE_S = 30.0
-CONFIRM_TIMEOUT_S = 30.0
 SWEEP_EVERY_MIN_S, SWEEP_EVERY_MAX_S = 1.0, 60.0
-# Rows whose lease ran out unconfirmed go back to the pick (the pick walks only unleased rows)
-# when this relay knows one can have: its failed round's rows after their lease, a refused
-# delivery's row once it is due again (link.release_after: a second; a concurrency key's next
-# token). Another relay's rows (one killed mid-batch) are released at least once a lease time.
-# A key's held rows come back sooner when one of its jobs ends or its limits change: the
-# database releases them and wakes the relays (30_key_running.sql).
+# At stop, how long the batches published go on awaiting their confirms (milliseconds, as a
+# rule) before their rows are given back to be published again.
+STOP_CONFIRMS_S = 2.0
+# The rows a consumer leased (a refused delivery's, held until it is due again) go back to the
+# pick once their lease ran out, when this relay knows one can have (link.release_after: a
+# second; a concurrency key's next token), and at least once a `relay_lease_s` for those of a
+# daemon that died. A key's held rows come back sooner when one of its jobs ends or its limits
+# change: the database releases them and wakes the relays (30_key_running.sql).
 # Batches published and awaiting their confirms at once. A quorum queue confirms a batch of 500
 # only once a majority wrote it (130-290 ms here); waiting for that before leasing the next
 # batch capped the relay at ~2,000 messages/s.
@@ -42,8 +52,8 @@ ROUNDS_IN_FLIGHT = 4
 
 class OutboxRelay(LoopService):
     """Publishes outbox rows to RabbitMQ, at most a window per queue ahead of the consumers,
-    and marks them published once the broker confirmed them; its sweep publishes again what the
-    broker lost."""
+    leasing each until its message would count as lost; gives back the rows of a batch the
+    broker did not confirm; its sweep publishes again what the broker lost."""
 
     name = "outbox-relay"
 
@@ -52,21 +62,25 @@ class OutboxRelay(LoopService):
         repo: RelayRepository,
         link: RabbitLink,
         *,
+        owner: str,
         batch: int,
-        lease_s: float,
+        confirm_timeout_s: float,
         publish_ahead: float,
         republish_after_s: float,
     ):
         self._repo = repo
         self._link = link
+        self._owner = owner
         self._batch = batch
-        self._lease_s = lease_s
+        self._confirm_timeout_s = confirm_timeout_s
         self.windows = {q: math.ceil(publish_ahead * n) for q, n in link.prefetch.items()}
         self._publish_ahead = publish_ahead
         self._republish_after_s = republish_after_s
         self._sweep_every_s = min(max(republish_after_s / 4, SWEEP_EVERY_MIN_S), SWEEP_EVERY_MAX_S)
         self._woken = asyncio.Event()
-        self._release_at = 0.0  # monotonic: when a lease this relay knows of can have run out
+        self._release_at = 0.0  # monotonic: when a consumer's lease this relay knows of runs out
+        self._unreleased: list[int] = []  # unconfirmed rows the database did not take back yet
+        self._round_rows: dict[asyncio.Task[None], list[int]] = {}  # awaiting their confirms
 
     def set_max_inflight(self, queue: str, max_inflight: int) -> None:
         """A queue's max_inflight changed at run time: publish as far ahead of it as before."""
@@ -78,16 +92,23 @@ class OutboxRelay(LoopService):
         """Ready work may have new outbox rows: an idle relay leases at once."""
         self._woken.set()
 
-    def _release_later(self) -> None:
-        """This relay's rows leased now may stay unconfirmed: release once their lease ran out
-        (a little later: the lease counts on the database clock)."""
-        self._release_at = min(self._release_at, time.monotonic() + self._lease_s + 0.05)
+    async def _give_back(self, ids: list[int]) -> None:
+        """Rows whose messages the broker did not confirm: back to the pick, to be published
+        again; kept for the next round if the database does not take them now."""
+        self._unreleased.extend(ids)
+        ids, self._unreleased = self._unreleased, []
+        try:
+            await self._repo.release_leased(ids, self._owner)
+        except BaseException:
+            self._unreleased.extend(ids)
+            raise
+        self._woken.set()  # to publish at once (an idle relay waits for a wake-up)
 
     async def _run(self) -> None:
         now = time.monotonic()
         sweep_at = now + self._sweep_every_s
         self._release_at = now  # a previous relay's leases, at once
-        release_every_at = now + self._lease_s
+        release_every_at = now + self._confirm_timeout_s
         rounds: set[asyncio.Task[None]] = set()  # published, awaiting their confirms
         try:
             while True:
@@ -97,21 +118,22 @@ class OutboxRelay(LoopService):
                 try:
                     while len(rounds) >= ROUNDS_IN_FLIGHT:
                         await asyncio.wait(rounds, return_when=asyncio.FIRST_COMPLETED)
+                    if self._unreleased:
+                        await self._give_back([])
                     now = time.monotonic()
                     release_at = min(self._release_at, self._link.release_due(), release_every_at)
                     if now >= release_at:
                         self._release_at = math.inf
                         self._link.released(now)
-                        release_every_at = now + self._lease_s
+                        release_every_at = now + self._confirm_timeout_s
                         if await self._repo.release_outbox(self._batch) >= self._batch:
                             self._release_at = now  # more: again next round
                     leased = await self._publish_next(rounds)
                     if time.monotonic() >= sweep_at:
-                        leased += await self.sweep_once()  # unmarked: to publish at once
+                        leased += await self.sweep_once()  # released: to publish at once
                         sweep_at = time.monotonic() + self._sweep_every_s
-                except Exception as exc:  # broker or database: leased rows go out again later
+                except Exception as exc:  # broker or database: unconfirmed rows go out again
                     _failed(exc)
-                    self._release_later()
                     await asyncio.sleep(RECONNECT_FIRST_S)
                     continue
                 if leased == 0:  # nothing new, or the windows are full: until a wake-up
@@ -119,8 +141,22 @@ class OutboxRelay(LoopService):
                         min(self._release_at, self._link.release_due(), sweep_at, release_every_at)
                     )
         finally:
-            for task in rounds:  # their rows stay leased: published again once it expires
+            await self._stop_rounds(rounds)
+
+    async def _stop_rounds(self, rounds: set[asyncio.Task[None]]) -> None:
+        """At stop: the batches awaiting their confirms get a moment; the rows of those still
+        unconfirmed then go back to the pick, for another daemon (or the next start) to publish
+        again. Best effort: a row left leased is published again once its lease ran out."""
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            if rounds:
+                await asyncio.wait(rounds, timeout=STOP_CONFIRMS_S)
+            pending = [t for t in rounds if not t.done()]
+            for task in pending:
                 task.cancel()
+            ids = [i for t in pending for i in self._round_rows.pop(t, [])]
+            if ids or self._unreleased:
+                async with asyncio.timeout(STOP_CONFIRMS_S):
+                    await self._give_back(ids)
 
     async def _idle(self, until: float) -> None:
         """Until a wake-up, a claim, or the monotonic time `until` (bounded by RELAY_IDLE_S)."""
@@ -138,8 +174,8 @@ class OutboxRelay(LoopService):
                 w.cancel()
 
     async def run_once(self) -> int:
-        """One round: release what ran out, lease, publish, await the confirms, mark; return
-        how many were leased."""
+        """One round: release what ran out, lease, publish, await the confirms; return how
+        many were leased."""
         await self._repo.release_outbox(self._batch)
         rounds: set[asyncio.Task[None]] = set()
         leased = await self._publish_next(rounds)
@@ -153,7 +189,9 @@ class OutboxRelay(LoopService):
         channel = self._link.publisher
         if channel is None:
             return 0
-        rows = await self._repo.lease_outbox(self.windows, self._batch, self._lease_s)
+        rows = await self._repo.lease_outbox(
+            self.windows, self._batch, self._republish_after_s, self._owner
+        )
         if not rows:
             if not rounds:
                 metrics.OUTBOX_LAG.set(0.0)
@@ -167,9 +205,14 @@ class OutboxRelay(LoopService):
             )
             for batch in batches
         ]
-        confirms = await publish_batch(channel, messages)
+        try:
+            confirms = await publish_batch(channel, messages)
+        except BaseException:
+            await asyncio.shield(self._give_back([r.id for r in rows]))
+            raise
         task = asyncio.ensure_future(self._confirmed(batches, confirms, leased_at))
         rounds.add(task)
+        self._round_rows[task] = [r.id for r in rows]
         task.add_done_callback(rounds.discard)
         task.add_done_callback(self._report)
         return len(rows)
@@ -194,14 +237,19 @@ class OutboxRelay(LoopService):
         confirms: list[asyncio.Future[Any]],
         leased_at: float,
     ) -> None:
-        """Await a published batch's confirms together, then mark the confirmed messages'
-        rows."""
-        async with asyncio.timeout(CONFIRM_TIMEOUT_S):
-            outcomes = await asyncio.gather(*confirms, return_exceptions=True)
-        confirmed = [
+        """Await a published batch's confirms together; give back the rows of the messages the
+        broker did not confirm (in time)."""
+        try:
+            async with asyncio.timeout(self._confirm_timeout_s):
+                outcomes = await asyncio.gather(*confirms, return_exceptions=True)
+        except TimeoutError:
+            outcomes = [TimeoutError(f"no confirm in {self._confirm_timeout_s:g} s")] * len(
+                confirms
+            )
+        unconfirmed = [
             row.id
             for batch, ok in zip(batches, outcomes, strict=True)
-            if isinstance(ok, Basic.Ack)
+            if not isinstance(ok, Basic.Ack)
             for row in batch
         ]
         rows = sum(len(b) for b in batches)
@@ -209,24 +257,23 @@ class OutboxRelay(LoopService):
         metrics.OUTBOX_LAG.set(
             max(r.age_s for b in batches for r in b) + time.monotonic() - leased_at
         )
-        if confirmed:
-            await self._repo.mark_published(confirmed)
-        if len(confirmed) < rows:  # published again once their lease expires
+        if unconfirmed:  # back to the pick: published again
+            await self._give_back(unconfirmed)
             failure = next(o for o in outcomes if not isinstance(o, Basic.Ack))
             if isinstance(failure, DeliveredMessage):  # returned: a queue was deleted
                 await self._link.reconnect()  # which declares it again
             raise RuntimeError(
-                f"{rows - len(confirmed)} of {rows} jobs' messages not confirmed: {failure!r}"
+                f"{len(unconfirmed)} of {rows} jobs' messages not confirmed: {failure!r}"
             )
 
     def _report(self, task: asyncio.Task[None]) -> None:
+        self._round_rows.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             _failed(task.exception())  # type: ignore[arg-type]
-            self._release_later()  # its unconfirmed rows
 
     async def sweep_once(self) -> int:
         """Have the messages the broker lost published again: passes of at most one batch,
-        until a pass finds fewer; return how many rows were unmarked."""
+        until a pass finds fewer; return how many rows went back to the pick."""
         total = 0
         while True:
             found = await self._repo.sweep_unclaimed(self._republish_after_s, self._batch)
@@ -237,7 +284,7 @@ class OutboxRelay(LoopService):
                 if republished:
                     metrics.OUTBOX_REPUBLISHED.labels(queue).inc(republished)
                     log.warning(
-                        "%d messages of queue %s published %.0f s ago and never claimed: "
+                        "%d messages of queue %s published over %.0f s ago and never claimed: "
                         "publishing them again (lost in the broker?)",
                         republished,
                         queue,
