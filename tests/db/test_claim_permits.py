@@ -27,6 +27,24 @@ async def more_jobs(repo: JobRepository, prefix: str, n: int) -> None:
     )
 
 
+async def claim_in_rounds(repo: JobRepository, claimers: int = 6) -> list[int]:
+    """Rounds of `claimers` concurrent claims of 100 until a round starts nothing; the ids
+    started. (A plain claim draws on one slot of parked permits: one round may leave the
+    permits of other slots to the next.)"""
+    ids: list[int] = []
+    while True:
+        results = await asyncio.gather(
+            *(
+                repo.claim_limited("default", 100, CAPABILITIES, f"d{i}", 60)
+                for i in range(claimers)
+            )
+        )
+        started = [j.id for jobs, *_ in results for j in jobs]
+        if not started:
+            return ids
+        ids += started
+
+
 async def test_claims_on_parked_permits_do_not_wait_for_the_queue_row(
     repo: JobRepository,
 ) -> None:
@@ -73,10 +91,7 @@ async def test_parked_permits_count_against_the_burst(repo: JobRepository) -> No
     await setup(repo, 200, rate=0.001, burst=25, inflight=None)
     jobs, *_ = await repo.claim_limited("default", 2, CAPABILITIES, "d0", 60)
     assert len(jobs) == 2 and await parked(repo) == 16
-    results = await asyncio.gather(
-        *(repo.claim_limited("default", 100, CAPABILITIES, f"d{i}", 60) for i in range(6))
-    )
-    assert sum(len(jobs) for jobs, *_ in results) == 23
+    assert len(await claim_in_rounds(repo)) == 23
     assert await running(repo) == 25
     jobs, _, wait_s, *_ = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
     assert jobs == [] and wait_s is not None and wait_s > 100
@@ -90,14 +105,38 @@ async def test_a_full_bucket_and_parked_permits_together_stay_within_the_burst(
     assert len(jobs) == 2 and await parked(repo) == 16
     await asyncio.sleep(1.0)  # the bucket refills (50/s) up to the burst, less what is parked
     # the refill reads the clock when each claim gets the queue row, not when its transaction
-    # began (started_at): bound it by the database clock around all six claims
+    # began (started_at): bound it by the database clock around all the rounds
     before = await repo.pool.fetchval("SELECT clock_timestamp()")
-    results = await asyncio.gather(
-        *(repo.claim_limited("default", 100, CAPABILITIES, f"d{i}", 60) for i in range(6))
-    )
+    ids = await claim_in_rounds(repo)
     span = (await repo.pool.fetchval("SELECT clock_timestamp()") - before).total_seconds()
-    ids = [j.id for jobs, *_ in results for j in jobs]
     assert 20 <= len(ids) <= 20 + 50 * span + 1, span  # a burst, not a burst plus the parked
+
+
+async def slots(repo: JobRepository) -> list[int]:
+    rows = await repo.pool.fetch(
+        "SELECT n FROM dispatcher.claim_permits WHERE queue = 'default' ORDER BY slot"
+    )
+    return [r["n"] for r in rows]
+
+
+async def test_a_plain_claim_draws_on_one_slot_what_it_starts(repo: JobRepository) -> None:
+    """The plain case takes its grant from the fullest slot in its own statements (not through
+    claim_grant, whose call was a quarter of a one-job claim's server time): the slot gives
+    exactly the jobs started, the other slots and the bucket keep theirs."""
+    await setup(repo, 3, rate=1_000_000, burst=100_000, inflight=10_000)
+    jobs, *_ = await repo.claim_limited("default", 10, CAPABILITIES, "d0", 60)
+    assert len(jobs) == 3 and await slots(repo) == [10] * 8
+    tokens = await repo.pool.fetchval("SELECT tokens FROM dispatcher.queues WHERE name = 'default'")
+    await more_jobs(repo, "one", 1)
+    jobs, *_ = await repo.claim_limited("default", 10, CAPABILITIES, "d0", 60)
+    assert len(jobs) == 1 and await slots(repo) == [9] + [10] * 7
+    await more_jobs(repo, "twelve", 12)  # more than the fullest slot holds: that slot's 10
+    jobs, *_ = await repo.claim_limited("default", 100, CAPABILITIES, "d0", 60)
+    assert len(jobs) == 10 and await slots(repo) == [9, 0] + [10] * 6
+    assert (
+        await repo.pool.fetchval("SELECT tokens FROM dispatcher.queues WHERE name = 'default'")
+        == tokens
+    )
 
 
 async def test_permits_a_claim_did_not_use_are_given_back(repo: JobRepository) -> None:
