@@ -212,7 +212,7 @@ SELECT state, why, count(*)::int AS n FROM rescued GROUP BY state, why;
 -- back to the pick (migration 052): whether the broker had their messages is not known, so
 -- they are published again (a message it had is then a counted duplicate). Run before the
 -- rescue, which forgets an owner once it has no running job. Per queue through
--- outbox_relayed_queue (OFFSET 0, as the relay's statements); how many.
+-- outbox_relayed (OFFSET 0, as the relay's statements); how many.
 WITH gone AS MATERIALIZED (
     SELECT o FROM unnest($1::text[]) o WHERE NOT dispatcher.liveness_held(o)
 ), released AS (

@@ -542,9 +542,7 @@ CREATE INDEX key_ledger_finished_at ON dispatcher.key_ledger USING btree (finish
 
 CREATE INDEX outbox_held_key ON dispatcher.outbox USING btree (queue, held_key) WHERE (held_key IS NOT NULL);
 
-CREATE INDEX outbox_relayed_job ON dispatcher.outbox USING btree (job_id) WHERE (leased_until IS NOT NULL);
-
-CREATE INDEX outbox_relayed_queue ON dispatcher.outbox USING btree (queue) WHERE (leased_until IS NOT NULL);
+CREATE INDEX outbox_relayed ON dispatcher.outbox USING btree (queue, job_id) WHERE (leased_until IS NOT NULL);
 
 CREATE INDEX outbox_to_relay ON dispatcher.outbox USING btree (queue, priority, tenant, created_at, id) WHERE (leased_until IS NULL);
 

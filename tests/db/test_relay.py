@@ -341,7 +341,7 @@ async def test_the_consumers_claim_probes_by_key_at_any_table_size(
         assert f"Seq Scan on {table}" not in text, text
     # the relay's rows of the started jobs are reached by job id, not filtered one by one,
     # and the started jobs by primary key, not by walking the index of every ready job
-    assert "outbox_relayed_job" in text, text
+    assert "outbox_relayed" in text, text
     assert "jobs_ready_claim" not in text, text
 
 
@@ -364,4 +364,43 @@ async def test_the_relay_and_its_sweep_never_scan_the_job_tables(
     assert "Seq Scan on outbox" not in await plan(pool, "release_outbox", 500)
     # and of a gone daemon's relay's rows (migration 052)
     text = await plan(pool, "release_gone_relays", ["host:1:gone"])
-    assert "Seq Scan on outbox" not in text and "outbox_relayed_queue" in text, text
+    assert "Seq Scan on outbox" not in text and "outbox_relayed" in text, text
+
+
+@pytest.fixture(scope="module")
+async def quiet_spell_outbox(
+    module_pools: Callable[[], Awaitable[asyncpg.Pool]],
+) -> tuple[asyncpg.Pool, list[int]]:
+    """The statistics of a quiet spell: taken while 30,000 ready jobs had outbox rows and none
+    was leased; then a relay leased 4,000 (a burst's window). With two partial indexes of the
+    same predicate, the planner then saw a walk of the queue's relayed rows as cheap as a probe
+    by job id, and chose the walk for every delivery (migration 053)."""
+    repo = JobRepository(await module_pools())
+    relay = RelayRepository(repo.pool)
+    await repo.sync_registry({"default": (3, 3600)}, {"work": ("python", 1)})
+    for table in ("intents", "job_state", "outbox"):
+        await repo.pool.execute(f"ALTER TABLE dispatcher.{table} SET (autovacuum_enabled = false)")
+    await repo.pool.execute(f"""
+        SELECT count(*) FROM dispatcher.enqueue_many(
+               (SELECT array_agg('k' || g) FROM generate_series(1, {ROWS}) g),
+               array_fill('work'::text, ARRAY[{ROWS}]),
+               array_fill('{{}}'::jsonb, ARRAY[{ROWS}]))""")
+    await enqueue(repo, [])  # the outbox rows, whatever intake wrote
+    await repo.pool.execute("ANALYZE dispatcher.intents, dispatcher.job_state, dispatcher.outbox")
+    leased = await relay.lease_outbox({"default": 4000}, 4000, 30, "r1")
+    return repo.pool, [r.job_id for r in leased]
+
+
+async def test_the_consumers_claim_probes_each_job_after_a_quiet_spell(
+    quiet_spell_outbox: tuple[asyncpg.Pool, list[int]],
+) -> None:
+    pool, published = quiet_spell_outbox
+    ids = published[:1000]
+    text = await plan(
+        pool, "claim_delivered", "default", ids, [0] * 1000, "o", 60.0, CAPS, 2**62, True
+    )
+    lines = text.splitlines()
+    [probe] = [i for i, line in enumerate(lines) if "on outbox x" in line]
+    # each delivered job's rows by an index condition on its id, not a filter over a walk
+    assert "outbox_relayed" in lines[probe] and "job_id" in lines[probe + 1], text
+    assert "Index Cond" in lines[probe + 1], text
