@@ -297,6 +297,31 @@ async def test_migration_017_gives_what_a_relay_published_before_a_published_row
 ROWS = 30_000
 
 
+async def leased_window(
+    pool: asyncpg.Pool, *, analyze_before_jobs: bool
+) -> tuple[asyncpg.Pool, list[int]]:
+    """ROWS ready jobs with outbox rows, 4,000 of them leased by a relay (a window), with no
+    autovacuum analyze meanwhile; the statistics taken before the jobs arrived (empty tables)
+    or after (every row unleased); the pool and the leased rows' job ids."""
+    repo = JobRepository(pool)
+    await repo.sync_registry({"default": (3, 3600)}, {"work": ("python", 1)})
+    for table in ("intents", "job_state", "outbox"):
+        await pool.execute(f"ALTER TABLE dispatcher.{table} SET (autovacuum_enabled = false)")
+    analyze = "ANALYZE dispatcher.intents, dispatcher.job_state, dispatcher.outbox"
+    if analyze_before_jobs:
+        await pool.execute(analyze)
+    await pool.execute(f"""
+        SELECT count(*) FROM dispatcher.enqueue_many(
+               (SELECT array_agg('k' || g) FROM generate_series(1, {ROWS}) g),
+               array_fill('work'::text, ARRAY[{ROWS}]),
+               array_fill('{{}}'::jsonb, ARRAY[{ROWS}]))""")
+    await enqueue(repo, [])  # the outbox rows, whatever intake wrote
+    if not analyze_before_jobs:
+        await pool.execute(analyze)
+    leased = await RelayRepository(pool).lease_outbox({"default": 4000}, 4000, 30, "r1")
+    return pool, [r.job_id for r in leased]
+
+
 @pytest.fixture(scope="module")
 async def big_outbox(
     module_pools: Callable[[], Awaitable[asyncpg.Pool]],
@@ -307,20 +332,7 @@ async def big_outbox(
     burst outruns autovacuum's analyze): what the planner then believes about ready rows is
     wrong. Built once for the module's plan tests, which only plan (EXPLAIN); no autovacuum
     analyze meanwhile."""
-    repo = JobRepository(await module_pools())
-    relay = RelayRepository(repo.pool)
-    await repo.sync_registry({"default": (3, 3600)}, {"work": ("python", 1)})
-    for table in ("intents", "job_state", "outbox"):
-        await repo.pool.execute(f"ALTER TABLE dispatcher.{table} SET (autovacuum_enabled = false)")
-    await repo.pool.execute("ANALYZE dispatcher.intents, dispatcher.job_state, dispatcher.outbox")
-    await repo.pool.execute(f"""
-        SELECT count(*) FROM dispatcher.enqueue_many(
-               (SELECT array_agg('k' || g) FROM generate_series(1, {ROWS}) g),
-               array_fill('work'::text, ARRAY[{ROWS}]),
-               array_fill('{{}}'::jsonb, ARRAY[{ROWS}]))""")
-    await enqueue(repo, [])  # the outbox rows, whatever intake wrote
-    leased = await relay.lease_outbox({"default": 4000}, 4000, 30, "r1")
-    return repo.pool, [r.job_id for r in leased]
+    return await leased_window(await module_pools(), analyze_before_jobs=True)
 
 
 async def plan(pool: asyncpg.Pool, name: str, *args: object) -> str:
@@ -375,20 +387,7 @@ async def quiet_spell_outbox(
     was leased; then a relay leased 4,000 (a burst's window). With two partial indexes of the
     same predicate, the planner then saw a walk of the queue's relayed rows as cheap as a probe
     by job id, and chose the walk for every delivery (migration 053)."""
-    repo = JobRepository(await module_pools())
-    relay = RelayRepository(repo.pool)
-    await repo.sync_registry({"default": (3, 3600)}, {"work": ("python", 1)})
-    for table in ("intents", "job_state", "outbox"):
-        await repo.pool.execute(f"ALTER TABLE dispatcher.{table} SET (autovacuum_enabled = false)")
-    await repo.pool.execute(f"""
-        SELECT count(*) FROM dispatcher.enqueue_many(
-               (SELECT array_agg('k' || g) FROM generate_series(1, {ROWS}) g),
-               array_fill('work'::text, ARRAY[{ROWS}]),
-               array_fill('{{}}'::jsonb, ARRAY[{ROWS}]))""")
-    await enqueue(repo, [])  # the outbox rows, whatever intake wrote
-    await repo.pool.execute("ANALYZE dispatcher.intents, dispatcher.job_state, dispatcher.outbox")
-    leased = await relay.lease_outbox({"default": 4000}, 4000, 30, "r1")
-    return repo.pool, [r.job_id for r in leased]
+    return await leased_window(await module_pools(), analyze_before_jobs=False)
 
 
 async def test_the_consumers_claim_probes_each_job_after_a_quiet_spell(

@@ -72,13 +72,14 @@ DECLARE
     cand_tenants    text[];
     cand_turns      integer[];
 BEGIN
-    SELECT NOT x.paused AND x.limit_group IS NULL AND x.key_max_inflight IS NULL
-           AND x.key_rate_per_s IS NULL
-           AND NOT EXISTS (SELECT 1 FROM dispatcher.key_limits o WHERE o.queue = q),
-           a.priority, a.tenant, b.priority IS DISTINCT FROM a.priority, b.priority IS NOT NULL,
-           pm.slot, pm.n
+    SELECT f.plain, a.priority, a.tenant, b.priority IS DISTINCT FROM a.priority,
+           b.priority IS NOT NULL, pm.slot, pm.n
       INTO plain, one_priority, one_tenant, single, beyond, slot_taken, slot_n
       FROM dispatcher.queues x
+     CROSS JOIN LATERAL (SELECT NOT x.paused AND x.limit_group IS NULL
+                                AND x.key_max_inflight IS NULL AND x.key_rate_per_s IS NULL
+                                AND NOT EXISTS (SELECT 1 FROM dispatcher.key_limits o
+                                                 WHERE o.queue = q) AS plain) f
       LEFT JOIN LATERAL (SELECT s.priority, s.tenant FROM dispatcher.job_state s
                           WHERE s.queue = q AND s.state = 'ready'
                           ORDER BY s.queue, s.priority, s.tenant LIMIT 1) a ON true
@@ -87,13 +88,12 @@ BEGIN
                           WHERE s.queue = q AND s.state = 'ready'
                             AND (s.priority, s.tenant) > (a.priority, a.tenant)
                           ORDER BY s.queue, s.priority, s.tenant LIMIT 1) b ON true
-      -- the plain case's grant: the fullest slot of parked permits no other claim holds, as
-      -- claim_grant would take first; locked to commit, drawn on for the jobs started only
+      -- the plain case's grant (plain, something ready, single): the fullest slot of parked
+      -- permits no other claim holds, as claim_grant would take first; locked to commit, drawn
+      -- on for the jobs started only
       LEFT JOIN LATERAL (SELECT p.slot, p.n FROM dispatcher.claim_permits p
-                          WHERE p.queue = q AND p.n > 0 AND a.priority IS NOT NULL
-                            AND b.priority IS DISTINCT FROM a.priority AND NOT x.paused
-                            AND x.limit_group IS NULL AND x.key_max_inflight IS NULL
-                            AND x.key_rate_per_s IS NULL
+                          WHERE p.queue = q AND p.n > 0 AND f.plain AND a.priority IS NOT NULL
+                            AND b.priority IS DISTINCT FROM a.priority
                           ORDER BY p.n DESC, p.slot LIMIT 1
                             FOR UPDATE SKIP LOCKED) pm ON true
      WHERE x.name = q;  -- no row (a queue the daemon has not set up): the full claim
@@ -105,12 +105,11 @@ BEGIN
                NULL::float8, 0, NULL::float8, false, NULL::smallint, NULL::text, false, 0, true;
         RETURN;
     END IF;
-    IF fast AND slot_taken IS NOT NULL THEN
+    IF slot_taken IS NOT NULL THEN  -- locked only in the plain case (fast)
         -- as claim_grant's first step, in this claim's own statements: a claim of one job on a
         -- steady stream (W3) spent a quarter of its server time in the grant's function
         granted_n := least(greatest(wanted, 0), slot_n);
     ELSE
-        slot_taken := NULL;
         SELECT g.granted, g.wait_s INTO granted_n, grant_wait_s
           FROM dispatcher.claim_grant(q, wanted) g;
     END IF;

@@ -258,10 +258,12 @@ class OutboxRelay(LoopService):
             max(r.age_s for b in batches for r in b) + time.monotonic() - leased_at
         )
         if unconfirmed:  # back to the pick: published again
-            await self._give_back(unconfirmed)
             failure = next(o for o in outcomes if not isinstance(o, Basic.Ack))
-            if isinstance(failure, DeliveredMessage):  # returned: a queue was deleted
-                await self._link.reconnect()  # which declares it again
+            try:
+                if isinstance(failure, DeliveredMessage):  # returned: a queue was deleted
+                    await self._link.reconnect()  # which declares it again, before the retry
+            finally:
+                await self._give_back(unconfirmed)
             raise RuntimeError(
                 f"{len(unconfirmed)} of {rows} jobs' messages not confirmed: {failure!r}"
             )
