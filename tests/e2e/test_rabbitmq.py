@@ -635,10 +635,58 @@ async def test_a_batch_the_broker_does_not_confirm_goes_back_to_the_pick_at_once
         ) == ("relay-test")
 
 
-async def outbox_rows(repo: JobRepository, n: int) -> list[int]:
-    """`n` ready jobs with their outbox rows, as intake writes them under the relay."""
+@contextlib.asynccontextmanager
+async def memory_alarm() -> AsyncIterator[None]:
+    """The broker's memory alarm raised (a watermark far below what it uses): it blocks every
+    publishing connection, so nothing published meanwhile is confirmed. Put back as it was."""
+    was = (await rabbitmqctl("eval", "vm_memory_monitor:get_vm_memory_high_watermark().")).strip()
+    assert float(was) > 0, was  # a relative watermark, as set_vm_memory_high_watermark takes
+    await rabbitmqctl("set_vm_memory_high_watermark", "0.000001")
+    try:
+
+        async def raised() -> bool:
+            return "memory" in await rabbitmqctl("eval", "rabbit_alarm:get_alarms().")
+
+        await wait_until(raised, timeout_s=10, what="the broker's memory alarm")
+        yield
+    finally:
+        await rabbitmqctl("set_vm_memory_high_watermark", was)
+
+
+async def test_a_relay_stopped_before_its_batch_is_confirmed_gives_the_rows_back(
+    repo: JobRepository, prefix_alone: str
+) -> None:
+    """A daemon stopping while its relay's batch awaits the broker's confirms: the batch gets a
+    moment, then its rows go back to the pick, for another daemon to publish at once, instead
+    of staying leased (for republish_after_s, here 300 s) with no message behind them."""
+    async with idle_relay(repo, prefix_alone) as (relay, _, relays), memory_alarm():
+        for round_ in range(3):  # a round each: the broker confirms what it read before blocking
+            [job] = await outbox_rows(repo, 1, first=round_)
+            relay.wake()
+
+            async def leased(job: int = job) -> bool:
+                return bool(
+                    await repo.pool.fetchval(
+                        "SELECT leased_by = 'relay-test' FROM dispatcher.outbox WHERE job_id = $1",
+                        job,
+                    )
+                )
+
+            await wait_until(leased, what="the relay's lease (its publish blocked by the alarm)")
+        assert relays.given_back == 0
+        await relay.stop()
+        given_back = await repo.pool.fetchval(
+            "SELECT count(*) FROM dispatcher.outbox WHERE leased_by IS NULL"
+            " AND leased_until IS NULL"
+        )
+        assert relays.given_back >= 1 and given_back == relays.given_back
+
+
+async def outbox_rows(repo: JobRepository, n: int, first: int = 0) -> list[int]:
+    """`n` ready jobs (keys numbered from `first`) with their outbox rows, as intake writes
+    them under the relay."""
     jobs = await repo.enqueue_many(
-        [NewJob(key=f"row-{i}", handler="work", payload={}) for i in range(n)]
+        [NewJob(key=f"row-{i}", handler="work", payload={}) for i in range(first, first + n)]
     )
     await repo.pool.execute(
         "INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability)"
