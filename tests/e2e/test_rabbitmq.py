@@ -534,11 +534,15 @@ class CountingRelays(RelayRepository):
 
     def __init__(self, pool: asyncpg.Pool):
         super().__init__(pool)
-        self.leases = self.releases = self.given_back = 0
+        self.leases = self.releases = self.given_back = self.refused = 0
+        self.refuse_give_backs = 0  # give-backs to fail as a database outage would
 
     async def release_leased(self, ids: list[int], owner: str) -> None:
-        self.given_back += len(ids)
+        if self.refused < self.refuse_give_backs:
+            self.refused += 1
+            raise ConnectionRefusedError("the database is away (the test's outage)")
         await super().release_leased(ids, owner)
+        self.given_back += len(ids)
 
     async def lease_outbox(
         self, windows: dict[str, int], batch: int, lease_s: float, owner: str
@@ -606,15 +610,19 @@ async def test_an_idle_relay_waits_for_a_wake_up_and_publishes_at_once_when_woke
         assert relays.leases >= leases + 1
 
 
+@pytest.mark.parametrize("refusals", [0, 2], ids=["database-up", "database-refuses-twice"])
 async def test_a_batch_the_broker_does_not_confirm_goes_back_to_the_pick_at_once(
-    repo: JobRepository, prefix: str
+    repo: JobRepository, prefix: str, refusals: int
 ) -> None:
     """The broker queue deleted under the relay: its message comes back unroutable,
     unconfirmed. The relay gives the row back at once (not after its lease, republish_after_s
-    here 300 s, nor the confirm timeout of 30 s), declares the queue again and publishes it."""
+    here 300 s, nor the confirm timeout of 30 s), declares the queue again and publishes it.
+    A give-back the database refuses is tried again by the relay's loop, not left until the
+    lease runs out."""
     import aio_pika
 
     async with idle_relay(repo, prefix) as (relay, _, relays):
+        relays.refuse_give_backs = refusals
         connection = await aio_pika.connect(BROKER)
         async with connection:
             channel = await connection.channel()
@@ -622,6 +630,7 @@ async def test_a_batch_the_broker_does_not_confirm_goes_back_to_the_pick_at_once
         [job] = await outbox_rows(repo, 1)
         relay.wake()
         await wait_until(lambda: relays.given_back >= 1, timeout_s=10, what="the row given back")
+        assert relays.refused == refusals
 
         async def in_the_broker() -> bool:
             # ready or delivered to the link's consumer (nobody claims here): `messages` counts

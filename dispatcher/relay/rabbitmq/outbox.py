@@ -272,6 +272,8 @@ class OutboxRelay(LoopService):
         self._round_rows.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             _failed(task.exception())  # type: ignore[arg-type]
+        if self._unreleased:  # the give-back failed: the loop retries it (an idle one at once)
+            self._woken.set()
 
     async def sweep_once(self) -> int:
         """Have the messages the broker lost published again: passes of at most one batch,
