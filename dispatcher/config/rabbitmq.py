@@ -34,8 +34,8 @@ class RabbitSettings(Strict):
     # so one tenant's burst waits in the database, where the relay orders it fairly.
     publish_ahead: float = Field(2.0, ge=1, le=100)
     # A message published this long ago whose job is still ready and unclaimed was lost in the
-    # broker (queue purged, broker data lost): the relay's sweep publishes it again. The relay
-    # leases each row it publishes for this long (migration 052).
+    # broker (queue purged, broker data lost): the relay's sweep publishes it again (its record
+    # in outbox_messages is kept until a claim handled its jobs, or this long: migration 054).
     republish_after_s: float = Field(300.0, ge=1, le=MAX_DURATION_S)
 
     @model_validator(mode="after")

@@ -122,11 +122,12 @@ class ClaimConnections(Service):
         owner: str,
         lease_s: float,
         grant: ByteGrant = UNBOUNDED,
+        messages: Sequence[int | None] = (),
     ) -> Claimed:
         """As `RelayRepository.claim_delivered` (the RabbitMQ transport's claim)."""
         async with self._borrow() as conn:
             return await claim_delivered_on(
-                conn, queue, deliveries, capabilities, owner, lease_s, grant
+                conn, queue, deliveries, capabilities, owner, lease_s, grant, messages
             )
 
     @contextlib.asynccontextmanager

@@ -88,10 +88,11 @@ WITH due AS (
 ), moved AS (
     UPDATE dispatcher.job_state s SET state = 'ready'
      WHERE s.id = ANY (ARRAY(SELECT id FROM due))
-    RETURNING s.id, s.queue, s.tenant, s.capability, s.priority, s.due_at
+    RETURNING s.id, s.queue, s.tenant, s.capability, s.priority, s.due_at, s.attempt
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
-    SELECT id, queue, tenant, capability, priority FROM moved WHERE dispatcher.ready_outbox()
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority, attempt)
+    SELECT id, queue, tenant, capability, priority, attempt FROM moved
+     WHERE dispatcher.ready_outbox()
 )
 SELECT m.moved, m.due_now, coalesce(w.due_in_s, '{}') AS due_in_s,
        coalesce(w.due_counts, '{}') AS due_counts
@@ -189,8 +190,8 @@ WITH expired AS (
     RETURNING s.id, s.state, s.queue, s.tenant, s.capability, s.attempt, s.started_at,
               s.dead_reason, s.last_error, l.lease_owner, l.why, s.priority
 ), outboxed AS (
-    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
-    SELECT id, queue, tenant, capability, priority FROM rescued
+    INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority, attempt)
+    SELECT id, queue, tenant, capability, priority, attempt FROM rescued
      WHERE state = 'ready' AND dispatcher.ready_outbox()
 ), history AS (
     INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at, outcome,
@@ -208,13 +209,19 @@ WITH expired AS (
 SELECT state, why, count(*)::int AS n FROM rescued GROUP BY state, why;
 
 -- name: release_gone_relays
--- The outbox rows the relays of gone owners ($1, as rescue_expired_leases takes them) leased go
--- back to the pick (migration 052): whether the broker had their messages is not known, so
--- they are published again (a message it had is then a counted duplicate). Run before the
--- rescue, which forgets an owner once it has no running job. Per queue through
--- outbox_relayed (OFFSET 0, as the relay's statements); how many.
+-- The messages the relays of gone owners ($1, as rescue_expired_leases takes them) published
+-- are given back (migration 054): whether the broker had them is not known, so their jobs still
+-- ready are published again (a message it had is then a counted duplicate). So are the outbox
+-- rows an earlier release's relays leased (leased_by, migration 052), per queue through
+-- outbox_relayed (OFFSET 0, as the relay's statements). Run before the rescue, which forgets
+-- an owner once it has no running job. How many jobs go out again.
 WITH gone AS MATERIALIZED (
     SELECT o FROM unnest($1::text[]) o WHERE NOT dispatcher.liveness_held(o)
+), messages AS MATERIALIZED (
+    SELECT a.republished FROM dispatcher.messages_again(ARRAY(
+           SELECT m.id FROM dispatcher.outbox_messages m
+            WHERE m.relay = ANY (ARRAY(SELECT o FROM gone))
+              FOR UPDATE SKIP LOCKED)) a
 ), released AS (
     UPDATE dispatcher.outbox o SET leased_until = NULL, leased_by = NULL
      WHERE o.id = ANY (ARRAY(
@@ -227,7 +234,8 @@ WITH gone AS MATERIALIZED (
                   OFFSET 0) x))
     RETURNING 1
 )
-SELECT count(*)::int FROM released;
+SELECT (coalesce((SELECT sum(republished) FROM messages), 0)
+        + (SELECT count(*) FROM released))::int;
 
 -- name: claim_ready
 -- Claim up to $2 ready jobs of queue $1 for owner $4: dispatcher.claim_ready

@@ -14,19 +14,18 @@ from dispatcher.model import UNBOUNDED, AttemptKey, ByteGrant, Job
 
 _CLAIM_DELIVERED = query("claim_delivered")
 _LEASE_OUTBOX = query("lease_outbox")
-_RELEASE_LEASED = query("release_leased")
+_GIVE_BACK_MESSAGES = query("give_back_messages")
 _RELEASE_OUTBOX = query("release_outbox")
 
 
 class OutboxLease(NamedTuple):
-    """One leased outbox row and what its message carries."""
+    """One job a relay took to publish, and the message that carries it."""
 
-    id: int
+    message: int  # the message's id (outbox_messages, migration 054)
     job_id: int
     queue: str
-    key: str
     attempt: int  # the attempt the job is ready to start after (the consumer's fence)
-    age_s: float  # since the row was written (commit -> lease)
+    age_s: float  # since the job's row was written (commit -> lease)
     priority: int = 0  # where the row stands in its queue's turns (the relay's next cursor)
     tenant: str = ""
     turn: int = 0
@@ -52,18 +51,18 @@ class RelayRepository:
         self._cursors: dict[str, tuple[int, str]] = {}
 
     async def lease_outbox(
-        self, windows: dict[str, int], batch: int, lease_s: float, owner: str
+        self, windows: dict[str, int], per_message: dict[str, int], batch: int, owner: str
     ) -> list[OutboxLease]:
-        """Lease up to `batch` rows nobody holds to `owner` for `lease_s` (until their messages
-        count as lost), each queue at most its window ahead of its consumers, by priority, then
-        tenants in turn; in the order to publish them."""
+        """Take up to `batch` rows nobody holds for relay `owner`, each queue at most its window
+        ahead of its consumers, by priority, then tenants in turn, and record them as messages
+        of at most `per_message` jobs of their queue; the jobs in the order to publish them."""
         queues = list(windows)
         after = [self._cursors.get(q) for q in queues]
         rows = await self.pool.fetch(
             _LEASE_OUTBOX,
             queues,
             list(windows.values()),
-            lease_s,
+            [per_message[q] for q in queues],
             batch,
             [a[0] if a else None for a in after],
             [a[1] if a else None for a in after],
@@ -83,17 +82,29 @@ class RelayRepository:
         out to the rows the relays pick from; how many."""
         return int(await self.pool.fetchval(_RELEASE_OUTBOX, batch))
 
-    async def release_leased(self, ids: list[int], owner: str) -> None:
-        """The broker did not confirm these rows' messages: back to the pick, unless a claim
-        or another relay has them now."""
-        await self.pool.execute(_RELEASE_LEASED, ids, owner)
+    async def give_back(self, messages: list[int], owner: str) -> None:
+        """The broker did not confirm these messages of relay `owner`: their jobs still ready
+        back to the pick, to be published again."""
+        await self.pool.execute(_GIVE_BACK_MESSAGES, messages, owner)
 
-    async def sweep_unclaimed(self, older_than_s: float, batch: int) -> dict[str, tuple[int, int]]:
-        """Have the messages lost in the broker published again; return, per queue, how many
-        rows went back to the pick (published again) and how many left-over rows were
-        deleted."""
-        rows = await self.pool.fetch(query("sweep_unclaimed"), older_than_s, batch)
-        return {r["queue"]: (r["republished"], r["dropped"]) for r in rows}
+    async def sweep_unclaimed(
+        self, older_than_s: float, batch: int, handled_after_s: float | None = None
+    ) -> dict[str, tuple[int, int]]:
+        """Have the messages lost in the broker published again: up to `batch` messages not
+        handled within `older_than_s` (and as many rows an earlier release's relays leased);
+        forget those older than `handled_after_s` whose jobs all left ready (handled, but not
+        counted); return, per queue, how many jobs went back to the pick (published again)
+        and how many were no longer ready."""
+        found: dict[str, tuple[int, int]] = {}
+        handled_after_s = older_than_s if handled_after_s is None else handled_after_s
+        for name, args in (
+            ("sweep_lost_messages", (older_than_s, batch, handled_after_s)),
+            ("sweep_unclaimed", (older_than_s, batch)),
+        ):
+            for r in await self.pool.fetch(query(name), *args):
+                again, dropped = found.get(r["queue"], (0, 0))
+                found[r["queue"]] = (again + r["republished"], dropped + r["dropped"])
+        return found
 
     async def claim_delivered(
         self,
@@ -103,12 +114,14 @@ class RelayRepository:
         owner: str,
         lease_s: float,
         grant: ByteGrant = UNBOUNDED,
+        messages: Sequence[int | None] = (),
     ) -> Claimed:
         """Lease delivered jobs this process can run, each fenced by the attempt its message
-        was published after, within the queue's global limits and the bytes of `grant`; delete
-        the relay's rows of the jobs started (their messages are consumed)."""
+        was published after, within the queue's global limits and the bytes of `grant`; count
+        the jobs handled in the messages that carried them (`messages`, one per delivery:
+        none, an earlier release's message), whose window they leave."""
         return await claim_delivered_on(
-            self.pool, queue, deliveries, capabilities, owner, lease_s, grant
+            self.pool, queue, deliveries, capabilities, owner, lease_s, grant, messages
         )
 
 
@@ -120,6 +133,7 @@ async def claim_delivered_on(
     owner: str,
     lease_s: float,
     grant: ByteGrant,
+    messages: Sequence[int | None] = (),
 ) -> Claimed:
     """`claim_delivered` on a pool or on a connection a claim loop borrowed (db/claims.py)."""
     ids = [job_id for job_id, _ in deliveries]
@@ -134,6 +148,7 @@ async def claim_delivered_on(
         capabilities,
         grant.bytes,
         grant.alone,
+        list(messages) or [None] * len(ids),
     )
     return claimed_deliveries(rows)
 

@@ -2,40 +2,38 @@
 -- consumer's claim. Same conventions as queries.sql.
 --
 -- An outbox row's life over RabbitMQ (migration 017): written with the job's move to `ready`;
--- leased by a relay, which names itself (leased_by) and holds it until its message would count
--- as lost in the broker (republish_after_s, migration 052); deleted by the claim that starts its
--- job. No mark follows the broker's confirm: a leased row is a message published (or being
--- published). A batch the broker did not confirm goes back to the pick at once (release_leased,
--- by its relay), as do the rows of a relay whose daemon is gone (the due-scan's rescue,
--- queries.sql); a lease that ran out unclaimed is a message the broker lost (sweep_unclaimed).
--- The rows a consumer writes (refused, held by a key) are leased briefly by nobody (leased_by
--- NULL) and released once that runs out (release_outbox); so were an earlier release's rows
--- until the broker confirmed them (published_at, kept for a rolling upgrade). The leased rows
--- of a queue are the messages published and not yet claimed: the relay's window counts them.
--- Every leased row keeps leased_until set, so the claim reaches it by job id
--- (outbox_relayed, migration 053) whatever its relay does meanwhile.
+-- taken (deleted) by the relay that publishes it, which records each message it makes of the
+-- rows in outbox_messages (migration 054): the jobs it carries and their attempts. The claim
+-- that handles a message's jobs counts them there, and deletes the message with its last: the
+-- jobs of a queue's messages not yet handled are the relay's window. A message the broker did
+-- not confirm is given back by its relay at once (give_back_messages), as are the messages of
+-- a relay whose daemon is gone (the due-scan's rescue, queries.sql); one not handled within
+-- rabbitmq.republish_after_s is a message the broker lost (sweep_lost_messages): its jobs
+-- still ready get outbox rows again (dispatcher.messages_again).
+-- The rows a consumer writes (refused, held by a key) are leased briefly (leased_until, by
+-- nobody) and released once that runs out (release_outbox). The rows an earlier release's
+-- relays leased (leased_by, migration 052; published_at, migration 017) are swept once their
+-- lease ran out (sweep_unclaimed): kept for a rolling upgrade.
 
 -- name: lease_outbox
--- Relay $7: lease for $3 seconds (until its message counts as lost) up to $4 rows nobody holds,
--- to publish them, of the queues $1, each at
--- most $2 (its window) ahead of its consumers: the window less its rows published (or being
--- published: leased) and not yet claimed. Within a queue, in the order claim_ready takes ready
--- jobs (dispatcher.relay_pick, migration 023): the lowest priority value first, tenants in turn
--- from where this relay's previous lease of the queue stopped ($5 priorities, $6 tenants, one
--- per queue, NULL at first), the oldest row first; so one tenant's burst does not fill the
--- window ahead of another's job, and an urgent job waits behind at most a window. Each row with
--- what its message carries (the job's key and the attempt it is ready after), in the order to
--- publish them, and where it stands in its queue's turns (the relay's next cursor).
+-- Relay $7: take up to $4 rows nobody holds, to publish them, of the queues $1, each at most $2
+-- (its window) ahead of its consumers: the window less the jobs of its messages published and
+-- not yet handled (migration 054). Within a queue, in the order claim_ready takes ready jobs
+-- (dispatcher.relay_pick, migration 023): the lowest priority value first, tenants in turn from
+-- where this relay's previous lease of the queue stopped ($5 priorities, $6 tenants, one per
+-- queue, NULL at first), the oldest row first; so one tenant's burst does not fill the window
+-- ahead of another's job, and an urgent job waits behind at most a window. The rows taken are
+-- deleted: each queue's, in that order, make messages of at most $3 jobs (one per queue),
+-- each recorded in outbox_messages with the attempt each job is ready after (the consumer's
+-- fence). Each job with its message, in the order to publish them, and where it stands in its
+-- queue's turns (the relay's next cursor).
 WITH windows AS MATERIALIZED (
-    SELECT w.queue, w.after_priority, w.after_tenant,
-           least($4::integer, greatest(0, w.size - (
-               SELECT count(*) FROM (
-                   SELECT 1 FROM dispatcher.outbox o
-                    WHERE o.queue = w.queue AND o.leased_until IS NOT NULL
-                      AND (o.published_at IS NOT NULL OR o.leased_until > now())
-                    LIMIT w.size) p)))::integer AS take
-      FROM unnest($1::text[], $2::integer[], $5::integer[], $6::text[])
-           AS w(queue, size, after_priority, after_tenant)
+    SELECT w.queue, w.after_priority, w.after_tenant, w.per_message,
+           least($4::integer, greatest(0, w.size - coalesce((
+               SELECT sum(m.jobs - m.handled) FROM dispatcher.outbox_messages m
+                WHERE m.queue = w.queue), 0)))::integer AS take
+      FROM unnest($1::text[], $2::integer[], $3::integer[], $5::integer[], $6::text[])
+           AS w(queue, size, per_message, after_priority, after_tenant)
 ), picked AS MATERIALIZED (
     SELECT p.id, p.pos, p.priority, p.tenant, p.turn
       FROM windows w
@@ -44,26 +42,45 @@ WITH windows AS MATERIALIZED (
      WHERE w.take > 0
      ORDER BY p.pos
      LIMIT $4
-), leased AS (
-    UPDATE dispatcher.outbox o SET leased_until = now() + make_interval(secs => $3),
-                                   leased_by = $7
+), taken AS MATERIALIZED (
+    DELETE FROM dispatcher.outbox o
      WHERE o.id = ANY (ARRAY(SELECT id FROM picked))
-    RETURNING o.id, o.job_id, o.queue, o.created_at
+    RETURNING o.id, o.job_id, o.queue, o.created_at, o.attempt
+), carried AS MATERIALIZED (
+    -- each job with the attempt it is ready after (carried by its row, else one primary-key
+    -- probe of its state), and its message's slice: each queue's rows are a prefix of its
+    -- pick, whose positions count from 1; a job with two rows taken goes out once
+    SELECT DISTINCT ON (t.job_id)
+           t.job_id, t.queue, t.created_at, p.pos, p.priority, p.tenant, p.turn,
+           coalesce(t.attempt, (SELECT s.attempt FROM dispatcher.job_state s
+                                 WHERE s.id = t.job_id)) AS attempt,
+           (p.pos - 1) / w.per_message AS slice
+      FROM taken t
+      JOIN picked p ON p.id = t.id
+      JOIN windows w ON w.queue = t.queue
+     ORDER BY t.job_id, p.pos
+), messages AS (
+    INSERT INTO dispatcher.outbox_messages (queue, relay, jobs, job_ids, attempts)
+    SELECT c.queue, $7, count(*), array_agg(c.job_id ORDER BY c.pos),
+           array_agg(c.attempt ORDER BY c.pos)
+      FROM carried c
+     WHERE c.attempt IS NOT NULL  -- its job is gone: nothing to publish
+     GROUP BY c.queue, c.slice
+    RETURNING id, job_ids
 )
-SELECT l.id, l.job_id, l.queue, i.key, s.attempt,
-       extract(epoch FROM now() - l.created_at)::float8 AS age_s, p.priority, p.tenant, p.turn
-  FROM leased l
-  JOIN picked p ON p.id = l.id
-  JOIN dispatcher.job_state s ON s.id = l.job_id
-  JOIN dispatcher.intents i ON i.id = l.job_id
- ORDER BY p.pos, l.queue;
+SELECT m.id, c.job_id, c.queue, c.attempt,
+       extract(epoch FROM now() - c.created_at)::float8 AS age_s, c.priority, c.tenant, c.turn
+  FROM messages m
+ CROSS JOIN LATERAL unnest(m.job_ids) AS u(job_id)
+  JOIN carried c ON c.job_id = u.job_id
+ ORDER BY c.pos, c.queue;
 
 -- name: release_outbox
 -- Relay: the rows nobody leased to publish whose lease ran out (a refused delivery's row,
 -- written leased until it is due again; an earlier release's row its relay did not mark
 -- published) go back to the rows the relays pick from (leased_until NULL, migration 041; a row
--- a key held back waits for nothing more: held_key NULL, migration 045). A relay's own rows
--- are the sweep's once their lease ran out (migration 052). Up to $1 rows,
+-- a key held back waits for nothing more: held_key NULL, migration 045). An earlier release's
+-- relay's rows (leased_by) are the sweep's once their lease ran out. Up to $1 rows,
 -- those nobody holds; how many. Run by a relay when a lease it knows of can have run out (and
 -- once a lease time for a relay that died): it walks only the relayed rows (the windows), where
 -- the pick, which walks none of them, does not look.
@@ -86,20 +103,52 @@ WITH expired AS MATERIALIZED (
 )
 SELECT count(*)::integer FROM released;
 
--- name: release_leased
--- Relay $2: the broker did not confirm the messages of these rows ($1 ids): back to the pick,
--- to be published again (those a claim deleted meanwhile, or another relay leased, stay as
--- they are).
-UPDATE dispatcher.outbox SET leased_until = NULL, leased_by = NULL
- WHERE id = ANY ($1::bigint[]) AND leased_by = $2;
+-- name: give_back_messages
+-- Relay $2: the broker did not confirm these messages ($1 ids): their jobs still ready for the
+-- attempt they carried back to the pick, to be published again (dispatcher.messages_again);
+-- only this relay's messages. Per queue: how many went back, how many were no longer ready.
+SELECT * FROM dispatcher.messages_again(ARRAY(
+    SELECT m.id FROM dispatcher.outbox_messages m
+     WHERE m.id = ANY ($1::bigint[]) AND m.relay = $2));
+
+-- name: sweep_lost_messages
+-- Relay sweep: up to $2 messages not yet handled, oldest first, published over $1 seconds
+-- ago, or over $3 seconds ago (the confirm timeout) with none of their jobs still ready for
+-- the attempt they carried; not of a paused queue, whose consumers claim nothing; only
+-- registered queues. The jobs still ready are messages the broker lost: back to the pick, so
+-- the relay publishes them again (if a message was only slow, one of the two deliveries is a
+-- counted duplicate). A message whose jobs all left ready was handled without being counted
+-- (a claim of an earlier release during a rolling upgrade; a job delivered twice in one
+-- claim): it leaves the window. Per queue: how many went back, how many were not ready.
+SELECT * FROM dispatcher.messages_again(ARRAY(
+    SELECT m.id
+      FROM dispatcher.queues q
+     CROSS JOIN LATERAL (
+           SELECT x.id, x.published_at FROM dispatcher.outbox_messages x
+            WHERE x.queue = q.name
+              AND x.published_at < now() - make_interval(secs => least($1::float8, $3::float8))
+              AND (x.published_at < now() - make_interval(secs => $1)
+                   OR NOT EXISTS (
+                          SELECT 1 FROM unnest(x.job_ids, x.attempts) AS j(id, attempt)
+                           CROSS JOIN LATERAL (SELECT s.state, s.attempt
+                                                 FROM dispatcher.job_state s
+                                                WHERE s.id = j.id OFFSET 0) k
+                           WHERE k.state = 'ready' AND k.attempt = j.attempt))
+            ORDER BY x.published_at
+            LIMIT $2
+              FOR UPDATE SKIP LOCKED) m
+     WHERE NOT q.paused
+     ORDER BY m.published_at
+     LIMIT $2));
 
 -- name: sweep_unclaimed
--- Relay sweep: up to $2 rows whose relay's lease ran out unclaimed (leased until their message
--- counts as lost, migration 052; an earlier release's rows: marked published more than $1
--- seconds ago), oldest first; not of a paused queue, whose consumers claim nothing; only
--- registered queues. A row whose job is still ready is a message the broker lost: back to the
--- pick, so the relay publishes it again (if the message was only slow, one of the two
--- deliveries is a counted duplicate). A row whose job is no longer ready is left over: deleted.
+-- Relay sweep of the rows an earlier release's relays leased (before migration 054): up to $2
+-- whose lease ran out unclaimed (leased until their message counts as lost, migration 052; or
+-- marked published more than $1 seconds ago, migration 017), oldest first; not of a paused
+-- queue, whose consumers claim nothing; only registered queues. A row whose job is still ready
+-- is a message the broker lost: back to the pick, so the relay publishes it again (if the
+-- message was only slow, one of the two deliveries is a counted duplicate). A row whose job is
+-- no longer ready is left over: deleted (this release's claims delete no row).
 -- One row per queue: how many were published again, how many deleted.
 -- Per queue through outbox_relayed (OFFSET 0: with the statistics of a young table the
 -- planner chose to read the whole outbox); each queue's oldest first, at most $2 of each locked.
@@ -148,9 +197,9 @@ SELECT queue, count(*) FILTER (WHERE again)::integer AS republished,
 -- mixed-version fleet) is refused: a new outbox row, published again after a second, carries
 -- it to another daemon; so is one whose concurrency key is at its limit, its row leased until
 -- the key may start one (held_key names the key: one of its jobs ending releases the row
--- sooner, migration 045). The relay's rows of the jobs started or refused here, and of those
--- no longer ready, are deleted (those of a job ready for another attempt carry that attempt's
--- message: kept).
+-- sooner, migration 045). The jobs handled here (started, refused, no longer ready) are counted
+-- in the messages that carried them ($9, one per delivery), a message done with deleted: its
+-- place in the relay's window is free (migration 054; the relay took its rows already).
 -- The daemon's memory budget (migration 020): of the jobs the limits grant, in delivery order,
 -- the claim starts the longest prefix whose payload and target bytes fit in $7; with $8 (the
 -- daemon holds nothing else) the first is started whatever its size. The rest are held back,
@@ -168,13 +217,14 @@ WITH paused AS MATERIALIZED (
 ), delivered AS MATERIALIZED (
     -- one primary-key probe per delivery (OFFSET 0: a join let the planner hash a scan of
     -- every state row)
-    SELECT k.id, k.tenant, k.capability, k.state, d.pos, k.priority, k.expires_at,
+    SELECT k.id, k.tenant, k.capability, k.state, d.pos, k.priority, k.expires_at, k.attempt,
            k.state = 'ready' AND k.attempt = d.attempt AS ready
       FROM unnest($2::bigint[], $3::integer[]) WITH ORDINALITY AS d(id, attempt, pos)
      CROSS JOIN LATERAL (SELECT k.* FROM dispatcher.job_state k
                           WHERE k.id = d.id AND k.queue = $1 OFFSET 0) k
 ), ready AS MATERIALIZED (
-    SELECT id, tenant, capability, pos, priority, expires_at FROM delivered WHERE ready
+    SELECT id, tenant, capability, pos, priority, expires_at, attempt FROM delivered
+     WHERE ready
 ), eligible AS MATERIALIZED (
     SELECT id, pos, expires_at FROM ready WHERE capability = ANY ($6::text[])
 ), budgeted AS MATERIALIZED (
@@ -208,7 +258,7 @@ WITH paused AS MATERIALIZED (
     -- held back by their keys: refused like a version this process cannot run, so their
     -- deliveries do not hold prefetch places the other keys need; out again once the key has
     -- room (key_due)
-    SELECT r.id, r.tenant, r.capability, r.priority, b.concurrency_key AS key
+    SELECT r.id, r.tenant, r.capability, r.priority, r.attempt, b.concurrency_key AS key
       FROM ready r JOIN budgeted b ON b.id = r.id
      WHERE (b.ttl IS NULL OR b.ttl > now())
        AND r.id = ANY ((SELECT ids FROM held_ids)::bigint[])
@@ -232,12 +282,12 @@ WITH paused AS MATERIALIZED (
                             AND NOT b.id = ANY ((SELECT ids FROM held_ids)::bigint[])) t
 ), refused AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, leased_until, priority,
-                                   held_key)
-    SELECT id, $1, tenant, capability, now() + interval '1 second', priority, NULL
+                                   held_key, attempt)
+    SELECT id, $1, tenant, capability, now() + interval '1 second', priority, NULL, attempt
       FROM ready WHERE NOT capability = ANY ($6::text[])
     UNION ALL
     SELECT h.id, $1, h.tenant, h.capability, now() + make_interval(secs => d.due_s), h.priority,
-           h.key
+           h.key, h.attempt
       FROM key_held h JOIN key_due d ON d.key = h.key
     RETURNING job_id, leased_until - now() AS due
 ), started AS (
@@ -277,11 +327,34 @@ WITH paused AS MATERIALIZED (
            i.timeout_s  -- the 17th column, as in claim_ready
       FROM started c
       JOIN budgeted i ON i.id = c.id
+), handled AS MATERIALIZED (
+    -- per message (migration 054; $9, one per delivery, NULL for an earlier release's), how
+    -- many of its jobs this claim handled: all delivered but those the limits or the memory
+    -- budget held back (the consumer offers those again)
+    SELECT d.message, count(*)::integer AS n
+      FROM unnest($2::bigint[], $9::bigint[]) AS d(id, message)
+     WHERE d.message IS NOT NULL
+       AND NOT d.id = ANY (ARRAY(SELECT id FROM eligible
+                                 EXCEPT SELECT id FROM started
+                                 EXCEPT SELECT id FROM expired
+                                 EXCEPT SELECT id FROM key_held))
+     GROUP BY d.message
+), retired AS (
+    -- a message whose jobs were all handled leaves the window (each message by its primary
+    -- key: joined, the planner hashed a scan of the table, dead rows and all)
+    DELETE FROM dispatcher.outbox_messages m
+     WHERE m.id = ANY (ARRAY(SELECT message FROM handled))
+       AND m.handled + (SELECT h.n FROM handled h WHERE h.message = m.id) >= m.jobs
+), counted AS (
+    UPDATE dispatcher.outbox_messages m
+       SET handled = m.handled + (SELECT h.n FROM handled h WHERE h.message = m.id)
+     WHERE m.id = ANY (ARRAY(SELECT message FROM handled))
+       AND m.handled + (SELECT h.n FROM handled h WHERE h.message = m.id) < m.jobs
 ), consumed AS (
-    -- the relay's rows of each job, one probe of outbox_relayed (queue, job id) per job, deleted
-    -- by id (a filter `job_id = ANY (...)` was checked against every relayed row: 41 ms for
-    -- 1,000; a walk of the queue's relayed rows per job, chosen on statistics of a quiet spell,
-    -- 150-260 ms: migration 053)
+    -- a rolling upgrade: the rows an earlier release's relay leased (its messages name no
+    -- record: $9 NULL) of the jobs done with here, deleted as that release's claim did (a job
+    -- ready for another attempt keeps its row: it carries that attempt's message); one probe
+    -- of outbox_relayed (queue, job id) per such job, none when every message names a record
     DELETE FROM dispatcher.outbox o
      WHERE o.id = ANY (ARRAY(
            SELECT r.id
@@ -293,7 +366,10 @@ WITH paused AS MATERIALIZED (
             CROSS JOIN LATERAL (SELECT x.id FROM dispatcher.outbox x
                                  WHERE x.queue = $1 AND x.job_id = done.id
                                    AND x.leased_until IS NOT NULL
-                                OFFSET 0) r))
+                                OFFSET 0) r
+            WHERE done.id = ANY (ARRAY(SELECT d.id
+                                         FROM unnest($2::bigint[], $9::bigint[]) AS d(id, message)
+                                        WHERE d.message IS NULL))))
 )
 SELECT c.*, NULL::bigint[] AS eligible, NULL::bigint[] AS refused, NULL::float8 AS wait_s,
        NULL::integer AS key_held, NULL::int AS expired_count, NULL::float8[] AS release_in_s

@@ -254,8 +254,20 @@ CREATE TABLE dispatcher.outbox (
     published_at timestamp with time zone,
     priority smallint DEFAULT 0 NOT NULL,
     held_key text,
-    leased_by text
+    leased_by text,
+    attempt integer
 ) WITH (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=5000, fillfactor=50);
+
+CREATE TABLE dispatcher.outbox_messages (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    queue text NOT NULL,
+    relay text NOT NULL,
+    published_at timestamp with time zone DEFAULT now() NOT NULL,
+    jobs integer NOT NULL,
+    handled integer DEFAULT 0 NOT NULL,
+    job_ids bigint[] NOT NULL,
+    attempts integer[] NOT NULL
+) WITH (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=2000, fillfactor=70);
 
 CREATE TABLE dispatcher.queues (
     name text NOT NULL,
@@ -444,6 +456,8 @@ ALTER TABLE dispatcher.missed_periods ADD CONSTRAINT missed_periods_reason_check
 
 ALTER TABLE dispatcher.outbox ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
 
+ALTER TABLE dispatcher.outbox_messages ADD CONSTRAINT outbox_messages_pkey PRIMARY KEY (id);
+
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_burst_check CHECK (burst >= 1);
 
 ALTER TABLE dispatcher.queues ADD CONSTRAINT queues_file_settings_check CHECK (jsonb_typeof(file_settings) = 'object'::text);
@@ -541,6 +555,8 @@ CREATE INDEX jobs_terminal ON dispatcher.job_state USING btree (state, queue, fi
 CREATE INDEX key_ledger_finished_at ON dispatcher.key_ledger USING btree (finished_at);
 
 CREATE INDEX outbox_held_key ON dispatcher.outbox USING btree (queue, held_key) WHERE (held_key IS NOT NULL);
+
+CREATE INDEX outbox_messages_queue ON dispatcher.outbox_messages USING btree (queue, published_at);
 
 CREATE INDEX outbox_relayed ON dispatcher.outbox USING btree (queue, job_id) WHERE (leased_until IS NOT NULL);
 
@@ -1459,8 +1475,9 @@ BEGIN
             VALUES (new_id, queue_name, tenant_name, handler || ':' || version, new_state,
                     effective, greatest(effective, now()), prio, ckey);
             IF new_state = 'ready' AND dispatcher.ready_outbox() THEN
-                INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
-                VALUES (new_id, queue_name, tenant_name, handler || ':' || version, prio);
+                INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority,
+                                               attempt)
+                VALUES (new_id, queue_name, tenant_name, handler || ':' || version, prio, 0);
                 relayed := true;
             END IF;
             IF num_nonnulls(timeout_s, expires_at, on_success, on_failure) > 0 THEN
@@ -1794,8 +1811,8 @@ DECLARE
                       WHERE $4 IS NOT NULL) d ON d.id = n.id
         RETURNING s.id, s.queue, s.tenant, s.capability, s.state, s.priority
     ), outboxed AS (
-        INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
-        SELECT s.id, s.queue, s.tenant, s.capability, s.priority FROM ins_state s
+        INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority, attempt)
+        SELECT s.id, s.queue, s.tenant, s.capability, s.priority, 0 FROM ins_state s
          WHERE $15 AND s.state = 'ready'
     )
     SELECT count(*) FROM ins_state    $sql$;
@@ -2594,6 +2611,35 @@ AS $function$
 BEGIN
     RETURN coalesce((SELECT s.max_payload_bytes FROM dispatcher.intake_settings s), 262144);
 END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.messages_again(ids bigint[])
+ RETURNS TABLE(queue text, republished integer, dropped integer)
+ LANGUAGE sql
+AS $function$
+    WITH gone AS MATERIALIZED (
+        DELETE FROM dispatcher.outbox_messages m
+         WHERE m.id = ANY (ids)
+        RETURNING m.queue, m.job_ids, m.attempts
+    ), jobs AS MATERIALIZED (
+        -- the state by primary key, one probe a job (a condition on `state` joined here
+        -- could walk an index of ready rows)
+        SELECT g.queue, k.id, k.tenant, k.capability, k.priority, k.attempt,
+               coalesce(k.state = 'ready' AND k.attempt = j.attempt, false) AS ready
+          FROM gone g
+         CROSS JOIN LATERAL unnest(g.job_ids, g.attempts) AS j(id, attempt)
+          LEFT JOIN LATERAL (SELECT s.* FROM dispatcher.job_state s
+                              WHERE s.id = j.id OFFSET 0) k ON true
+    ), again AS (  -- run to its end whatever the answer reads (a data-modifying WITH)
+        INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority, attempt)
+        SELECT j.id, j.queue, j.tenant, j.capability, j.priority, j.attempt FROM jobs j
+         WHERE j.ready
+        RETURNING 1
+    )
+    SELECT j.queue, count(*) FILTER (WHERE j.ready)::integer,
+           count(*) FILTER (WHERE NOT j.ready)::integer
+      FROM jobs j
+     GROUP BY j.queue
 $function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.payload_oversize(payload jsonb, target jsonb, max_bytes bigint)

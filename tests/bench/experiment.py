@@ -26,8 +26,6 @@ Patches (comma-separated in BENCH_PATCHES):
                `bench-stages {...}` (ms, from the job's due time)
   twoloops     two claim loops per queue (claims overlap the daemon's work on the last batch)
   tworelays    a second relay loop in each daemon (two leases in flight at once)
-  nomark       the relay never marks a row published and leases for an hour: the ceiling of a
-               lease that needs no mark (rows leased are published; none is released)
   timeline     every claim, due-scan round and completion write with its wall-clock start, end
                and rows, and every handler entry, written at exit as JSON to the file named by
                `BENCH_TIMELINE_FILE` (where a burst's time goes, call by call)
@@ -263,10 +261,9 @@ def patch_timeline() -> None:
     timed(ClaimConnections, "claim", lambda _a, r: len(r.jobs))
     timed(JobRepository, "scan_due", lambda _a, r: r.moved)
     timed(Completer, "_write", lambda a, _r: len(a[1].jobs))
-    # over RabbitMQ: the relay's rounds (lease, confirms awaited, mark), the claims of
+    # over RabbitMQ: the relay's rounds (lease, confirms awaited), the claims of
     # deliveries, and each message's arrival (its jobs)
     timed(RelayRepository, "lease_outbox", lambda _a, r: len(r))
-    timed(RelayRepository, "mark_published", lambda a, _r: len(a[1]))
     timed(OutboxRelay, "_confirmed", lambda a, _r: sum(len(b) for b in a[1]))
     timed(ClaimConnections, "claim_delivered", lambda _a, r: len(r.jobs))
     receiver = RabbitLink._receiver
@@ -305,8 +302,9 @@ def patch_two_relays() -> None:
         second = OutboxRelay(
             first._repo,
             self.link,
+            owner=first._owner,
             batch=first._batch,
-            lease_s=first._lease_s,
+            confirm_timeout_s=first._confirm_timeout_s,
             publish_ahead=first._publish_ahead,
             republish_after_s=first._republish_after_s,
         )
@@ -326,22 +324,6 @@ def patch_two_relays() -> None:
     )
 
 
-def patch_no_mark() -> None:
-    """The relay's rows need no mark: leased for an hour, never marked."""
-    from dispatcher.db.relay import RelayRepository
-
-    lease = RelayRepository.lease_outbox
-
-    async def lease_long(self: Any, windows: Any, batch: int, lease_s: float) -> Any:
-        return await lease(self, windows, batch, 3600.0)
-
-    async def no_mark(self: Any, ids: list[int]) -> None:
-        return None
-
-    RelayRepository.lease_outbox = lease_long  # type: ignore[method-assign]
-    RelayRepository.mark_published = no_mark  # type: ignore[method-assign]
-
-
 def main() -> int:
     patches = {p for p in os.environ.get("BENCH_PATCHES", "").split(",") if p}
     # nonotify and fastkey patch the SQL door in the benchmark database (tests.bench.common)
@@ -359,7 +341,6 @@ def main() -> int:
         "timeline",
         "twoloops",
         "tworelays",
-        "nomark",
     }
     unknown = patches - known
     if unknown:
@@ -376,8 +357,6 @@ def main() -> int:
         patch_stages()
     if "timeline" in patches:
         patch_timeline()
-    if "nomark" in patches:
-        patch_no_mark()
     if "twoloops" in patches:
         patch_two_loops()
     if "tworelays" in patches:

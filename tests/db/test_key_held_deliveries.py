@@ -176,7 +176,7 @@ async def test_a_released_row_names_no_key_so_an_end_never_releases_it_twice(
     await repo.pool.execute("UPDATE dispatcher.outbox SET leased_until = now() - interval '1 s'")
     relay = RelayRepository(repo.pool)
     await relay.release_outbox(100)
-    leased = await relay.lease_outbox({"default": 10}, 10, 30, "r1")
+    leased = await relay.lease_outbox({"default": 10}, {"default": 1}, 10, "r1")
     assert [r.job_id for r in leased] == [claimed.refused.pop()]
     [job] = claimed.jobs
     await repo.complete([job.id], [job.attempt], [None], "d0")

@@ -25,7 +25,7 @@ async def relay(pool: asyncpg.Pool) -> RelayRepository:
 async def publish_all(relay: RelayRepository, batch: int) -> list[int]:
     """Lease batch after batch; the job ids in publishing order."""
     order: list[int] = []
-    while leased := await relay.lease_outbox({"default": 1_000_000}, batch, 30, "r1"):
+    while leased := await relay.lease_outbox({"default": 1_000_000}, {"default": 100}, batch, "r1"):
         order += [r.job_id for r in leased]
     return order
 

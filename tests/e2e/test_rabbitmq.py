@@ -173,23 +173,36 @@ async def test_an_outbox_row_published_twice_has_one_effect(
     assert len(target.requests) == 1
 
 
-async def test_rows_a_killed_daemons_relay_leased_are_published_again_within_seconds(
-    db_url: str, prefix: str, target: Target, spawn: Spawn
+# what a killed daemon's relay left: its messages recorded (the rows taken), or, from an
+# earlier release's relay (migration 052), the rows leased until republish_after_s
+KILLED_RELAY_LEFT = {
+    "messages": """
+        INSERT INTO dispatcher.outbox_messages (queue, relay, jobs, job_ids, attempts)
+        SELECT 'default', 'killed-daemon', count(*), array_agg(id), array_agg(0)
+          FROM dispatcher.jobs""",
+    "leased-rows": """
+        INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, leased_until,
+                                       leased_by)
+        SELECT id, queue, tenant, 'http:1', now() + interval '300 s', 'killed-daemon'
+          FROM dispatcher.jobs""",
+}
+
+
+@pytest.mark.parametrize("left", list(KILLED_RELAY_LEFT))
+async def test_what_a_killed_daemons_relay_took_is_published_again_within_seconds(
+    db_url: str, prefix: str, target: Target, spawn: Spawn, left: str
 ) -> None:
-    """A daemon killed between its relay's lease and the broker's confirm leaves rows leased
-    for republish_after_s (300 s) whose messages may never have reached the broker. Once its
-    liveness lock is seen gone, the rescue gives them back and a living daemon's relay
-    publishes them: every job runs once, in seconds."""
+    """A daemon killed between its relay's lease and the broker's confirm leaves messages
+    recorded (rows leased, by an earlier release) whose messages may never have reached the
+    broker, to be swept only after republish_after_s (300 s). Once its liveness lock is seen
+    gone, the rescue gives them back and a living daemon's relay publishes them: every job
+    runs once, in seconds."""
     await enqueue(db_url, 20, target.url)
     conn = await asyncpg.connect(db_url)
     try:
-        # what the killed daemon left: registered, its lock gone, its relay's leases running
+        # what the killed daemon left: registered, its lock gone, its relay's messages out
         await conn.execute("INSERT INTO dispatcher.instances (owner) VALUES ('killed-daemon')")
-        await conn.execute("""
-            INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, leased_until,
-                                           leased_by)
-            SELECT id, queue, tenant, 'http:1', now() + interval '300 s', 'killed-daemon'
-              FROM dispatcher.jobs""")
+        await conn.execute(KILLED_RELAY_LEFT[left])
     finally:
         await conn.close()
     daemon = await spawn(env(db_url, prefix))
@@ -537,18 +550,18 @@ class CountingRelays(RelayRepository):
         self.leases = self.releases = self.given_back = self.refused = 0
         self.refuse_give_backs = 0  # give-backs to fail as a database outage would
 
-    async def release_leased(self, ids: list[int], owner: str) -> None:
+    async def give_back(self, messages: list[int], owner: str) -> None:
         if self.refused < self.refuse_give_backs:
             self.refused += 1
             raise ConnectionRefusedError("the database is away (the test's outage)")
-        await super().release_leased(ids, owner)
-        self.given_back += len(ids)
+        await super().give_back(messages, owner)
+        self.given_back += len(messages)
 
     async def lease_outbox(
-        self, windows: dict[str, int], batch: int, lease_s: float, owner: str
+        self, windows: dict[str, int], per_message: dict[str, int], batch: int, owner: str
     ) -> list[OutboxLease]:
         self.leases += 1
-        return await super().lease_outbox(windows, batch, lease_s, owner)
+        return await super().lease_outbox(windows, per_message, batch, owner)
 
     async def release_outbox(self, batch: int) -> int:
         self.releases += 1
@@ -598,15 +611,7 @@ async def test_an_idle_relay_waits_for_a_wake_up_and_publishes_at_once_when_woke
         [job] = await outbox_rows(repo, 1)
         relay.wake()
 
-        async def published() -> bool:
-            return bool(
-                await repo.pool.fetchval(
-                    "SELECT leased_by = 'relay-test' FROM dispatcher.outbox WHERE job_id = $1",
-                    job,
-                )
-            )
-
-        await wait_until(published, what="the woken relay's publish")
+        await wait_until(lambda: in_a_message(repo, job), what="the woken relay's publish")
         assert relays.leases >= leases + 1
 
 
@@ -639,9 +644,7 @@ async def test_a_batch_the_broker_does_not_confirm_goes_back_to_the_pick_at_once
             return f"{prefix}default\t1" in listed
 
         await wait_until(in_the_broker, timeout_s=20, what="the message published again")
-        assert await repo.pool.fetchval(
-            "SELECT leased_by FROM dispatcher.outbox WHERE job_id = $1", job
-        ) == ("relay-test")
+        assert await in_a_message(repo, job)
 
 
 @contextlib.asynccontextmanager
@@ -673,22 +676,21 @@ async def test_a_relay_stopped_before_its_batch_is_confirmed_gives_the_rows_back
             [job] = await outbox_rows(repo, 1, first=round_)
             relay.wake()
 
-            async def leased(job: int = job) -> bool:
-                return bool(
-                    await repo.pool.fetchval(
-                        "SELECT leased_by = 'relay-test' FROM dispatcher.outbox WHERE job_id = $1",
-                        job,
-                    )
-                )
-
-            await wait_until(leased, what="the relay's lease (its publish blocked by the alarm)")
+            await wait_until(
+                lambda job=job: in_a_message(repo, job),
+                what="the relay's lease (its publish blocked by the alarm)",
+            )
         assert relays.given_back == 0
         await relay.stop()
+        # one job a message here (prefetch 10): each message given back is a row to pick again
         given_back = await repo.pool.fetchval(
-            "SELECT count(*) FROM dispatcher.outbox WHERE leased_by IS NULL"
-            " AND leased_until IS NULL"
+            "SELECT count(*) FROM dispatcher.outbox WHERE leased_until IS NULL"
         )
         assert relays.given_back >= 1 and given_back == relays.given_back
+        assert (
+            await repo.pool.fetchval("SELECT count(*) FROM dispatcher.outbox_messages")
+            == 3 - given_back
+        )
 
 
 async def outbox_rows(repo: JobRepository, n: int, first: int = 0) -> list[int]:
@@ -723,12 +725,23 @@ async def test_an_idle_relay_publishes_into_a_window_widened_at_run_time_at_once
 
 
 async def relay_published(repo: JobRepository, n: int) -> bool:
-    """At least `n` rows leased by the relay: published (a batch the broker does not confirm
-    goes back to the pick, leased by nobody)."""
+    """At least `n` jobs in the relay's messages: published (a message the broker does not
+    confirm goes back to the pick)."""
     count = await repo.pool.fetchval(
-        "SELECT count(*) FROM dispatcher.outbox WHERE leased_by IS NOT NULL"
+        "SELECT coalesce(sum(jobs), 0) FROM dispatcher.outbox_messages"
     )
     return int(count) >= n
+
+
+async def in_a_message(repo: JobRepository, job: int) -> bool:
+    """Whether the relay published `job`: a message of its records carries it."""
+    return bool(
+        await repo.pool.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM dispatcher.outbox_messages"
+            " WHERE relay = 'relay-test' AND $1 = ANY (job_ids))",
+            job,
+        )
+    )
 
 
 async def test_an_idle_relay_releases_refused_rows_at_each_ones_lease_end(
@@ -923,10 +936,12 @@ async def test_a_batch_delivered_again_after_its_jobs_ran_is_counted_duplicates_
         await until_job_count(db_url, "succeeded", 20, timeout_s=30, at_least=True)
         conn = await asyncpg.connect(db_url)
         try:
-            jobs = await conn.fetch("SELECT id, key FROM dispatcher.jobs ORDER BY id")
+            jobs = await conn.fetch("SELECT id FROM dispatcher.jobs ORDER BY id")
+            assert await conn.fetchval("SELECT count(*) FROM dispatcher.outbox_messages") == 0
         finally:
             await conn.close()
-        body, props = properties([(r["id"], 0, r["key"]) for r in jobs])  # ready after 0
+        # ready after 0, named as a message whose record its claims deleted already
+        body, props = properties(10**9, [(r["id"], 0) for r in jobs])
         import aio_pika
 
         connection = await aio_pika.connect(BROKER)

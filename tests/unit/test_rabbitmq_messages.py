@@ -19,19 +19,28 @@ from dispatcher.relay.rabbitmq.messages import (
 
 
 def test_a_message_of_one_job_is_the_previous_releases_message() -> None:
-    body, props = properties([(7, 2, "key-7")])
+    body, props = properties(41, [(7, 2)])
     assert body == b""
-    assert props.message_id == "key-7" and props.content_type is None
-    assert props.headers == {"job_id": 7, "attempt": 2, "key": "key-7"}
-    assert carried(props.content_type, props.headers, body) == [(7, 2)]
+    assert props.message_id == "41" and props.content_type is None
+    assert props.headers == {"job_id": 7, "attempt": 2, "message": 41}
+    assert carried(props.content_type, props.headers, body) == ([(7, 2)], 41)
 
 
 def test_a_batch_message_carries_every_job_in_order_and_names_its_first_for_old_consumers() -> None:
-    jobs = [(10**12 + i, i % 3, f"k{i}") for i in range(150)]
-    body, props = properties(jobs)
+    jobs = [(10**12 + i, i % 3) for i in range(150)]
+    body, props = properties(10**15, jobs)
     assert props.content_type == JOBS_CONTENT_TYPE and len(body) == 12 * 150
-    assert props.headers == {"job_id": 10**12, "attempt": 0, "key": "k0"}  # what 1-job readers use
-    assert carried(props.content_type, props.headers, body) == [(j, a) for j, a, _ in jobs]
+    # what 1-job readers (earlier releases) use
+    assert props.headers == {"job_id": 10**12, "attempt": 0, "message": 10**15}
+    assert props.message_id == str(10**15)  # unique in flight: a broker's return finds its confirm
+    assert carried(props.content_type, props.headers, body) == (jobs, 10**15)
+
+
+def test_an_earlier_release_s_message_names_no_record() -> None:
+    """Published by an earlier release's relay during a rolling upgrade: its jobs are claimed
+    as ever, and no message record counts them."""
+    headers = {"job_id": 7, "attempt": 2, "key": "key-7"}
+    assert carried(None, headers, b"") == ([(7, 2)], None)
 
 
 @pytest.mark.parametrize("body", [b"", b"x" * 13])

@@ -142,8 +142,9 @@ BEGIN
             VALUES (new_id, queue_name, tenant_name, handler || ':' || version, new_state,
                     effective, greatest(effective, now()), prio, ckey);
             IF new_state = 'ready' AND dispatcher.ready_outbox() THEN
-                INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
-                VALUES (new_id, queue_name, tenant_name, handler || ':' || version, prio);
+                INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority,
+                                               attempt)
+                VALUES (new_id, queue_name, tenant_name, handler || ':' || version, prio, 0);
                 relayed := true;
             END IF;
             IF num_nonnulls(timeout_s, expires_at, on_success, on_failure) > 0 THEN

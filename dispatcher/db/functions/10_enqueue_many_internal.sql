@@ -103,8 +103,8 @@ DECLARE
                       WHERE $4 IS NOT NULL) d ON d.id = n.id
         RETURNING s.id, s.queue, s.tenant, s.capability, s.state, s.priority
     ), outboxed AS (
-        INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
-        SELECT s.id, s.queue, s.tenant, s.capability, s.priority FROM ins_state s
+        INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority, attempt)
+        SELECT s.id, s.queue, s.tenant, s.capability, s.priority, 0 FROM ins_state s
          WHERE $15 AND s.state = 'ready'
     )
     SELECT count(*) FROM ins_state    $sql$;

@@ -124,13 +124,15 @@ class Acks:
 
 
 class Received:
-    """One job of a delivery held by this process: where to acknowledge its message, and the
-    job and attempt it carries (a message of several jobs gives one each, sharing its tag)."""
+    """One job of a delivery held by this process: where to acknowledge its message, the job
+    and attempt it carries (a message of several jobs gives one each, sharing its tag), and the
+    record of its message (None: an earlier release's message)."""
 
-    __slots__ = ("acks", "attempt", "job_id", "tag")
+    __slots__ = ("acks", "attempt", "job_id", "message", "tag")
 
-    def __init__(self, acks: Acks, tag: int, job_id: int, attempt: int):
+    def __init__(self, acks: Acks, tag: int, job_id: int, attempt: int, message: int | None):
         self.acks = acks
         self.tag = tag
         self.job_id = job_id
         self.attempt = attempt
+        self.message = message

@@ -90,6 +90,7 @@ class RabbitTransport:
                 self._owner,
                 self._lease_s,
                 grant,
+                [r.message for r in by_job.values()],
             )
         except Exception:
             if self._link.receiving(queue):

@@ -161,14 +161,14 @@ class RabbitLink(LoopService):
                 return
             props = message.header.properties
             try:
-                jobs = carried(props.content_type, props.headers, message.body)
+                jobs, record = carried(props.content_type, props.headers, message.body)
             except (KeyError, TypeError, ValueError, struct.error):  # never runnable
                 log.error("dropped a message that names no job and attempt from %s", queue)
                 acks.received(tag)
                 acks.ack(tag)
                 return
             acks.received(tag, len(jobs))
-            inbox.extend([Received(acks, tag, job_id, attempt) for job_id, attempt in jobs])
+            inbox.extend([Received(acks, tag, job_id, attempt, record) for job_id, attempt in jobs])
             arrived.set()
 
         return on_message

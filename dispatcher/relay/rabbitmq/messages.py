@@ -1,9 +1,11 @@
 """What one broker message carries: one ready job (the previous releases' message) or many.
 
-A message of one job is exactly the previous releases' message: no body, message_id = the job's
-key, the job id, attempt and key in its headers. A message of several jobs (a *batch message*)
-carries their (job id, attempt) pairs in its body, packed (`<qi` each: 12 bytes a job), with the
-content type `JOBS_CONTENT_TYPE`; its headers still name its first job, so a consumer of a
+A message of one job is the previous releases' message: no body, the job id and attempt in its
+headers. A message of several jobs (a *batch message*) carries their (job id, attempt) pairs in
+its body, packed (`<qi` each: 12 bytes a job), with the content type `JOBS_CONTENT_TYPE`. Either
+names the record its relay wrote of it (outbox_messages, migration 054) in its `message` header
+and as its message_id (unique among messages in flight, as a broker's return needs); the claim
+that handles its jobs counts them there. Its headers still name its first job, so a consumer of a
 previous release that receives one during a rolling release starts that job and acknowledges
 the message: the others' rows stay published and unclaimed, and the relay's sweep publishes
 them again after `republish_after_s` (nothing is lost; set `rabbitmq.jobs_per_message` to 1
@@ -47,17 +49,18 @@ def jobs_per_message(max_inflight: int, cap: int) -> int:
     return max(1, min(cap, max_inflight // MESSAGES_PER_CAP))
 
 
-def properties(jobs: Sequence[tuple[int, int, str]]) -> tuple[bytes, Basic.Properties]:
-    """The body and properties of the message carrying `jobs` ((job id, attempt, key) each, in
-    the order to start them)."""
-    job_id, attempt, key = jobs[0]
-    headers: FieldTable = {"job_id": job_id, "attempt": attempt, "key": key}
+def properties(message: int, jobs: Sequence[tuple[int, int]]) -> tuple[bytes, Basic.Properties]:
+    """The body and properties of message `message` carrying `jobs` ((job id, attempt) each,
+    in the order to start them)."""
+    job_id, attempt = jobs[0]
+    headers: FieldTable = {"job_id": job_id, "attempt": attempt, "message": message}
+    # message_id: unique among messages in flight, so a broker's return finds its confirm
     if len(jobs) == 1:  # the previous releases' message: all it carries is in its properties
-        return b"", Basic.Properties(delivery_mode=2, message_id=key, headers=headers)
-    body = b"".join([_PAIR.pack(j, a) for j, a, _ in jobs])
+        return b"", Basic.Properties(delivery_mode=2, message_id=str(message), headers=headers)
+    body = b"".join([_PAIR.pack(j, a) for j, a in jobs])
     return body, Basic.Properties(
         delivery_mode=2,  # persistent
-        message_id=key,  # unique among messages in flight: a broker's return finds its confirm
+        message_id=str(message),
         content_type=JOBS_CONTENT_TYPE,
         headers=headers,
     )
@@ -65,12 +68,15 @@ def properties(jobs: Sequence[tuple[int, int, str]]) -> tuple[bytes, Basic.Prope
 
 def carried(
     content_type: str | None, headers: FieldTable | None, body: bytes
-) -> list[tuple[int, int]]:
-    """The (job id, attempt) pairs a delivered message carries; ValueError (or KeyError,
-    TypeError) when it is not a relay's message."""
+) -> tuple[list[tuple[int, int]], int | None]:
+    """The (job id, attempt) pairs a delivered message carries, and the record of it (None: an
+    earlier release's message); ValueError (or KeyError, TypeError) when it is not a relay's
+    message."""
+    headers = headers or {}
+    message = headers.get("message")
+    record = None if message is None else int(message)  # type: ignore[arg-type]
     if content_type == JOBS_CONTENT_TYPE:
         if not body or len(body) % _PAIR.size:
             raise ValueError(f"a batch message of {len(body)} bytes")
-        return list(_PAIR.iter_unpack(body))
-    headers = headers or {}
-    return [(int(headers["job_id"]), int(headers["attempt"]))]  # type: ignore[arg-type]
+        return list(_PAIR.iter_unpack(body)), record
+    return [(int(headers["job_id"]), int(headers["attempt"]))], record  # type: ignore[arg-type]

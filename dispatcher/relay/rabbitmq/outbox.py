@@ -1,13 +1,13 @@
 """`OutboxRelay`: publishes outbox rows to RabbitMQ within each queue's window, gives back at once
-the rows of a batch the broker did not confirm, and publishes again what the broker lost.
+the messages the broker did not confirm, and publishes again what the broker lost.
 
-A row this relay leased stays leased until its message would count as lost
-(`republish_after_s`): the lease is the record that its message is published, so the broker's
-confirm needs no second write of the row (migration 052). What could leave a row leased with no
-message behind it is handled where it happens: an unconfirmed batch is released by this relay
-(again each round until the database takes it), a batch awaiting its confirms at stop is given
-a moment and then released, and the rows of a daemon that died are released by the due-scan's
-rescue once its liveness lock is gone."""
+The lease takes (deletes) the rows it publishes and records each message it makes of them
+(outbox_messages, migration 054): one write a message, where a leased row had cost two writes a
+job. The record is what tells that a message is out, so the broker's confirm needs no write.
+What could leave a record with no message behind it is handled where it happens: an unconfirmed
+message is given back by this relay (again each round until the database takes it), messages
+awaiting their confirms at stop are given a moment and then given back, and the messages of a
+daemon that died are given back by the due-scan's rescue once its liveness lock is gone."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 RELAY_IDLE_S = 30.0
 SWEEP_EVERY_MIN_S, SWEEP_EVERY_MAX_S = 1.0, 60.0
 # At stop, how long the batches published go on awaiting their confirms (milliseconds, as a
-# rule) before their rows are given back to be published again.
+# rule) before they are given back to be published again.
 STOP_CONFIRMS_S = 2.0
 # The rows a consumer leased (a refused delivery's, held until it is due again) go back to the
 # pick once their lease ran out, when this relay knows one can have (link.release_after: a
@@ -52,7 +52,7 @@ ROUNDS_IN_FLIGHT = 4
 
 class OutboxRelay(LoopService):
     """Publishes outbox rows to RabbitMQ, at most a window per queue ahead of the consumers,
-    leasing each until its message would count as lost; gives back the rows of a batch the
+    recording each message until a claim handled its jobs; gives back the messages the
     broker did not confirm; its sweep publishes again what the broker lost."""
 
     name = "outbox-relay"
@@ -76,11 +76,15 @@ class OutboxRelay(LoopService):
         self.windows = {q: math.ceil(publish_ahead * n) for q, n in link.prefetch.items()}
         self._publish_ahead = publish_ahead
         self._republish_after_s = republish_after_s
-        self._sweep_every_s = min(max(republish_after_s / 4, SWEEP_EVERY_MIN_S), SWEEP_EVERY_MAX_S)
+        # also the cadence at which messages handled without being counted leave the window
+        self._sweep_every_s = min(
+            max(min(republish_after_s / 4, confirm_timeout_s), SWEEP_EVERY_MIN_S),
+            SWEEP_EVERY_MAX_S,
+        )
         self._woken = asyncio.Event()
         self._release_at = 0.0  # monotonic: when a consumer's lease this relay knows of runs out
-        self._unreleased: list[int] = []  # unconfirmed rows the database did not take back yet
-        self._round_rows: dict[asyncio.Task[None], list[int]] = {}  # awaiting their confirms
+        self._unreleased: list[int] = []  # unconfirmed messages the database did not take back
+        self._round_messages: dict[asyncio.Task[None], list[int]] = {}  # awaiting confirms
 
     def set_max_inflight(self, queue: str, max_inflight: int) -> None:
         """A queue's max_inflight changed at run time: publish as far ahead of it as before."""
@@ -92,13 +96,13 @@ class OutboxRelay(LoopService):
         """Ready work may have new outbox rows: an idle relay leases at once."""
         self._woken.set()
 
-    async def _give_back(self, ids: list[int]) -> None:
-        """Rows whose messages the broker did not confirm: back to the pick, to be published
+    async def _give_back(self, messages: list[int]) -> None:
+        """Messages the broker did not confirm: their jobs back to the pick, to be published
         again; kept for the next round if the database does not take them now."""
-        self._unreleased.extend(ids)
+        self._unreleased.extend(messages)
         ids, self._unreleased = self._unreleased, []
         try:
-            await self._repo.release_leased(ids, self._owner)
+            await self._repo.give_back(ids, self._owner)
         except BaseException:
             self._unreleased.extend(ids)
             raise
@@ -144,16 +148,16 @@ class OutboxRelay(LoopService):
             await self._stop_rounds(rounds)
 
     async def _stop_rounds(self, rounds: set[asyncio.Task[None]]) -> None:
-        """At stop: the batches awaiting their confirms get a moment; the rows of those still
+        """At stop: the batches awaiting their confirms get a moment; the messages still
         unconfirmed then go back to the pick, for another daemon (or the next start) to publish
-        again. Best effort: a row left leased is published again once its lease ran out."""
+        again. Best effort: one left is given back by the rescue once this daemon is gone."""
         with contextlib.suppress(Exception, asyncio.CancelledError):
             if rounds:
                 await asyncio.wait(rounds, timeout=STOP_CONFIRMS_S)
             pending = [t for t in rounds if not t.done()]
             for task in pending:
                 task.cancel()
-            ids = [i for t in pending for i in self._round_rows.pop(t, [])]
+            ids = [i for t in pending for i in self._round_messages.pop(t, [])]
             if ids or self._unreleased:
                 async with asyncio.timeout(STOP_CONFIRMS_S):
                     await self._give_back(ids)
@@ -174,8 +178,8 @@ class OutboxRelay(LoopService):
                 w.cancel()
 
     async def run_once(self) -> int:
-        """One round: release what ran out, lease, publish, await the confirms; return how
-        many were leased."""
+        """One round: release what ran out, take, publish, await the confirms; return how
+        many jobs were taken."""
         await self._repo.release_outbox(self._batch)
         rounds: set[asyncio.Task[None]] = set()
         leased = await self._publish_next(rounds)
@@ -184,14 +188,13 @@ class OutboxRelay(LoopService):
         return leased
 
     async def _publish_next(self, rounds: set[asyncio.Task[None]]) -> int:
-        """Lease a batch and publish it at once; its confirms are awaited by a task added to
-        `rounds` (the next batch need not wait for them). Return how many rows were leased."""
+        """Take a batch and publish it at once; its confirms are awaited by a task added to
+        `rounds` (the next batch need not wait for them). Return how many jobs were taken."""
         channel = self._link.publisher
         if channel is None:
             return 0
-        rows = await self._repo.lease_outbox(
-            self.windows, self._batch, self._republish_after_s, self._owner
-        )
+        per_message = {q: self._link.jobs_per_message(q) for q in self.windows}
+        rows = await self._repo.lease_outbox(self.windows, per_message, self._batch, self._owner)
         if not rows:
             if not rounds:
                 metrics.OUTBOX_LAG.set(0.0)
@@ -201,35 +204,32 @@ class OutboxRelay(LoopService):
         messages = [
             (
                 self._link.queue_name(batch[0].queue),
-                *properties([(r.job_id, r.attempt, r.key) for r in batch]),
+                *properties(batch[0].message, [(r.job_id, r.attempt) for r in batch]),
             )
             for batch in batches
         ]
+        ids = [batch[0].message for batch in batches]
         try:
             confirms = await publish_batch(channel, messages)
         except BaseException:
-            await asyncio.shield(self._give_back([r.id for r in rows]))
+            await asyncio.shield(self._give_back(ids))
             raise
         task = asyncio.ensure_future(self._confirmed(batches, confirms, leased_at))
         rounds.add(task)
-        self._round_rows[task] = [r.id for r in rows]
+        self._round_messages[task] = ids
         task.add_done_callback(rounds.discard)
         task.add_done_callback(self._report)
         return len(rows)
 
-    def _messages(self, rows: list[OutboxLease]) -> list[list[OutboxLease]]:
-        """The leased rows as messages: per queue, in the order leased (the pick's fair order),
-        slices of at most the queue's jobs per message; the messages in the order of their
-        first rows."""
-        messages: list[list[OutboxLease]] = []
-        filling: dict[str, list[OutboxLease]] = {}
+    @staticmethod
+    def _messages(rows: list[OutboxLease]) -> list[list[OutboxLease]]:
+        """The jobs taken, as the lease made them into messages (per queue, slices of the
+        pick's fair order): each message's jobs in that order, the messages in the order of
+        their first jobs."""
+        messages: dict[int, list[OutboxLease]] = {}
         for row in rows:
-            batch = filling.get(row.queue)
-            if batch is None or len(batch) >= self._link.jobs_per_message(row.queue):
-                batch = filling[row.queue] = []
-                messages.append(batch)
-            batch.append(row)
-        return messages
+            messages.setdefault(row.message, []).append(row)
+        return list(messages.values())
 
     async def _confirmed(
         self,
@@ -237,8 +237,8 @@ class OutboxRelay(LoopService):
         confirms: list[asyncio.Future[Any]],
         leased_at: float,
     ) -> None:
-        """Await a published batch's confirms together; give back the rows of the messages the
-        broker did not confirm (in time)."""
+        """Await a published batch's confirms together; give back the messages the broker did
+        not confirm (in time)."""
         try:
             async with asyncio.timeout(self._confirm_timeout_s):
                 outcomes = await asyncio.gather(*confirms, return_exceptions=True)
@@ -247,10 +247,9 @@ class OutboxRelay(LoopService):
                 confirms
             )
         unconfirmed = [
-            row.id
+            batch[0].message
             for batch, ok in zip(batches, outcomes, strict=True)
             if not isinstance(ok, Basic.Ack)
-            for row in batch
         ]
         rows = sum(len(b) for b in batches)
         # commit -> confirm
@@ -265,11 +264,12 @@ class OutboxRelay(LoopService):
             finally:
                 await self._give_back(unconfirmed)
             raise RuntimeError(
-                f"{len(unconfirmed)} of {rows} jobs' messages not confirmed: {failure!r}"
+                f"{len(unconfirmed)} of {len(batches)} messages ({rows} jobs) not confirmed: "
+                f"{failure!r}"
             )
 
     def _report(self, task: asyncio.Task[None]) -> None:
-        self._round_rows.pop(task, None)
+        self._round_messages.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             _failed(task.exception())  # type: ignore[arg-type]
         if self._unreleased:  # the give-back failed: the loop retries it (an idle one at once)
@@ -280,7 +280,9 @@ class OutboxRelay(LoopService):
         until a pass finds fewer; return how many rows went back to the pick."""
         total = 0
         while True:
-            found = await self._repo.sweep_unclaimed(self._republish_after_s, self._batch)
+            found = await self._repo.sweep_unclaimed(
+                self._republish_after_s, self._batch, self._confirm_timeout_s
+            )
             swept = 0
             for queue, (republished, dropped) in found.items():
                 swept += republished + dropped
