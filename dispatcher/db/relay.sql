@@ -251,9 +251,15 @@ WITH paused AS MATERIALIZED (
 ), held_ids AS MATERIALIZED (
     -- the others, those their keys hold back (a hashed set difference): mostly none, so the
     -- tests below against this array cost nothing, where a test against the ids that may start
-    -- compared each job with all of them (11 of a 1,000-job claim's 52 ms)
-    SELECT ARRAY(SELECT id FROM budgeted WHERE ttl IS NULL OR ttl > now()
-                 EXCEPT SELECT unnest(ids) FROM keyed) AS ids
+    -- compared each job with all of them (11 of a 1,000-job claim's 52 ms). key_take returns
+    -- a subset of the jobs it was given: all of them (no key limits, as a rule) means none
+    -- held, known without the difference (1.7 ms of a claim of 1,000)
+    SELECT CASE WHEN cardinality(k.ids) = (SELECT count(*) FROM budgeted
+                                            WHERE ttl IS NULL OR ttl > now())
+                THEN '{}'::bigint[]
+                ELSE ARRAY(SELECT id FROM budgeted WHERE ttl IS NULL OR ttl > now()
+                           EXCEPT SELECT unnest(k.ids)) END AS ids
+      FROM keyed k
 ), key_held AS MATERIALIZED (
     -- held back by their keys: refused like a version this process cannot run, so their
     -- deliveries do not hold prefetch places the other keys need; out again once the key has
@@ -331,13 +337,20 @@ WITH paused AS MATERIALIZED (
     -- per message (migration 054; $9, one per delivery, NULL for an earlier release's), how
     -- many of its jobs this claim handled: all delivered but those the limits or the memory
     -- budget held back (the consumer offers those again)
+    -- (the difference only when some were: every eligible job started, expired or key-held
+    -- is the rule)
     SELECT d.message, count(*)::integer AS n
       FROM unnest($2::bigint[], $9::bigint[]) AS d(id, message)
      WHERE d.message IS NOT NULL
-       AND NOT d.id = ANY (ARRAY(SELECT id FROM eligible
-                                 EXCEPT SELECT id FROM started
-                                 EXCEPT SELECT id FROM expired
-                                 EXCEPT SELECT id FROM key_held))
+       AND NOT d.id = ANY (CASE WHEN (SELECT count(*) FROM eligible)
+                                     = (SELECT count(*) FROM started)
+                                       + (SELECT count(*) FROM expired)
+                                       + (SELECT count(*) FROM key_held)
+                                THEN '{}'::bigint[]
+                                ELSE ARRAY(SELECT id FROM eligible
+                                           EXCEPT SELECT id FROM started
+                                           EXCEPT SELECT id FROM expired
+                                           EXCEPT SELECT id FROM key_held) END)
      GROUP BY d.message
 ), retired AS (
     -- a message whose jobs were all handled leaves the window (each message by its primary
