@@ -391,7 +391,8 @@ SELECT id, attempt, owner, started_at, finished_at, outcome, reason, http_status
 -- Operator listing, newest first, keyset-paginated by id; NULL filters match everything.
 -- A summary only: payload, target, result and progress may be near the body limit each, and
 -- 8 lists of 1,000 whole rows took the daemon to 1.5 GB. The full job is one GET away.
--- Filters: $1 state, $2 queue, $3 before id, $5 key, $6 tenant, $7 run key, $8 handler,
+-- Filters: $1 state, $2 queue, $3 before id, $5 key, $6 tenant, $7 run key, $8 handler (both
+-- compared in bytes, as their indexes are: migration 055),
 -- $9 due before (exclusive), $10 due after (inclusive), $11 dead reason (jobs_dead_reason_id,
 -- migration 031), $12 priority (exact; intents_priority_id, migration 048, holds the jobs off
 -- the default 0); migration 039's searches: $13 a LIKE pattern of a key prefix, $14 an ILIKE
@@ -439,8 +440,8 @@ WITH prefixed AS MATERIALIZED (
              FROM dispatcher.jobs
             WHERE id = p.id
               AND ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
-              AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant = $6)
-              AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler = $8)
+              AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant COLLATE "C" = $6)
+              AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler COLLATE "C" = $8)
               AND ($9::timestamptz IS NULL OR due_at < $9)
               AND ($10::timestamptz IS NULL OR due_at >= $10)
               AND ($11::text IS NULL OR dead_reason = $11)
@@ -471,8 +472,8 @@ WITH prefixed AS MATERIALIZED (
              FROM dispatcher.jobs
             WHERE id = p.id
               AND ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
-              AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant = $6)
-              AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler = $8)
+              AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant COLLATE "C" = $6)
+              AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler COLLATE "C" = $8)
               AND ($9::timestamptz IS NULL OR due_at < $9)
               AND ($10::timestamptz IS NULL OR due_at >= $10)
               AND ($11::text IS NULL OR dead_reason = $11)
@@ -491,8 +492,8 @@ WITH prefixed AS MATERIALIZED (
      WHERE ($13::text IS NULL OR ($18::bigint IS NULL AND NOT (SELECT whole FROM all_prefixed)))
        AND ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
        AND ($3::bigint IS NULL OR id < $3)
-       AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant = $6)
-       AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler = $8)
+       AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant COLLATE "C" = $6)
+       AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler COLLATE "C" = $8)
        AND ($9::timestamptz IS NULL OR due_at < $9)
        AND ($10::timestamptz IS NULL OR due_at >= $10)
        AND ($11::text IS NULL OR dead_reason = $11)
@@ -529,8 +530,8 @@ WITH listed AS NOT MATERIALIZED (
       FROM dispatcher.jobs
      WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
        AND ($3::timestamptz IS NULL OR (due_at, id) > ($3, $12::bigint))
-       AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant = $6)
-       AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler = $8)
+       AND ($5::text IS NULL OR key = $5) AND ($6::text IS NULL OR tenant COLLATE "C" = $6)
+       AND ($7::text IS NULL OR run_key = $7) AND ($8::text IS NULL OR handler COLLATE "C" = $8)
        AND ($9::timestamptz IS NULL OR due_at < $9)
        AND ($10::timestamptz IS NULL OR due_at >= $10)
        AND ($11::text IS NULL OR dead_reason = $11)

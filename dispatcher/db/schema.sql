@@ -518,7 +518,11 @@ CREATE INDEX history_minute ON dispatcher.history USING btree (minute);
 
 CREATE INDEX intents_concurrency_key_id ON dispatcher.intents USING btree (concurrency_key, id) WHERE (concurrency_key IS NOT NULL);
 
+CREATE INDEX intents_handler_id ON dispatcher.intents USING btree (handler COLLATE "C", id);
+
 CREATE INDEX intents_priority_id ON dispatcher.intents USING btree (priority, id) WHERE (priority <> 0);
+
+CREATE INDEX intents_tenant_id ON dispatcher.intents USING btree (tenant COLLATE "C", id) WHERE ((tenant COLLATE "C") <> ''::text);
 
 CREATE INDEX job_state_due_at_rest ON dispatcher.job_state USING btree (due_at, id) WHERE (state <> ALL (ARRAY['ready'::text, 'running'::text]));
 
@@ -529,8 +533,6 @@ CREATE INDEX jobs_dead_reason_id ON dispatcher.job_state USING btree (dead_reaso
 CREATE INDEX jobs_dead_reason_queue_id ON dispatcher.job_state USING btree (dead_reason, queue, id) WHERE (dead_reason IS NOT NULL);
 
 CREATE INDEX jobs_discarded ON dispatcher.job_state USING btree (finished_at) WHERE (state = 'discarded'::text);
-
-CREATE INDEX jobs_handler_id ON dispatcher.intents USING btree (handler, id);
 
 CREATE UNIQUE INDEX jobs_key_prefix_id ON dispatcher.intents USING btree (key text_pattern_ops) INCLUDE (id);
 
@@ -547,8 +549,6 @@ CREATE INDEX jobs_running_lease ON dispatcher.job_state USING btree (lease_expir
 CREATE INDEX jobs_running_queue ON dispatcher.job_state USING btree (queue) WHERE (state = 'running'::text);
 
 CREATE INDEX jobs_scheduled_due ON dispatcher.job_state USING btree (due_at) WHERE (state = 'scheduled'::text);
-
-CREATE INDEX jobs_tenant_id ON dispatcher.intents USING btree (tenant, id) WHERE (tenant <> ''::text);
 
 CREATE INDEX jobs_terminal ON dispatcher.job_state USING btree (state, queue, finished_at) WHERE (state = ANY (ARRAY['succeeded'::text, 'dead'::text, 'cancelled'::text]));
 

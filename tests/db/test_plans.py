@@ -280,13 +280,13 @@ BY_DUE = {"due_after": WINDOW[0], "due_before": WINDOW[1]}
     ("statement", "filters", "index"),
     [
         ("list_jobs", {"key": "k-777"}, "jobs_key_"),  # _key or _prefix (039): either is exact
-        ("list_jobs", {"tenant": "t-42"}, "jobs_tenant_id"),
-        ("list_jobs", {"tenant": "t-42", "cursor": 20_000}, "jobs_tenant_id"),
-        ("list_jobs", {"tenant": "t-42", "state": "dead", "queue": "default"}, "jobs_tenant_id"),
+        ("list_jobs", {"tenant": "t-42"}, "intents_tenant_id"),
+        ("list_jobs", {"tenant": "t-42", "cursor": 20_000}, "intents_tenant_id"),
+        ("list_jobs", {"tenant": "t-42", "state": "dead", "queue": "default"}, "intents_tenant_id"),
         ("list_jobs", {"run_key": "nightly:7"}, "jobs_run_key_id"),
         ("list_jobs", {"priority": -5}, "intents_priority_id"),  # migrations 023, 048
-        ("list_jobs", {"handler": "rare"}, "jobs_handler_id"),
-        ("list_jobs", {"handler": "rare", "state": "dead", "cursor": 30_000}, "jobs_handler_id"),
+        ("list_jobs", {"handler": "rare"}, "intents_handler_id"),
+        ("list_jobs", {"handler": "rare", "state": "dead", "cursor": 30_000}, "intents_handler_id"),
         ("list_jobs", {"reason": "HTTP 410 Gone"}, "jobs_dead_reason_id"),
         (  # every job of the reason is in the queue: either reason index reads the same
             "list_jobs",
