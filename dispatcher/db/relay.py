@@ -87,6 +87,11 @@ class RelayRepository:
         back to the pick, to be published again."""
         await self.pool.execute(_GIVE_BACK_MESSAGES, messages, owner)
 
+    async def hand_over_confirmed(self, owner: str, unconfirmed: list[int]) -> int:
+        """Relay `owner` stops: its recorded messages but `unconfirmed` are in the broker; the
+        rescue after its stop is to give none of them back. How many were handed over."""
+        return int(await self.pool.fetchval(query("hand_over_confirmed"), owner, unconfirmed))
+
     async def sweep_unclaimed(
         self, older_than_s: float, batch: int, handled_after_s: float | None = None
     ) -> dict[str, tuple[int, int]]:

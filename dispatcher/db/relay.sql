@@ -111,6 +111,18 @@ SELECT * FROM dispatcher.messages_again(ARRAY(
     SELECT m.id FROM dispatcher.outbox_messages m
      WHERE m.id = ANY ($1::bigint[]) AND m.relay = $2));
 
+-- name: hand_over_confirmed
+-- Relay $1 stops: its messages still recorded but $2 (unconfirmed, given back or to be) were
+-- confirmed by the broker. They name no relay from now on, so the rescue that follows this
+-- daemon's stop gives none of them back to be published twice (the sweep still covers a
+-- message the broker loses); how many.
+WITH handed AS (
+    UPDATE dispatcher.outbox_messages SET relay = ''
+     WHERE relay = $1 AND NOT id = ANY ($2::bigint[])
+    RETURNING 1
+)
+SELECT count(*)::int FROM handed;
+
 -- name: sweep_lost_messages
 -- Relay sweep: up to $2 messages not yet handled, oldest first, published over $1 seconds
 -- ago, or over $3 seconds ago (the confirm timeout) with none of their jobs still ready for

@@ -338,6 +338,25 @@ async def test_the_messages_of_a_gone_daemons_relay_go_back_to_the_pick_at_its_r
     assert sorted((r.job_id, r.attempt) for r in again) == [(dead, 0), (old, 0), (other, 0)]
 
 
+async def test_a_stopping_relay_hands_over_its_confirmed_messages_so_its_rescue_gives_none_back(
+    repo: JobRepository, relay: RelayRepository
+) -> None:
+    """A daemon stopped gracefully: the messages its relay had confirmed are in the broker, to
+    be claimed by the others; the rescue that follows its stop gives back only the unconfirmed
+    one (before, every message it had recorded was published a second time)."""
+    confirmed, unconfirmed = await enqueue(repo, ["confirmed", "unconfirmed"])
+    [first] = await lease(relay, 1, "stopping-daemon", batch=1)
+    [second] = await lease(relay, 2, "stopping-daemon", batch=1)
+    assert await relay.hand_over_confirmed("stopping-daemon", [second.message]) == 1
+    await repo.rescue(100, ["stopping-daemon"])
+    assert await to_publish(repo.pool) == [unconfirmed]
+    assert await messages(repo.pool) == [("", [confirmed], [0], 0)]
+    # still the sweep's, should the broker lose it
+    await age(repo.pool, 90)
+    assert await relay.sweep_unclaimed(60, 100) == {"default": (1, 0)}
+    assert first.job_id == confirmed
+
+
 async def test_the_sweep_leaves_a_paused_queue_alone(
     repo: JobRepository, relay: RelayRepository
 ) -> None:

@@ -687,8 +687,11 @@ async def test_a_relay_stopped_before_its_batch_is_confirmed_gives_the_rows_back
             "SELECT count(*) FROM dispatcher.outbox WHERE leased_until IS NULL"
         )
         assert relays.given_back >= 1 and given_back == relays.given_back
+        # the confirmed ones are in the broker, handed over: its rescue gives none back
         assert (
-            await repo.pool.fetchval("SELECT count(*) FROM dispatcher.outbox_messages")
+            await repo.pool.fetchval(
+                "SELECT count(*) FROM dispatcher.outbox_messages WHERE relay = ''"
+            )
             == 3 - given_back
         )
 

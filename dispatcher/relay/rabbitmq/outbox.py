@@ -85,6 +85,7 @@ class OutboxRelay(LoopService):
         self._release_at = 0.0  # monotonic: when a consumer's lease this relay knows of runs out
         self._unreleased: list[int] = []  # unconfirmed messages the database did not take back
         self._round_messages: dict[asyncio.Task[None], list[int]] = {}  # awaiting confirms
+        self._leasing = False  # a lease's answer awaited: stopped then, its messages are unknown
 
     def set_max_inflight(self, queue: str, max_inflight: int) -> None:
         """A queue's max_inflight changed at run time: publish as far ahead of it as before."""
@@ -150,7 +151,9 @@ class OutboxRelay(LoopService):
     async def _stop_rounds(self, rounds: set[asyncio.Task[None]]) -> None:
         """At stop: the batches awaiting their confirms get a moment; the messages still
         unconfirmed then go back to the pick, for another daemon (or the next start) to publish
-        again. Best effort: one left is given back by the rescue once this daemon is gone."""
+        again, and the others, in the broker, are handed over: the rescue that follows this
+        daemon's stop gives none of them back to be published twice. Best effort: if the
+        database is away, the rescue gives back every message of this relay (some twice)."""
         with contextlib.suppress(Exception, asyncio.CancelledError):
             if rounds:
                 await asyncio.wait(rounds, timeout=STOP_CONFIRMS_S)
@@ -158,9 +161,11 @@ class OutboxRelay(LoopService):
             for task in pending:
                 task.cancel()
             ids = [i for t in pending for i in self._round_messages.pop(t, [])]
-            if ids or self._unreleased:
-                async with asyncio.timeout(STOP_CONFIRMS_S):
-                    await self._give_back(ids)
+            async with asyncio.timeout(STOP_CONFIRMS_S):
+                if ids or self._unreleased:
+                    await self._give_back(ids)  # raises, so nothing is handed over, if it fails
+                if not self._leasing:  # else a lease may have recorded messages never published
+                    await self._repo.hand_over_confirmed(self._owner, self._unreleased)
 
     async def _idle(self, until: float) -> None:
         """Until a wake-up, a claim, or the monotonic time `until` (bounded by RELAY_IDLE_S)."""
@@ -194,7 +199,9 @@ class OutboxRelay(LoopService):
         if channel is None:
             return 0
         per_message = {q: self._link.jobs_per_message(q) for q in self.windows}
+        self._leasing = True
         rows = await self._repo.lease_outbox(self.windows, per_message, self._batch, self._owner)
+        self._leasing = False
         if not rows:
             if not rounds:
                 metrics.OUTBOX_LAG.set(0.0)
