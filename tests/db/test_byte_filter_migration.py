@@ -15,32 +15,24 @@ from dispatcher.db.job_reads import list_args
 from dispatcher.db.queries import query
 from dispatcher.model import JobFilter
 from tests.docs_blocks import blocks_tested_by, sql_statements
-from tests.harness.indexes import upgrade_after_the_guides_block
+from tests.harness.indexes import check_moved_indexes
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "operating.md"
-NEW = ("intents_handler_id", "intents_tenant_id")
-OLD = ("jobs_handler_id", "jobs_tenant_id")
 
 
 async def test_indexes_built_beforehand_are_kept_invalid_ones_rebuilt_and_old_ones_dropped(
     empty_db_url: str,
 ) -> None:
     (block,) = blocks_tested_by(GUIDE, f"tests/db/{Path(__file__).name}")
-    conn = await asyncpg.connect(empty_db_url)
-    try:
-        before, after = await upgrade_after_the_guides_block(
-            conn,
-            "055_list_filters_in_bytes.sql",
-            sql_statements(block),
-            broken="intents_tenant_id",
-        )
-        assert all(name in before for name in OLD)
-        assert all(after[name][1] for name in NEW), after
-        assert after["intents_handler_id"][0] == before["intents_handler_id"][0]  # kept
-        assert after["intents_tenant_id"][0] != before["intents_tenant_id"][0]  # rebuilt
-        assert not any(name in after for name in OLD)
-    finally:
-        await conn.close()
+    old = ["jobs_handler_id", "jobs_tenant_id"]
+    await check_moved_indexes(
+        empty_db_url,
+        sql_statements(block),
+        "055_list_filters_in_bytes.sql",
+        "intents_handler_id",
+        "intents_tenant_id",
+        old,
+    )
 
 
 async def test_the_list_finds_a_handlers_and_a_tenants_jobs_compared_in_bytes(

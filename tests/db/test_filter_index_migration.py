@@ -12,32 +12,24 @@ import asyncpg
 
 from dispatcher.db import schema
 from tests.docs_blocks import blocks_tested_by, sql_statements
-from tests.harness.indexes import upgrade_after_the_guides_block
+from tests.harness.indexes import check_moved_indexes
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "operating.md"
-NEW = ("intents_priority_id", "intents_concurrency_key_id")
-OLD = ("jobs_priority_id", "jobs_concurrency_key_id")
 
 
 async def test_indexes_built_beforehand_are_kept_invalid_ones_rebuilt_and_old_ones_dropped(
     empty_db_url: str,
 ) -> None:
     (block,) = blocks_tested_by(GUIDE, f"tests/db/{Path(__file__).name}")
-    conn = await asyncpg.connect(empty_db_url)
-    try:
-        before, after = await upgrade_after_the_guides_block(
-            conn,
-            "048_filter_indexes_on_intents.sql",
-            sql_statements(block),
-            broken="intents_concurrency_key_id",
-        )
-        assert all(name in before for name in OLD)
-        assert all(after[name][1] for name in NEW), after
-        assert after["intents_priority_id"][0] == before["intents_priority_id"][0]  # kept
-        assert after["intents_concurrency_key_id"][0] != before["intents_concurrency_key_id"][0]
-        assert not any(name in after for name in OLD)
-    finally:
-        await conn.close()
+    old = ["jobs_priority_id", "jobs_concurrency_key_id"]
+    await check_moved_indexes(
+        empty_db_url,
+        sql_statements(block),
+        "048_filter_indexes_on_intents.sql",
+        "intents_priority_id",
+        "intents_concurrency_key_id",
+        old,
+    )
 
 
 async def test_the_filters_find_the_jobs_through_the_intents(empty_db_url: str) -> None:

@@ -42,3 +42,22 @@ async def upgrade_after_the_guides_block(
     applied = await schema.migrate(conn, upto=version)
     assert [name for name in applied if not name.startswith("functions/")] == [migration]
     return before, await index_states(conn)
+
+
+async def check_moved_indexes(
+    db_url: str, statements: list[str], migration: str, kept: str, rebuilt: str, dropped: list[str]
+) -> None:
+    """A migration that replaces `dropped` with new indexes, on a table whose operator built the
+    new ones beforehand with the guide's `statements`, `rebuilt` left invalid by a failed
+    build: `kept` is kept (built nothing twice), `rebuilt` built again, every new one valid and
+    every old one gone."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        before, after = await upgrade_after_the_guides_block(conn, migration, statements, rebuilt)
+    finally:
+        await conn.close()
+    assert all(name in before for name in dropped)
+    assert all(after[name][1] for name in (kept, rebuilt)), after
+    assert after[kept][0] == before[kept][0]
+    assert after[rebuilt][0] != before[rebuilt][0]
+    assert not any(name in after for name in dropped)
