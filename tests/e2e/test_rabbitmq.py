@@ -570,12 +570,12 @@ class CountingRelays(RelayRepository):
 
 @contextlib.asynccontextmanager
 async def idle_relay(
-    repo: JobRepository, prefix: str, prefetch: int = 10
+    repo: JobRepository, prefix: str, prefetch: int = 10, relays: CountingRelays | None = None
 ) -> AsyncIterator[tuple[OutboxRelay, RabbitLink, CountingRelays]]:
     """A relay and its link on queue "default" (nobody claims what they deliver), past the
     relay's first round; its lease time (30 s) bounds every wait it is not woken from."""
     await repo.sync_registry({"default": (3, 3600)}, {"work": ("python", 1)})
-    relays = CountingRelays(repo.pool)
+    relays = relays or CountingRelays(repo.pool)
     link = RabbitLink(BROKER, prefix, {"default": prefetch}, reconnect_max_s=1.0)
     relay = OutboxRelay(
         relays,
@@ -694,6 +694,42 @@ async def test_a_relay_stopped_before_its_batch_is_confirmed_gives_the_rows_back
             )
             == 3 - given_back
         )
+
+
+class AnswerNeverComes(CountingRelays):
+    """A lease whose statement committed and whose answer the relay never gets: the stop lands
+    between the two."""
+
+    def __init__(self, pool: asyncpg.Pool):
+        super().__init__(pool)
+        self.committed = asyncio.Event()
+
+    async def lease_outbox(
+        self, windows: dict[str, int], per_message: dict[str, int], batch: int, owner: str
+    ) -> list[OutboxLease]:
+        rows = await super().lease_outbox(windows, per_message, batch, owner)
+        if rows:
+            self.committed.set()
+            await asyncio.Event().wait()  # until cancelled by the stop
+        return rows
+
+
+async def test_a_relay_stopped_during_a_leases_answer_hands_nothing_over(
+    repo: JobRepository, prefix: str
+) -> None:
+    """Stopped after its lease committed and before it published: the message recorded was
+    never sent, so the stop must not hand it over as confirmed; it stays the relay's, for the
+    rescue after the stop to give back (handed over, it would wait for the sweep's 300 s)."""
+    relays = AnswerNeverComes(repo.pool)
+    async with idle_relay(repo, prefix, relays=relays) as (relay, _, _):
+        [job] = await outbox_rows(repo, 1)
+        relay.wake()
+        await asyncio.wait_for(relays.committed.wait(), timeout=10)
+        await relay.stop()
+    owners = await repo.pool.fetch(
+        "SELECT relay FROM dispatcher.outbox_messages WHERE $1 = ANY (job_ids)", job
+    )
+    assert [r["relay"] for r in owners] == ["relay-test"]
 
 
 async def outbox_rows(repo: JobRepository, n: int, first: int = 0) -> list[int]:
