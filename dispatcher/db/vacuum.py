@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncpg
 
-QUEUE_TABLES = ("dispatcher.job_state", "dispatcher.outbox")
+QUEUE_TABLES = ("dispatcher.job_state", "dispatcher.outbox", "dispatcher.outbox_messages")
 
 _SETTINGS = """
 SELECT current_setting('autovacuum')::bool AS autovacuum,

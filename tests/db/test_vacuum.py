@@ -28,9 +28,16 @@ async def test_migrations_lower_the_autovacuum_triggers_of_the_queue_tables(
         "autovacuum_vacuum_scale_factor=0",
         "autovacuum_vacuum_threshold=5000",
     } <= await reloptions(pool, "dispatcher.outbox")
+    assert {
+        "autovacuum_vacuum_scale_factor=0",
+        "autovacuum_vacuum_threshold=2000",
+    } <= await reloptions(pool, "dispatcher.outbox_messages")
 
 
-async def test_a_table_with_autovacuum_disabled_is_named_with_its_fix(pool: asyncpg.Pool) -> None:
+@pytest.mark.parametrize("table", ["dispatcher.outbox", "dispatcher.outbox_messages"])
+async def test_a_table_with_autovacuum_disabled_is_named_with_its_fix(
+    pool: asyncpg.Pool, table: str
+) -> None:
     server_off = await pool.fetchval("SELECT NOT current_setting('autovacuum')::bool")
     async with pool.acquire() as conn:
         baseline = await vacuum_problems(conn)
@@ -38,15 +45,14 @@ async def test_a_table_with_autovacuum_disabled_is_named_with_its_fix(pool: asyn
         assert len(baseline) == (1 if server_off else 0)
         assert all("autovacuum is off on this server" in p for p in baseline)
 
-        await conn.execute("ALTER TABLE dispatcher.outbox SET (autovacuum_enabled = false)")
+        await conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
         problems = await vacuum_problems(conn)
         assert problems[: len(baseline)] == baseline
         assert problems[len(baseline) :] == [
-            "autovacuum is disabled for dispatcher.outbox: "
-            "ALTER TABLE dispatcher.outbox RESET (autovacuum_enabled)"
+            f"autovacuum is disabled for {table}: ALTER TABLE {table} RESET (autovacuum_enabled)"
         ]
 
-        await conn.execute("ALTER TABLE dispatcher.outbox RESET (autovacuum_enabled)")
+        await conn.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
         assert await vacuum_problems(conn) == baseline
 
 
