@@ -123,11 +123,12 @@ class ClaimConnections(Service):
         lease_s: float,
         grant: ByteGrant = UNBOUNDED,
         messages: Sequence[int | None] = (),
+        duplicates: Sequence[int | None] = (),
     ) -> Claimed:
         """As `RelayRepository.claim_delivered` (the RabbitMQ transport's claim)."""
         async with self._borrow() as conn:
             return await claim_delivered_on(
-                conn, queue, deliveries, capabilities, owner, lease_s, grant, messages
+                conn, queue, deliveries, capabilities, owner, lease_s, grant, messages, duplicates
             )
 
     @contextlib.asynccontextmanager

@@ -120,13 +120,15 @@ class RelayRepository:
         lease_s: float,
         grant: ByteGrant = UNBOUNDED,
         messages: Sequence[int | None] = (),
+        duplicates: Sequence[int | None] = (),
     ) -> Claimed:
         """Lease delivered jobs this process can run, each fenced by the attempt its message
         was published after, within the queue's global limits and the bytes of `grant`; count
         the jobs handled in the messages that carried them (`messages`, one per delivery:
-        none, an earlier release's message), whose window they leave."""
+        none, an earlier release's message; `duplicates`, the messages of deliveries dropped
+        as a second one of a job), whose window they leave."""
         return await claim_delivered_on(
-            self.pool, queue, deliveries, capabilities, owner, lease_s, grant, messages
+            self.pool, queue, deliveries, capabilities, owner, lease_s, grant, messages, duplicates
         )
 
 
@@ -139,6 +141,7 @@ async def claim_delivered_on(
     lease_s: float,
     grant: ByteGrant,
     messages: Sequence[int | None] = (),
+    duplicates: Sequence[int | None] = (),
 ) -> Claimed:
     """`claim_delivered` on a pool or on a connection a claim loop borrowed (db/claims.py)."""
     ids = [job_id for job_id, _ in deliveries]
@@ -154,6 +157,7 @@ async def claim_delivered_on(
         grant.bytes,
         grant.alone,
         list(messages) or [None] * len(ids),
+        list(duplicates),
     )
     return claimed_deliveries(rows)
 

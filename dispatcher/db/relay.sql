@@ -210,8 +210,9 @@ SELECT queue, count(*) FILTER (WHERE again)::integer AS republished,
 -- it to another daemon; so is one whose concurrency key is at its limit, its row leased until
 -- the key may start one (held_key names the key: one of its jobs ending releases the row
 -- sooner, migration 045). The jobs handled here (started, refused, no longer ready) are counted
--- in the messages that carried them ($9, one per delivery), a message done with deleted: its
--- place in the relay's window is free (migration 054; the relay took its rows already).
+-- in the messages that carried them ($9, one per delivery; $10, the messages of deliveries the
+-- consumer dropped as duplicates), a message done with deleted: its place in the relay's
+-- window is free (migration 054; the relay took its rows already).
 -- The daemon's memory budget (migration 020): of the jobs the limits grant, in delivery order,
 -- the claim starts the longest prefix whose payload and target bytes fit in $7; with $8 (the
 -- daemon holds nothing else) the first is started whatever its size. The rest are held back,
@@ -348,22 +349,27 @@ WITH paused AS MATERIALIZED (
 ), handled AS MATERIALIZED (
     -- per message (migration 054; $9, one per delivery, NULL for an earlier release's), how
     -- many of its jobs this claim handled: all delivered but those the limits or the memory
-    -- budget held back (the consumer offers those again)
-    -- (the difference only when some were: every eligible job started, expired or key-held
-    -- is the rule)
-    SELECT d.message, count(*)::integer AS n
-      FROM unnest($2::bigint[], $9::bigint[]) AS d(id, message)
-     WHERE d.message IS NOT NULL
-       AND NOT d.id = ANY (CASE WHEN (SELECT count(*) FROM eligible)
-                                     = (SELECT count(*) FROM started)
-                                       + (SELECT count(*) FROM expired)
-                                       + (SELECT count(*) FROM key_held)
-                                THEN '{}'::bigint[]
-                                ELSE ARRAY(SELECT id FROM eligible
-                                           EXCEPT SELECT id FROM started
-                                           EXCEPT SELECT id FROM expired
-                                           EXCEPT SELECT id FROM key_held) END)
-     GROUP BY d.message
+    -- budget held back (the consumer offers those again), and the deliveries the consumer
+    -- dropped as a second delivery of a job in this claim ($10, their messages): left
+    -- uncounted, their message would hold its place in the window until the sweep
+    -- (the difference only when some were held: every eligible job started, expired or
+    -- key-held is the rule)
+    SELECT h.message, count(*)::integer AS n
+      FROM (SELECT d.message
+              FROM unnest($2::bigint[], $9::bigint[]) AS d(id, message)
+             WHERE d.message IS NOT NULL
+               AND NOT d.id = ANY (CASE WHEN (SELECT count(*) FROM eligible)
+                                             = (SELECT count(*) FROM started)
+                                               + (SELECT count(*) FROM expired)
+                                               + (SELECT count(*) FROM key_held)
+                                        THEN '{}'::bigint[]
+                                        ELSE ARRAY(SELECT id FROM eligible
+                                                   EXCEPT SELECT id FROM started
+                                                   EXCEPT SELECT id FROM expired
+                                                   EXCEPT SELECT id FROM key_held) END)
+            UNION ALL
+            SELECT m FROM unnest($10::bigint[]) AS m WHERE m IS NOT NULL) h
+     GROUP BY h.message
 ), retired AS (
     -- a message whose jobs were all handled leaves the window (each message by its primary
     -- key: joined, the planner hashed a scan of the table, dead rows and all)

@@ -175,6 +175,33 @@ async def test_a_message_leaves_the_window_with_its_last_job_handled(
     assert [m[1] for m in await messages(repo.pool)] == [[last]]
 
 
+async def test_a_second_delivery_the_consumer_dropped_is_counted_in_its_message(
+    repo: JobRepository, relay: RelayRepository
+) -> None:
+    """A job published twice (a gone daemon's message given back while the broker kept it)
+    arrives twice in one claim: the consumer claims one and drops the other, whose message is
+    counted handled all the same (uncounted, it held its place in the window until the sweep,
+    and a queue of a small window stalled: 1 start in 10 s, tests/e2e/test_limits_change.py)."""
+    (job,) = await enqueue(repo, ["a"])
+    [first] = await lease(relay, 10)
+    second = await repo.pool.fetchval(
+        "INSERT INTO dispatcher.outbox_messages (queue, relay, jobs, job_ids, attempts)"
+        " VALUES ('default', 'r2', 1, ARRAY[$1::bigint], ARRAY[0]) RETURNING id",
+        job,
+    )
+    claimed = await relay.claim_delivered(
+        "default",
+        [(job, 0)],
+        CAPABILITIES,
+        "d1",
+        60,
+        messages=[first.message],
+        duplicates=[second],
+    )
+    assert [j.id for j in claimed.jobs] == [job]
+    assert await messages(repo.pool) == []
+
+
 async def test_the_relay_publishes_fairly_across_tenants(
     repo: JobRepository, relay: RelayRepository
 ) -> None:
@@ -509,6 +536,7 @@ async def test_the_consumers_claim_probes_by_key_at_any_table_size(
         2**62,
         True,
         [r.message for r in delivered],
+        [],
     )
     for table in ("intents", "job_state", "outbox", "outbox_messages"):
         assert f"Seq Scan on {table}" not in text, text

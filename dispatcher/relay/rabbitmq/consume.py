@@ -75,13 +75,14 @@ class RabbitTransport:
         if not batch:  # waited for a delivery already: ask again at once
             return Delivery([], 0, 0.0)
         by_job: dict[int, Received] = {}
-        duplicates = 0
+        dropped: list[int | None] = []  # their messages: the claim counts them handled
         for received in batch:
             if received.job_id in by_job:  # the same job twice in one batch: one is a duplicate
                 received.acks.ack(received.tag)
-                duplicates += 1
+                dropped.append(received.message)
             else:
                 by_job[received.job_id] = received
+        duplicates = len(dropped)
         try:
             claimed = await self._claims.claim_delivered(
                 queue,
@@ -91,6 +92,7 @@ class RabbitTransport:
                 self._lease_s,
                 grant,
                 [r.message for r in by_job.values()],
+                dropped,
             )
         except Exception:
             if self._link.receiving(queue):
