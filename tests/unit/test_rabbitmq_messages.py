@@ -43,6 +43,34 @@ def test_an_earlier_release_s_message_names_no_record() -> None:
     assert carried(None, headers, b"") == ([(7, 2)], None)
 
 
+@pytest.mark.parametrize("record", ["41", 2**63, -(2**63) - 1, True, 4.0, None])
+def test_a_message_header_that_names_no_record_leaves_the_jobs_to_run(record: object) -> None:
+    """A `message` header this release did not write (a text, a number beyond bigint, another
+    type) names no record: the jobs are claimed as an earlier release's, and no value reaches
+    the claim that would fail it for every delivery gathered with this one."""
+    headers = {"job_id": 7, "attempt": 2, "message": record}
+    assert carried(None, headers, b"") == ([(7, 2)], None)
+    body, props = properties(41, [(7, 2), (8, 0)])
+    assert carried(props.content_type, {**(props.headers or {}), "message": record}, body) == (
+        [(7, 2), (8, 0)],
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"job_id": 2**63, "attempt": 0},
+        {"job_id": -(2**63) - 1, "attempt": 0},
+        {"job_id": 7, "attempt": 2**31},
+        {"job_id": 7, "attempt": -(2**31) - 1},
+    ],
+)
+def test_a_job_or_attempt_beyond_its_column_is_not_a_relays_message(headers: dict) -> None:
+    with pytest.raises(ValueError):
+        carried(None, headers, b"")
+
+
 @pytest.mark.parametrize("body", [b"", b"x" * 13])
 def test_a_malformed_batch_message_is_refused(body: bytes) -> None:
     with pytest.raises(ValueError):

@@ -1,13 +1,13 @@
 -- The job list's handler and tenant filters (migration 009) read indexes that compare bytes
 -- (COLLATE "C") instead of the database's collation. Each intake writes an entry into them (the
 -- tenant's only for a job with a tenant), and in a database with a linguistic collation
--- (en_US.UTF-8, C.UTF-8 before PostgreSQL 17) each comparison of the entry's descent went through
--- the C library's strcoll: 4 % of a batch of 10,000 no-op jobs (`enqueue_many`, 129 -> 124 ms,
--- medians of 5 alternating rounds; docs/performance). The filters are equalities, which mean
--- the same in any deterministic collation, and the list orders by id, so nothing a user sees
--- changes; list_jobs compares with COLLATE "C" to use them (the tenant index's predicate in
--- the same collation, or the planner could not prove a filter implies it). A database created with the C
--- locale (the embedded one) gains nothing and loses nothing.
+-- (en_US.UTF-8, C.UTF-8 before PostgreSQL 17) each comparison of the entry's descent went
+-- through the C library's strcoll: 4 % of a batch of 10,000 no-op jobs (`enqueue_many`,
+-- 129 -> 124 ms, medians of 5 alternating rounds; docs/performance). The filters are
+-- equalities, which mean the same in any deterministic collation, and the list orders by id,
+-- so nothing a user sees changes; list_jobs compares with COLLATE "C" to use them (the tenant
+-- index's predicate in the same collation, or the planner could not prove a filter implies
+-- it). A database created with the C locale (the embedded one) gains nothing and loses nothing.
 --
 -- Cost on upgrade: each CREATE INDEX reads the intents once and blocks writes to them (intake)
 -- while it builds (about 20 s for 10 million rows on 2 cores). To avoid that pause on a large

@@ -66,17 +66,26 @@ def properties(message: int, jobs: Sequence[tuple[int, int]]) -> tuple[bytes, Ba
     )
 
 
+_BIGINT = range(-(2**63), 2**63)
+_INTEGER = range(-(2**31), 2**31)
+
+
 def carried(
     content_type: str | None, headers: FieldTable | None, body: bytes
 ) -> tuple[list[tuple[int, int]], int | None]:
     """The (job id, attempt) pairs a delivered message carries, and the record of it (None: an
-    earlier release's message); ValueError (or KeyError, TypeError) when it is not a relay's
-    message."""
+    earlier release's message, or a `message` header that names none); ValueError (or
+    KeyError, TypeError) when it is not a relay's message. Each value is checked against the
+    column it is claimed with: one delivery's id beyond bigint failed the claim of every
+    delivery gathered with it, again at each retry."""
     headers = headers or {}
     message = headers.get("message")
-    record = None if message is None else int(message)  # type: ignore[arg-type]
+    record = message if type(message) is int and message in _BIGINT else None
     if content_type == JOBS_CONTENT_TYPE:
         if not body or len(body) % _PAIR.size:
             raise ValueError(f"a batch message of {len(body)} bytes")
-        return list(_PAIR.iter_unpack(body)), record
-    return [(int(headers["job_id"]), int(headers["attempt"]))], record  # type: ignore[arg-type]
+        return list(_PAIR.iter_unpack(body)), record  # `<qi`: bigint and integer by size
+    job_id, attempt = int(headers["job_id"]), int(headers["attempt"])  # type: ignore[arg-type]
+    if job_id not in _BIGINT or attempt not in _INTEGER:
+        raise ValueError(f"job {job_id}, attempt {attempt}: out of range")
+    return [(job_id, attempt)], record

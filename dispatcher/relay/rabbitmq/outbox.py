@@ -182,16 +182,6 @@ class OutboxRelay(LoopService):
             for w in waits:
                 w.cancel()
 
-    async def run_once(self) -> int:
-        """One round: release what ran out, take, publish, await the confirms; return how
-        many jobs were taken."""
-        await self._repo.release_outbox(self._batch)
-        rounds: set[asyncio.Task[None]] = set()
-        leased = await self._publish_next(rounds)
-        for task in rounds:
-            await task
-        return leased
-
     async def _publish_next(self, rounds: set[asyncio.Task[None]]) -> int:
         """Take a batch and publish it at once; its confirms are awaited by a task added to
         `rounds` (the next batch need not wait for them). Return how many jobs were taken."""
