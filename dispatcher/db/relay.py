@@ -16,6 +16,7 @@ _CLAIM_DELIVERED = query("claim_delivered")
 _LEASE_OUTBOX = query("lease_outbox")
 _GIVE_BACK_MESSAGES = query("give_back_messages")
 _RELEASE_OUTBOX = query("release_outbox")
+_RECORD_CONFIRMED = query("record_confirmed")
 
 
 class OutboxLease(NamedTuple):
@@ -87,10 +88,11 @@ class RelayRepository:
         back to the pick, to be published again."""
         await self.pool.execute(_GIVE_BACK_MESSAGES, messages, owner)
 
-    async def hand_over_confirmed(self, owner: str, unconfirmed: list[int]) -> int:
-        """Relay `owner` stops: its recorded messages but `unconfirmed` are in the broker; the
-        rescue after its stop is to give none of them back. How many were handed over."""
-        return int(await self.pool.fetchval(query("hand_over_confirmed"), owner, unconfirmed))
+    async def record_confirmed(self, owner: str, messages: Sequence[int]) -> int:
+        """The broker confirmed these messages of relay `owner`: they name no relay from now
+        on, so no rescue after its daemon's end gives them back to be published twice (a record
+        a claim holds at that moment is left as it is). How many were recorded."""
+        return int(await self.pool.fetchval(_RECORD_CONFIRMED, owner, list(messages)))
 
     async def sweep_unclaimed(
         self, older_than_s: float, batch: int, handled_after_s: float | None = None

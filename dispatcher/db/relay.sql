@@ -5,9 +5,11 @@
 -- taken (deleted) by the relay that publishes it, which records each message it makes of the
 -- rows in outbox_messages (migration 054): the jobs it carries and their attempts. The claim
 -- that handles a message's jobs counts them there, and deletes the message with its last: the
--- jobs of a queue's messages not yet handled are the relay's window. A message the broker did
--- not confirm is given back by its relay at once (give_back_messages), as are the messages of
--- a relay whose daemon is gone (the due-scan's rescue, queries.sql); one not handled within
+-- jobs of a queue's messages not yet handled are the relay's window. A record names its relay
+-- until the broker confirmed the message (record_confirmed). A message the broker did not
+-- confirm is given back by its relay at once (give_back_messages), as are the messages still
+-- naming a relay whose daemon is gone (the due-scan's rescue, queries.sql: whether the broker
+-- had them is not known); one not handled within
 -- rabbitmq.republish_after_s is a message the broker lost (sweep_lost_messages): its jobs
 -- still ready get outbox rows again (dispatcher.messages_again).
 -- The rows a consumer writes (refused, held by a key) are leased briefly (leased_until, by
@@ -111,17 +113,9 @@ SELECT * FROM dispatcher.messages_again(ARRAY(
     SELECT m.id FROM dispatcher.outbox_messages m
      WHERE m.id = ANY ($1::bigint[]) AND m.relay = $2));
 
--- name: hand_over_confirmed
--- Relay $1 stops: its messages still recorded but $2 (unconfirmed, given back or to be) were
--- confirmed by the broker. They name no relay from now on, so the rescue that follows this
--- daemon's stop gives none of them back to be published twice (the sweep still covers a
--- message the broker loses); how many.
-WITH handed AS (
-    UPDATE dispatcher.outbox_messages SET relay = ''
-     WHERE relay = $1 AND NOT id = ANY ($2::bigint[])
-    RETURNING 1
-)
-SELECT count(*)::int FROM handed;
+-- name: record_confirmed
+-- Relay $1: the broker confirmed its messages $2 (dispatcher.record_confirms); how many.
+SELECT dispatcher.record_confirms($1, $2);
 
 -- name: sweep_lost_messages
 -- Relay sweep: up to $2 messages not yet handled, oldest first, published over $1 seconds

@@ -2692,6 +2692,24 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.record_confirms(relay_name text, ids bigint[])
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'auto'
+ SET enable_seqscan TO 'off'
+AS $function$
+DECLARE
+    recorded integer;
+BEGIN
+    UPDATE dispatcher.outbox_messages m SET relay = ''
+     WHERE m.id = ANY (ARRAY(SELECT x.id FROM dispatcher.outbox_messages x
+                              WHERE x.id = ANY (ids) AND x.relay = relay_name
+                                FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS recorded = ROW_COUNT;
+    RETURN recorded;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION dispatcher.refuse_contract(handler text, due_at timestamp with time zone, timeout_s double precision, expires_at timestamp with time zone, on_success jsonb, on_failure jsonb, on_key text, debounce_max_s integer, item bigint DEFAULT NULL::bigint)
  RETURNS void
  LANGUAGE plpgsql

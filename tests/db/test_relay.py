@@ -365,23 +365,43 @@ async def test_the_messages_of_a_gone_daemons_relay_go_back_to_the_pick_at_its_r
     assert sorted((r.job_id, r.attempt) for r in again) == [(dead, 0), (old, 0), (other, 0)]
 
 
-async def test_a_stopping_relay_hands_over_its_confirmed_messages_so_its_rescue_gives_none_back(
+async def test_a_confirmed_message_names_no_relay_so_its_daemons_rescue_gives_it_no_second_time(
     repo: JobRepository, relay: RelayRepository
 ) -> None:
-    """A daemon stopped gracefully: the messages its relay had confirmed are in the broker, to
-    be claimed by the others; the rescue that follows its stop gives back only the unconfirmed
-    one (before, every message it had recorded was published a second time)."""
+    """The broker's confirm is recorded (record_confirmed: an idle relay's, a stopping one's):
+    the message is in the broker, to be claimed by the others; the rescue after its daemon's
+    end, a stop or a kill, gives back only the message whose confirm was not recorded (before,
+    every message a killed daemon had recorded was published a second time)."""
     confirmed, unconfirmed = await enqueue(repo, ["confirmed", "unconfirmed"])
-    [first] = await lease(relay, 1, "stopping-daemon", batch=1)
-    [second] = await lease(relay, 2, "stopping-daemon", batch=1)
-    assert await relay.hand_over_confirmed("stopping-daemon", [second.message]) == 1
-    await repo.rescue(100, ["stopping-daemon"])
+    [first] = await lease(relay, 1, "dying-daemon", batch=1)
+    [second] = await lease(relay, 2, "dying-daemon", batch=1)
+    # only its own relay's messages: another relay's word records nothing
+    assert await relay.record_confirmed("another-daemon", [first.message]) == 0
+    assert await relay.record_confirmed("dying-daemon", [first.message, 10**12]) == 1
+    await repo.rescue(100, ["dying-daemon"])
     assert await to_publish(repo.pool) == [unconfirmed]
     assert await messages(repo.pool) == [("", [confirmed], [0], 0)]
     # still the sweep's, should the broker lose it
     await age(repo.pool, 90)
     assert await relay.sweep_unclaimed(60, 100) == {"default": (1, 0)}
-    assert first.job_id == confirmed
+    assert (first.job_id, second.job_id) == (confirmed, unconfirmed)
+
+
+async def test_a_confirm_skips_a_record_a_claim_holds_rather_than_wait_for_it(
+    repo: JobRepository, relay: RelayRepository
+) -> None:
+    """A record a claim holds (counting its jobs) is left naming the relay: a duplicate after
+    a kill at worst, where waiting could deadlock with a claim counting records in another
+    order."""
+    a, b = await enqueue(repo, ["a", "b"])
+    [first] = await lease(relay, 1, batch=1)
+    [second] = await lease(relay, 2, batch=1)
+    async with repo.pool.acquire() as claim_holds, claim_holds.transaction():
+        await claim_holds.execute(
+            "SELECT 1 FROM dispatcher.outbox_messages WHERE id = $1 FOR UPDATE", second.message
+        )
+        assert await relay.record_confirmed("r1", [first.message, second.message]) == 1
+    assert await messages(repo.pool) == [("", [a], [0], 0), ("r1", [b], [0], 0)]
 
 
 async def test_the_sweep_leaves_a_paused_queue_alone(

@@ -615,6 +615,26 @@ async def test_an_idle_relay_waits_for_a_wake_up_and_publishes_at_once_when_woke
         assert relays.leases >= leases + 1
 
 
+async def test_a_relay_records_the_brokers_confirms_so_no_rescue_publishes_them_again(
+    repo: JobRepository, prefix: str
+) -> None:
+    """The broker confirmed the relay's messages: the relay records that as the confirms
+    arrive, and from then on they name no relay, so the rescue after its daemon's kill gives
+    back none of them (before, a killed daemon's every message in the broker was published a
+    second time)."""
+    async with idle_relay(repo, prefix) as (relay, _, _):
+        await outbox_rows(repo, 3)
+        relay.wake()
+
+        async def recorded() -> bool:
+            named = await repo.pool.fetch("SELECT relay FROM dispatcher.outbox_messages")
+            return len(named) == 3 and {r["relay"] for r in named} == {""}
+
+        await wait_until(recorded, timeout_s=10, what="the confirms recorded by the relay")
+        await repo.rescue(100, ["relay-test"])  # as if its daemon were gone
+        assert await repo.pool.fetchval("SELECT count(*) FROM dispatcher.outbox") == 0
+
+
 @pytest.mark.parametrize("refusals", [0, 2], ids=["database-up", "database-refuses-twice"])
 async def test_a_batch_the_broker_does_not_confirm_goes_back_to_the_pick_at_once(
     repo: JobRepository, prefix: str, refusals: int
@@ -687,7 +707,7 @@ async def test_a_relay_stopped_before_its_batch_is_confirmed_gives_the_rows_back
             "SELECT count(*) FROM dispatcher.outbox WHERE leased_until IS NULL"
         )
         assert relays.given_back >= 1 and given_back == relays.given_back
-        # the confirmed ones are in the broker, handed over: its rescue gives none back
+        # the confirmed ones are in the broker, recorded: its rescue gives none back
         assert (
             await repo.pool.fetchval(
                 "SELECT count(*) FROM dispatcher.outbox_messages WHERE relay = ''"
@@ -714,12 +734,12 @@ class AnswerNeverComes(CountingRelays):
         return rows
 
 
-async def test_a_relay_stopped_during_a_leases_answer_hands_nothing_over(
+async def test_a_relay_stopped_during_a_leases_answer_leaves_its_message_to_the_rescue(
     repo: JobRepository, prefix: str
 ) -> None:
     """Stopped after its lease committed and before it published: the message recorded was
-    never sent, so the stop must not hand it over as confirmed; it stays the relay's, for the
-    rescue after the stop to give back (handed over, it would wait for the sweep's 300 s)."""
+    never sent, so nothing records it as confirmed; it stays the relay's, for the rescue after
+    the stop to give back (naming no relay, it would wait for the sweep's 300 s)."""
     relays = AnswerNeverComes(repo.pool)
     async with idle_relay(repo, prefix, relays=relays) as (relay, _, _):
         [job] = await outbox_rows(repo, 1)
@@ -773,11 +793,12 @@ async def relay_published(repo: JobRepository, n: int) -> bool:
 
 
 async def in_a_message(repo: JobRepository, job: int) -> bool:
-    """Whether the relay published `job`: a message of its records carries it."""
+    """Whether the relay published `job`: a message recorded carries it (naming the relay
+    until the broker's confirm is recorded, then none)."""
     return bool(
         await repo.pool.fetchval(
             "SELECT EXISTS (SELECT 1 FROM dispatcher.outbox_messages"
-            " WHERE relay = 'relay-test' AND $1 = ANY (job_ids))",
+            " WHERE relay IN ('relay-test', '') AND $1 = ANY (job_ids))",
             job,
         )
     )

@@ -3,11 +3,14 @@ the messages the broker did not confirm, and publishes again what the broker los
 
 The lease takes (deletes) the rows it publishes and records each message it makes of them
 (outbox_messages, migration 054): one write a message, where a leased row had cost two writes a
-job. The record is what tells that a message is out, so the broker's confirm needs no write.
+job. The record is what tells that a message is out.
 What could leave a record with no message behind it is handled where it happens: an unconfirmed
 message is given back by this relay (again each round until the database takes it), messages
 awaiting their confirms at stop are given a moment and then given back, and the messages of a
-daemon that died are given back by the due-scan's rescue once its liveness lock is gone."""
+daemon that died are given back by the due-scan's rescue once its liveness lock is gone. A
+record names its relay only until the broker confirmed its message (one statement a batch of
+messages, as the confirms arrive), so that rescue gives back only what may never have reached
+the broker, not every message the daemon had out."""
 
 from __future__ import annotations
 
@@ -85,7 +88,7 @@ class OutboxRelay(LoopService):
         self._release_at = 0.0  # monotonic: when a consumer's lease this relay knows of runs out
         self._unreleased: list[int] = []  # unconfirmed messages the database did not take back
         self._round_messages: dict[asyncio.Task[None], list[int]] = {}  # awaiting confirms
-        self._leasing = False  # a lease's answer awaited: stopped then, its messages are unknown
+        self._confirms: list[int] = []  # confirmed messages the database did not record yet
 
     def set_max_inflight(self, queue: str, max_inflight: int) -> None:
         """A queue's max_inflight changed at run time: publish as far ahead of it as before."""
@@ -151,9 +154,9 @@ class OutboxRelay(LoopService):
     async def _stop_rounds(self, rounds: set[asyncio.Task[None]]) -> None:
         """At stop: the batches awaiting their confirms get a moment; the messages still
         unconfirmed then go back to the pick, for another daemon (or the next start) to publish
-        again, and the others, in the broker, are handed over: the rescue that follows this
-        daemon's stop gives none of them back to be published twice. Best effort: if the
-        database is away, the rescue gives back every message of this relay (some twice)."""
+        again, and the confirms are recorded: the rescue that follows this daemon's stop gives
+        none of those back to be published twice. Best effort: if the database is away, the
+        rescue gives back every message still naming this relay (some a second time)."""
         with contextlib.suppress(Exception, asyncio.CancelledError):
             if rounds:
                 await asyncio.wait(rounds, timeout=STOP_CONFIRMS_S)
@@ -162,10 +165,10 @@ class OutboxRelay(LoopService):
                 task.cancel()
             ids = [i for t in pending for i in self._round_messages.pop(t, [])]
             async with asyncio.timeout(STOP_CONFIRMS_S):
+                if self._confirms:
+                    await self._record_confirms([])
                 if ids or self._unreleased:
-                    await self._give_back(ids)  # raises, so nothing is handed over, if it fails
-                if not self._leasing:  # else a lease may have recorded messages never published
-                    await self._repo.hand_over_confirmed(self._owner, self._unreleased)
+                    await self._give_back(ids)
 
     async def _idle(self, until: float) -> None:
         """Until a wake-up, a claim, or the monotonic time `until` (bounded by RELAY_IDLE_S)."""
@@ -189,9 +192,7 @@ class OutboxRelay(LoopService):
         if channel is None:
             return 0
         per_message = {q: self._link.jobs_per_message(q) for q in self.windows}
-        self._leasing = True
         rows = await self._repo.lease_outbox(self.windows, per_message, self._batch, self._owner)
-        self._leasing = False
         if not rows:
             if not rounds:
                 metrics.OUTBOX_LAG.set(0.0)
@@ -217,6 +218,17 @@ class OutboxRelay(LoopService):
         task.add_done_callback(rounds.discard)
         task.add_done_callback(self._report)
         return len(rows)
+
+    async def _record_confirms(self, messages: list[int]) -> None:
+        """The broker confirmed these messages: their records name this relay no more (with
+        those an earlier try could not record, kept to be tried again with the next)."""
+        self._confirms.extend(messages)
+        ids, self._confirms = self._confirms, []
+        try:
+            await self._repo.record_confirmed(self._owner, ids)
+        except BaseException:
+            self._confirms.extend(ids)
+            raise
 
     @staticmethod
     def _messages(rows: list[OutboxLease]) -> list[list[OutboxLease]]:
@@ -248,6 +260,14 @@ class OutboxRelay(LoopService):
             for batch, ok in zip(batches, outcomes, strict=True)
             if not isinstance(ok, Basic.Ack)
         ]
+        confirmed = [
+            batch[0].message
+            for batch, ok in zip(batches, outcomes, strict=True)
+            if isinstance(ok, Basic.Ack)
+        ]
+        if confirmed:  # in the broker: the rescue after this daemon is not to publish them
+            with contextlib.suppress(Exception):  # kept, to be recorded with the next (or at stop)
+                await self._record_confirms(confirmed)
         rows = sum(len(b) for b in batches)
         # commit -> confirm
         metrics.OUTBOX_LAG.set(
