@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import sys
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -76,6 +77,12 @@ async def read_json_and_escapes(request: web.Request) -> tuple[Any, bool]:
     except RecursionError:
         raise Problem(400, "body nests JSON too deeply") from None
     except ValueError as exc:
+        if "integer string conversion" in str(exc):  # Python's limit: read nowhere else either
+            raise Problem(
+                400,
+                f"body holds an integer of more than {sys.int_info.default_max_str_digits} "
+                "digits, which the daemon cannot read; send such a value as a string",
+            ) from None
         raise Problem(400, f"body is not valid JSON: {exc}") from None
 
 

@@ -1382,6 +1382,7 @@ DECLARE
     ckey        text := dispatcher.effective_concurrency_key(concurrency_key, coalesce(tenant, ''));
     max_bytes   bigint := dispatcher.max_payload_bytes();
     size        bigint;
+    digits      text;
     pruned      record;
     replacing   boolean := false;
 BEGIN
@@ -1408,6 +1409,12 @@ BEGIN
     size := dispatcher.payload_oversize(payload, target, max_bytes);
     IF size IS NOT NULL THEN
         PERFORM dispatcher.refuse_payload(key, size, max_bytes);
+    END IF;
+    IF dispatcher.stored_bytes(payload, target) > 4300 THEN
+        digits := dispatcher.long_integer(payload, target);
+        IF digits IS NOT NULL THEN
+            PERFORM dispatcher.refuse_long_integer(key, digits);
+        END IF;
     END IF;
     IF (CASE WHEN handler = 'http' THEN jsonb_typeof(target -> 'url') IS DISTINCT FROM 'string'
              ELSE target IS NOT NULL END) THEN
@@ -1600,6 +1607,7 @@ DECLARE
     max_bytes   bigint := dispatcher.max_payload_bytes();
     bad_key     text;
     bad_size    bigint;
+    bad_digits  text;
 BEGIN
     -- times out of range are left to the internal door's own refusal (22008)
     SELECT u.o, u.d INTO bad_item, bad_due
@@ -1611,13 +1619,20 @@ BEGIN
     IF bad_item IS NOT NULL THEN
         PERFORM dispatcher.refuse_past_due(bad_due, tolerance_s, bad_item);
     END IF;
-    SELECT u.o, u.k, u.size INTO bad_item, bad_key, bad_size
-      FROM (SELECT u.o, u.k, dispatcher.payload_oversize(u.p, u.tg, max_bytes) AS size
-              FROM unnest(keys, payloads, targets) WITH ORDINALITY AS u(k, p, tg, o)) u
-     WHERE u.size IS NOT NULL
+    -- each item's text measured once: over the limit, or long enough to hold a number the
+    -- daemon cannot read (dispatcher.long_integer, looked for only then)
+    SELECT u.o, u.k, u.size, u.digits INTO bad_item, bad_key, bad_size, bad_digits
+      FROM (SELECT u.o, u.k, s.size,
+                   CASE WHEN s.size > 4300 AND s.size <= max_bytes
+                        THEN dispatcher.long_integer(u.p, u.tg) END AS digits
+              FROM unnest(keys, payloads, targets) WITH ORDINALITY AS u(k, p, tg, o)
+             CROSS JOIN LATERAL (SELECT dispatcher.stored_bytes(u.p, u.tg) AS size) s) u
+     WHERE u.size > max_bytes OR u.digits IS NOT NULL
      ORDER BY u.o
      LIMIT 1;
-    IF bad_item IS NOT NULL THEN
+    IF bad_digits IS NOT NULL THEN
+        PERFORM dispatcher.refuse_long_integer(bad_key, bad_digits, bad_item);
+    ELSIF bad_item IS NOT NULL THEN
         PERFORM dispatcher.refuse_payload(bad_key, bad_size, max_bytes, bad_item);
     END IF;
     IF num_nonnulls(on_keys, debounce_max_s, timeout_s, expires_ats, on_success,
@@ -1871,11 +1886,13 @@ BEGIN
         -- only once the pruner committed, its ledger row with it (one probe per job)
         -- (a cached probe per key first: take_back_pruned is planned anew on every call)
         -- (and none when the ledger is empty, as until the first pruning: the probe of 10,000
-        -- keys sorts them first, 6 ms and 1 ms of planning of a call's 130)
+        -- keys sorts them first, 6 ms and 1 ms of planning of a call's 130; a statement of its
+        -- own, or the probe is planned, 1 ms, even when the ledger is empty)
         taken := 0;
-        IF EXISTS (SELECT 1 FROM dispatcher.key_ledger)
-           AND EXISTS (SELECT 1 FROM dispatcher.key_ledger x WHERE x.key = ANY (keys)) THEN
-            SELECT count(*) INTO taken FROM dispatcher.take_back_pruned(ids, keys);
+        IF EXISTS (SELECT 1 FROM dispatcher.key_ledger) THEN
+            IF EXISTS (SELECT 1 FROM dispatcher.key_ledger x WHERE x.key = ANY (keys)) THEN
+                SELECT count(*) INTO taken FROM dispatcher.take_back_pruned(ids, keys);
+            END IF;
         END IF;
         IF created = coalesce(cardinality(pending), n) AND taken = 0 THEN
             -- every item created: its answer is what was written (created_at = now())
@@ -2606,6 +2623,20 @@ CREATE OR REPLACE FUNCTION dispatcher.liveness_namespace()
  IMMUTABLE PARALLEL SAFE
 AS $function$ SELECT 1684632436 $function$;
 
+CREATE OR REPLACE FUNCTION dispatcher.long_integer(payload jsonb, target jsonb)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT left(n.digits, 20)
+      FROM (VALUES (payload), (target)) d(doc)
+     CROSS JOIN LATERAL jsonb_path_query(d.doc, 'strict $.** ? (@.type() == "number")') q(v)
+     CROSS JOIN LATERAL (SELECT q.v #>> '{}' AS digits) n
+     WHERE d.doc IS NOT NULL AND n.digits ~ '^-?[0-9]+$'
+       AND length(ltrim(n.digits, '-')) > 4300
+     LIMIT 1
+$function$;
+
 CREATE OR REPLACE FUNCTION dispatcher.max_payload_bytes()
  RETURNS bigint
  LANGUAGE plpgsql
@@ -2648,14 +2679,11 @@ $function$;
 CREATE OR REPLACE FUNCTION dispatcher.payload_oversize(payload jsonb, target jsonb, max_bytes bigint)
  RETURNS bigint
  LANGUAGE sql
- STABLE PARALLEL SAFE
+ IMMUTABLE PARALLEL SAFE
 AS $function$
-    SELECT CASE WHEN 6 * (coalesce(pg_column_size(payload), 0)
-                          + coalesce(pg_column_size(target), 0)) + 64 <= max_bytes THEN NULL
-                ELSE nullif(greatest(coalesce(octet_length(payload::text), 0)
-                                     + coalesce(octet_length(target::text), 0), max_bytes),
-                            max_bytes)
-           END
+    SELECT nullif(greatest(coalesce(octet_length(payload::text), 0)
+                           + coalesce(octet_length(target::text), 0), max_bytes),
+                  max_bytes)
 $function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.ready_after_intake(queue text, capabilities text[])
@@ -2768,6 +2796,22 @@ BEGIN
         HINT = format('a due time is finite, from %s through %s; pass NULL to run now',
                       to_char(lower(bounds) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
                       to_char(upper(bounds) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'));
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.refuse_long_integer(key text, digits text, item bigint DEFAULT NULL::bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RAISE EXCEPTION USING
+        MESSAGE = format('dispatcher.enqueue: the payload or target of key %s%s holds a number '
+                         'written with more than 4300 digits (%s...), which the daemon cannot '
+                         'read', quote_literal(key),
+                         CASE WHEN item IS NULL THEN '' ELSE format(' (item %s)', item) END,
+                         digits),
+        ERRCODE = '22003',
+        HINT = 'send such a value as a string';
 END
 $function$;
 
@@ -3090,14 +3134,10 @@ $function$;
 CREATE OR REPLACE FUNCTION dispatcher.stored_bytes(payload jsonb, target jsonb)
  RETURNS bigint
  LANGUAGE sql
- STABLE PARALLEL SAFE
+ IMMUTABLE PARALLEL SAFE
 AS $function$
-    SELECT (CASE WHEN pg_column_compression(payload) IS NULL
-                 THEN coalesce(pg_column_size(payload), 0)
-                 ELSE octet_length(payload::text) END)::bigint
-         + (CASE WHEN pg_column_compression(target) IS NULL
-                 THEN coalesce(pg_column_size(target), 0)
-                 ELSE octet_length(target::text) END)::bigint
+    SELECT coalesce(octet_length(payload::text), 0)::bigint
+         + coalesce(octet_length(target::text), 0)::bigint
 $function$;
 
 CREATE OR REPLACE FUNCTION dispatcher.take_back_pruned(ids bigint[], keys text[])

@@ -125,6 +125,22 @@ async def test_the_size_counts_the_target_too(pool: asyncpg.Pool) -> None:
     assert 50_000 <= size < 50_300
 
 
+async def test_a_number_is_counted_as_the_digits_the_daemon_receives(
+    registered: JobRepository, pool: asyncpg.Pool
+) -> None:
+    """1e-16000 is stored in a few bytes and sent to the daemon as 0.000...1, 16,002
+    characters: a claim reserves its text, so five such jobs in a claim of 40 kB take two (had
+    the budget read the stored size, all five would have come, 80 kB from a few bytes each)."""
+    await pool.execute(
+        "SELECT dispatcher.enqueue_many(array_agg('n' || g), array_fill('work'::text, ARRAY[5]),"
+        " array_fill('{\"n\": 1e-16000}'::jsonb, ARRAY[5])) FROM generate_series(1, 5) g"
+    )
+    sizes = [r["size_bytes"] for r in await pool.fetch("SELECT size_bytes FROM dispatcher.intents")]
+    assert sizes == [len('{"n": 0.' + "0" * 15999 + "1}")] * 5
+    jobs, _ = await registered.claim("default", 10, CAPS, "o", 60, ByteGrant(40 * KB))
+    assert len(jobs) == 2
+
+
 async def test_a_size_is_written_by_the_batch_and_measured_again_when_the_payload_changes(
     pool: asyncpg.Pool,
 ) -> None:

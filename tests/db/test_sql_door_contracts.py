@@ -112,6 +112,50 @@ async def test_a_payload_over_the_limit_is_refused_at_the_sql_door(
     assert await conn.fetchval("SELECT dispatcher.enqueue('fits', 'report', $1::jsonb)", fits)
 
 
+async def test_a_number_written_with_more_digits_than_the_limit_is_refused_at_every_sql_door(
+    conn: asyncpg.Connection,
+) -> None:
+    """1e5000 is stored in a few bytes and written with 5,001 digits, which is what the daemon
+    receives: the limit counts the text, in the payload or the target, at the single and the
+    batch door (a bound from the stored size had let 10 bytes become 131,072 digits)."""
+    assert await conn.fetchval("SELECT pg_column_size('{\"n\": 1e5000}'::jsonb)") < 64
+    for payload in ('{"n": 1e5000}', '{"n": -1e-5000}', '{"a": [1e2000, 1e2000, 1e2000]}'):
+        with pytest.raises(asyncpg.ProgramLimitExceededError, match="over limits"):
+            await conn.fetchval("SELECT dispatcher.enqueue('amp', 'report', $1::jsonb)", payload)
+        with pytest.raises(asyncpg.ProgramLimitExceededError, match=r"key 'amp' \(item 2\)"):
+            await conn.fetch(MANY, ["ok", "amp"], ["report", "report"], ["{}", payload])
+    target = '{"url": "https://example.com/", "n": 1e5000}'
+    with pytest.raises(asyncpg.ProgramLimitExceededError, match="over limits"):
+        await conn.fetchval(
+            "SELECT dispatcher.enqueue('amp', 'http', '{}', target => $1::jsonb)", target
+        )
+    assert await conn.fetchval("SELECT count(*) FROM dispatcher.jobs") == 0
+    # within the limit it is stored, counted as its text for the claim's memory budget
+    await conn.fetchval("SELECT dispatcher.enqueue('fits', 'report', '{\"n\": 1e3000}')")
+    assert await conn.fetchval("SELECT size_bytes FROM dispatcher.intents") == len(
+        '{"n": 1' + "0" * 3000 + "}"
+    )
+
+
+async def test_a_row_holding_such_a_number_stored_directly_is_claimed_with_the_others(
+    conn: asyncpg.Connection, repo: JobRepository
+) -> None:
+    """A row stored past the doors (here: into dispatcher.jobs directly) with a 5,001-digit
+    integer: the claim reads it and the job beside it (its decoding had failed the whole batch,
+    again at every rescue)."""
+    await conn.execute(
+        """INSERT INTO dispatcher.jobs (key, request_hash, queue, handler, handler_version,
+                                        payload, state, due_at, max_attempts, max_retry_age_s,
+                                        budget_started_at)
+           VALUES ('long', 'h', 'default', 'report', 1, '{"n": 1e5000}', 'ready', now(), 3,
+                   60, now()),
+                  ('plain', 'h2', 'default', 'report', 1, '{"n": 1}', 'ready', now(), 3, 60,
+                   now())"""
+    )
+    jobs, _ = await repo.claim("default", 10, ["report:1"], "o", 60)
+    assert sorted(j.payload["n"] for j in jobs) == [1, 10**5000]
+
+
 async def test_rows_over_the_limit_stored_directly_are_claimed_within_the_grant(
     conn: asyncpg.Connection, repo: JobRepository
 ) -> None:

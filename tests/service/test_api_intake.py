@@ -230,8 +230,12 @@ async def test_past_tolerance_is_configurable(pool: asyncpg.Pool) -> None:
         (b'{"handler": ', "body is not valid JSON"),
         (b"", "body is not valid JSON"),
         (b'"just a string"', "body must be a JSON object"),
+        (
+            b'{"handler": "report", "payload": {"n": 1' + b"0" * 5000 + b"}}",
+            "body holds an integer of more than 4300 digits, which the daemon cannot read",
+        ),
     ],
-    ids=["truncated", "empty", "string"],
+    ids=["truncated", "empty", "string", "integer-past-4300-digits"],
 )
 async def test_a_body_that_is_not_a_json_object(api: Api, raw: bytes, detail: str) -> None:
     r = await api.client.post(
@@ -239,7 +243,7 @@ async def test_a_body_that_is_not_a_json_object(api: Api, raw: bytes, detail: st
         data=raw,
         headers={"Idempotency-Key": "raw-1", "Content-Type": "application/json"},
     )
-    doc = await problem(r, 400 if "valid JSON" in detail else 422)
+    doc = await problem(r, 422 if "JSON object" in detail else 400)
     assert detail in doc["detail"]
     assert await api.count() == 0
 

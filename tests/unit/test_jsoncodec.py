@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -66,3 +67,17 @@ def test_loads_refuses_what_the_standard_library_refuses(text: str) -> None:
 
 def test_loads_keeps_integers_beyond_64_bits_exact() -> None:
     assert loads('{"n": 123456789012345678901234567890}') == {"n": 123456789012345678901234567890}
+
+
+def test_an_integer_past_pythons_digit_limit_is_read_exactly() -> None:
+    """PostgreSQL writes 1e5000 as 5,001 digits, which json.loads refuses to read (its 4,300
+    digit limit): such a row, stored before the doors refused it, is read whole, so it cannot
+    fail the decoding of every row fetched with it."""
+    text = '{"n": 1' + "0" * 5000 + ', "m": [2, -' + "9" * 4400 + "]}"
+    with pytest.raises(ValueError, match="integer string conversion"):
+        json.loads(text)
+    value = loads(text)
+    assert value["n"] == 10**5000
+    assert value["m"][0] == 2 and value["m"][1] == -int(Decimal("9" * 4400))
+    with pytest.raises(json.JSONDecodeError):  # anything else still fails as before
+        loads('{"n": 1' + "0" * 5000 + ",}")

@@ -49,6 +49,7 @@ DECLARE
     ckey        text := dispatcher.effective_concurrency_key(concurrency_key, coalesce(tenant, ''));
     max_bytes   bigint := dispatcher.max_payload_bytes();
     size        bigint;
+    digits      text;
     pruned      record;
     replacing   boolean := false;
 BEGIN
@@ -75,6 +76,12 @@ BEGIN
     size := dispatcher.payload_oversize(payload, target, max_bytes);
     IF size IS NOT NULL THEN
         PERFORM dispatcher.refuse_payload(key, size, max_bytes);
+    END IF;
+    IF dispatcher.stored_bytes(payload, target) > 4300 THEN
+        digits := dispatcher.long_integer(payload, target);
+        IF digits IS NOT NULL THEN
+            PERFORM dispatcher.refuse_long_integer(key, digits);
+        END IF;
     END IF;
     IF (CASE WHEN handler = 'http' THEN jsonb_typeof(target -> 'url') IS DISTINCT FROM 'string'
              ELSE target IS NOT NULL END) THEN

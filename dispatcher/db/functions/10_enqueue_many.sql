@@ -37,6 +37,7 @@ DECLARE
     max_bytes   bigint := dispatcher.max_payload_bytes();
     bad_key     text;
     bad_size    bigint;
+    bad_digits  text;
 BEGIN
     -- times out of range are left to the internal door's own refusal (22008)
     SELECT u.o, u.d INTO bad_item, bad_due
@@ -48,13 +49,20 @@ BEGIN
     IF bad_item IS NOT NULL THEN
         PERFORM dispatcher.refuse_past_due(bad_due, tolerance_s, bad_item);
     END IF;
-    SELECT u.o, u.k, u.size INTO bad_item, bad_key, bad_size
-      FROM (SELECT u.o, u.k, dispatcher.payload_oversize(u.p, u.tg, max_bytes) AS size
-              FROM unnest(keys, payloads, targets) WITH ORDINALITY AS u(k, p, tg, o)) u
-     WHERE u.size IS NOT NULL
+    -- each item's text measured once: over the limit, or long enough to hold a number the
+    -- daemon cannot read (dispatcher.long_integer, looked for only then)
+    SELECT u.o, u.k, u.size, u.digits INTO bad_item, bad_key, bad_size, bad_digits
+      FROM (SELECT u.o, u.k, s.size,
+                   CASE WHEN s.size > 4300 AND s.size <= max_bytes
+                        THEN dispatcher.long_integer(u.p, u.tg) END AS digits
+              FROM unnest(keys, payloads, targets) WITH ORDINALITY AS u(k, p, tg, o)
+             CROSS JOIN LATERAL (SELECT dispatcher.stored_bytes(u.p, u.tg) AS size) s) u
+     WHERE u.size > max_bytes OR u.digits IS NOT NULL
      ORDER BY u.o
      LIMIT 1;
-    IF bad_item IS NOT NULL THEN
+    IF bad_digits IS NOT NULL THEN
+        PERFORM dispatcher.refuse_long_integer(bad_key, bad_digits, bad_item);
+    ELSIF bad_item IS NOT NULL THEN
         PERFORM dispatcher.refuse_payload(bad_key, bad_size, max_bytes, bad_item);
     END IF;
     IF num_nonnulls(on_keys, debounce_max_s, timeout_s, expires_ats, on_success,
