@@ -26,7 +26,44 @@ def dumps(value: Any, *, sort_keys: bool = False) -> str:
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort_keys else None).decode()
     except TypeError:  # orjson.JSONEncodeError
-        return json.dumps(value, sort_keys=sort_keys)
+        try:
+            return json.dumps(value, sort_keys=sort_keys)
+        except ValueError as exc:
+            if not is_long_integer_error(exc):
+                raise
+            return dumps_long_integers(value, sort_keys=sort_keys)
+
+
+def is_long_integer_error(exc: ValueError) -> bool:
+    """Whether Python refused to convert an integer of more than 4,300 digits to or from text
+    (`sys.int_info.default_max_str_digits`)."""
+    return "integer string conversion" in str(exc)
+
+
+def dumps_long_integers(
+    value: Any, *, separators: tuple[str, str] = (", ", ": "), sort_keys: bool = False
+) -> str:
+    """`json.dumps(value)` (ASCII) for a value holding an integer past Python's digit limit,
+    which json.dumps refuses to write: each is written exactly, through Decimal (the limit
+    guards str <-> int only). Slow: for the rare row that holds one (see `loads`)."""
+    item_separator, key_separator = separators
+
+    def key(k: Any) -> str:  # json.dumps writes a key that is not a string as its JSON text
+        return json.dumps(k if isinstance(k, str) else json.dumps(k))
+
+    def write(v: Any) -> str:
+        if isinstance(v, int) and not isinstance(v, bool):
+            return str(Decimal(v))
+        if isinstance(v, dict):
+            pairs = sorted(v.items()) if sort_keys else v.items()
+            return (
+                "{" + item_separator.join(key(k) + key_separator + write(x) for k, x in pairs) + "}"
+            )
+        if isinstance(v, list | tuple):
+            return "[" + item_separator.join(write(x) for x in v) + "]"
+        return json.dumps(v)
+
+    return write(value)
 
 
 def loads(text: str) -> Any:
@@ -45,7 +82,7 @@ def loads(text: str) -> Any:
             return json.loads(text)
         return value
     except ValueError as exc:
-        if "integer string conversion" not in str(exc):
+        if not is_long_integer_error(exc):
             raise
         return _long_integers.decode(text)
 

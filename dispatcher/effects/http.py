@@ -31,6 +31,7 @@ from yarl import URL
 
 from dispatcher.config.settings import Settings
 from dispatcher.config.signing_secret import SigningSecret
+from dispatcher.core import jsoncodec
 from dispatcher.effects.base import Delivered
 from dispatcher.effects.httpclient import HttpClient, HttpClientError, Origin
 from dispatcher.effects.signing import SignerSet
@@ -75,9 +76,14 @@ _C_ENCODER = (
 
 
 def _encode(payload: Any) -> bytes:
-    if _C_ENCODER is not None:
-        return "".join(_C_ENCODER(payload, 0)).encode()
-    return _ENCODER.encode(payload).encode()
+    try:
+        if _C_ENCODER is not None:
+            return "".join(_C_ENCODER(payload, 0)).encode()
+        return _ENCODER.encode(payload).encode()
+    except ValueError as exc:  # an integer past Python's 4,300 digits: written exactly
+        if not jsoncodec.is_long_integer_error(exc):
+            raise
+        return jsoncodec.dumps_long_integers(payload, separators=(",", ":")).encode()
 
 
 def _target_key(target: Any) -> Hashable | None:

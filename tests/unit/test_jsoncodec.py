@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatcher.core.jsoncodec import dumps, loads
+from dispatcher.core.jsoncodec import dumps, dumps_long_integers, loads
 
 json_values = st.recursive(
     st.none()
@@ -81,3 +81,20 @@ def test_an_integer_past_pythons_digit_limit_is_read_exactly() -> None:
     assert value["m"][0] == 2 and value["m"][1] == -int(Decimal("9" * 4400))
     with pytest.raises(json.JSONDecodeError):  # anything else still fails as before
         loads('{"n": 1' + "0" * 5000 + ",}")
+
+
+@given(json_values, st.booleans())
+def test_the_long_integer_writer_writes_what_json_dumps_writes(value: Any, sort_keys: bool) -> None:
+    for separators in ((", ", ": "), (",", ":")):
+        assert dumps_long_integers(value, separators=separators, sort_keys=sort_keys) == json.dumps(
+            value, separators=separators, sort_keys=sort_keys
+        )
+
+
+def test_an_integer_past_pythons_digit_limit_is_written_exactly() -> None:
+    value = {"n": 10**5000, "m": [-(10**4400), "é"]}
+    with pytest.raises(ValueError, match="integer string conversion"):
+        json.dumps(value)
+    text = dumps(value)
+    assert text.startswith('{"n": 1' + "0" * 5000 + ", ")
+    assert loads(text) == value
