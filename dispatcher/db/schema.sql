@@ -1782,16 +1782,20 @@ DECLARE
                 max_attempts, max_retry_age_s, run_key, priority, concurrency_key, size_bytes)
         OVERRIDING SYSTEM VALUE
         SELECT u.id, u.k,
-               dispatcher.request_fingerprint(u.h, u.tg, u.p, coalesce(u.q, 'default'),
-                                              coalesce(u.t, ''), u.d, u.ma, u.mra,
-                                              coalesce(u.pr, 0), u.asked_ck),
+               dispatcher.request_fingerprint_text(u.h, u.tg_text, u.p_text,
+                                                   coalesce(u.q, 'default'), coalesce(u.t, ''),
+                                                   u.d, u.ma, u.mra, coalesce(u.pr, 0),
+                                                   u.asked_ck),
                coalesce(u.q, 'default'), coalesce(u.t, ''), u.h, u.hv, u.tg,
                u.p, coalesce(u.ma, u.queue_ma), coalesce(u.mra, u.queue_mra), u.rk,
                coalesce(u.pr, 0), u.ck,
-               -- what the trigger intents_size_bytes would write, without its call per row
-               dispatcher.stored_bytes(u.p, u.tg)
+               -- what the trigger intents_size_bytes would write (dispatcher.stored_bytes),
+               -- without its call per row, from the text the fingerprint hashed
+               octet_length(u.p_text)::bigint + coalesce(octet_length(u.tg_text), 0)::bigint
           FROM (SELECT u.k, u.h, u.p, u.d, u.q, u.t, u.tg, u.ma, u.mra, u.rk, u.id, u.o,
                        u.pr, u.ck AS asked_ck,
+                       -- each payload rendered once, for its fingerprint and its size
+                       u.p::text AS p_text, u.tg::text AS tg_text,
                        dispatcher.effective_concurrency_key(u.ck, coalesce(u.t, '')) AS ck,
                        qd.max_attempts AS queue_ma, qd.max_retry_age_s AS queue_mra,
                        hd.current_version AS hv
@@ -3103,9 +3107,19 @@ CREATE OR REPLACE FUNCTION dispatcher.request_fingerprint(handler text, target j
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$
+    SELECT dispatcher.request_fingerprint_text(handler, target::text, payload::text, queue,
+                                               tenant, requested_due_at, max_attempts,
+                                               max_retry_age_s, priority, concurrency_key)
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.request_fingerprint_text(handler text, target text, payload text, queue text, tenant text, requested_due_at timestamp with time zone, max_attempts integer, max_retry_age_s integer, priority integer DEFAULT 0, concurrency_key text DEFAULT NULL::text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
     SELECT 'v2:' || (hashtextextended(handler, 1)
-                     # coalesce(hashtextextended(target::text, 2), 0)
-                     # hashtextextended(payload::text, 3)
+                     # coalesce(hashtextextended(target, 2), 0)
+                     # hashtextextended(payload, 3)
                      # hashtextextended(queue, 4)
                      # hashtextextended(tenant, 5)
                      # coalesce(timestamp_hash_extended(requested_due_at AT TIME ZONE 'UTC', 6), 0)

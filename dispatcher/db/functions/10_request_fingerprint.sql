@@ -4,14 +4,16 @@
 -- `priority` and `concurrency_key` (as asked at the door: NULL the default, '' none; migration
 -- 023) are two more parts, each left out while it asks for its default, so a request that sets
 -- neither hashes exactly as before.
-CREATE OR REPLACE FUNCTION dispatcher.request_fingerprint(
-    handler text, target jsonb, payload jsonb, queue text, tenant text,
+-- The same of a request whose target and payload are given as their text (target::text,
+-- payload::text): the batch door renders each payload once, for this and for its size.
+CREATE OR REPLACE FUNCTION dispatcher.request_fingerprint_text(
+    handler text, target text, payload text, queue text, tenant text,
     requested_due_at timestamptz, max_attempts integer, max_retry_age_s integer,
     priority integer DEFAULT 0, concurrency_key text DEFAULT NULL
 ) RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT 'v2:' || (hashtextextended(handler, 1)
-                     # coalesce(hashtextextended(target::text, 2), 0)
-                     # hashtextextended(payload::text, 3)
+                     # coalesce(hashtextextended(target, 2), 0)
+                     # hashtextextended(payload, 3)
                      # hashtextextended(queue, 4)
                      # hashtextextended(tenant, 5)
                      # coalesce(timestamp_hash_extended(requested_due_at AT TIME ZONE 'UTC', 6), 0)
@@ -25,4 +27,14 @@ CREATE OR REPLACE FUNCTION dispatcher.request_fingerprint(
                             ELSE coalesce(hashtextextended(
                                      dispatcher.effective_concurrency_key(concurrency_key, tenant),
                                      10), 10) END)::text
+$$;
+
+CREATE OR REPLACE FUNCTION dispatcher.request_fingerprint(
+    handler text, target jsonb, payload jsonb, queue text, tenant text,
+    requested_due_at timestamptz, max_attempts integer, max_retry_age_s integer,
+    priority integer DEFAULT 0, concurrency_key text DEFAULT NULL
+) RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT dispatcher.request_fingerprint_text(handler, target::text, payload::text, queue,
+                                               tenant, requested_due_at, max_attempts,
+                                               max_retry_age_s, priority, concurrency_key)
 $$;
