@@ -55,8 +55,9 @@ class RelayRepository:
         self, windows: dict[str, int], per_message: dict[str, int], batch: int, owner: str
     ) -> list[OutboxLease]:
         """Take up to `batch` rows nobody holds for relay `owner`, each queue at most its window
-        ahead of its consumers, by priority, then tenants in turn, and record them as messages
-        of at most `per_message` jobs of their queue; the jobs in the order to publish them."""
+        (`windows`: one consumer's, times the daemons registered) ahead of its consumers, by
+        priority, then tenants in turn, and record them as messages of at most `per_message`
+        jobs of their queue; the jobs in the order to publish them."""
         queues = list(windows)
         after = [self._cursors.get(q) for q in queues]
         rows = await self.pool.fetch(

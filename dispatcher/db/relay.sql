@@ -18,9 +18,11 @@
 -- lease ran out (sweep_unclaimed): kept for a rolling upgrade.
 
 -- name: lease_outbox
--- Relay $7: take up to $4 rows nobody holds, to publish them, of the queues $1, each at most $2
--- (its window) ahead of its consumers: the window less the jobs of its messages published and
--- not yet handled (migration 054). Within a queue, in the order claim_ready takes ready jobs
+-- Relay $7: take up to $4 rows nobody holds, to publish them, of the queues $1, each at most its
+-- window ahead of its consumers: $2 (one consumer's) for each daemon registered (every daemon
+-- consumes, and claims a share of the window: the whole window shared by three daemons made
+-- claims of ~550 deliveries where one daemon's took 1,000), less the jobs of its messages
+-- published and not yet handled (migration 054). Within a queue, in the order claim_ready takes ready jobs
 -- (dispatcher.relay_pick, migration 023): the lowest priority value first, tenants in turn from
 -- where this relay's previous lease of the queue stopped ($5 priorities, $6 tenants, one per
 -- queue, NULL at first), the oldest row first; so one tenant's burst does not fill the window
@@ -29,9 +31,11 @@
 -- each recorded in outbox_messages with the attempt each job is ready after (the consumer's
 -- fence). Each job with its message, in the order to publish them, and where it stands in its
 -- queue's turns (the relay's next cursor).
-WITH windows AS MATERIALIZED (
+WITH consumers AS MATERIALIZED (
+    SELECT greatest(count(*), 1)::integer AS n FROM dispatcher.instances
+), windows AS MATERIALIZED (
     SELECT w.queue, w.after_priority, w.after_tenant, w.per_message,
-           least($4::integer, greatest(0, w.size - coalesce((
+           least($4::integer, greatest(0, w.size * (SELECT n FROM consumers) - coalesce((
                SELECT sum(m.jobs - m.handled) FROM dispatcher.outbox_messages m
                 WHERE m.queue = w.queue), 0)))::integer AS take
       FROM unnest($1::text[], $2::integer[], $3::integer[], $5::integer[], $6::text[])

@@ -94,6 +94,22 @@ async def test_the_lease_takes_its_rows_and_records_each_message_in_order(
     assert await repo.pool.fetchval("SELECT count(*) FROM dispatcher.outbox") == 0
 
 
+async def test_the_window_is_one_consumers_for_each_daemon_registered(
+    repo: JobRepository, relay: RelayRepository
+) -> None:
+    """Every daemon consumes a share of the window: three daemons sharing one consumer's window
+    claimed ~550 deliveries at a time where one daemon took 1,000 (bench_scaleout), so the
+    window is one consumer's for each daemon registered (none registered: one)."""
+    await enqueue(repo, [f"k{i}" for i in range(10)])
+    assert len(await lease(relay, 2)) == 2  # nobody registered: one consumer's window
+    await repo.pool.execute(
+        "INSERT INTO dispatcher.instances (owner) VALUES ('d1'), ('d2'), ('d3')"
+    )
+    assert len(await lease(relay, 2)) == 4  # 2 x 3 in all, 2 of them out already
+    await repo.pool.execute("DELETE FROM dispatcher.instances WHERE owner = 'd3'")
+    assert await lease(relay, 2) == []  # 2 x 2 = 4 < the 6 out: nothing more
+
+
 async def test_a_message_carries_the_attempt_its_row_names_else_its_state_s(
     repo: JobRepository, relay: RelayRepository
 ) -> None:

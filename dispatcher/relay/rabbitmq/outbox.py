@@ -76,6 +76,7 @@ class OutboxRelay(LoopService):
         self._owner = owner
         self._batch = batch
         self._confirm_timeout_s = confirm_timeout_s
+        # one consumer's window per queue; the lease widens it for each daemon registered
         self.windows = {q: math.ceil(publish_ahead * n) for q, n in link.prefetch.items()}
         self._publish_ahead = publish_ahead
         self._republish_after_s = republish_after_s
