@@ -77,7 +77,7 @@ async def read_json_and_escapes(request: web.Request) -> tuple[Any, bool]:
     except RecursionError:
         raise Problem(400, "body nests JSON too deeply") from None
     except ValueError as exc:
-        if "integer string conversion" in str(exc):  # Python's limit: read nowhere else either
+        if jsoncodec.is_long_integer_error(exc):  # Python's limit: read nowhere else either
             raise Problem(
                 400,
                 f"body holds an integer of more than {sys.int_info.default_max_str_digits} "

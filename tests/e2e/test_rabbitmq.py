@@ -11,7 +11,7 @@ import contextlib
 import json
 import signal
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
 import asyncpg
@@ -549,6 +549,7 @@ class CountingRelays(RelayRepository):
         super().__init__(pool)
         self.leases = self.releases = self.given_back = self.refused = 0
         self.refuse_give_backs = 0  # give-backs to fail as a database outage would
+        self.refuse_records = 0  # records of confirms to fail likewise
 
     async def give_back(self, messages: list[int], owner: str) -> None:
         if self.refused < self.refuse_give_backs:
@@ -556,6 +557,12 @@ class CountingRelays(RelayRepository):
             raise ConnectionRefusedError("the database is away (the test's outage)")
         await super().give_back(messages, owner)
         self.given_back += len(messages)
+
+    async def record_confirmed(self, owner: str, messages: Sequence[int]) -> int:
+        if self.refuse_records > 0:
+            self.refuse_records -= 1
+            raise ConnectionRefusedError("the database is away (the test's outage)")
+        return await super().record_confirmed(owner, messages)
 
     async def lease_outbox(
         self, windows: dict[str, int], per_message: dict[str, int], batch: int, owner: str
@@ -615,14 +622,18 @@ async def test_an_idle_relay_waits_for_a_wake_up_and_publishes_at_once_when_woke
         assert relays.leases >= leases + 1
 
 
+@pytest.mark.parametrize("refusals", [0, 2], ids=["database-up", "database-refuses-twice"])
 async def test_a_relay_records_the_brokers_confirms_so_no_rescue_publishes_them_again(
-    repo: JobRepository, prefix: str
+    repo: JobRepository, prefix: str, refusals: int
 ) -> None:
     """The broker confirmed the relay's messages: the relay records that as the confirms
     arrive, and from then on they name no relay, so the rescue after its daemon's kill gives
     back none of them (before, a killed daemon's every message in the broker was published a
-    second time)."""
-    async with idle_relay(repo, prefix) as (relay, _, _):
+    second time). A record the database refuses is tried again, by an idle relay too, until it
+    is written."""
+    relays = CountingRelays(repo.pool)
+    relays.refuse_records = refusals
+    async with idle_relay(repo, prefix, relays=relays) as (relay, _, _):
         await outbox_rows(repo, 3)
         relay.wake()
 
@@ -631,6 +642,7 @@ async def test_a_relay_records_the_brokers_confirms_so_no_rescue_publishes_them_
             return len(named) == 3 and {r["relay"] for r in named} == {""}
 
         await wait_until(recorded, timeout_s=10, what="the confirms recorded by the relay")
+        assert relays.refuse_records == 0  # each refusal was met, and tried again
         await repo.rescue(100, ["relay-test"])  # as if its daemon were gone
         assert await repo.pool.fetchval("SELECT count(*) FROM dispatcher.outbox") == 0
 

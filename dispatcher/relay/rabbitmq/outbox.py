@@ -129,6 +129,8 @@ class OutboxRelay(LoopService):
                         await asyncio.wait(rounds, return_when=asyncio.FIRST_COMPLETED)
                     if self._unreleased:
                         await self._give_back([])
+                    if self._confirms:  # a round could not record them: again, until it can
+                        await self._record_confirms([])
                     now = time.monotonic()
                     release_at = min(self._release_at, self._link.release_due(), release_every_at)
                     if now >= release_at:
@@ -290,8 +292,8 @@ class OutboxRelay(LoopService):
         self._round_messages.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             _failed(task.exception())  # type: ignore[arg-type]
-        if self._unreleased:  # the give-back failed: the loop retries it (an idle one at once)
-            self._woken.set()
+        if self._unreleased or self._confirms:  # a give-back or a record failed: the loop
+            self._woken.set()  # retries it (an idle one at once)
 
     async def sweep_once(self) -> int:
         """Have the messages the broker lost published again: passes of at most one batch,
