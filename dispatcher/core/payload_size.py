@@ -58,7 +58,9 @@ def _compact(value: Any) -> tuple[bytes, Callable[[float], str]]:
     try:
         return orjson.dumps(value), _orjson_float
     except TypeError:  # integers beyond 64 bits: the standard library's path, as compact
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode(), repr
+        # (a lone surrogate, refused before the count by the doors, is counted, not raised)
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        return text.encode("utf-8", "surrogatepass"), repr
 
 
 def _spelled_out(value: Any, write: Callable[[float], str]) -> int:
