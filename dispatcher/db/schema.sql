@@ -146,7 +146,7 @@ CREATE TABLE dispatcher.job_state (
     concurrency_key text,
     expires_at timestamp with time zone,
     has_callback boolean DEFAULT false NOT NULL
-) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_analyze_scale_factor=0.02);
+) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_analyze_scale_factor=0.02, vacuum_index_cleanup=on);
 
 CREATE TABLE dispatcher.jobs (
     id bigint,

@@ -1,0 +1,11 @@
+-- Every vacuum of job_state cleans its indexes, whatever share of the table is dead.
+--
+-- PostgreSQL 14 and later skip a vacuum's index pass (vacuum_index_cleanup = auto) while the
+-- dead rows sit on under 2 % of the table's pages. Migration 004 counted on that to keep vacuums
+-- cheap; but with millions of future jobs every vacuum is under 2 %, so the entries of the jobs
+-- done since stay in the claim index (jobs_ready_claim) until the dead pages pass 2 %, and each
+-- claim walks them before the first ready job: on a 10-million-row table, 363 pages and 0.56 ms
+-- for a probe of an empty queue after 60,000 jobs, 1 page and 0.04 ms after a vacuum with its
+-- index pass, and the p90 of a stream's start latency 2.25 -> 2.76 ms. The index pass costs a
+-- read of every index of the table (0.8 s at 10 million rows, once per 1 % of the table dead).
+ALTER TABLE dispatcher.job_state SET (vacuum_index_cleanup = on);
