@@ -9,6 +9,7 @@ expose both tables to the same machine noise; a CHECKPOINT after the fill keeps 
 out of the measurements.
 
     .venv/bin/python -m tests.bench.bench_scale [--rows 10000000] [--rounds 3] [--keep]
+        [--index-cleanup-ab]
 
 `--keep` keeps both databases (bench_scale_empty, bench_scale_<rows>) and reuses them on the
 next run, so the fill (about 5 minutes for 10 million) is paid once.
@@ -217,6 +218,11 @@ async def main(args: argparse.Namespace) -> None:
                 f"autovacuum {autovacuum}",
                 flush=True,
             )
+            if args.index_cleanup_ab:
+                await index_cleanup_ab(
+                    bench, args.rounds, empty_dsn, full_dsn, empty_conn, full_conn
+                )
+                return
             rounds: dict[str, list[dict[str, Any]]] = {"empty": [], "full": []}
             for r in range(args.rounds):
                 for label, dsn, conn in (
@@ -264,6 +270,40 @@ async def main(args: argparse.Namespace) -> None:
     bench.finish("scale (W5)")
 
 
+async def index_cleanup_ab(
+    bench: Bench,
+    rounds: int,
+    empty_dsn: str,
+    full_dsn: str,
+    empty_conn: asyncpg.Connection,
+    full_conn: asyncpg.Connection,
+) -> None:
+    """`--index-cleanup-ab`: each round measures both tables with job_state's vacuum index pass
+    always on (migration 056) and with PostgreSQL's default (`auto`: skipped while the dead rows
+    sit on under 2 % of the pages), the order alternating, so both settings meet the same hour;
+    prints the medians of the per-round ratios (full / empty) for each setting."""
+    ratios: dict[str, list[dict[str, float]]] = {"on": [], "auto": []}
+    try:
+        for r in range(rounds):
+            for mode in ("on", "auto") if r % 2 == 0 else ("auto", "on"):
+                for conn in (empty_conn, full_conn):
+                    await conn.execute(
+                        f"ALTER TABLE dispatcher.job_state SET (vacuum_index_cleanup = {mode})"
+                    )
+                full = await measure(full_dsn, full_conn)
+                empty = await measure(empty_dsn, empty_conn)
+                ratios[mode].append({key: full[key] / empty[key] for key in full})
+                print(f"  round {r + 1}, {mode}: {ratios[mode][-1]}", flush=True)
+    finally:
+        for conn in (empty_conn, full_conn):
+            await conn.execute("ALTER TABLE dispatcher.job_state SET (vacuum_index_cleanup = on)")
+    for key in ratios["on"][0]:
+        on, auto = (_medians(ratios[mode])[key] for mode in ("on", "auto"))
+        bench.add(Figure(f"{key}, full / empty, index pass on", on, "x", note=f"auto: {auto:.2f}"))
+    bench.details.update({"index_cleanup_ab": ratios})
+    bench.finish("scale (W5): vacuum index pass on against auto")
+
+
 def _medians(rounds: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
 
@@ -274,5 +314,11 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (medians)")
     parser.add_argument(
         "--keep", action="store_true", help="keep the two databases and reuse them next time"
+    )
+    parser.add_argument(
+        "--index-cleanup-ab",
+        action="store_true",
+        help="compare job_state's vacuum index pass always on (the schema's) against "
+        "PostgreSQL's auto, alternating each round (ratios full / empty per setting)",
     )
     run(lambda: main(parser.parse_args()))
