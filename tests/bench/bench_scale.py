@@ -297,9 +297,13 @@ async def index_cleanup_ab(
     finally:
         for conn in (empty_conn, full_conn):
             await conn.execute("ALTER TABLE dispatcher.job_state SET (vacuum_index_cleanup = on)")
-    for key in ratios["on"][0]:
-        on, auto = (_medians(ratios[mode])[key] for mode in ("on", "auto"))
-        bench.add(Figure(f"{key}, full / empty, index pass on", on, "x", note=f"auto: {auto:.2f}"))
+    on, auto = _medians(ratios["on"]), _medians(ratios["auto"])
+    for key in on:
+        bench.add(
+            Figure(
+                f"{key}, full / empty, index pass on", on[key], "x", note=f"auto: {auto[key]:.2f}"
+            )
+        )
     bench.details.update({"index_cleanup_ab": ratios})
     bench.finish("scale (W5): vacuum index pass on against auto")
 
