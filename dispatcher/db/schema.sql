@@ -516,21 +516,21 @@ CREATE INDEX console_sessions_expiry ON dispatcher.console_sessions USING btree 
 
 CREATE INDEX history_minute ON dispatcher.history USING btree (minute);
 
-CREATE INDEX intents_concurrency_key_id ON dispatcher.intents USING btree (concurrency_key, id) WHERE (concurrency_key IS NOT NULL);
+CREATE INDEX intents_concurrency_key_id ON dispatcher.intents USING btree (concurrency_key, id) WITH (deduplicate_items=off) WHERE (concurrency_key IS NOT NULL);
 
-CREATE INDEX intents_handler_id ON dispatcher.intents USING btree (handler COLLATE "C", id);
+CREATE INDEX intents_handler_id ON dispatcher.intents USING btree (handler COLLATE "C", id) WITH (deduplicate_items=off);
 
-CREATE INDEX intents_priority_id ON dispatcher.intents USING btree (priority, id) WHERE (priority <> 0);
+CREATE INDEX intents_priority_id ON dispatcher.intents USING btree (priority, id) WITH (deduplicate_items=off) WHERE (priority <> 0);
 
-CREATE INDEX intents_tenant_id ON dispatcher.intents USING btree (tenant COLLATE "C", id) WHERE ((tenant COLLATE "C") <> ''::text);
+CREATE INDEX intents_tenant_id ON dispatcher.intents USING btree (tenant COLLATE "C", id) WITH (deduplicate_items=off) WHERE ((tenant COLLATE "C") <> ''::text);
 
-CREATE INDEX job_state_due_at_rest ON dispatcher.job_state USING btree (due_at, id) WHERE (state <> ALL (ARRAY['ready'::text, 'running'::text]));
+CREATE INDEX job_state_due_at_rest ON dispatcher.job_state USING btree (due_at, id) WITH (deduplicate_items=off) WHERE (state <> ALL (ARRAY['ready'::text, 'running'::text]));
 
 CREATE INDEX job_state_expiring ON dispatcher.job_state USING btree (expires_at) WHERE ((expires_at IS NOT NULL) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text])));
 
-CREATE INDEX jobs_dead_reason_id ON dispatcher.job_state USING btree (dead_reason, id) WHERE (dead_reason IS NOT NULL);
+CREATE INDEX jobs_dead_reason_id ON dispatcher.job_state USING btree (dead_reason, id) WITH (deduplicate_items=off) WHERE (dead_reason IS NOT NULL);
 
-CREATE INDEX jobs_dead_reason_queue_id ON dispatcher.job_state USING btree (dead_reason, queue, id) WHERE (dead_reason IS NOT NULL);
+CREATE INDEX jobs_dead_reason_queue_id ON dispatcher.job_state USING btree (dead_reason, queue, id) WITH (deduplicate_items=off) WHERE (dead_reason IS NOT NULL);
 
 CREATE INDEX jobs_discarded ON dispatcher.job_state USING btree (finished_at) WHERE (state = 'discarded'::text);
 
@@ -538,9 +538,9 @@ CREATE UNIQUE INDEX jobs_key_prefix_id ON dispatcher.intents USING btree (key te
 
 CREATE INDEX jobs_last_error_trgm ON dispatcher.job_state USING gin (last_error gin_trgm_ops) WHERE (last_error IS NOT NULL);
 
-CREATE INDEX jobs_ready_claim ON dispatcher.job_state USING btree (queue, priority, tenant, due_at, id) WHERE (state = 'ready'::text);
+CREATE INDEX jobs_ready_claim ON dispatcher.job_state USING btree (queue, priority, tenant, due_at, id) WITH (deduplicate_items=off) WHERE (state = 'ready'::text);
 
-CREATE INDEX jobs_run_key_id ON dispatcher.job_state USING btree (run_key, id) WHERE (run_key IS NOT NULL);
+CREATE INDEX jobs_run_key_id ON dispatcher.job_state USING btree (run_key, id) WITH (deduplicate_items=off) WHERE (run_key IS NOT NULL);
 
 CREATE INDEX jobs_run_unfinished ON dispatcher.job_state USING btree (run_key) WHERE ((run_key IS NOT NULL) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text, 'running'::text])));
 
@@ -560,7 +560,7 @@ CREATE INDEX outbox_messages_queue ON dispatcher.outbox_messages USING btree (qu
 
 CREATE INDEX outbox_relayed ON dispatcher.outbox USING btree (queue, job_id) WHERE (leased_until IS NOT NULL);
 
-CREATE INDEX outbox_to_relay ON dispatcher.outbox USING btree (queue, priority, tenant, created_at, id) WHERE (leased_until IS NULL);
+CREATE INDEX outbox_to_relay ON dispatcher.outbox USING btree (queue, priority, tenant, created_at, id) WITH (deduplicate_items=off) WHERE (leased_until IS NULL);
 
 CREATE INDEX queues_limit_group ON dispatcher.queues USING btree (limit_group) WHERE (limit_group IS NOT NULL);
 
@@ -1605,9 +1605,6 @@ DECLARE
     bad_item    bigint;
     bad_due     timestamptz;
     max_bytes   bigint := dispatcher.max_payload_bytes();
-    bad_key     text;
-    bad_size    bigint;
-    bad_digits  text;
 BEGIN
     -- times out of range are left to the internal door's own refusal (22008)
     SELECT u.o, u.d INTO bad_item, bad_due
@@ -1619,33 +1616,20 @@ BEGIN
     IF bad_item IS NOT NULL THEN
         PERFORM dispatcher.refuse_past_due(bad_due, tolerance_s, bad_item);
     END IF;
-    -- each item's text measured once: over the limit, or long enough to hold a number the
-    -- daemon cannot read (dispatcher.long_integer, looked for only then)
-    SELECT u.o, u.k, u.size, u.digits INTO bad_item, bad_key, bad_size, bad_digits
-      FROM (SELECT u.o, u.k, s.size,
-                   CASE WHEN s.size > 4300 AND s.size <= max_bytes
-                        THEN dispatcher.long_integer(u.p, u.tg) END AS digits
-              FROM unnest(keys, payloads, targets) WITH ORDINALITY AS u(k, p, tg, o)
-             CROSS JOIN LATERAL (SELECT dispatcher.stored_bytes(u.p, u.tg) AS size) s) u
-     WHERE u.size > max_bytes OR u.digits IS NOT NULL
-     ORDER BY u.o
-     LIMIT 1;
-    IF bad_digits IS NOT NULL THEN
-        PERFORM dispatcher.refuse_long_integer(bad_key, bad_digits, bad_item);
-    ELSIF bad_item IS NOT NULL THEN
-        PERFORM dispatcher.refuse_payload(bad_key, bad_size, max_bytes, bad_item);
-    END IF;
     IF num_nonnulls(on_keys, debounce_max_s, timeout_s, expires_ats, on_success,
                     on_failure) > 0 THEN
+        PERFORM dispatcher.refuse_oversize(keys, payloads, targets, max_bytes);
         RETURN QUERY SELECT * FROM dispatcher.enqueue_many_contracts(
             keys, handlers, payloads, due_ats, queues, tenants, targets, max_attempts,
             max_retry_age_s, run_keys, priorities, concurrency_keys, on_keys, debounce_max_s,
             timeout_s, expires_ats, on_success, on_failure);
         RETURN;
     END IF;
+    -- the sizes checked by the insert, which measures each item as it writes it (a second
+    -- rendering of every payload here was 4 % of a batch's instructions: bench_instructions)
     RETURN QUERY SELECT * FROM dispatcher.enqueue_many_internal(
         keys, handlers, payloads, due_ats, queues, tenants, targets, max_attempts,
-        max_retry_age_s, run_keys, priorities, concurrency_keys);
+        max_retry_age_s, run_keys, priorities, concurrency_keys, refuse_over => max_bytes);
 END
 $function$;
 
@@ -1742,7 +1726,7 @@ BEGIN
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION dispatcher.enqueue_many_internal(keys text[], handlers text[], payloads jsonb[], due_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], queues text[] DEFAULT NULL::text[], tenants text[] DEFAULT NULL::text[], targets jsonb[] DEFAULT NULL::jsonb[], max_attempts integer[] DEFAULT NULL::integer[], max_retry_age_s integer[] DEFAULT NULL::integer[], run_keys text[] DEFAULT NULL::text[], priorities integer[] DEFAULT NULL::integer[], concurrency_keys text[] DEFAULT NULL::text[])
+CREATE OR REPLACE FUNCTION dispatcher.enqueue_many_internal(keys text[], handlers text[], payloads jsonb[], due_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], queues text[] DEFAULT NULL::text[], tenants text[] DEFAULT NULL::text[], targets jsonb[] DEFAULT NULL::jsonb[], max_attempts integer[] DEFAULT NULL::integer[], max_retry_age_s integer[] DEFAULT NULL::integer[], run_keys text[] DEFAULT NULL::text[], priorities integer[] DEFAULT NULL::integer[], concurrency_keys text[] DEFAULT NULL::text[], refuse_over bigint DEFAULT NULL::bigint)
  RETURNS SETOF dispatcher.enqueue_result
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_custom_plan'
@@ -1757,6 +1741,8 @@ DECLARE
     results    dispatcher.enqueue_result[];
     outbox     boolean := dispatcher.ready_outbox();
     created    integer;
+    largest    bigint;             -- the largest size_bytes the round wrote
+    sizes_checked boolean := refuse_over IS NULL;
     checked    boolean := false;   -- every item validated one by one
     bad        text;
     rounds     integer := 0;
@@ -1768,7 +1754,7 @@ DECLARE
     conflicted boolean := false;   -- the first round without a conflict clause met a key taken
     taken_by   text;
     -- The insert of one round (intents, state rows, outbox rows; the answer: how many were
-    -- created), with %s for its order and conflict clause; $1-$13 the arrays in the order of its unnest
+    -- created and the largest size written), with %s for its order and conflict clause; $1-$13 the arrays in the order of its unnest
     -- (this function's arguments, `ids` after `run_keys`), $14 pending, $15 outbox. The first round has no conflict clause: a speculative insertion per row
     -- (ON CONFLICT) cost a bulk job ~3 us of ~18 of PostgreSQL CPU (measured, 2026-12-03
     -- evening), and a new batch conflicts with nothing; a key taken makes it fail
@@ -1816,7 +1802,7 @@ DECLARE
            AND coalesce(length(u.ck) <= 200, true)
          %s
         RETURNING j.id, j.queue, j.run_key, j.tenant, j.handler || ':' || j.handler_version AS cap,
-                  j.priority, j.concurrency_key
+                  j.priority, j.concurrency_key, j.size_bytes
     ), ins_state AS (
         INSERT INTO dispatcher.job_state AS s (id, queue, run_key, tenant, capability, state,
                                                due_at, budget_started_at, priority,
@@ -1834,7 +1820,8 @@ DECLARE
         SELECT s.id, s.queue, s.tenant, s.capability, s.priority, 0 FROM ins_state s
          WHERE $15 AND s.state = 'ready'
     )
-    SELECT count(*) FROM ins_state    $sql$;
+    -- (every intent has its state row: ins_state runs to completion, read or not)
+    SELECT count(*), max(n.size_bytes) FROM ins_intent n    $sql$;
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -1853,10 +1840,17 @@ BEGIN
      ORDER BY u.o
      LIMIT 1;
     IF bad_item IS NOT NULL THEN
+        IF NOT sizes_checked THEN
+            PERFORM dispatcher.refuse_oversize(keys, payloads, targets, refuse_over);
+        END IF;
         PERFORM dispatcher.refuse_due_at(bad_due, bad_item);
     END IF;
     -- keys are checked for the whole array at once; a bad one is named by the full check
     IF array_position(keys, NULL) IS NOT NULL OR array_to_string(keys, '') ~ '[^ -~]' THEN
+        IF NOT sizes_checked THEN
+            PERFORM dispatcher.refuse_oversize(keys, payloads, targets, refuse_over);
+            sizes_checked := true;
+        END IF;
         PERFORM dispatcher.enqueue_check(keys, handlers, payloads, queues, targets, max_attempts,
                                          max_retry_age_s, priorities, concurrency_keys);
         checked := true;
@@ -1869,7 +1863,7 @@ BEGIN
         END IF;
         IF pending IS NULL AND NOT conflicted THEN
             BEGIN
-                EXECUTE format(insert_round, '') INTO created
+                EXECUTE format(insert_round, '') INTO created, largest
                   USING keys, handlers, payloads, due_ats, queues, tenants, targets, max_attempts,
                         max_retry_age_s, run_keys, ids, priorities, concurrency_keys, pending,
                         outbox;
@@ -1882,7 +1876,7 @@ BEGIN
             END;
         END IF;
         IF pending IS NOT NULL OR conflicted THEN
-            EXECUTE format(insert_round, 'ORDER BY u.o ON CONFLICT (key) DO NOTHING') INTO created
+            EXECUTE format(insert_round, 'ORDER BY u.o ON CONFLICT (key) DO NOTHING') INTO created, largest
               USING keys, handlers, payloads, due_ats, queues, tenants, targets, max_attempts,
                     max_retry_age_s, run_keys, ids, priorities, concurrency_keys, pending, outbox;
         END IF;
@@ -1900,6 +1894,9 @@ BEGIN
         END IF;
         IF created = coalesce(cardinality(pending), n) AND taken = 0 THEN
             -- every item created: its answer is what was written (created_at = now())
+            IF NOT sizes_checked AND largest > least(4300, refuse_over) THEN
+                PERFORM dispatcher.refuse_oversize(keys, payloads, targets, refuse_over);
+            END IF;
             RETURN QUERY
             SELECT u.o::integer, u.id, u.k,
                    CASE WHEN coalesce(u.d, now()) <= now() THEN 'ready' ELSE 'scheduled' END,
@@ -1918,6 +1915,10 @@ BEGIN
         -- Some item was not created: invalid, its key taken (before this call, by an earlier
         -- item of it, or by a concurrent transaction) or kept by the key ledger. Each item is
         -- looked up: a key without a job, in the ledger.
+        IF NOT sizes_checked THEN
+            PERFORM dispatcher.refuse_oversize(keys, payloads, targets, refuse_over);
+            sizes_checked := true;
+        END IF;
         IF NOT checked THEN
             PERFORM dispatcher.enqueue_check(keys, handlers, payloads, queues, targets,
                                              max_attempts, max_retry_age_s, priorities,
@@ -2816,6 +2817,33 @@ BEGIN
                          digits),
         ERRCODE = '22003',
         HINT = 'send such a value as a string';
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION dispatcher.refuse_oversize(keys text[], payloads jsonb[], targets jsonb[], max_bytes bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    bad_item   bigint;
+    bad_key    text;
+    bad_size   bigint;
+    bad_digits text;
+BEGIN
+    SELECT u.o, u.k, u.size, u.digits INTO bad_item, bad_key, bad_size, bad_digits
+      FROM (SELECT u.o, u.k, s.size,
+                   CASE WHEN s.size > 4300 AND s.size <= max_bytes
+                        THEN dispatcher.long_integer(u.p, u.tg) END AS digits
+              FROM unnest(keys, payloads, targets) WITH ORDINALITY AS u(k, p, tg, o)
+             CROSS JOIN LATERAL (SELECT dispatcher.stored_bytes(u.p, u.tg) AS size) s) u
+     WHERE u.size > max_bytes OR u.digits IS NOT NULL
+     ORDER BY u.o
+     LIMIT 1;
+    IF bad_digits IS NOT NULL THEN
+        PERFORM dispatcher.refuse_long_integer(bad_key, bad_digits, bad_item);
+    ELSIF bad_item IS NOT NULL THEN
+        PERFORM dispatcher.refuse_payload(bad_key, bad_size, max_bytes, bad_item);
+    END IF;
 END
 $function$;
 

@@ -112,6 +112,61 @@ async def test_a_payload_over_the_limit_is_refused_at_the_sql_door(
     assert await conn.fetchval("SELECT dispatcher.enqueue('fits', 'report', $1::jsonb)", fits)
 
 
+async def test_the_batch_door_refuses_an_item_over_the_limit_on_every_path_of_its_insert(
+    conn: asyncpg.Connection, repo: JobRepository
+) -> None:
+    """The batch door measures its items as the insert writes them (migration 058); an item over
+    the limit is refused, nothing written, whichever way the insert went: every item created, a
+    key already taken, or a refusal for another reason due (the size's comes first, as when the
+    door measured every item before the insert)."""
+    big = json.dumps({"pad": "x" * 5000})
+    await conn.fetchval("SELECT dispatcher.enqueue('taken', 'report')")
+    # a key taken: the insert creates nothing, the items are looked up one by one
+    for keys, payloads, item in (
+        (["taken", "big"], ["{}", big], 2),
+        (["big", "taken"], [big, "{}"], 1),
+    ):
+        with pytest.raises(asyncpg.ProgramLimitExceededError, match=rf"'big' \(item {item}\)"):
+            await conn.fetch(MANY, keys, ["report", "report"], payloads)
+    with pytest.raises(asyncpg.ProgramLimitExceededError, match=r"key 'taken' \(item 1\)"):
+        await conn.fetch(MANY, ["taken"], ["report"], [big])
+    # a key the door refuses, a due time out of range: the size's refusal first
+    with pytest.raises(asyncpg.ProgramLimitExceededError, match=r"key 'big' \(item 1\)"):
+        await conn.fetch(MANY, ["big", "caf\u00e9"], ["report", "report"], [big, "{}"])
+    with pytest.raises(asyncpg.ProgramLimitExceededError, match=r"key 'big' \(item 2\)"):
+        await conn.fetch(
+            "SELECT * FROM dispatcher.enqueue_many($1::text[], $2::text[], $3::text[]::jsonb[],"
+            " ARRAY['infinity', NULL]::timestamptz[])",
+            ["far", "big"],
+            ["report", "report"],
+            ["{}", big],
+        )
+    # a limit under the size at which the insert's own measure sends items to be rendered again
+    await repo.sync_registry(
+        {"default": (10, 86_400)},
+        {"report": ("python", 1)},
+        due_at_past_tolerance_s=300,
+        max_payload_bytes=2048,
+    )
+    mid = json.dumps({"pad": "x" * 3000})
+    with pytest.raises(asyncpg.ProgramLimitExceededError, match=r"key 'mid' \(item 2\)"):
+        await conn.fetch(MANY, ["ok", "mid"], ["report", "report"], ["{}", mid])
+    assert await conn.fetchval("SELECT count(*) FROM dispatcher.jobs") == 1
+    fits = json.dumps({"pad": "x" * (2048 - 11)})
+    rows = await conn.fetch(MANY, ["ok", "fits"], ["report", "report"], ["{}", fits])
+    assert [r["outcome"] for r in rows] == ["created", "created"]
+    # under a large limit, an item long enough to hold a number the daemon cannot read
+    await repo.sync_registry(
+        {"default": (10, 86_400)},
+        {"report": ("python", 1)},
+        due_at_past_tolerance_s=300,
+        max_payload_bytes=65_536,
+    )
+    with pytest.raises(asyncpg.NumericValueOutOfRangeError, match=r"'amp' \(item 2\)"):
+        await conn.fetch(MANY, ["ok2", "amp"], ["report", "report"], ["{}", '{"n": 1e5000}'])
+    assert await conn.fetchval("SELECT count(*) FROM dispatcher.jobs") == 3
+
+
 async def test_a_number_written_with_more_digits_than_the_limit_is_refused_at_every_sql_door(
     conn: asyncpg.Connection,
 ) -> None:

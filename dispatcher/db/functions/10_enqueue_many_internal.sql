@@ -6,6 +6,12 @@
 -- id and final state, no times) or "conflict".
 -- Applications call dispatcher.enqueue_many, which checks the tolerance first.
 -- Each item's `priorities` and `concurrency_keys` (NULL arrays: the defaults; migration 023).
+-- `refuse_over` (the SQL door's limits.max_payload_bytes; NULL from the daemon, which checks
+-- first): the call is refused as dispatcher.refuse_oversize words it when an item is over it or
+-- may hold a number the daemon cannot read. The insert measures each item as it writes it
+-- (size_bytes), so the items are rendered again only when the largest written calls for it,
+-- or before the call is refused for another reason (that refusal came first: the door
+-- checked sizes before it called here).
 CREATE OR REPLACE FUNCTION dispatcher.enqueue_many_internal(
     keys            text[],
     handlers        text[],
@@ -18,7 +24,8 @@ CREATE OR REPLACE FUNCTION dispatcher.enqueue_many_internal(
     max_retry_age_s integer[] DEFAULT NULL,
     run_keys        text[] DEFAULT NULL,
     priorities      integer[] DEFAULT NULL,
-    concurrency_keys text[] DEFAULT NULL
+    concurrency_keys text[] DEFAULT NULL,
+    refuse_over     bigint DEFAULT NULL
 ) RETURNS SETOF dispatcher.enqueue_result
 LANGUAGE plpgsql
 -- a generic plan (cached after five calls) guesses ~10 items per array and goes quadratic
@@ -34,6 +41,8 @@ DECLARE
     results    dispatcher.enqueue_result[];
     outbox     boolean := dispatcher.ready_outbox();
     created    integer;
+    largest    bigint;             -- the largest size_bytes the round wrote
+    sizes_checked boolean := refuse_over IS NULL;
     checked    boolean := false;   -- every item validated one by one
     bad        text;
     rounds     integer := 0;
@@ -45,7 +54,7 @@ DECLARE
     conflicted boolean := false;   -- the first round without a conflict clause met a key taken
     taken_by   text;
     -- The insert of one round (intents, state rows, outbox rows; the answer: how many were
-    -- created), with %s for its order and conflict clause; $1-$13 the arrays in the order of its unnest
+    -- created and the largest size written), with %s for its order and conflict clause; $1-$13 the arrays in the order of its unnest
     -- (this function's arguments, `ids` after `run_keys`), $14 pending, $15 outbox. The first round has no conflict clause: a speculative insertion per row
     -- (ON CONFLICT) cost a bulk job ~3 us of ~18 of PostgreSQL CPU (measured, 2026-12-03
     -- evening), and a new batch conflicts with nothing; a key taken makes it fail
@@ -93,7 +102,7 @@ DECLARE
            AND coalesce(length(u.ck) <= 200, true)
          %s
         RETURNING j.id, j.queue, j.run_key, j.tenant, j.handler || ':' || j.handler_version AS cap,
-                  j.priority, j.concurrency_key
+                  j.priority, j.concurrency_key, j.size_bytes
     ), ins_state AS (
         INSERT INTO dispatcher.job_state AS s (id, queue, run_key, tenant, capability, state,
                                                due_at, budget_started_at, priority,
@@ -111,7 +120,8 @@ DECLARE
         SELECT s.id, s.queue, s.tenant, s.capability, s.priority, 0 FROM ins_state s
          WHERE $15 AND s.state = 'ready'
     )
-    SELECT count(*) FROM ins_state    $sql$;
+    -- (every intent has its state row: ins_state runs to completion, read or not)
+    SELECT count(*), max(n.size_bytes) FROM ins_intent n    $sql$;
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -130,10 +140,17 @@ BEGIN
      ORDER BY u.o
      LIMIT 1;
     IF bad_item IS NOT NULL THEN
+        IF NOT sizes_checked THEN
+            PERFORM dispatcher.refuse_oversize(keys, payloads, targets, refuse_over);
+        END IF;
         PERFORM dispatcher.refuse_due_at(bad_due, bad_item);
     END IF;
     -- keys are checked for the whole array at once; a bad one is named by the full check
     IF array_position(keys, NULL) IS NOT NULL OR array_to_string(keys, '') ~ '[^ -~]' THEN
+        IF NOT sizes_checked THEN
+            PERFORM dispatcher.refuse_oversize(keys, payloads, targets, refuse_over);
+            sizes_checked := true;
+        END IF;
         PERFORM dispatcher.enqueue_check(keys, handlers, payloads, queues, targets, max_attempts,
                                          max_retry_age_s, priorities, concurrency_keys);
         checked := true;
@@ -146,7 +163,7 @@ BEGIN
         END IF;
         IF pending IS NULL AND NOT conflicted THEN
             BEGIN
-                EXECUTE format(insert_round, '') INTO created
+                EXECUTE format(insert_round, '') INTO created, largest
                   USING keys, handlers, payloads, due_ats, queues, tenants, targets, max_attempts,
                         max_retry_age_s, run_keys, ids, priorities, concurrency_keys, pending,
                         outbox;
@@ -159,7 +176,7 @@ BEGIN
             END;
         END IF;
         IF pending IS NOT NULL OR conflicted THEN
-            EXECUTE format(insert_round, 'ORDER BY u.o ON CONFLICT (key) DO NOTHING') INTO created
+            EXECUTE format(insert_round, 'ORDER BY u.o ON CONFLICT (key) DO NOTHING') INTO created, largest
               USING keys, handlers, payloads, due_ats, queues, tenants, targets, max_attempts,
                     max_retry_age_s, run_keys, ids, priorities, concurrency_keys, pending, outbox;
         END IF;
@@ -177,6 +194,9 @@ BEGIN
         END IF;
         IF created = coalesce(cardinality(pending), n) AND taken = 0 THEN
             -- every item created: its answer is what was written (created_at = now())
+            IF NOT sizes_checked AND largest > least(4300, refuse_over) THEN
+                PERFORM dispatcher.refuse_oversize(keys, payloads, targets, refuse_over);
+            END IF;
             RETURN QUERY
             SELECT u.o::integer, u.id, u.k,
                    CASE WHEN coalesce(u.d, now()) <= now() THEN 'ready' ELSE 'scheduled' END,
@@ -195,6 +215,10 @@ BEGIN
         -- Some item was not created: invalid, its key taken (before this call, by an earlier
         -- item of it, or by a concurrent transaction) or kept by the key ledger. Each item is
         -- looked up: a key without a job, in the ledger.
+        IF NOT sizes_checked THEN
+            PERFORM dispatcher.refuse_oversize(keys, payloads, targets, refuse_over);
+            sizes_checked := true;
+        END IF;
         IF NOT checked THEN
             PERFORM dispatcher.enqueue_check(keys, handlers, payloads, queues, targets,
                                              max_attempts, max_retry_age_s, priorities,

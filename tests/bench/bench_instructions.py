@@ -1,0 +1,287 @@
+"""PostgreSQL's instructions per job for the intake's statements, counted by valgrind's callgrind:
+a figure the machine's load and hour do not move, for before/after comparisons of what an intake
+writes (the same tree gives the same count, run after run, whatever else the machine does).
+
+A scratch server (the embedded PostgreSQL's binaries, or `--bin-dir`) gets one database per
+variant, migrated as the daemon would; the server is stopped and each statement runs in
+PostgreSQL's single-user mode under callgrind: a warm-up statement, then the measured one once
+and, in a second run, twice. The difference of the two runs' counts, per job, is one statement's
+cost with the backend warm (plans, caches) and the tables holding a batch already, without the
+start and end of the process.
+
+Workloads (each job a due-now or future `noop` job, as the peer benchmark's W1 sends them):
+
+  bulk_now      dispatcher.enqueue_many of 10,000 due-now jobs (W1 bulk, the SQL door's batch)
+  bulk_later    the same, due in an hour (W5's intake)
+  one_call      dispatcher.enqueue, one job per statement (and per transaction), 1,000 of them,
+                prepared once as a driver would
+  minimal       the reference: one INSERT of 10,000 rows into bench_limit's minimal jobs table
+                (primary key, unique key, a partial index on ready rows), the least SQL a job
+                needs, in the same database
+
+Variants price a change without editing the tree: `--without INDEX` drops one index (what its
+entries cost), `--variant NAME='SQL'` runs any statements after the migration.
+
+    .venv/bin/python -m tests.bench.bench_instructions [--without jobs_ready_claim]
+        [--variant 'dedup=ALTER INDEX dispatcher.jobs_ready_claim RESET (deduplicate_items)']
+        [--bin-dir /usr/lib/postgresql/15/bin] [--workloads bulk_now,minimal]
+
+Needs valgrind (Debian: apt-get install valgrind); about 2 minutes per variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from dispatcher.db.embedded import EmbeddedPostgres, ServerUser, server_user
+from tests.bench.bench_engine import ENQUEUE_BULK
+from tests.bench.common import Figure, machine_info, print_table, register_handler, run_migrate
+from tests.bench.common import save_results as save
+
+BATCH = 10_000
+CALLS = 1_000  # one_call: statements per measured block
+MINIMAL_SCHEMA = """
+CREATE TABLE public.minimal_jobs (
+    id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    key     text NOT NULL UNIQUE,
+    state   text NOT NULL,
+    payload jsonb NOT NULL,
+    due_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX minimal_jobs_ready ON public.minimal_jobs (id) WHERE state = 'ready';
+"""
+RESET = (
+    "TRUNCATE dispatcher.intents, dispatcher.job_state, dispatcher.outbox, dispatcher.attempts,"
+    " public.minimal_jobs",
+    "VACUUM ANALYZE dispatcher.intents",
+    "VACUUM ANALYZE dispatcher.job_state",
+    "VACUUM ANALYZE public.minimal_jobs",
+)
+
+
+def bulk(prefix: str, n: int, due: str) -> str:
+    """W1's own statement (bench_engine.ENQUEUE_BULK) with its values written in."""
+    values = {"$1": f"'{prefix}-'", "$2": str(n), "$3": due, "$4": "'noop'", "$5": "NULL"}
+    text = " ".join(ENQUEUE_BULK.split())
+    return re.sub(r"\$[1-5]", lambda m: values[m.group(0)], text)
+
+
+def minimal(prefix: str, n: int) -> str:
+    return (
+        "INSERT INTO public.minimal_jobs (key, state, payload) "
+        f"SELECT '{prefix}-' || g, 'ready', jsonb_build_object('n', g) "
+        f"FROM generate_series(1, {n}) g"
+    )
+
+
+def one_calls(prefix: str, n: int) -> list[str]:
+    """Prepared once per process, as a driver does (parse and plan are not the job's cost)."""
+    prepare = "PREPARE one_call(text) AS SELECT dispatcher.enqueue($1, 'noop')"
+    calls = [f"EXECUTE one_call('{prefix}-{i}')" for i in range(n)]
+    return [prepare, *calls] if prefix == "warm" else calls
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Statements of a warm-up and of one measured block (`prefix` keeps keys apart)."""
+
+    jobs: int
+
+    def warm_up(self, name: str) -> list[str]:
+        return block(name, "warm", 1_000 if name != "one_call" else 200)
+
+    def measured(self, name: str, prefix: str) -> list[str]:
+        return block(name, prefix, self.jobs)
+
+
+def block(name: str, prefix: str, n: int) -> list[str]:
+    if name == "bulk_now":
+        return [bulk(prefix, n, "NULL")]
+    if name == "bulk_later":
+        return [bulk(prefix, n, "(now() + interval '1 hour')")]
+    if name == "one_call":
+        return one_calls(prefix, n)
+    return [minimal(prefix, n)]
+
+
+WORKLOADS = {
+    "bulk_now": Workload(BATCH),
+    "bulk_later": Workload(BATCH),
+    "one_call": Workload(CALLS),
+    "minimal": Workload(BATCH),
+}
+
+
+def database_url(dsn: str, name: str) -> str:
+    return urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
+
+
+async def prepare(dsn: str, variants: dict[str, list[str]]) -> None:
+    """One migrated database per variant, the no-op handler registered, its SQL applied."""
+    admin = await asyncpg.connect(dsn)
+    try:
+        for name, statements in variants.items():
+            await admin.execute(f'CREATE DATABASE "{name}"')
+            url = database_url(dsn, name)
+            await asyncio.to_thread(run_migrate, url)
+            await register_handler(url, "noop")
+            conn = await asyncpg.connect(url)
+            try:
+                await conn.execute(MINIMAL_SCHEMA)
+                for statement in statements:
+                    await conn.execute(statement)
+            finally:
+                await conn.close()
+    finally:
+        await admin.close()
+
+
+class SingleUser:
+    """Statements through `postgres --single` on a stopped data directory, as the server user."""
+
+    def __init__(self, bin_dir: Path, data_dir: Path, user: ServerUser | None):
+        self.postgres = str(bin_dir / "postgres")
+        self.data_dir = data_dir
+        self.user = user
+
+    def run(self, database: str, statements: list[str], *, count: bool) -> int:
+        """Run the statements (one per line); with `count`, under callgrind, and return the
+        instructions counted. Any ERROR fails the benchmark with PostgreSQL's message."""
+        command = [self.postgres, "--single", "-D", str(self.data_dir), database]
+        if count:
+            command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *command]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        done = subprocess.run(
+            command,
+            input="\n".join(statements) + "\n",
+            capture_output=True,
+            text=True,
+            cwd=self.data_dir,
+            env=env,
+            user=None if self.user is None else self.user.uid,
+            group=None if self.user is None else self.user.gid,
+            extra_groups=None if self.user is None else [],
+            timeout=1800,
+        )
+        output = done.stdout + done.stderr
+        errors = [line for line in output.splitlines() if "ERROR:" in line]
+        if done.returncode != 0 or errors:
+            raise RuntimeError(f"postgres --single in {database}: {errors or output[-2000:]}")
+        if not count:
+            return 0
+        found = re.search(r"Collected : (\d+)", output)
+        if found is None:
+            raise RuntimeError(f"callgrind printed no count: {output[-2000:]}")
+        return int(found.group(1))
+
+    def per_job(self, database: str, name: str, workload: Workload) -> float:
+        """One measured block's instructions per job: a run with two blocks less a run with one,
+        each from the same empty tables."""
+        counts = []
+        for blocks in (1, 2):
+            self.run(database, list(RESET), count=False)
+            statements = workload.warm_up(name)
+            for n in range(blocks):
+                statements += workload.measured(name, f"m{n}")
+            counts.append(self.run(database, statements, count=True))
+        return (counts[1] - counts[0]) / workload.jobs
+
+
+def parse_variants(args: argparse.Namespace) -> dict[str, list[str]]:
+    variants: dict[str, list[str]] = {"as_migrated": []}
+    for index in args.without:
+        if not re.fullmatch(r"[a-z_][a-z0-9_]*", index):
+            sys.exit(f"--without {index!r}: give an index name of the dispatcher schema")
+        variants[f"without_{index}"] = [f"DROP INDEX dispatcher.{index}"]
+    for spec in args.variant:
+        name, sep, sql = spec.partition("=")
+        if not sep or not re.fullmatch(r"[a-z_][a-z0-9_]*", name) or not sql.strip():
+            sys.exit(f"--variant {spec!r}: write NAME=SQL, NAME in lower case letters and _")
+        variants[name] = [sql]
+    return variants
+
+
+async def main(args: argparse.Namespace) -> None:
+    if shutil.which("valgrind") is None:
+        sys.exit("bench_instructions needs valgrind: apt-get install valgrind")
+    workloads = [w for w in args.workloads.split(",") if w]
+    unknown = sorted(set(workloads) - set(WORKLOADS))
+    if unknown:
+        sys.exit(f"--workloads: unknown {unknown}; choose among {', '.join(WORKLOADS)}")
+    variants = parse_variants(args)
+    with tempfile.TemporaryDirectory(prefix="bench-instructions-") as state:
+        server = EmbeddedPostgres(Path(state), role="cli", bin_dir=args.bin_dir)
+        dsn = server.start()
+        try:
+            conn = await asyncpg.connect(dsn)
+            version = await conn.fetchval("SELECT version()")
+            await conn.close()
+            await prepare(dsn, variants)
+        finally:
+            server.stop()
+        single = SingleUser(server.bin_dir, server.data_dir, server_user())
+        figures: list[Figure] = []
+        counts: dict[str, dict[str, float]] = {}
+        for variant in variants:
+            for name in workloads:
+                per_job = single.per_job(variant, name, WORKLOADS[name])
+                counts.setdefault(variant, {})[name] = per_job
+                base = counts["as_migrated"].get(name)
+                note = (
+                    f"{per_job / base:.3f} x as migrated"
+                    if base and variant != "as_migrated"
+                    else ""
+                )
+                reference = counts[variant].get("minimal")
+                if name != "minimal" and reference:
+                    note += f"{'; ' if note else ''}{per_job / reference:.2f} x minimal"
+                figures.append(
+                    Figure(f"{name} [{variant}]", per_job, "instructions/job", note=note)
+                )
+                print(f"{variant:>24} {name:<11} {per_job:>12,.0f} instructions/job", flush=True)
+    print_table("PostgreSQL instructions per job (callgrind)", figures)
+    machine = machine_info(version, {})
+    path = save("bench_instructions", machine, figures, {"counts": counts})
+    print(f"\nresults appended to {path}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--workloads",
+        default="minimal,bulk_now,bulk_later,one_call",
+        help="comma-separated subset of " + ",".join(WORKLOADS) + " (minimal first: the ratios)",
+    )
+    parser.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="INDEX",
+        help="a variant without this index of the dispatcher schema (repeatable)",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=SQL",
+        help="a variant with these statements run after the migration (repeatable)",
+    )
+    parser.add_argument(
+        "--bin-dir",
+        type=Path,
+        default=None,
+        help="PostgreSQL's binaries (default: the embedded PostgreSQL's)",
+    )
+    asyncio.run(main(parser.parse_args()))
