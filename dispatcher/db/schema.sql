@@ -1783,18 +1783,22 @@ DECLARE
                        -- each payload rendered once, for its fingerprint and its size
                        u.p::text AS p_text, u.tg::text AS tg_text,
                        dispatcher.effective_concurrency_key(u.ck, coalesce(u.t, '')) AS ck,
-                       qd.max_attempts AS queue_ma, qd.max_retry_age_s AS queue_mra,
-                       hd.current_version AS hv
+                       qd.name AS known_queue, qd.max_attempts AS queue_ma,
+                       qd.max_retry_age_s AS queue_mra, hd.current_version AS hv
                   FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
                        WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, rk, id, pr, ck, o)
-                  JOIN dispatcher.queues qd ON qd.name = coalesce(u.q, 'default')
-                  JOIN dispatcher.handlers hd ON hd.name = u.h
+                  -- outer joins, the unknown names left out below: an inner join's estimate
+                  -- (an item in 200 matches: no statistics on the items) made the planner probe
+                  -- the second registry's index once per item (no percent sign: format() reads it)
+                  LEFT JOIN dispatcher.queues qd ON qd.name = coalesce(u.q, 'default')
+                  LEFT JOIN dispatcher.handlers hd ON hd.name = u.h
                  WHERE $14 IS NULL OR u.o IN (SELECT unnest($14))
                 -- planned for every item: the filter below would make the planner expect
                 -- a handful and probe the two registries once per item
                 OFFSET 0) u
            -- the rules enqueue_check words; an item breaking one is left out, found below
-         WHERE length(u.k) BETWEEN 1 AND 255 AND jsonb_typeof(u.p) = 'object'
+         WHERE u.known_queue IS NOT NULL AND u.hv IS NOT NULL
+           AND length(u.k) BETWEEN 1 AND 255 AND jsonb_typeof(u.p) = 'object'
            AND CASE WHEN u.h = 'http' THEN jsonb_typeof(u.tg -> 'url') = 'string'
                     ELSE u.tg IS NULL END
            AND coalesce(u.ma >= 1, true) AND coalesce(u.mra >= 0, true)
@@ -1819,6 +1823,9 @@ DECLARE
         INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority, attempt)
         SELECT s.id, s.queue, s.tenant, s.capability, s.priority, 0 FROM ins_state s
          WHERE $15 AND s.state = 'ready'
+         -- the relay publishes a tenant's rows oldest first, by the outbox's own id: in the
+         -- items' order (the registries' hash joins may hand the rows over in another)
+         ORDER BY s.id
     )
     -- (every intent has its state row: ins_state runs to completion, read or not)
     SELECT count(*), max(n.size_bytes) FROM ins_intent n    $sql$;

@@ -151,17 +151,22 @@ async def prepare(dsn: str, variants: dict[str, list[str]]) -> None:
 class SingleUser:
     """Statements through `postgres --single` on a stopped data directory, as the server user."""
 
-    def __init__(self, bin_dir: Path, data_dir: Path, user: ServerUser | None):
+    def __init__(
+        self, bin_dir: Path, data_dir: Path, user: ServerUser | None, profiles: Path | None
+    ):
         self.postgres = str(bin_dir / "postgres")
         self.data_dir = data_dir
         self.user = user
+        self.profiles = profiles  # where callgrind's files go (None: nowhere)
 
-    def run(self, database: str, statements: list[str], *, count: bool) -> int:
+    def run(self, database: str, statements: list[str], *, count: str = "") -> int:
         """Run the statements (one per line); with `count`, under callgrind, and return the
-        instructions counted. Any ERROR fails the benchmark with PostgreSQL's message."""
+        instructions counted (`count` names the profile kept). Any ERROR fails the benchmark
+        with PostgreSQL's message."""
         command = [self.postgres, "--single", "-D", str(self.data_dir), database]
         if count:
-            command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *command]
+            out = self.profiles / f"{count}.callgrind" if self.profiles else Path(os.devnull)
+            command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *command]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         done = subprocess.run(
             command,
@@ -191,11 +196,11 @@ class SingleUser:
         each from the same empty tables."""
         counts = []
         for blocks in (1, 2):
-            self.run(database, list(RESET), count=False)
+            self.run(database, list(RESET))
             statements = workload.warm_up(name)
             for n in range(blocks):
                 statements += workload.measured(name, f"m{n}")
-            counts.append(self.run(database, statements, count=True))
+            counts.append(self.run(database, statements, count=f"{database}-{name}-{blocks}"))
         return (counts[1] - counts[0]) / workload.jobs
 
 
@@ -222,7 +227,7 @@ async def main(args: argparse.Namespace) -> None:
         sys.exit(f"--workloads: unknown {unknown}; choose among {', '.join(WORKLOADS)}")
     variants = parse_variants(args)
     with tempfile.TemporaryDirectory(prefix="bench-instructions-") as state:
-        server = EmbeddedPostgres(Path(state), role="cli", bin_dir=args.bin_dir)
+        server = EmbeddedPostgres(Path(state), role="command", bin_dir=args.bin_dir)
         dsn = server.start()
         try:
             conn = await asyncpg.connect(dsn)
@@ -231,7 +236,12 @@ async def main(args: argparse.Namespace) -> None:
             await prepare(dsn, variants)
         finally:
             server.stop()
-        single = SingleUser(server.bin_dir, server.data_dir, server_user())
+        user = server_user()
+        if args.profiles:
+            args.profiles.mkdir(parents=True, exist_ok=True)
+            if user is not None:
+                os.chown(args.profiles, user.uid, user.gid)
+        single = SingleUser(server.bin_dir, server.data_dir, user, args.profiles)
         figures: list[Figure] = []
         counts: dict[str, dict[str, float]] = {}
         for variant in variants:
@@ -277,6 +287,13 @@ if __name__ == "__main__":
         default=[],
         metavar="NAME=SQL",
         help="a variant with these statements run after the migration (repeatable)",
+    )
+    parser.add_argument(
+        "--profiles",
+        type=Path,
+        default=None,
+        help="keep callgrind's files here, one per run (<variant>-<workload>-<1|2>.callgrind), "
+        "for callgrind_annotate",
     )
     parser.add_argument(
         "--bin-dir",
