@@ -524,13 +524,13 @@ CREATE INDEX intents_priority_id ON dispatcher.intents USING btree (priority, id
 
 CREATE INDEX intents_tenant_id ON dispatcher.intents USING btree (tenant COLLATE "C", id) WITH (deduplicate_items=off) WHERE ((tenant COLLATE "C") <> ''::text);
 
-CREATE INDEX job_state_due_at_rest ON dispatcher.job_state USING btree (due_at, id) WITH (deduplicate_items=off) WHERE (state <> ALL (ARRAY['ready'::text, 'running'::text]));
+CREATE INDEX job_state_due_at_rest ON dispatcher.job_state USING btree (due_at, id) WHERE (state <> ALL (ARRAY['ready'::text, 'running'::text]));
 
 CREATE INDEX job_state_expiring ON dispatcher.job_state USING btree (expires_at) WHERE ((expires_at IS NOT NULL) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text])));
 
-CREATE INDEX jobs_dead_reason_id ON dispatcher.job_state USING btree (dead_reason, id) WITH (deduplicate_items=off) WHERE (dead_reason IS NOT NULL);
+CREATE INDEX jobs_dead_reason_id ON dispatcher.job_state USING btree (dead_reason, id) WHERE (dead_reason IS NOT NULL);
 
-CREATE INDEX jobs_dead_reason_queue_id ON dispatcher.job_state USING btree (dead_reason, queue, id) WITH (deduplicate_items=off) WHERE (dead_reason IS NOT NULL);
+CREATE INDEX jobs_dead_reason_queue_id ON dispatcher.job_state USING btree (dead_reason, queue, id) WHERE (dead_reason IS NOT NULL);
 
 CREATE INDEX jobs_discarded ON dispatcher.job_state USING btree (finished_at) WHERE (state = 'discarded'::text);
 
@@ -540,7 +540,7 @@ CREATE INDEX jobs_last_error_trgm ON dispatcher.job_state USING gin (last_error 
 
 CREATE INDEX jobs_ready_claim ON dispatcher.job_state USING btree (queue, priority, tenant, due_at, id) WITH (deduplicate_items=off) WHERE (state = 'ready'::text);
 
-CREATE INDEX jobs_run_key_id ON dispatcher.job_state USING btree (run_key, id) WITH (deduplicate_items=off) WHERE (run_key IS NOT NULL);
+CREATE INDEX jobs_run_key_id ON dispatcher.job_state USING btree (run_key, id) WHERE (run_key IS NOT NULL);
 
 CREATE INDEX jobs_run_unfinished ON dispatcher.job_state USING btree (run_key) WHERE ((run_key IS NOT NULL) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text, 'running'::text])));
 
@@ -560,7 +560,7 @@ CREATE INDEX outbox_messages_queue ON dispatcher.outbox_messages USING btree (qu
 
 CREATE INDEX outbox_relayed ON dispatcher.outbox USING btree (queue, job_id) WHERE (leased_until IS NOT NULL);
 
-CREATE INDEX outbox_to_relay ON dispatcher.outbox USING btree (queue, priority, tenant, created_at, id) WITH (deduplicate_items=off) WHERE (leased_until IS NULL);
+CREATE INDEX outbox_to_relay ON dispatcher.outbox USING btree (queue, priority, tenant, created_at, id) WHERE (leased_until IS NULL);
 
 CREATE INDEX queues_limit_group ON dispatcher.queues USING btree (limit_group) WHERE (limit_group IS NOT NULL);
 
