@@ -1789,7 +1789,10 @@ DECLARE
                        WITH ORDINALITY AS u(k, h, p, d, q, t, tg, ma, mra, rk, id, pr, ck, o)
                   -- outer joins, the unknown names left out below: an inner join's estimate
                   -- (an item in 200 matches: no statistics on the items) made the planner probe
-                  -- the second registry's index once per item (no percent sign: format() reads it)
+                  -- the second registry's index once per item. A hash join may hand the items
+                  -- over in another order, so every round sorts them (ORDER BY u.o): the rows
+                  -- are written in the items' order, the ids' (the relay publishes a tenant's
+                  -- outbox rows oldest first by the outbox's own id, drawn as they are written)
                   LEFT JOIN dispatcher.queues qd ON qd.name = coalesce(u.q, 'default')
                   LEFT JOIN dispatcher.handlers hd ON hd.name = u.h
                  WHERE $14 IS NULL OR u.o IN (SELECT unnest($14))
@@ -1823,9 +1826,6 @@ DECLARE
         INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority, attempt)
         SELECT s.id, s.queue, s.tenant, s.capability, s.priority, 0 FROM ins_state s
          WHERE $15 AND s.state = 'ready'
-         -- the relay publishes a tenant's rows oldest first, by the outbox's own id: in the
-         -- items' order (the registries' hash joins may hand the rows over in another)
-         ORDER BY s.id
     )
     -- (every intent has its state row: ins_state runs to completion, read or not)
     SELECT count(*), max(n.size_bytes) FROM ins_intent n    $sql$;
@@ -1870,7 +1870,7 @@ BEGIN
         END IF;
         IF pending IS NULL AND NOT conflicted THEN
             BEGIN
-                EXECUTE format(insert_round, '') INTO created, largest
+                EXECUTE format(insert_round, 'ORDER BY u.o') INTO created, largest
                   USING keys, handlers, payloads, due_ats, queues, tenants, targets, max_attempts,
                         max_retry_age_s, run_keys, ids, priorities, concurrency_keys, pending,
                         outbox;
