@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from tests.harness import LOOPBACK_ENV, Target, serve_target, wait_until
+from tests.harness import LOOPBACK_ENV, Target, serve_target, starts_above_bucket, wait_until
 from tests.harness.fixtures import Spawn
 from tests.transports import transport, transport_env  # noqa: F401 (fixtures: both transports)
 
@@ -97,11 +97,7 @@ async def test_two_daemons_share_a_groups_budget_better_priority_first(
     assert sum(1 for r in target.requests if r["path"] == "/notifications") == JOBS
     # both queues together within the group's rate (+1 for the start that opens a window)
     times = [t for t, _ in starts]
-    worst = max(
-        (j - i + 1) - (GROUP_BURST + GROUP_RATE * (times[j] - times[i]))
-        for i in range(len(times))
-        for j in range(i, len(times))
-    )
+    worst = starts_above_bucket(times, GROUP_BURST, GROUP_RATE)
     assert worst <= 1, f"{worst:.1f} starts above the group's rate x t + burst"
     assert target.most["/cleanup"] <= CLEANUP_INFLIGHT  # its own cap holds inside the group
     # notifications first: while it had work waiting, cleanup took almost nothing (at most

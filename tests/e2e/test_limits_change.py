@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from tests.harness import LOOPBACK_ENV, Target, serve_target, wait_until
+from tests.harness import LOOPBACK_ENV, Target, serve_target, starts_above_bucket, wait_until
 from tests.harness.fixtures import Spawn
 from tests.transports import transport, transport_env  # noqa: F401 (fixtures: both transports)
 
@@ -156,11 +156,7 @@ async def starts_after(target: Target, since: float, window_s: float) -> list[fl
 
 def assert_within_limits(starts: list[float], target: Target) -> None:
     assert target.max_inflight <= MAX_INFLIGHT, target.max_inflight
-    worst = max(
-        (j - i + 1) - (BURST + RATE_PER_S * (starts[j] - starts[i]))
-        for i in range(len(starts))
-        for j in range(i, len(starts))
-    )
+    worst = starts_above_bucket(starts, BURST, RATE_PER_S)
     assert worst <= 1, f"{worst:.1f} starts above rate x t + burst"
 
 

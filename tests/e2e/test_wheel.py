@@ -23,7 +23,12 @@ from dispatcher import __version__
 from tests.docs_blocks import ROOT, run_walkthrough
 from tests.harness import free_port, no_server_left
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)
+# The tutorial's `pip install` asks the package index for each dependency: a request the index
+# leaves hanging is retried after this many seconds rather than the machine's default (CI once
+# spent its whole 240 s on one), and the walk-through has room for a few such retries.
+PIP_STALL_S = "20"
+TUTORIAL_TIMEOUT_S = 480
 
 SHIPPED = [
     "dispatcher/share/config/dispatcher.toml",
@@ -122,14 +127,16 @@ async def test_the_tutorial_runs_from_the_wheel_in_a_fresh_virtualenv(
     # this tree's virtualenv is not on PATH: the commands are the wheel's
     env["PATH"] = ":".join(p for p in env["PATH"].split(":") if not p.startswith(str(ROOT)))
     env |= {"HOME": str(home), "DISPATCHER_LISTEN": f"127.0.0.1:{api}"}
+    env["PIP_DEFAULT_TIMEOUT"] = PIP_STALL_S
     replace = {
-        "pip install -q pg-dispatcher": f"pip install -q {wheel_of(dist)}",
+        # not quiet: a timeout's output then shows which download stalled
+        "pip install -q pg-dispatcher": f"pip install {wheel_of(dist)}",
         "localhost:8080": f"localhost:{api}",
         "8080/console/": f"{api}/console/",
         "9000": str(target),
         "# dispatcher 0.1.0": f"# dispatcher {__version__}",
     }
-    await run_walkthrough("docs/tutorial.md", work, env, replace, timeout_s=240)
+    await run_walkthrough("docs/tutorial.md", work, env, replace, TUTORIAL_TIMEOUT_S)
     await no_server_left(work / "var" / "pgdata")
     # the installed package runs from its virtualenv, not from this tree, and prints what it ships
     venv = home / "dispatcher-tutorial" / "bin"

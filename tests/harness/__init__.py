@@ -47,7 +47,7 @@ from tests.harness.signals import (
     until_job_keys,
     until_job_states,
 )
-from tests.harness.targets import Target, serve_target
+from tests.harness.targets import Target, serve_target, starts_above_bucket
 from tests.harness.waits import free_port, wait_signalled, wait_until
 
 __all__ = [
@@ -77,6 +77,7 @@ __all__ = [
     "run_cli",
     "running_daemon",
     "serve_target",
+    "starts_above_bucket",
     "stored_job",
     "terminate",
     "until_job_count",

@@ -80,3 +80,15 @@ async def serve_target(target: Target, ssl_context: Any = None) -> AsyncIterator
         yield target
     finally:
         await runner.cleanup()
+
+
+def starts_above_bucket(starts: list[float], burst: float, rate_per_s: float) -> float:
+    """How far the sorted start times `starts` (seconds, as the target saw them) exceed a token
+    bucket's promise at worst: over every window [a, b], count - (burst + rate x (b - a)). The
+    caller allows 1: the start that opens a window, and a start the loopback delivered a little
+    late (the bucket times a start when it is taken; the target when the request arrives)."""
+    return max(
+        (j - i + 1) - (burst + rate_per_s * (starts[j] - starts[i]))
+        for i in range(len(starts))
+        for j in range(i, len(starts))
+    )
