@@ -22,6 +22,11 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 QUICK_LAYERS = frozenset({"unit", "db", "service"})
+# The order the layers run in, longest files first: pytest-xdist hands out whole files in
+# collection order (--dist loadfile), so the many short files of the last layers fill in while
+# the other worker finishes a long one, instead of one worker running e2e's last long file alone
+# at the end (CI's wall time, .ci/run). A layer not named here runs last.
+RUN_ORDER = ("e2e", "console", "faults", "chaos", "badinput", "service", "db", "unit")
 OPT_IN = {
     "rabbitmq": "needs a RabbitMQ broker on 127.0.0.1:5672 (guest/guest)",
     "container": "builds and runs the container image with podman (installs podman if missing)",
@@ -88,7 +93,16 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return True if parts[0] not in named_layers(config) else None
 
 
+def layer_rank(item: pytest.Item) -> int:
+    try:
+        layer = item.path.resolve().relative_to(TESTS).parts[0]
+    except (ValueError, IndexError):
+        return len(RUN_ORDER)
+    return RUN_ORDER.index(layer) if layer in RUN_ORDER else len(RUN_ORDER)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=layer_rank)  # stable: a file's tests stay together and in their order
     wanted = opted_in(config)
     for item in items:
         for marker, need in OPT_IN.items():

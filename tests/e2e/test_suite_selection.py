@@ -4,10 +4,13 @@ whatever its layer, and the broker's tests skip saying how to opt in."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.suite import RUN_ORDER
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,18 +27,31 @@ def pytest(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def layers_in_order(collected: str) -> list[str]:
+    """Each layer once, in the order its first test was collected."""
+    named = [line.split("/")[1] for line in collected.splitlines() if line.startswith("tests/")]
+    return list(dict.fromkeys(named))
+
+
 def layers(collected: str) -> set[str]:
-    return {line.split("/")[1] for line in collected.splitlines() if line.startswith("tests/")}
+    return set(layers_in_order(collected))
 
 
 def test_the_default_is_the_quick_layers_and_full_takes_every_layer() -> None:
     quick = pytest("--co", "-q")
     assert quick.returncode == 0, quick.stdout[-2000:]
     assert layers(quick.stdout) == {"unit", "db", "service"}
-    assert "The full suite: pytest --full" in pytest("--co").stdout  # the header says how
+    # the header says how (printed whatever the selection: a small one is enough)
+    assert "The full suite: pytest --full" in pytest("--co", "tests/unit/test_backoff.py").stdout
     full = pytest("--co", "-q", DISPATCHER_TESTS="full")
     assert full.returncode == 0, full.stdout[-2000:]
     assert {"unit", "db", "service", "e2e", "faults", "badinput", "console"} <= layers(full.stdout)
+    # the long layers first, each layer's files together (xdist's workers get whole files in
+    # this order, tests/suite.py)
+    order = layers_in_order(full.stdout)
+    assert order == sorted(order, key=RUN_ORDER.index), order
+    named = [line.split("/")[1] for line in full.stdout.splitlines() if line.startswith("tests/")]
+    assert [layer for layer, _ in itertools.groupby(named)] == order
 
 
 def test_a_named_path_runs_whatever_its_layer() -> None:
