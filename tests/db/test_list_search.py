@@ -28,7 +28,8 @@ async def seed(pool: asyncpg.Pool) -> None:
             INSERT INTO dispatcher.jobs (key, request_hash, queue, handler, payload, state,
                    due_at, max_attempts, max_retry_age_s, budget_started_at, last_error,
                    concurrency_key)
-            VALUES ($1, md5($1), 'default', 'noop', '{}', $2, now(), 10, 86400, now(), $3, $4)""",
+            VALUES ($1::text, md5($1), 'default', 'noop', '{}', $2, now(), 10, 86400, now(),
+                    $3, $4)""",
             key,
             "dead" if key in ERRORS else "succeeded",
             ERRORS.get(key),

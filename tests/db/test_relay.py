@@ -36,7 +36,8 @@ async def enqueue(repo: JobRepository, keys: list[str], tenant: str | None = Non
         SELECT j.id, j.queue, j.tenant, j.handler || ':' || j.handler_version
           FROM dispatcher.jobs j
          WHERE j.state = 'ready'
-           AND NOT EXISTS (SELECT 1 FROM dispatcher.outbox o WHERE o.job_id = j.id)""")
+           AND NOT EXISTS (SELECT 1 FROM dispatcher.outbox o WHERE o.job_id = j.id)
+         ORDER BY j.id""")
     return [r.id for r in results]
 
 

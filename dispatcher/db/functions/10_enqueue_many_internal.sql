@@ -126,6 +126,10 @@ DECLARE
         INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority, attempt)
         SELECT s.id, s.queue, s.tenant, s.capability, s.priority, 0 FROM ins_state s
          WHERE $15 AND s.state = 'ready'
+         -- the relay publishes by the outbox's id: drawn in the jobs' order, whatever order
+         -- the state rows' join handed them over in (a hash join's leftovers come in its
+         -- buckets' order); sorted only where an outbox is written (a relay transport)
+         ORDER BY s.id
     )
     -- (every intent has its state row: ins_state runs to completion, read or not)
     SELECT count(*), max(n.size_bytes) FROM ins_intent n    $sql$;
