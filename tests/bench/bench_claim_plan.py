@@ -50,6 +50,15 @@ SELECT i.id, i.queue, i.tenant, 'noop:1', s.state, now() - interval '1 hour',
 """
 
 
+async def fill(conn: asyncpg.Connection, rows: int) -> None:
+    """`rows` jobs, 90 % finished and 10 % ready (FILL and STATES), vacuumed and analyzed."""
+    started = time.monotonic()
+    await conn.execute(FILL, rows)
+    await conn.execute(STATES)
+    await conn.execute("VACUUM ANALYZE dispatcher.intents, dispatcher.job_state")
+    print(f"  filled {rows:,} rows in {time.monotonic() - started:.0f} s")
+
+
 def summary(plan: dict[str, Any]) -> list[str]:
     """One line per node: type, index, rows read, time."""
     lines: list[str] = []
@@ -83,11 +92,7 @@ async def main(args: argparse.Namespace) -> None:
         )
         try:
             if not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM dispatcher.intents)"):
-                started = time.monotonic()
-                await conn.execute(FILL, args.rows)
-                await conn.execute(STATES)
-                await conn.execute("VACUUM ANALYZE dispatcher.intents, dispatcher.job_state")
-                print(f"  filled {args.rows:,} rows in {time.monotonic() - started:.0f} s")
+                await fill(conn, args.rows)
             ready = await conn.fetchval(
                 "SELECT count(*) FROM dispatcher.job_state WHERE state = 'ready'"
             )

@@ -18,7 +18,7 @@ import time
 import asyncpg
 
 from dispatcher.db import schema
-from tests.bench.bench_claim_plan import FILL, STATES
+from tests.bench.bench_claim_plan import fill
 from tests.bench.common import Bench, Figure, register_handler, run
 
 STORAGE = """
@@ -41,11 +41,7 @@ async def main(args: argparse.Namespace) -> None:
             for _, sql, _ in schema.function_files():  # the views and functions it runs with
                 await conn.execute(sql)
             await register_handler(dsn, "noop")
-            started = time.monotonic()
-            await conn.execute(FILL, args.rows)
-            await conn.execute(STATES)
-            await conn.execute("VACUUM ANALYZE dispatcher.intents, dispatcher.job_state")
-            print(f"  filled {args.rows:,} rows in {time.monotonic() - started:.0f} s")
+            await fill(conn, args.rows)
             size = await conn.fetchval(
                 "SELECT pg_size_pretty(pg_total_relation_size('dispatcher.intents')"
                 " + pg_total_relation_size('dispatcher.job_state'))"
