@@ -20,15 +20,7 @@ import asyncpg
 from dispatcher.db import schema
 from tests.bench.bench_claim_plan import fill
 from tests.bench.common import Bench, Figure, register_handler, run
-
-STORAGE = """
-SELECT c.relname, c.relfilenode
-  FROM pg_class c
- WHERE c.oid IN ('dispatcher.intents'::regclass, 'dispatcher.job_state'::regclass)
-    OR c.oid IN (SELECT indexrelid FROM pg_index
-                  WHERE indrelid IN ('dispatcher.intents'::regclass,
-                                     'dispatcher.job_state'::regclass))
-"""
+from tests.db.test_checks_as_domains import STORAGE
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -31,6 +31,8 @@ STAYED = {
     "job_state_lease_check": "dispatcher.job_state",
 }
 ENQUEUE = "SELECT dispatcher.enqueue($1, 'noop', '{}'::jsonb, due_at => now() + interval '1 hour')"
+# the job tables and their indexes (tests/bench/bench_upgrade.py too): a new file node is a
+# rewrite or a rebuild
 STORAGE = """
 SELECT c.relname, c.relfilenode FROM pg_class c
  WHERE c.oid IN ('dispatcher.intents'::regclass, 'dispatcher.job_state'::regclass)

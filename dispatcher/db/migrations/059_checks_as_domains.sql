@@ -65,5 +65,5 @@ ALTER DOMAIN dispatcher.job_timeout_s
 ALTER DOMAIN dispatcher.job_replaced_by
     ADD CONSTRAINT intents_replaced_by_mode CHECK (VALUE IN ('replace', 'keep_due')) NOT VALID;
 
--- a column whose type changes loses its statistics; the claim's and the lists' plans need them
+-- a column whose type changes loses its statistics; the key's lookups and prefix search plan by them
 ANALYZE dispatcher.intents (key);
