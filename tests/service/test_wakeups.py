@@ -25,6 +25,9 @@ from tests.harness import make_settings, running_daemon, wait_until
 
 STARTED: list[str] = []
 SENTINEL = "test_wakeups_sentinel"  # a channel of its own: the daemon does not hear it
+# the notices that wake the default queue's loop (engine/work_poll.py Wakeups): another
+# notice heard meanwhile ('scheduled', 'limits') is not the one 'late' sent
+WAKES_THE_WORKER = {"ready:default", "ready", ""}
 
 
 async def record(job: Any, ctx: Any) -> None:
@@ -41,6 +44,7 @@ class ClaimHook:
         self.fired = asyncio.Event()
         self.conn: asyncpg.Connection | None = None  # its own: the test's may be busy
         self.notified = False  # whether the job committed during the claim sent a notice
+        self.stage = "armed, no claim of the kind armed for yet"  # said when the test fails
         receive, wake = InProcessTransport.receive, QueueWorker.wake
 
         async def hooked(
@@ -49,6 +53,7 @@ class ClaimHook:
             delivery = await receive(transport, queue, limit, grant)
             if self.armed_for == ("jobs" if delivery.jobs else "empty"):
                 self.armed_for = None
+                self.stage = f"a claim found {[job.key for job in delivery.jobs]}"
                 await self.during()
                 self.fired.set()
             return delivery
@@ -73,20 +78,23 @@ class ClaimHook:
         def hear(_c: object, _pid: object, channel: str, payload: str) -> None:
             if channel == SENTINEL:
                 sentinel.set()
-            else:
+            elif payload in WAKES_THE_WORKER:
                 heard.append(payload)
 
         await self.conn.add_listener("dispatcher_wake", hear)
         await self.conn.add_listener(SENTINEL, hear)
         try:
+            self.stage += "; enqueueing 'late'"
             await self.conn.execute("SELECT dispatcher.enqueue('late', 'record')")
             # notices reach a listener in commit order, whatever their channel
             await self.conn.execute(f"NOTIFY {SENTINEL}")
-            async with asyncio.timeout(20):
-                await sentinel.wait()
-                if heard:
-                    self.notified = True
-                    await self.woken.wait()
+            self.stage += "; waiting for the sentinel"
+            await sentinel.wait()
+            if heard:
+                self.notified = True
+                self.stage += f"; 'late' notified {heard}: waiting for the worker's wake-up"
+                await self.woken.wait()
+            self.stage += "; done"
         finally:
             await self.conn.remove_listener("dispatcher_wake", hear)
             await self.conn.remove_listener(SENTINEL, hear)
@@ -130,8 +138,11 @@ async def test_a_notice_during_a_claim_leads_to_another_claim(
     # "first" wakes the loop; its claim finds it and the claim after it finds nothing
     hook.armed_for = claim_in_flight
     await conn.execute("SELECT dispatcher.enqueue('first', 'record')")
-    async with asyncio.timeout(20):
-        await hook.fired.wait()
+    try:
+        async with asyncio.timeout(20):
+            await hook.fired.wait()
+    except TimeoutError:
+        raise AssertionError(f"after 20 s: {hook.stage}; started {STARTED}") from None
     await wait_until(lambda: sorted(STARTED) == ["first", "late"], what="both jobs started")
 
 
