@@ -3,7 +3,7 @@
 - `pytest` alone runs the quick layers, tests/unit, tests/db and tests/service: the logic, every
   query on real PostgreSQL, and the components driven through `run_once()`.
 - `pytest --full` (or `DISPATCHER_TESTS=full`) runs every directory as well: e2e (the daemon as a
-  process), faults, badinput, console. CI (.ci/run) runs this, on two workers (-n 2).
+  process), faults, badinput, console. CI (.ci/run) runs this, on three workers (-n 3).
 - Tests that need more than PostgreSQL run only when asked, and say how when skipped: marker
   `rabbitmq` (a broker on 127.0.0.1:5672) and marker `container` (podman, which the container
   test installs and builds an image with). `--full` asks for both; `--with rabbitmq` or
