@@ -11,7 +11,13 @@ queue's gate is taken for a claim loop about to wait for work (`hold_queue_gate`
 when the loop is busy again (`let_go_queue_gate`); the loop then looks once more after the
 queue's intake settled (engine/wake_gates.py). Every daemon holds its gates itself (shared
 locks), so when one dies the others hold theirs already and nothing is taken over; a listener
-that reconnects takes the daemon gate and every queue gate still wanted again."""
+that reconnects takes the daemon gate and every queue gate still wanted again.
+
+Taking the daemon gate leaves one race the gate cannot close by itself: an enqueue that probed it
+just before (no daemon listened: no notice, and no queue intake lock either, which would cost
+every enqueue with no daemon a third of its rate) and commits just after the daemon's look for
+what was missed. So the listener looks twice: at once, and again once every transaction that
+was open when it took the gates has ended (polled, backing off to once a second)."""
 
 from __future__ import annotations
 
@@ -29,6 +35,18 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "dispatcher_wake"
 CHECK_TIMEOUT_S = 2.0
+# The transactions open when the gates were taken (their ids), and those of them still open.
+# An enqueue probes the gates after its first write, so it has an id by then.
+OPEN_XIDS = (
+    "SELECT coalesce(array_agg(x::text), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x"
+)
+STILL_OPEN = (
+    "SELECT coalesce(array_agg(x), '{}') FROM unnest($1::text[]) x "
+    "WHERE pg_xact_status(x::xid8) = 'in progress'"
+)
+# How often the look after them asks again: from 5 ms, doubling up to 1 s (a transaction an
+# application leaves open costs one statement a second until it ends).
+FIRST_ASK_S, LAST_ASK_S = 0.005, 1.0
 
 
 async def check_sessions_stay(dsn: str) -> None:
@@ -138,14 +156,37 @@ class WakeListener(LoopService):
         finally:
             self._letting_go_of.discard(queue)
 
-    async def _hold_all(self, conn: asyncpg.Connection) -> None:
-        """After LISTEN: the daemon gate, and the gates of loops waiting now."""
+    async def _hold_all(self, conn: asyncpg.Connection) -> list[str]:
+        """After LISTEN: the daemon gate, and the gates of loops waiting now. Returns the ids of
+        the transactions open once they are held (an enqueue among them may have probed the
+        daemon gate before it was taken)."""
         # the wait is bounded in the functions: a gate it cannot have is an error, and a reconnect
         await conn.execute("SELECT dispatcher.hold_wake_gate()")
         for queue in sorted(self._wanted):
             await conn.execute("SELECT dispatcher.hold_queue_gate($1)", queue)
             self._held.add(queue)
             self._unsettled.add(queue)
+        xids: list[str] = await conn.fetchval(OPEN_XIDS)
+        return xids
+
+    async def _look_after(self, conn: asyncpg.Connection, xids: list[str]) -> None:
+        """Wake everything once the transactions `xids` have ended (committed or not): the
+        enqueues among them that probed the daemon gate before it was taken sent no notice."""
+        if not xids:
+            return  # the look at once saw every commit before the gates
+        ask_in = FIRST_ASK_S
+        while xids:
+            await asyncio.sleep(ask_in)
+            ask_in = min(2 * ask_in, LAST_ASK_S)
+            async with self._busy:
+                current = self._conn
+                if current is None or current is not conn:
+                    return  # lost: the reconnect looks again
+                try:
+                    xids = await current.fetchval(STILL_OPEN, xids)
+                except Exception:  # the connection is going: the reconnect looks again
+                    return
+        self._on_wake("")
 
     async def _run(self) -> None:
         failing = False  # said once per episode: a full server refuses every second for long
@@ -160,13 +201,18 @@ class WakeListener(LoopService):
                 await conn.add_listener(CHANNEL, lambda *args: self._on_wake(args[-1]))
                 async with self._busy:  # after LISTEN: from here on every notice sent is heard
                     self._held.clear()
-                    await self._hold_all(conn)
+                    open_xids = await self._hold_all(conn)
                     self._conn = conn
                 if failing:
                     log.warning("wake-up listener connected again")
                     failing = False
                 self._on_wake("")  # notices sent while we were not listening are lost: look now
-                await lost.wait()
+                # and again once the transactions open meanwhile have ended (module docstring)
+                look_after = asyncio.create_task(self._look_after(conn, open_xids))
+                try:
+                    await lost.wait()
+                finally:
+                    look_after.cancel()
                 log.warning("wake-up listener connection lost; reconnecting")
             except RECONNECT_ERRORS as exc:
                 if not failing:

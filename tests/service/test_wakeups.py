@@ -169,3 +169,44 @@ async def test_a_claim_short_of_its_batch_claims_again_while_ready_jobs_are_left
                     "SELECT dispatcher.enqueue($1, 'record', tenant => $2)", key, key[0]
                 )
         await wait_until(lambda: sorted(STARTED) == sorted(keys), what="31 jobs started")
+
+
+@pytest.mark.parametrize("due_in_s", [0, 2], ids=["due-now", "due-later"])
+async def test_an_enqueue_open_while_the_daemon_takes_its_gate_starts_once_it_commits(
+    db_url: str, due_in_s: int
+) -> None:
+    """An enqueue that probed the daemon gate before any daemon held it sent no notice (neither
+    'ready:<queue>' nor 'scheduled') and took no intake lock; committed after the daemon's first
+    look, only the listener's second look (once the transactions open when it took its gates
+    have ended, db/notifications.py) finds it. The idle poll is an hour and the due-scan's
+    safety round 30 s, so nothing else would within the test's 10 s."""
+    STARTED.clear()
+    settings = make_settings(
+        db_url,
+        scan_interval_s=3600,
+        handlers={"record": {"kind": "python", "function": f"{__name__}:record"}},
+    )
+    conn = await asyncpg.connect(db_url)
+    watcher = await asyncpg.connect(db_url)
+    try:
+        await conn.execute(
+            "INSERT INTO dispatcher.handlers (name, kind) VALUES ('record', 'python')"
+        )
+        enqueue = conn.transaction()
+        await enqueue.start()
+        await conn.execute(  # nobody listens: no notice
+            "SELECT dispatcher.enqueue('first', 'record', due_at => now() + make_interval("
+            "secs => $1))",
+            due_in_s,
+        )
+        async with running_daemon(settings):
+
+            async def loop_waits() -> bool:  # it looked, found nothing, and holds its gate
+                return bool(await watcher.fetchval("SELECT dispatcher.wake_gate_held('default')"))
+
+            await wait_until(loop_waits, what="the claim loop waits for work")
+            await enqueue.commit()
+            await wait_until(lambda: STARTED == ["first"], timeout_s=10, what="'first' started")
+    finally:
+        await conn.close()
+        await watcher.close()
