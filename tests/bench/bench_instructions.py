@@ -1,6 +1,7 @@
-"""PostgreSQL's instructions per job for the intake's statements, counted by valgrind's callgrind:
-a figure the machine's load and hour do not move, for before/after comparisons of what an intake
-writes (the same tree gives the same count, run after run, whatever else the machine does).
+"""PostgreSQL's instructions per job for the intake's, the claim's and the completion's statements,
+counted by valgrind's callgrind: a figure the machine's load and hour do not move, for
+before/after comparisons of what a job's statements cost (the same tree gives the same count, run
+after run, whatever else the machine does).
 
 A scratch server (the embedded PostgreSQL's binaries, or `--bin-dir`) gets one database per
 variant, migrated as the daemon would; the server is stopped and each statement runs in
@@ -18,6 +19,15 @@ Workloads (each job a due-now or future `noop` job, as the peer benchmark's W1 s
   minimal       the reference: one INSERT of 10,000 rows into bench_limit's minimal jobs table
                 (primary key, unique key, a partial index on ready rows), the least SQL a job
                 needs, in the same database
+  claim_batch   dispatcher.claim_ready of 1,000 ready jobs at once (W2's drain: the daemon's
+                claim statement, claim_batch 1,000)
+  claim_one     dispatcher.claim_ready of one job, 200 times, each after one enqueue (W3's
+                steady stream: a claim per job)
+  complete_batch  dispatcher.complete_succeeded of 1,000 claimed jobs in one statement (the
+                daemon's completion write of a drain)
+
+The last three enqueue (and claim) their jobs in each block first: a second pair of runs without
+the measured statement is subtracted, so what is counted is that statement alone.
 
 Variants price a change without editing the tree: `--without INDEX` drops one index (what its
 entries cost), `--variant NAME='SQL'` runs any statements after the migration.
@@ -52,6 +62,14 @@ from tests.bench.common import save_results as save
 
 BATCH = 10_000
 CALLS = 1_000  # one_call: statements per measured block
+CLAIM_BATCH = 1_000  # claim_batch, complete_batch: the daemon's claim_batch of a drain
+CLAIM_ONES = 200  # claim_one: enqueue-and-claim pairs per measured block
+# the daemon's claim (queries.sql claim_ready) as the drain sends it: no byte budget to speak of,
+# no tenant cursor; the no-op handler's capability at its registered version
+CLAIM = (
+    "SELECT count(*) - 1 FROM dispatcher.claim_ready('default', {n}, ARRAY['noop:1'], 'bench', "
+    "60, 9223372036854775807, false, NULL, NULL)"  # less the marker row
+)
 MINIMAL_SCHEMA = """
 CREATE TABLE public.minimal_jobs (
     id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -86,6 +104,30 @@ def minimal(prefix: str, n: int) -> str:
     )
 
 
+# the block's jobs' ids, the completion's first argument: read by key from the intents, which
+# the completion does not write, so the baseline reads the same rows from the same table
+IDS = "(SELECT array_agg(id ORDER BY id) FROM dispatcher.intents WHERE key LIKE '{prefix}-%')"
+
+
+def checked(n: int, statement: str) -> str:
+    """`statement` (a count) as one that fails the benchmark unless it counted `n`."""
+    return f"SELECT CASE WHEN ({statement}) = {n} THEN 1 ELSE 1 / 0 END"
+
+
+def complete(prefix: str, n: int, *, write: bool) -> str:
+    """The completion of the block's `n` claimed jobs (their first attempt), or (`write` false)
+    only the read of the ids it is given."""
+    ids = IDS.format(prefix=prefix)
+    if not write:
+        return checked(n, f"SELECT cardinality({ids})")
+    args = (
+        f"{ids}, array_fill(1, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]), 'bench', "
+        f"array_fill(NULL::integer, ARRAY[{n}]), array_fill(0.001::float8, ARRAY[{n}]), "
+        f"array_fill(NULL::text, ARRAY[{n}])"
+    )
+    return checked(n, f"SELECT count(*) FROM dispatcher.complete_succeeded({args})")
+
+
 def one_calls(prefix: str, n: int) -> list[str]:
     """Prepared once per process, as a driver does (parse and plan are not the job's cost)."""
     prepare = "PREPARE one_call(text) AS SELECT dispatcher.enqueue($1, 'noop')"
@@ -95,24 +137,46 @@ def one_calls(prefix: str, n: int) -> list[str]:
 
 @dataclass(frozen=True)
 class Workload:
-    """Statements of a warm-up and of one measured block (`prefix` keeps keys apart)."""
+    """Statements of a warm-up and of one measured block (`prefix` keeps keys apart). With
+    `prepared`, the measured blocks first make their jobs ready for the measured statement
+    (enqueue them, claim them), and a second pair of runs without that statement is
+    subtracted: the statement's own cost, after the same warm-up, on the same tables."""
 
     jobs: int
+    prepared: bool = False
 
     def warm_up(self, name: str) -> list[str]:
-        return block(name, "warm", 1_000 if name != "one_call" else 200)
+        return block(name, "warm", 200 if name in ("one_call", "claim_one") else 1_000)
 
-    def measured(self, name: str, prefix: str) -> list[str]:
-        return block(name, prefix, self.jobs)
+    def measured(self, name: str, prefix: str, *, without: bool = False) -> list[str]:
+        return block(name, prefix, self.jobs, without=without)
 
 
-def block(name: str, prefix: str, n: int) -> list[str]:
+def block(name: str, prefix: str, n: int, *, without: bool = False) -> list[str]:
+    """The statements of one block; `without`: all but the measured statement (a read of the
+    completion's arguments stays: the baseline reads them too)."""
     if name == "bulk_now":
         return [bulk(prefix, n, "NULL")]
     if name == "bulk_later":
         return [bulk(prefix, n, "(now() + interval '1 hour')")]
     if name == "one_call":
         return one_calls(prefix, n)
+    if name == "claim_batch":
+        return [bulk(prefix, n, "NULL"), *([] if without else [checked(n, CLAIM.format(n=n))])]
+    if name == "complete_batch":
+        claimed = [bulk(prefix, n, "NULL"), checked(n, CLAIM.format(n=n))]
+        return [*claimed, complete(prefix, n, write=not without)]
+    if name == "claim_one":
+        prepare = [
+            "PREPARE one_enqueue(text) AS SELECT dispatcher.enqueue($1, 'noop')",
+            f"PREPARE claim_one AS {checked(1, CLAIM.format(n=1))}",
+        ]
+        pairs = []
+        for i in range(n):
+            pairs.append(f"EXECUTE one_enqueue('{prefix}-{i}')")
+            if not without:
+                pairs.append("EXECUTE claim_one")
+        return [*prepare, *pairs] if prefix == "warm" else pairs
     return [minimal(prefix, n)]
 
 
@@ -121,6 +185,9 @@ WORKLOADS = {
     "bulk_later": Workload(BATCH),
     "one_call": Workload(CALLS),
     "minimal": Workload(BATCH),
+    "claim_batch": Workload(CLAIM_BATCH, prepared=True),
+    "claim_one": Workload(CLAIM_ONES, prepared=True),
+    "complete_batch": Workload(CLAIM_BATCH, prepared=True),
 }
 
 
@@ -193,14 +260,22 @@ class SingleUser:
 
     def per_job(self, database: str, name: str, workload: Workload) -> float:
         """One measured block's instructions per job: a run with two blocks less a run with one,
-        each from the same empty tables."""
+        each from the same empty tables (a prepared workload: less the same without the
+        measured statement)."""
+        own = self._per_job(database, name, workload, without=False)
+        if not workload.prepared:
+            return own
+        return own - self._per_job(database, name, workload, without=True)
+
+    def _per_job(self, database: str, name: str, workload: Workload, *, without: bool) -> float:
         counts = []
         for blocks in (1, 2):
             self.run(database, list(RESET))
             statements = workload.warm_up(name)
             for n in range(blocks):
-                statements += workload.measured(name, f"m{n}")
-            counts.append(self.run(database, statements, count=f"{database}-{name}-{blocks}"))
+                statements += workload.measured(name, f"m{n}", without=without)
+            tag = f"{database}-{name}{'-without' if without else ''}-{blocks}"
+            counts.append(self.run(database, statements, count=tag))
         return (counts[1] - counts[0]) / workload.jobs
 
 
