@@ -16,8 +16,8 @@ that reconnects takes the daemon gate and every queue gate still wanted again.
 Taking the daemon gate leaves one race the gate cannot close by itself: an enqueue that probed it
 just before (no daemon listened: no notice, and no queue intake lock either, which would cost
 every enqueue with no daemon a third of its rate) and commits just after the daemon's look for
-what was missed. So the listener looks twice: at once, and again once every transaction that
-was open when it took the gates has ended (polled, backing off to once a second)."""
+what was missed. So before that look the listener waits until every transaction that was open
+once it held the gates has ended (bounded: `OPEN_WAIT_S`)."""
 
 from __future__ import annotations
 
@@ -44,9 +44,11 @@ STILL_OPEN = (
     "SELECT coalesce(array_agg(x), '{}') FROM unnest($1::text[]) x "
     "WHERE pg_xact_status(x::xid8) = 'in progress'"
 )
-# How often the look after them asks again: from 5 ms, doubling up to 1 s (a transaction an
-# application leaves open costs one statement a second until it ends).
-FIRST_ASK_S, LAST_ASK_S = 0.005, 1.0
+# The listener's first look waits for them at most this long, asking from every 5 ms up to
+# every 100 ms: an enqueue commits within milliseconds of its probe; a business transaction
+# left open longer is not waited for (its job is found by the work poll, scan_interval_s).
+OPEN_WAIT_S = 2.0
+FIRST_ASK_S, LAST_ASK_S = 0.005, 0.1
 
 
 async def check_sessions_stay(dsn: str) -> None:
@@ -169,24 +171,18 @@ class WakeListener(LoopService):
         xids: list[str] = await conn.fetchval(OPEN_XIDS)
         return xids
 
-    async def _look_after(self, conn: asyncpg.Connection, xids: list[str]) -> None:
-        """Wake everything once the transactions `xids` have ended (committed or not): the
-        enqueues among them that probed the daemon gate before it was taken sent no notice."""
-        if not xids:
-            return  # the look at once saw every commit before the gates
+    @staticmethod
+    async def _until_ended(conn: asyncpg.Connection, xids: list[str]) -> None:
+        """Wait (bounded) until the transactions `xids` have ended, committed or not: the
+        enqueues among them that probed the daemon gate before it was taken sent no notice,
+        and the look that follows must see them."""
         ask_in = FIRST_ASK_S
-        while xids:
-            await asyncio.sleep(ask_in)
-            ask_in = min(2 * ask_in, LAST_ASK_S)
-            async with self._busy:
-                current = self._conn
-                if current is None or current is not conn:
-                    return  # lost: the reconnect looks again
-                try:
-                    xids = await current.fetchval(STILL_OPEN, xids)
-                except Exception:  # the connection is going: the reconnect looks again
-                    return
-        self._on_wake("")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(OPEN_WAIT_S):
+                while xids:
+                    await asyncio.sleep(ask_in)
+                    ask_in = min(2 * ask_in, LAST_ASK_S)
+                    xids = await conn.fetchval(STILL_OPEN, xids)
 
     async def _run(self) -> None:
         failing = False  # said once per episode: a full server refuses every second for long
@@ -201,18 +197,15 @@ class WakeListener(LoopService):
                 await conn.add_listener(CHANNEL, lambda *args: self._on_wake(args[-1]))
                 async with self._busy:  # after LISTEN: from here on every notice sent is heard
                     self._held.clear()
-                    open_xids = await self._hold_all(conn)
+                    # and once the enqueues that probed before the gates have ended, the look
+                    # below sees them (module docstring)
+                    await self._until_ended(conn, await self._hold_all(conn))
                     self._conn = conn
                 if failing:
                     log.warning("wake-up listener connected again")
                     failing = False
                 self._on_wake("")  # notices sent while we were not listening are lost: look now
-                # and again once the transactions open meanwhile have ended (module docstring)
-                look_after = asyncio.create_task(self._look_after(conn, open_xids))
-                try:
-                    await lost.wait()
-                finally:
-                    look_after.cancel()
+                await lost.wait()
                 log.warning("wake-up listener connection lost; reconnecting")
             except RECONNECT_ERRORS as exc:
                 if not failing:

@@ -176,10 +176,11 @@ async def test_an_enqueue_open_while_the_daemon_takes_its_gate_starts_once_it_co
     db_url: str, due_in_s: int
 ) -> None:
     """An enqueue that probed the daemon gate before any daemon held it sent no notice (neither
-    'ready:<queue>' nor 'scheduled') and took no intake lock; committed after the daemon's first
-    look, only the listener's second look (once the transactions open when it took its gates
-    have ended, db/notifications.py) finds it. The idle poll is an hour and the due-scan's
-    safety round 30 s, so nothing else would within the test's 10 s."""
+    'ready:<queue>' nor 'scheduled') and took no intake lock. The listener, once it holds its
+    gates, waits for the transactions open then before its look for what was missed
+    (db/notifications.py), so the job committed meanwhile is found. Without that wait the look
+    comes first and misses it: the idle poll is an hour and the due-scan's safety round 30 s,
+    so nothing else would find it within the test's 10 s."""
     STARTED.clear()
     settings = make_settings(
         db_url,
@@ -201,11 +202,17 @@ async def test_an_enqueue_open_while_the_daemon_takes_its_gate_starts_once_it_co
         )
         async with running_daemon(settings):
 
-            async def loop_waits() -> bool:  # it looked, found nothing, and holds its gate
-                return bool(await watcher.fetchval("SELECT dispatcher.wake_gate_held('default')"))
+            async def listener_waits() -> bool:  # for the transactions open at its gates
+                return bool(
+                    await watcher.fetchval(
+                        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity"
+                        " WHERE application_name = 'dispatcher:wake-listener'"
+                        " AND datname = current_database() AND query LIKE '%pg_xact_status%')"
+                    )
+                )
 
-            await wait_until(loop_waits, what="the claim loop waits for work")
-            await enqueue.commit()
+            await wait_until(listener_waits, what="the listener waits for the open enqueue")
+            await enqueue.commit()  # within its bound (OPEN_WAIT_S)
             await wait_until(lambda: STARTED == ["first"], timeout_s=10, what="'first' started")
     finally:
         await conn.close()
