@@ -35,15 +35,12 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "dispatcher_wake"
 CHECK_TIMEOUT_S = 2.0
-# The transactions open when the gates were taken (their ids), and those of them still open.
-# An enqueue probes the gates after its first write, so it has an id by then.
-OPEN_XIDS = (
-    "SELECT coalesce(array_agg(x::text), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x"
-)
-STILL_OPEN = (
-    "SELECT coalesce(array_agg(x), '{}') FROM unnest($1::text[]) x "
-    "WHERE pg_xact_status(x::xid8) = 'in progress'"
-)
+# A transaction id of its own, taken once the gates are held, and whether any transaction older
+# than it is still open. An enqueue probes the gates after its first write, so it has an id by
+# then, older than ours. (A snapshot's list of open ids does not do: an open id above the newest
+# ended one falls past the snapshot's xmax, and is not listed.)
+OWN_XID = "SELECT pg_current_xact_id()::text"
+OLDER_OPEN = "SELECT pg_snapshot_xmin(pg_current_snapshot()) < $1::text::xid8"
 # The listener's first look waits for them at most this long, asking from every 5 ms up to
 # every 100 ms: an enqueue commits within milliseconds of its probe; a business transaction
 # left open longer is not waited for (its job is found by the work poll, scan_interval_s).
@@ -158,31 +155,27 @@ class WakeListener(LoopService):
         finally:
             self._letting_go_of.discard(queue)
 
-    async def _hold_all(self, conn: asyncpg.Connection) -> list[str]:
-        """After LISTEN: the daemon gate, and the gates of loops waiting now. Returns the ids of
-        the transactions open once they are held (an enqueue among them may have probed the
-        daemon gate before it was taken)."""
+    async def _hold_all(self, conn: asyncpg.Connection) -> None:
+        """After LISTEN: the daemon gate, and the gates of loops waiting now."""
         # the wait is bounded in the functions: a gate it cannot have is an error, and a reconnect
         await conn.execute("SELECT dispatcher.hold_wake_gate()")
         for queue in sorted(self._wanted):
             await conn.execute("SELECT dispatcher.hold_queue_gate($1)", queue)
             self._held.add(queue)
             self._unsettled.add(queue)
-        xids: list[str] = await conn.fetchval(OPEN_XIDS)
-        return xids
 
     @staticmethod
-    async def _until_ended(conn: asyncpg.Connection, xids: list[str]) -> None:
-        """Wait (bounded) until the transactions `xids` have ended, committed or not: the
-        enqueues among them that probed the daemon gate before it was taken sent no notice,
-        and the look that follows must see them."""
+    async def _until_open_ended(conn: asyncpg.Connection) -> None:
+        """After the gates: wait (bounded) until the transactions open now have ended,
+        committed or not. The enqueues among them that probed the daemon gate before it was
+        taken sent no notice, and the look that follows must see them."""
+        own = await conn.fetchval(OWN_XID)
         ask_in = FIRST_ASK_S
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(OPEN_WAIT_S):
-                while xids:
+                while await conn.fetchval(OLDER_OPEN, own):
                     await asyncio.sleep(ask_in)
                     ask_in = min(2 * ask_in, LAST_ASK_S)
-                    xids = await conn.fetchval(STILL_OPEN, xids)
 
     async def _run(self) -> None:
         failing = False  # said once per episode: a full server refuses every second for long
@@ -197,9 +190,8 @@ class WakeListener(LoopService):
                 await conn.add_listener(CHANNEL, lambda *args: self._on_wake(args[-1]))
                 async with self._busy:  # after LISTEN: from here on every notice sent is heard
                     self._held.clear()
-                    # and once the enqueues that probed before the gates have ended, the look
-                    # below sees them (module docstring)
-                    await self._until_ended(conn, await self._hold_all(conn))
+                    await self._hold_all(conn)
+                    await self._until_open_ended(conn)  # the look below sees them (docstring)
                     self._conn = conn
                 if failing:
                     log.warning("wake-up listener connected again")

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from dispatcher.db.notifications import CHANNEL, WakeListener
+from dispatcher.db.notifications import CHANNEL, OLDER_OPEN, WakeListener
 from tests.harness import wait_until
 
 NOTICE_S = 10.0
@@ -325,11 +325,54 @@ async def test_a_listener_whose_session_is_killed_takes_its_gates_again(
         assert await next_wake(woken) == "ready:default"
 
 
+# whether a listener of this database waits for the transactions open once it held its gates
+# (its last statement is the question it asks until they have ended)
+LISTENER_WAITS = f"""
+    SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                    WHERE application_name = 'dispatcher:wake-listener'
+                      AND datname = current_database() AND query = '{OLDER_OPEN}')"""
+
+
+async def test_a_reconnecting_listener_looks_once_an_enqueue_made_while_it_was_down_commits(
+    db_url: str, conn: asyncpg.Connection
+) -> None:
+    """While the listener is down nobody holds the daemon gate, so an enqueue then sends no
+    notice and takes no intake lock. Back, the listener waits for that transaction before its
+    look for what was missed (""), so the look comes after the commit and sees the job."""
+    woken: asyncio.Queue[str] = asyncio.Queue()
+    listener = WakeListener(db_url, woken.put_nowait, reconnect_s=1.0)
+    enqueuer = await asyncpg.connect(db_url)
+    await listener.start()
+    try:
+        assert await next_wake(woken) == ""
+        await conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'dispatcher:wake-listener' AND datname = current_database()"
+        )
+
+        async def gate_free() -> bool:
+            return bool(await conn.fetchval(HOLDERS) == 0)
+
+        await wait_until(gate_free, what="the gate free while the listener is down")
+        enqueue = enqueuer.transaction()
+        await enqueue.start()
+        await enqueuer.execute(ENQUEUE_NOW, "while-down")  # the gate is free: no notice
+        await wait_until(lambda: conn.fetchval(LISTENER_WAITS), what="the listener waits for it")
+        assert woken.empty(), "looked before the open enqueue ended"
+        await enqueue.commit()
+        assert await next_wake(woken) == ""
+    finally:
+        await listener.stop()
+        await enqueuer.close()
+
+
 async def test_an_open_enqueue_transaction_does_not_keep_a_daemon_from_the_gate(
     db_url: str, conn: asyncpg.Connection
 ) -> None:
     """The probe gives its lock back at once: a business transaction that enqueued (and found
-    no listener) and stays open does not hold the gate against a daemon starting meanwhile."""
+    no listener) and stays open does not hold the gate against a daemon starting meanwhile,
+    and the listener's wait for it before its first look is bounded (`OPEN_WAIT_S`): the look
+    ("", which `listening` waits for) comes while it is still open."""
     async with conn.transaction():
         await conn.execute(ENQUEUE_NOW, "in-flight")
         async with listening(db_url):  # within its lock_timeout, or this fails

@@ -21,6 +21,7 @@ import pytest
 from dispatcher.engine.queue_worker import QueueWorker
 from dispatcher.model import ByteGrant
 from dispatcher.relay.transport import Delivery, InProcessTransport
+from tests.db.test_wake_gate import LISTENER_WAITS
 from tests.harness import make_settings, running_daemon, wait_until
 
 STARTED: list[str] = []
@@ -201,17 +202,10 @@ async def test_an_enqueue_open_while_the_daemon_takes_its_gate_starts_once_it_co
             due_in_s,
         )
         async with running_daemon(settings):
-
-            async def listener_waits() -> bool:  # for the transactions open at its gates
-                return bool(
-                    await watcher.fetchval(
-                        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity"
-                        " WHERE application_name = 'dispatcher:wake-listener'"
-                        " AND datname = current_database() AND query LIKE '%pg_xact_status%')"
-                    )
-                )
-
-            await wait_until(listener_waits, what="the listener waits for the open enqueue")
+            await wait_until(
+                lambda: watcher.fetchval(LISTENER_WAITS),
+                what="the listener waits for the open enqueue",
+            )
             await enqueue.commit()  # within its bound (OPEN_WAIT_S)
             await wait_until(lambda: STARTED == ["first"], timeout_s=10, what="'first' started")
     finally:

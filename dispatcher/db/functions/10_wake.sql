@@ -94,8 +94,9 @@ BEGIN
     -- no daemon listens (the daemon gate is free): no loop can hold a queue's gate, so neither
     -- a notice nor the intake lock is wanted. Every enqueue holding that one lock shared until
     -- its commit cost one-per-call intake with no daemon about a third (1,867 -> 1,276 jobs/s,
-    -- docs/performance/index.md). A daemon that starts after this probe finds the job by its
-    -- first look or by the work poll, as before the queue gates.
+    -- docs/performance/index.md). A daemon whose listener takes the gate after this probe
+    -- waits for this transaction before its first look, which finds the job
+    -- (db/notifications.py); one left open past that wait's bound, by the work poll.
     IF dispatcher.gate_free(1684632439, 0) THEN
         RETURN;
     END IF;
