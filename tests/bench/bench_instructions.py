@@ -22,7 +22,10 @@ Workloads (each job a due-now or future `noop` job, as the peer benchmark's W1 s
   claim_batch   dispatcher.claim_ready of 1,000 ready jobs at once (W2's drain: the daemon's
                 claim statement, claim_batch 1,000)
   claim_one     dispatcher.claim_ready of one job, 200 times, each after one enqueue (W3's
-                steady stream: a claim per job)
+                steady stream: a claim per job), on a queue without limits
+  claim_one_limited  the same as the benchmarks' daemon sends it: the queue's limits raised
+                as they set them (so its claims draw on parked permits) and a claim asking
+                for up to 1,000 jobs
   complete_batch  dispatcher.complete_succeeded of 1,000 claimed jobs in one statement (the
                 daemon's completion write of a drain)
 
@@ -80,12 +83,27 @@ CREATE TABLE public.minimal_jobs (
 );
 CREATE INDEX minimal_jobs_ready ON public.minimal_jobs (id) WHERE state = 'ready';
 """
+# claim_one_limited: the queue's limits as the benchmarks' daemon sets them (common.py,
+# UNLIMITED_QUEUE_ENV), the bucket and the parked permits emptied, so each run's first claim
+# parks a slot and the claims measured draw on it, as a steady stream's claims do
+LIMITED = (
+    "UPDATE dispatcher.queues SET rate_per_s = 1000000, burst = 100000, max_inflight = 2000,"
+    " tokens = 0, permits_parked = 0 WHERE name = 'default'",
+    "DELETE FROM dispatcher.claim_permits",
+)
+UNLIMITED = (  # every run starts as migrated, whatever a workload before it set
+    "UPDATE dispatcher.queues SET rate_per_s = NULL, burst = NULL, max_inflight = NULL,"
+    " tokens = 0, permits_parked = 0 WHERE name = 'default'",
+    "DELETE FROM dispatcher.claim_permits",
+)
+ONE_AT_A_TIME = ("one_call", "claim_one", "claim_one_limited")
 RESET = (
     "TRUNCATE dispatcher.intents, dispatcher.job_state, dispatcher.outbox, dispatcher.attempts,"
     " public.minimal_jobs",
     "VACUUM ANALYZE dispatcher.intents",
     "VACUUM ANALYZE dispatcher.job_state",
     "VACUUM ANALYZE public.minimal_jobs",
+    *UNLIMITED,
 )
 
 
@@ -147,7 +165,7 @@ class Workload:
     prepared: bool = False
 
     def warm_up(self, name: str) -> list[str]:
-        return block(name, "warm", 200 if name in ("one_call", "claim_one") else 1_000)
+        return block(name, "warm", 200 if name in ONE_AT_A_TIME else 1_000)
 
     def measured(self, name: str, prefix: str, *, without: bool = False) -> list[str]:
         return block(name, prefix, self.jobs, without=without)
@@ -167,10 +185,12 @@ def block(name: str, prefix: str, n: int, *, without: bool = False) -> list[str]
     if name == "complete_batch":
         claimed = [bulk(prefix, n, "NULL"), checked(n, CLAIM.format(n=n))]
         return [*claimed, complete(prefix, n, write=not without)]
-    if name == "claim_one":
+    if name in ("claim_one", "claim_one_limited"):
+        limited = name == "claim_one_limited"
         prepare = [
+            *(LIMITED if limited else ()),
             "PREPARE one_enqueue(text) AS SELECT dispatcher.enqueue($1, 'noop')",
-            f"PREPARE claim_one AS {checked(1, CLAIM.format(n=1))}",
+            f"PREPARE claim_one AS {checked(1, CLAIM.format(n=1_000 if limited else 1))}",
         ]
         pairs = []
         for i in range(n):
@@ -188,6 +208,7 @@ WORKLOADS = {
     "minimal": Workload(BATCH),
     "claim_batch": Workload(CLAIM_BATCH, prepared=True),
     "claim_one": Workload(CLAIM_ONES, prepared=True),
+    "claim_one_limited": Workload(CLAIM_ONES, prepared=True),
     "complete_batch": Workload(CLAIM_BATCH, prepared=True),
 }
 

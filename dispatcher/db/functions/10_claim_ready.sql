@@ -28,8 +28,8 @@
 -- a burst of one producer, and priorities used without tenants) is claimed without the turns,
 -- the key functions and their reads of the queue row. Two probes of the claim index (the first
 -- ready job, and the next priority or tenant after its) tell it; the grant is then taken and
--- that tenant's jobs at that priority walked, earliest due first, in one statement before the
--- claim statement: the order the turns give one tenant at one priority. A claim that empties
+-- that tenant's jobs at that priority walked, earliest due first, and started in one statement
+-- of its own: the order the turns give one tenant at one priority. A claim that empties
 -- the priority stops there (the next claim goes on with the next one: the strict order holds,
 -- and the claim loop claims again at once, as it is not `drained`). A queue with nothing ready
 -- answers the marker alone, without taking permits it would give back. The plain case's grant
@@ -113,39 +113,113 @@ BEGIN
         SELECT g.granted, g.wait_s INTO granted_n, grant_wait_s
           FROM dispatcher.claim_grant(q, wanted) g;
     END IF;
-    IF fast THEN  -- the plain case: one walk of the tenant's jobs, earliest due first
-        SELECT coalesce(array_agg(f.id ORDER BY f.due_at, f.id), '{}') INTO cand_ids
-          FROM (SELECT s.id, s.due_at FROM dispatcher.job_state s
-                 WHERE s.queue = q AND s.state = 'ready' AND s.priority = one_priority
-                   AND s.tenant = one_tenant AND s.capability = ANY (caps)
-                   -- moved ahead of its due time by the due-scan: not before it (queries.sql
-                   -- scan_due); a bound on the walk, which stops at the tenant's first such job
-                   AND s.due_at <= now()
-                   -- always true: a bound only the claim index can use, so the kept plan walks
-                   -- it; without, a plan kept from statistics of a drain's start walked the
-                   -- due index over every job claimed before (jobs_due_at_id, which held the
-                   -- ready jobs until migration 050; tests/db/test_claim_plan.py)
-                   AND (s.queue, s.priority, s.tenant, s.due_at)
-                       >= (q, one_priority, one_tenant, '-infinity'::timestamptz)
-                 ORDER BY s.due_at, s.id
-                 LIMIT granted_n
-                   FOR UPDATE SKIP LOCKED) f;
-        -- every job picked has this priority, tenant and turn: the first position stands for
-        -- all of them in the cursor below (none kept, none picked: no cursor)
-        cand_priorities := ARRAY[one_priority];
-        cand_tenants := ARRAY[one_tenant];
-        cand_turns := ARRAY[1];
-    ELSE  -- the turns (a paused queue offers nothing: claim_pick looks first)
-        SELECT coalesce(array_agg(p.id ORDER BY p.pos), '{}'),
-               array_agg(p.priority ORDER BY p.pos), array_agg(p.tenant ORDER BY p.pos),
-               array_agg(p.turn ORDER BY p.pos)
-          INTO cand_ids, cand_priorities, cand_tenants, cand_turns
-          FROM dispatcher.claim_pick(q, granted_n, caps, after_priority, after_tenant) p;
+    IF fast THEN
+        -- The plain case in one statement of its own: the walk of the tenant's jobs at that
+        -- priority, earliest due first (the order the turns give one tenant), the memory
+        -- budget, the start and the slot's draw. Its plan is only what this case uses: no key
+        -- functions, no cursor arrays, one aggregate for the counts, the jobs' columns carried
+        -- by the update itself (no join back). A claim of one job (W3): 1.58 M -> 1.34 M
+        -- PostgreSQL instructions (tests/bench/bench_instructions.py, claim_one_limited).
+        RETURN QUERY
+        WITH picked AS MATERIALIZED (
+            SELECT s.id, s.due_at FROM dispatcher.job_state s
+             WHERE s.queue = q AND s.state = 'ready' AND s.priority = one_priority
+               AND s.tenant = one_tenant AND s.capability = ANY (caps)
+               -- moved ahead of its due time by the due-scan: not before it (queries.sql
+               -- scan_due); a bound on the walk, which stops at the tenant's first such job
+               AND s.due_at <= now()
+               -- always true: a bound only the claim index can use, so the kept plan walks
+               -- it; without, a plan kept from statistics of a drain's start walked the due
+               -- index over every job claimed before (jobs_due_at_id, which held the ready
+               -- jobs until migration 050; tests/db/test_claim_plan.py)
+               AND (s.queue, s.priority, s.tenant, s.due_at)
+                   >= (q, one_priority, one_tenant, '-infinity'::timestamptz)
+             ORDER BY s.due_at, s.id
+             LIMIT granted_n
+               FOR UPDATE SKIP LOCKED
+        ), budgeted AS MATERIALIZED (
+            -- as below: the intents' one probe per job, for its size and what it carries
+            SELECT b.* FROM (
+                SELECT z.*, sum(z.size_bytes) OVER w AS upto, row_number() OVER w AS pos
+                  FROM picked p
+                 CROSS JOIN LATERAL (
+                       SELECT i.id, i.key, i.tenant, i.handler, i.handler_version, i.target,
+                              i.payload, i.max_attempts, i.traceparent, i.timeout_s,
+                              coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target))
+                              AS size_bytes
+                         FROM dispatcher.intents i WHERE i.id = p.id OFFSET 0) z
+                WINDOW w AS (ORDER BY p.due_at, p.id)) b
+             WHERE b.upto <= byte_budget OR (b.pos = 1 AND alone)
+        ), claimed AS (
+            UPDATE dispatcher.job_state s
+               SET state = CASE WHEN s.expires_at <= now() THEN 'dead' ELSE 'running' END,
+                   attempt = CASE WHEN s.expires_at <= now() THEN s.attempt ELSE s.attempt + 1 END,
+                   lease_owner = CASE WHEN s.expires_at <= now() THEN NULL ELSE owner END,
+                   lease_expires_at = CASE WHEN s.expires_at <= now() THEN NULL
+                                           ELSE now() + make_interval(secs => lease_s) END,
+                   started_at = CASE WHEN s.expires_at <= now() THEN s.started_at ELSE now() END,
+                   dead_reason = CASE WHEN s.expires_at <= now() THEN 'expired'
+                                      ELSE s.dead_reason END,
+                   finished_at = CASE WHEN s.expires_at <= now() THEN now() ELSE s.finished_at END,
+                   last_error = CASE WHEN s.expires_at <= now()
+                                     THEN 'expired at ' || s.expires_at
+                                          || ' before an attempt started'
+                                     ELSE s.last_error END
+              FROM budgeted b
+             WHERE s.id = b.id  -- locked by the walk: still ready
+            -- the intent's columns from the row joined: a join of the two CTEs afterwards was
+            -- a nested loop in the kept plan (its estimates: one row each), 1,000 x 1,000
+            -- comparisons for a claim of 1,000
+            RETURNING s.id, b.key, s.queue, b.tenant, b.handler, b.handler_version, b.target,
+                      b.payload, s.attempt, b.max_attempts, s.due_at, s.progress, s.run_key,
+                      b.traceparent, b.size_bytes, b.timeout_s, s.state
+        ), tally AS MATERIALIZED (  -- the marker's and the draw's counts, in one aggregate
+            SELECT count(*) FILTER (WHERE c.state = 'running')::int AS started_n,
+                   count(*)::int AS taken_n,
+                   (SELECT count(*) FROM picked)::int AS picked_n
+              FROM claimed c
+        ), drawn AS (
+            UPDATE dispatcher.claim_permits p SET n = p.n - t.started_n
+              FROM tally t
+             WHERE p.queue = q AND p.slot = slot_taken
+        )
+        SELECT c.id, c.key, c.queue, c.tenant, c.handler, c.handler_version, c.target,
+               c.payload, c.attempt, c.max_attempts,
+               least(greatest(c.due_at, lower(dispatcher.due_at_range())),
+                     upper(dispatcher.due_at_range())),
+               c.progress, c.run_key,
+               CASE WHEN c.due_at <@ dispatcher.due_at_range()
+                    THEN extract(epoch FROM now() - c.due_at) ELSE 0 END::float8,
+               c.traceparent, c.size_bytes, c.timeout_s,
+               NULL::int, NULL::float8, NULL::boolean, NULL::smallint, NULL::text,
+               NULL::boolean, NULL::int, NULL::boolean
+          FROM claimed c
+         WHERE c.state = 'running'
+        UNION ALL
+        -- the marker row, as the statement below writes it: no key waits in the plain case,
+        -- the cursor the one tenant's once a job was taken, drained when the walk found fewer
+        -- than the grant, the budget held none back and nothing waits at another priority
+        SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+               NULL, NULL, NULL, NULL, t.taken_n,
+               CASE WHEN slot_taken IS NULL
+                    THEN dispatcher.claim_settle(q, granted_n, t.started_n, grant_wait_s) END,
+               t.picked_n > t.taken_n,
+               CASE WHEN t.taken_n > 0 THEN one_priority END,
+               CASE WHEN t.taken_n > 0 THEN one_tenant END,
+               false,
+               t.taken_n - t.started_n,
+               NOT beyond AND t.picked_n < granted_n AND t.picked_n = t.taken_n
+          FROM tally t;
+        RETURN;
     END IF;
-    -- One statement starts the jobs picked, in either case: the grant and the pick are taken
-    -- before it, so it holds no branch either case leaves unused (a claim of one job in the
-    -- plain case: 0.30-0.41 ms of server time with both cases' branches in this statement,
-    -- 0.27-0.37 without, in five alternating pairs; a private PostgreSQL 15, pg_stat_statements).
+    -- the turns (a paused queue offers nothing: claim_pick looks first)
+    SELECT coalesce(array_agg(p.id ORDER BY p.pos), '{}'),
+           array_agg(p.priority ORDER BY p.pos), array_agg(p.tenant ORDER BY p.pos),
+           array_agg(p.turn ORDER BY p.pos)
+      INTO cand_ids, cand_priorities, cand_tenants, cand_turns
+      FROM dispatcher.claim_pick(q, granted_n, caps, after_priority, after_tenant) p;
+    -- One statement starts the jobs the turns picked: the grant and the pick are taken before
+    -- it (the plain case, above, has its own).
     RETURN QUERY
     WITH budgeted AS MATERIALIZED (
         -- The one primary-key probe of the intents per candidate, for its size (migration 020)
@@ -166,15 +240,13 @@ BEGIN
     ), keyed AS MATERIALIZED (
         -- what each job's concurrency key may start now (migration 024); the rest stay ready.
         -- `claimed` starts (or ends expired) every job kept: key_take counts their starts itself
-        SELECT CASE WHEN fast THEN ARRAY(SELECT id FROM budgeted ORDER BY pos)
-                    ELSE dispatcher.key_take(q, ARRAY(SELECT id FROM budgeted ORDER BY pos),
-                                             ARRAY(SELECT concurrency_key FROM budgeted
-                                                    ORDER BY pos),
-                                             true) END AS ids
+        SELECT dispatcher.key_take(q, ARRAY(SELECT id FROM budgeted ORDER BY pos),
+                                   ARRAY(SELECT concurrency_key FROM budgeted ORDER BY pos),
+                                   true) AS ids
     ), keys_full AS MATERIALIZED (
         -- keys at their limit as the claim began (the pick skipped their jobs): the claim loop
         -- looks again soon, and the claim counts as throttled (dispatcher_key_throttled_claims)
-        SELECT CASE WHEN NOT fast THEN dispatcher.key_wait_s() END AS wait_s
+        SELECT dispatcher.key_wait_s() AS wait_s
     ), claimed AS (
         -- A job whose time to live passed after the scan moved it is ended here instead of
         -- started (`dead`, `expired`; migration 030): the same update, so no row is read twice.
@@ -210,10 +282,6 @@ BEGIN
           FROM claimed c
           JOIN budgeted i ON i.id = c.id
          WHERE c.state = 'running'
-    ), drawn AS (
-        -- the plain case's slot: the permits of the jobs started (none locked: no row)
-        UPDATE dispatcher.claim_permits p SET n = p.n - (SELECT count(*) FROM started)
-         WHERE p.queue = q AND p.slot = slot_taken
     )
     SELECT c.*, (SELECT cardinality(ids) FROM keyed)::int AS taken_count, NULL::float8 AS wait_s,
            NULL::boolean AS held_back, NULL::smallint AS cursor_priority, NULL::text AS cursor_tenant,
@@ -227,10 +295,8 @@ BEGIN
     -- it ended expired
     SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
            NULL, NULL, (SELECT cardinality(ids) FROM keyed)::int,
-           coalesce(CASE WHEN slot_taken IS NULL
-                         THEN dispatcher.claim_settle(q, granted_n,
-                                                      (SELECT count(*) FROM started)::int,
-                                                      grant_wait_s) END,
+           coalesce(dispatcher.claim_settle(q, granted_n, (SELECT count(*) FROM started)::int,
+                                            grant_wait_s),
                     (SELECT wait_s FROM keys_full)),
            cardinality(cand_ids) > (SELECT count(*) FROM budgeted),
            -- the cursor: the last tenant served at the last priority reached
@@ -238,11 +304,7 @@ BEGIN
            (SELECT wait_s IS NOT NULL FROM keys_full)
            OR (SELECT cardinality(ids) FROM keyed) < (SELECT count(*) FROM budgeted),
            (SELECT count(*) FROM claimed WHERE state = 'dead')::int,  -- ended expired (030)
-           -- drained (migration 047): the plain case's walk found fewer than its grant, the
-           -- memory budget held none back and no other priority has ready jobs, so nothing
-           -- else is ready for this worker (a job committed since wakes the loop)
-           fast AND NOT beyond AND cardinality(cand_ids) < granted_n
-           AND cardinality(cand_ids) = (SELECT count(*) FROM budgeted)
+           false  -- drained (migration 047): said by the plain case only
       -- the jobs kept are a prefix of the candidates (a running sum of sizes under the
       -- budget): compared by position, not each id against an array of all of them (that
       -- was 1,000 x 1,000 comparisons, 3.4 of 39 ms of a claim of 1,000)
