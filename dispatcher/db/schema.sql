@@ -402,7 +402,7 @@ ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_lease_check CHECK ((st
 
 ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_pkey PRIMARY KEY (id);
 
-ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_state_check CHECK (state = ANY (ARRAY['scheduled'::text, 'ready'::text, 'running'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text, 'discarded'::text])) NOT VALID NOT VALID;
+ALTER TABLE dispatcher.job_state ADD CONSTRAINT job_state_state_check CHECK (state::dispatcher.job_state_value IS NOT NULL) NOT VALID NOT VALID;
 
 ALTER TABLE dispatcher.key_done ADD CONSTRAINT key_done_pkey PRIMARY KEY (queue, key);
 
@@ -1065,6 +1065,8 @@ BEGIN
                 WINDOW w AS (ORDER BY p.due_at, p.id)) b
              WHERE b.upto <= byte_budget OR (b.pos = 1 AND alone)
         ), claimed AS (
+            -- the start (or the end of an expired job), assignment for assignment as in the
+            -- turns' statement below: two statements of one function cannot share them
             UPDATE dispatcher.job_state s
                SET state = CASE WHEN s.expires_at <= now() THEN 'dead' ELSE 'running' END,
                    attempt = CASE WHEN s.expires_at <= now() THEN s.attempt ELSE s.attempt + 1 END,

@@ -64,10 +64,12 @@ async def test_the_upgrade_keeps_the_tables_and_their_rows_and_moves_every_check
         await conn.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
         ids = [await conn.fetchval(ENQUEUE, f"before-{n}") for n in range(3)]
         storage = dict(await conn.fetch(STORAGE))
-        applied = await schema.migrate(conn)
+        applied = await schema.migrate(conn, upto=59)
         assert [name for name in applied if not name.startswith("functions/")] == [
             "059_checks_as_domains.sql"
         ]
+        for _, sql, _ in schema.function_files():  # the views 059 dropped, as a full migrate
+            await conn.execute(sql)
         assert dict(await conn.fetch(STORAGE)) == storage  # nothing rewritten, no index rebuilt
         kept = await conn.fetch("SELECT id, state FROM dispatcher.jobs ORDER BY id")
         assert [(r["id"], r["state"]) for r in kept] == [(i, "scheduled") for i in ids]

@@ -151,6 +151,8 @@ BEGIN
                 WINDOW w AS (ORDER BY p.due_at, p.id)) b
              WHERE b.upto <= byte_budget OR (b.pos = 1 AND alone)
         ), claimed AS (
+            -- the start (or the end of an expired job), assignment for assignment as in the
+            -- turns' statement below: two statements of one function cannot share them
             UPDATE dispatcher.job_state s
                SET state = CASE WHEN s.expires_at <= now() THEN 'dead' ELSE 'running' END,
                    attempt = CASE WHEN s.expires_at <= now() THEN s.attempt ELSE s.attempt + 1 END,
