@@ -20,7 +20,7 @@ SELECT dispatcher.ready_after_intake($1, $2::text[]);
 -- this daemon can run ($2 = handler:version list), how long until the earliest scheduled job
 -- is due (NULL: none waiting; as seconds_to_next_due), and whether a lease has expired or a
 -- waiting job's TTL passed (either way the due-scan has work: `lease_expired`). One
--- index probe each (jobs_ready_claim in its order, jobs_scheduled_due, jobs_running_lease), in
+-- index read each (jobs_ready_claim in its order, jobs_scheduled_due, and jobs_running: its entries, one per running job), in
 -- place of one claim per queue and the due-scan's statements every second.
 SELECT array(
          SELECT q FROM unnest($1::text[]) q

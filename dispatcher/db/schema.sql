@@ -530,9 +530,7 @@ CREATE INDEX jobs_run_key_id ON dispatcher.job_state USING btree (run_key, id) W
 
 CREATE INDEX jobs_run_unfinished ON dispatcher.job_state USING btree (run_key) WHERE ((run_key IS NOT NULL) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text, 'running'::text])));
 
-CREATE INDEX jobs_running_lease ON dispatcher.job_state USING btree (lease_expires_at) WHERE (state = 'running'::text);
-
-CREATE INDEX jobs_running_queue ON dispatcher.job_state USING btree (queue) WHERE (state = 'running'::text);
+CREATE INDEX jobs_running ON dispatcher.job_state USING btree (queue, lease_expires_at) WHERE (state = 'running'::text);
 
 CREATE INDEX jobs_scheduled_due ON dispatcher.job_state USING btree (due_at) WHERE (state = 'scheduled'::text);
 
@@ -2521,7 +2519,7 @@ BEGIN
     END LOOP;
     IF fresh < present THEN
         -- counts not known or old: the running jobs of these keys, counted in one scan of the
-        -- queue's running jobs (jobs_running_queue), all of them while it is read anyway (plus
+        -- queue's running jobs (jobs_running, its prefix), all of them while it is read anyway (plus
         -- the key's ends counted so far, read in the same snapshot, taken after the locks: an
         -- end that commits later was counted running here and is subtracted then)
         UPDATE dispatcher.key_state k

@@ -306,7 +306,7 @@ BY_DUE = {"due_after": WINDOW[0], "due_before": WINDOW[1]}
         ("list_jobs_by_due", {**BY_DUE, "cursor": (WINDOW[0], 4500)}, "job_state_due_at_rest"),
         ("list_jobs_by_due", {**BY_DUE, "state": "dead"}, "job_state_due_at_rest"),
         ("list_jobs_by_due", {**BY_DUE, "state": "ready"}, "jobs_ready_claim"),
-        ("list_jobs_by_due", {**BY_DUE, "state": "running"}, "jobs_running_"),
+        ("list_jobs_by_due", {**BY_DUE, "state": "running"}, "jobs_running"),  # migration 061
     ],
     ids=lambda v: "+".join(v) if isinstance(v, dict) else v,
 )

@@ -160,7 +160,7 @@ BEGIN
     END LOOP;
     IF fresh < present THEN
         -- counts not known or old: the running jobs of these keys, counted in one scan of the
-        -- queue's running jobs (jobs_running_queue), all of them while it is read anyway (plus
+        -- queue's running jobs (jobs_running, its prefix), all of them while it is read anyway (plus
         -- the key's ends counted so far, read in the same snapshot, taken after the locks: an
         -- end that commits later was counted running here and is subtracted then)
         UPDATE dispatcher.key_state k
