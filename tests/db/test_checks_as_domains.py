@@ -53,23 +53,33 @@ SELECT conname,
 """
 
 
+async def jobs_at_version(conn: asyncpg.Connection, version: int) -> list[int]:
+    """The schema migrated up to `version`, with the views and functions it runs with, the
+    no-op handler and three scheduled jobs (their ids): the start of a migration's test."""
+    await schema.migrate(conn, upto=version)
+    for _, sql, _ in schema.function_files():
+        await conn.execute(sql)
+    await conn.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
+    return [await conn.fetchval(ENQUEUE, f"before-{n}") for n in range(3)]
+
+
+async def upgrade_to(conn: asyncpg.Connection, version: int) -> list[str]:
+    """Migrate up to `version` and put the views and functions back, as a full migrate does;
+    the migrations applied."""
+    applied = await schema.migrate(conn, upto=version)
+    for _, sql, _ in schema.function_files():
+        await conn.execute(sql)
+    return [name for name in applied if not name.startswith("functions/")]
+
+
 async def test_the_upgrade_keeps_the_tables_and_their_rows_and_moves_every_check(
     empty_db_url: str,
 ) -> None:
     conn = await asyncpg.connect(empty_db_url)
     try:
-        await schema.migrate(conn, upto=58)
-        for _, sql, _ in schema.function_files():  # the views and functions 058 ran with
-            await conn.execute(sql)
-        await conn.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
-        ids = [await conn.fetchval(ENQUEUE, f"before-{n}") for n in range(3)]
+        ids = await jobs_at_version(conn, 58)
         storage = dict(await conn.fetch(STORAGE))
-        applied = await schema.migrate(conn, upto=59)
-        assert [name for name in applied if not name.startswith("functions/")] == [
-            "059_checks_as_domains.sql"
-        ]
-        for _, sql, _ in schema.function_files():  # the views 059 dropped, as a full migrate
-            await conn.execute(sql)
+        assert await upgrade_to(conn, 59) == ["059_checks_as_domains.sql"]
         assert dict(await conn.fetch(STORAGE)) == storage  # nothing rewritten, no index rebuilt
         kept = await conn.fetch("SELECT id, state FROM dispatcher.jobs ORDER BY id")
         assert [(r["id"], r["state"]) for r in kept] == [(i, "scheduled") for i in ids]

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from dispatcher.db import schema
-from tests.db.test_checks_as_domains import ENQUEUE, STORAGE
+from tests.db.test_checks_as_domains import STORAGE, jobs_at_version, upgrade_to
 
 RUNNING_INDEXES = """
 SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index
@@ -20,18 +19,11 @@ SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index
 async def test_the_upgrade_replaces_the_two_running_indexes_by_one(empty_db_url: str) -> None:
     conn = await asyncpg.connect(empty_db_url)
     try:
-        await schema.migrate(conn, upto=60)
-        for _, sql, _ in schema.function_files():
-            await conn.execute(sql)
-        await conn.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
-        ids = [await conn.fetchval(ENQUEUE, f"before-{n}") for n in range(3)]
+        ids = await jobs_at_version(conn, 60)
         before = dict(await conn.fetch(RUNNING_INDEXES))
         assert set(before) == {"dispatcher.jobs_running_lease", "dispatcher.jobs_running_queue"}
         storage = dict(await conn.fetch(STORAGE))
-        applied = await schema.migrate(conn, upto=61)
-        assert [name for name in applied if not name.startswith("functions/")] == [
-            "061_one_running_index.sql"
-        ]
+        assert await upgrade_to(conn, 61) == ["061_one_running_index.sql"]
         after = dict(await conn.fetch(RUNNING_INDEXES))
         assert list(after) == ["dispatcher.jobs_running"]
         assert "(queue, lease_expires_at)" in after["dispatcher.jobs_running"]

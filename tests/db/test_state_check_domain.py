@@ -9,8 +9,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from dispatcher.db import schema
-from tests.db.test_checks_as_domains import ENQUEUE, STORAGE
+from tests.db.test_checks_as_domains import ENQUEUE, STORAGE, jobs_at_version, upgrade_to
 
 STATES = ("scheduled", "ready", "running", "succeeded", "dead", "cancelled", "discarded")
 
@@ -20,16 +19,9 @@ async def test_the_upgrade_keeps_the_tables_and_moves_the_seven_states_to_the_do
 ) -> None:
     conn = await asyncpg.connect(empty_db_url)
     try:
-        await schema.migrate(conn, upto=59)
-        for _, sql, _ in schema.function_files():
-            await conn.execute(sql)
-        await conn.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
-        ids = [await conn.fetchval(ENQUEUE, f"before-{n}") for n in range(3)]
+        ids = await jobs_at_version(conn, 59)
         storage = dict(await conn.fetch(STORAGE))
-        applied = await schema.migrate(conn, upto=60)
-        assert [name for name in applied if not name.startswith("functions/")] == [
-            "060_state_check_in_a_domain.sql"
-        ]
+        assert await upgrade_to(conn, 60) == ["060_state_check_in_a_domain.sql"]
         assert dict(await conn.fetch(STORAGE)) == storage  # nothing rewritten, no index rebuilt
         kept = await conn.fetch("SELECT id, state FROM dispatcher.jobs ORDER BY id")
         assert [(r["id"], r["state"]) for r in kept] == [(i, "scheduled") for i in ids]
