@@ -1099,6 +1099,8 @@ BEGIN
         )
         SELECT c.id, c.key, c.queue, c.tenant, c.handler, c.handler_version, c.target,
                c.payload, c.attempt, c.max_attempts,
+               -- a due time out of range reported at the range's end (the statement below
+               -- says why: one job's row must not fail its whole queue's claim)
                least(greatest(c.due_at, lower(dispatcher.due_at_range())),
                      upper(dispatcher.due_at_range())),
                c.progress, c.run_key,

@@ -6,7 +6,9 @@ queue's running jobs (its prefix) and the leases that expired across queues."""
 from __future__ import annotations
 
 import asyncpg
+import pytest
 
+from dispatcher.db.queries import query
 from tests.db.test_checks_as_domains import STORAGE, jobs_at_version, upgrade_to
 
 RUNNING_INDEXES = """
@@ -38,17 +40,32 @@ async def test_the_upgrade_replaces_the_two_running_indexes_by_one(empty_db_url:
         await conn.close()
 
 
-async def test_expired_leases_and_a_queues_running_jobs_are_read_by_the_index(
-    conn: asyncpg.Connection,
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [
+        ("rescue_expired_leases", (1000, [])),  # the due-scan's rescue, every round
+        ("rescue_expired_leases", (1000, ["host:1:gone"])),  # after a daemon was judged gone
+        ("poll_work", (["default"], ["noop:1"])),  # the idle daemon's look
+    ],
+)
+async def test_the_lease_readers_read_the_running_index(
+    conn: asyncpg.Connection, name: str, args: tuple[object, ...]
 ) -> None:
-    """The two readers' shapes (the due-scan's rescue and idle poll; the grant's count), planned
-    as a kept plan would be on a table the planner knows is large."""
+    """The statements that looked for expired leases by `jobs_running_lease` read the new
+    index's entries, planned as a kept plan would be on a table the planner knows is large."""
     await conn.execute("SET enable_seqscan = off")
-    for statement in (
-        "SELECT 1 FROM dispatcher.job_state"
-        " WHERE state = 'running' AND lease_expires_at < now() LIMIT 1",
-        "SELECT count(*) FROM (SELECT 1 FROM dispatcher.job_state"
-        " WHERE queue = 'default' AND state = 'running' LIMIT 200) j",
-    ):
-        plan = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN {statement}"))
-        assert "using jobs_running on" in plan, plan
+    plan = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN {query(name)}", *args))
+    assert "using jobs_running on job_state" in plan, plan
+
+
+async def test_a_queues_running_jobs_are_the_index_prefix(conn: asyncpg.Connection) -> None:
+    """claim_grant's count of a queue's running jobs (as `jobs_running_queue` served it)."""
+    await conn.execute("SET enable_seqscan = off")
+    plan = "\n".join(
+        r[0]
+        for r in await conn.fetch(
+            "EXPLAIN SELECT count(*) FROM (SELECT 1 FROM dispatcher.job_state"
+            " WHERE queue = 'default' AND state = 'running' LIMIT 200) j"
+        )
+    )
+    assert "using jobs_running on job_state" in plan and "Index Cond: (queue" in plan, plan
