@@ -243,8 +243,8 @@ SELECT (coalesce((SELECT sum(republished) FROM messages), 0)
 SELECT * FROM dispatcher.claim_ready($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
 -- name: complete_succeeded
--- Record successful attempts and their history rows (db/functions/10_complete_succeeded.sql,
--- a function for its kept plan): ids $1, attempts $2, results $3 (JSON text), owner $4, HTTP
+-- Record successful attempts, each one's history on its state row (db/functions/
+-- 10_complete_succeeded.sql, a function for its kept plan): ids $1, attempts $2, results $3 (JSON text), owner $4, HTTP
 -- statuses $5, latencies $6, excerpts $7; returns (id, attempt) of each attempt recorded.
 SELECT * FROM dispatcher.complete_succeeded($1, $2, $3, $4, $5, $6, $7);
 
@@ -379,10 +379,11 @@ SELECT id, key, request_hash, queue, tenant, handler, handler_version,
 
 -- name: list_attempts
 -- The attempt history of job $1, newest first, up to $3 rows older than history row $2 (NULL:
--- from the newest); one backward walk of the attempts primary key.
+-- from the newest); one backward walk of the attempts primary key, after the success its state
+-- row keeps (dispatcher.attempt_history, migration 062).
 SELECT id, attempt, owner, started_at, finished_at, outcome, reason, http_status, latency_s,
        excerpt
-  FROM dispatcher.attempts
+  FROM dispatcher.attempt_history
  WHERE job_id = $1 AND ($2::bigint IS NULL OR id < $2)
  ORDER BY id DESC
  LIMIT $3;

@@ -3,6 +3,20 @@
 -- To change the schema, add a migration (tables, types, indexes, signatures) or edit a file
 -- of db/functions/ (bodies), then regenerate.
 
+CREATE TABLE dispatcher.attempt_history (
+    id bigint,
+    job_id bigint,
+    attempt integer,
+    owner text,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    outcome text,
+    reason text,
+    http_status integer,
+    latency_s double precision,
+    excerpt text
+);
+
 CREATE TABLE dispatcher.attempts (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
     job_id bigint NOT NULL,
@@ -145,7 +159,11 @@ CREATE TABLE dispatcher.job_state (
     priority smallint DEFAULT 0 NOT NULL,
     concurrency_key text,
     expires_at timestamp with time zone,
-    has_callback boolean DEFAULT false NOT NULL
+    has_callback boolean DEFAULT false NOT NULL,
+    succeeded_by text,
+    success_http_status integer,
+    success_latency_s double precision,
+    success_excerpt text
 ) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_analyze_scale_factor=0.02, vacuum_index_cleanup=on);
 
 CREATE TABLE dispatcher.jobs (
@@ -1271,24 +1289,17 @@ AS $function$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-    WITH done AS (
-        UPDATE dispatcher.job_state s
-           SET state = 'succeeded', finished_at = now(), result = r.result::jsonb,
-               lease_owner = NULL, lease_expires_at = NULL, last_error = NULL
-          FROM unnest(ids, attempts, results, statuses, latencies_s, excerpts)
-               AS r(id, attempt, result, http_status, latency_s, excerpt)
-         WHERE s.id = ANY (ids) AND s.id = r.id
-           AND s.attempt = r.attempt AND s.lease_owner = owner
-           AND CASE WHEN s.state = 'running' THEN true ELSE false END
-        RETURNING s.id, s.attempt, s.started_at, r.http_status, r.latency_s, r.excerpt
-    ), history AS (
-        INSERT INTO dispatcher.attempts (job_id, attempt, owner, started_at, finished_at,
-                                         outcome, http_status, latency_s, excerpt)
-        SELECT d.id, d.attempt, owner, d.started_at, now(), 'succeeded', d.http_status,
-               d.latency_s, left(d.excerpt, 500)
-          FROM done d
-    )
-    SELECT d.id, d.attempt FROM done d;
+    UPDATE dispatcher.job_state s
+       SET state = 'succeeded', finished_at = now(), result = r.result::jsonb,
+           lease_owner = NULL, lease_expires_at = NULL, last_error = NULL,
+           succeeded_by = owner, success_http_status = r.http_status,
+           success_latency_s = r.latency_s, success_excerpt = left(r.excerpt, 500)
+      FROM unnest(ids, attempts, results, statuses, latencies_s, excerpts)
+           AS r(id, attempt, result, http_status, latency_s, excerpt)
+     WHERE s.id = ANY (ids) AND s.id = r.id
+       AND s.attempt = r.attempt AND s.lease_owner = owner
+       AND CASE WHEN s.state = 'running' THEN true ELSE false END
+    RETURNING s.id, s.attempt;
 END
 $function$;
 
@@ -2175,10 +2186,16 @@ BEGIN
     END IF;
     SELECT * INTO q FROM dispatcher.queues WHERE name = NEW.queue;
     SELECT h.current_version INTO version FROM dispatcher.handlers h WHERE h.name = 'http';
-    -- the last attempt's history row (written by the same statement as the ending, or none when
-    -- the job expired before any attempt)
-    SELECT a.excerpt, a.http_status INTO excerpt, status FROM dispatcher.attempts a
-     WHERE a.job_id = NEW.id ORDER BY a.id DESC LIMIT 1;
+    -- the last attempt's history: a success's is on its state row (migration 062); a failure's
+    -- is the row written by the same statement as the ending, or none when the job expired
+    -- before any attempt
+    IF NEW.state = 'succeeded' THEN
+        excerpt := NEW.success_excerpt;
+        status := NEW.success_http_status;
+    ELSE
+        SELECT a.excerpt, a.http_status INTO excerpt, status FROM dispatcher.attempts a
+         WHERE a.job_id = NEW.id ORDER BY a.id DESC LIMIT 1;
+    END IF;
     cb_key := format('callback:%s:%s:%s', NEW.id, NEW.state,
                      to_char(ended_at AT TIME ZONE 'UTC', 'YYYYMMDD"T"HH24MISS.US"Z"'));
     body := jsonb_build_object(

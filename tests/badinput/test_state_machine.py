@@ -103,8 +103,8 @@ async def snapshot(repo: JobRepository) -> dict[int, dict[str, Any]]:
     history rows and notifications, read in one statement (one snapshot)."""
     rows = await repo.pool.fetch(
         "SELECT j.*, (SELECT count(*) FROM dispatcher.outbox o WHERE o.job_id = j.id) AS outbox, "
-        "(SELECT count(*) FROM dispatcher.attempts a WHERE a.job_id = j.id) AS history, "
-        "(SELECT row(a.attempt, a.outcome, a.owner) FROM dispatcher.attempts a "
+        "(SELECT count(*) FROM dispatcher.attempt_history a WHERE a.job_id = j.id) AS history, "
+        "(SELECT row(a.attempt, a.outcome, a.owner) FROM dispatcher.attempt_history a "
         "  WHERE a.job_id = j.id ORDER BY a.id DESC LIMIT 1) AS last_attempt, "
         "(SELECT count(*) FROM dispatcher.jobs n WHERE n.dead_letter_of = j.id) AS notices "
         "FROM dispatcher.jobs j WHERE j.dead_letter_of IS NULL ORDER BY id"

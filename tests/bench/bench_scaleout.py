@@ -323,7 +323,7 @@ class Cell:
                    -- transaction's now(): distinct stamps = statements
                    count(DISTINCT started_at)::int AS claims,
                    count(DISTINCT finished_at)::int AS completions,
-                   (SELECT count(DISTINCT owner)::int FROM dispatcher.attempts a
+                   (SELECT count(DISTINCT owner)::int FROM dispatcher.attempt_history a
                      WHERE a.outcome = 'succeeded'
                        AND a.job_id IN (SELECT id FROM dispatcher.jobs)) AS owners
               FROM dispatcher.jobs""")

@@ -62,7 +62,7 @@ async def test_a_batch_refused_for_one_jobs_data_is_written_without_it(
         assert ended[job.key] == expected, job.key
     refused = await repo.pool.fetch(
         "SELECT j.last_error, a.outcome, a.reason, a.latency_s FROM dispatcher.jobs j"
-        "  JOIN dispatcher.attempts a ON a.job_id = j.id WHERE j.key = ANY($1::text[])",
+        "  JOIN dispatcher.attempt_history a ON a.job_id = j.id WHERE j.key = ANY($1::text[])",
         [jobs[i].key for i in REFUSED],
     )
     assert len(refused) == len(REFUSED)

@@ -47,7 +47,8 @@ async def test_a_snooze_waits_as_asked_and_gives_the_attempt_back(
     )
     row = await repo.pool.fetchrow(
         "SELECT j.state, j.attempt, j.due_at - a.finished_at AS wait, j.finished_at"
-        "  FROM dispatcher.jobs j JOIN dispatcher.attempts a ON a.job_id = j.id WHERE j.id = $1",
+        "  FROM dispatcher.jobs j JOIN dispatcher.attempt_history a ON a.job_id = j.id"
+        " WHERE j.id = $1",
         job.id,
     )
     # the due time and the history row come from one statement's now(): exact

@@ -47,7 +47,7 @@ async def test_a_failing_jobs_attempts_spread_out_as_configured(db_url: str) -> 
 
             await wait_until(all_dead, timeout_s=120, what="every job dead after its attempts")
         rows = await conn.fetch(
-            "SELECT job_id, attempt, started_at, finished_at FROM dispatcher.attempts "
+            "SELECT job_id, attempt, started_at, finished_at FROM dispatcher.attempt_history "
             "ORDER BY job_id, attempt"
         )
     finally:

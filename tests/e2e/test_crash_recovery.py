@@ -114,7 +114,7 @@ async def assert_each_job_ended_once(
 ) -> None:
     await jobs.until_states({"succeeded": JOBS}, timeout_s=60)
     rows = await conn.fetch("""
-        SELECT a.job_id, a.outcome, a.reason, a.owner FROM dispatcher.attempts a
+        SELECT a.job_id, a.outcome, a.reason, a.owner FROM dispatcher.attempt_history a
          ORDER BY a.job_id, a.id""")
     by_job: dict[int, list[tuple[str, str | None, bool]]] = {}
     for r in rows:
@@ -225,7 +225,7 @@ async def test_a_frozen_daemon_is_not_rescued_before_its_lease_expires(
             assert await other.stop() == 0
             # its stale attempts changed nothing: attempt 1 ended by the lease, 2 succeeded
             history = await conn.fetch("""
-                SELECT a.attempt, a.outcome, a.reason FROM dispatcher.attempts a
+                SELECT a.attempt, a.outcome, a.reason FROM dispatcher.attempt_history a
                  ORDER BY a.job_id, a.id""")
             assert [tuple(r) for r in history] == [
                 (1, "lease_expired", None),
@@ -241,7 +241,7 @@ async def test_a_frozen_daemon_is_not_rescued_before_its_lease_expires(
 
 async def _lease_rescued(conn: asyncpg.Connection, owner: str, n: int) -> bool:
     rescued = await conn.fetchval(
-        "SELECT count(*) FROM dispatcher.attempts WHERE outcome = 'lease_expired'"
+        "SELECT count(*) FROM dispatcher.attempt_history WHERE outcome = 'lease_expired'"
         " AND reason IS NULL AND owner = $1",
         owner,
     )
@@ -288,7 +288,7 @@ async def test_a_postgres_restart_takes_no_living_daemons_jobs(
                     assert await running_owners(conn) == before
                     await asyncio.sleep(0.2)
                 gone = await conn.fetchval(
-                    "SELECT count(*) FROM dispatcher.attempts WHERE reason = 'owner_gone'"
+                    "SELECT count(*) FROM dispatcher.attempt_history WHERE reason = 'owner_gone'"
                 )
                 assert gone == 0
                 for daemon in daemons:
@@ -342,7 +342,7 @@ async def test_a_daemon_whose_lock_connection_is_cut_takes_it_back_and_keeps_its
                 await asyncio.sleep(0.1)
             assert await cut.is_ready()
             assert not await conn.fetchval(
-                "SELECT count(*) FROM dispatcher.attempts WHERE reason = 'owner_gone'"
+                "SELECT count(*) FROM dispatcher.attempt_history WHERE reason = 'owner_gone'"
             )
             release.set()
             await jobs.until_states({"succeeded": n}, timeout_s=60)

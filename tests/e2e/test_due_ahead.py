@@ -148,7 +148,8 @@ async def test_a_burst_moved_by_one_daemon_is_shared_at_its_instant(db_url: str)
 
                 await wait_until(all_done, timeout_s=30, what="the burst to run")
         owners = await conn.fetch(
-            "SELECT split_part(owner, ':', 1) AS daemon, count(*) AS n FROM dispatcher.attempts"
+            "SELECT split_part(owner, ':', 1) AS daemon, count(*) AS n"
+            "  FROM dispatcher.attempt_history"
             " GROUP BY 1 ORDER BY 1"
         )
         assert {r["daemon"] for r in owners} == {"mover", "other"}, owners

@@ -100,7 +100,7 @@ async def test_a_target_answering_an_unstorable_body_harms_no_other_delivery(
                 await wait_all_ended(db_url)
             jobs = await jobs_by_key(conn)
             excerpt = await conn.fetchval(
-                "SELECT a.excerpt FROM dispatcher.attempts a JOIN dispatcher.jobs j"
+                "SELECT a.excerpt FROM dispatcher.attempt_history a JOIN dispatcher.jobs j"
                 " ON j.id = a.job_id WHERE j.key = $1",
                 POISON_KEY,
             )

@@ -446,7 +446,7 @@ async def test_a_daemon_killed_mid_stream_loses_nothing_and_its_redeliveries_are
     try:
         once = await conn.fetchval("""
             SELECT bool_and(n = 1) FROM (
-                SELECT count(*) AS n FROM dispatcher.attempts
+                SELECT count(*) AS n FROM dispatcher.attempt_history
                  WHERE outcome = 'succeeded' GROUP BY job_id) s""")
     finally:
         await conn.close()
@@ -891,7 +891,7 @@ async def succeeded_once_each(db_url: str) -> bool:
         return bool(
             await conn.fetchval("""
                 SELECT bool_and(n = 1) FROM (
-                    SELECT count(*) AS n FROM dispatcher.attempts
+                    SELECT count(*) AS n FROM dispatcher.attempt_history
                      WHERE outcome = 'succeeded' GROUP BY job_id) s""")
         )
     finally:

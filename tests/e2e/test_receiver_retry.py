@@ -52,7 +52,7 @@ async def test_a_target_aborts_its_retries_or_sets_their_time(
         rows = await conn.fetch(
             "SELECT j.key, j.state, j.dead_reason, j.last_error, j.due_at, a.finished_at,"
             "       a.http_status"
-            "  FROM dispatcher.jobs j JOIN dispatcher.attempts a ON a.job_id = j.id"
+            "  FROM dispatcher.jobs j JOIN dispatcher.attempt_history a ON a.job_id = j.id"
             "   AND a.attempt = 1"
         )
     finally:

@@ -49,7 +49,7 @@ async def settle(db_url: str, keys: list[str]) -> dict[str, dict[str, Any]]:
             """SELECT j.key, j.state, j.dead_reason, j.due_at, a.finished_at, a.outcome,
                       a.reason, a.http_status
                  FROM dispatcher.jobs j
-                 JOIN dispatcher.attempts a ON a.job_id = j.id AND a.attempt = 1
+                 JOIN dispatcher.attempt_history a ON a.job_id = j.id AND a.attempt = 1
                 WHERE j.key = ANY ($1::text[])""",
             keys,
         )

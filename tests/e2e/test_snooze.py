@@ -102,7 +102,8 @@ async def ended(conn: asyncpg.Connection, keys: list[str]) -> dict[str, asyncpg.
 
 async def history(conn: asyncpg.Connection, job_id: int) -> list[asyncpg.Record]:
     return await conn.fetch(
-        "SELECT attempt, outcome, reason, excerpt, started_at, finished_at FROM dispatcher.attempts"
+        "SELECT attempt, outcome, reason, excerpt, started_at, finished_at"
+        "  FROM dispatcher.attempt_history"
         " WHERE job_id = $1 ORDER BY id",
         job_id,
     )

@@ -65,7 +65,7 @@ async def test_sigkill_after_claim_rescues_and_runs_each_effect_once(
         r["key"]: r["reason"]
         for r in await fetch(
             db_url,
-            "SELECT j.key, a.reason FROM dispatcher.attempts a"
+            "SELECT j.key, a.reason FROM dispatcher.attempt_history a"
             " JOIN dispatcher.jobs j ON j.id = a.job_id WHERE a.attempt = 1",
         )
     }

@@ -77,7 +77,8 @@ async def test_a_claim_of_mixed_attempts_each_ends_once_as_its_handler_said(db_u
             await wait_until(all_ended, timeout_s=20, what="every job ended")
         rows = await conn.fetch(
             "SELECT key, state, attempt, result, dead_reason,"
-            "       (SELECT array_agg(a.outcome ORDER BY a.attempt) FROM dispatcher.attempts a"
+            "       (SELECT array_agg(a.outcome ORDER BY a.attempt)"
+            "          FROM dispatcher.attempt_history a"
             "         WHERE a.job_id = j.id) AS history"
             "  FROM dispatcher.jobs j"
         )

@@ -245,7 +245,7 @@ async def run_claim(
     assert all(ended), "an outcome could not be written"
     rows = await repo.pool.fetch(
         "SELECT j.key, j.state, j.dead_reason, j.result, j.last_error, a.outcome, a.excerpt"
-        "  FROM dispatcher.jobs j LEFT JOIN dispatcher.attempts a ON a.job_id = j.id"
+        "  FROM dispatcher.jobs j LEFT JOIN dispatcher.attempt_history a ON a.job_id = j.id"
         " WHERE j.key = ANY($1::text[])",
         plain + mine,
     )

@@ -28,10 +28,16 @@ BEGIN
     END IF;
     SELECT * INTO q FROM dispatcher.queues WHERE name = NEW.queue;
     SELECT h.current_version INTO version FROM dispatcher.handlers h WHERE h.name = 'http';
-    -- the last attempt's history row (written by the same statement as the ending, or none when
-    -- the job expired before any attempt)
-    SELECT a.excerpt, a.http_status INTO excerpt, status FROM dispatcher.attempts a
-     WHERE a.job_id = NEW.id ORDER BY a.id DESC LIMIT 1;
+    -- the last attempt's history: a success's is on its state row (migration 062); a failure's
+    -- is the row written by the same statement as the ending, or none when the job expired
+    -- before any attempt
+    IF NEW.state = 'succeeded' THEN
+        excerpt := NEW.success_excerpt;
+        status := NEW.success_http_status;
+    ELSE
+        SELECT a.excerpt, a.http_status INTO excerpt, status FROM dispatcher.attempts a
+         WHERE a.job_id = NEW.id ORDER BY a.id DESC LIMIT 1;
+    END IF;
     cb_key := format('callback:%s:%s:%s', NEW.id, NEW.state,
                      to_char(ended_at AT TIME ZONE 'UTC', 'YYYYMMDD"T"HH24MISS.US"Z"'));
     body := jsonb_build_object(
