@@ -112,6 +112,14 @@ async def test_the_api_lists_every_attempt_newest_first_and_pages(
             daemon.base_url, f"/v1/jobs/{job_id}/attempts?limit=2&cursor={first['next_cursor']}"
         )
         assert ([a["attempt"] for a in rest["items"]], rest["next_cursor"]) == ([1], None)
+        # a page that ends on the success (kept on the job's state row, migration 062) leads on
+        # to the attempts before it
+        status, top = await get(daemon.base_url, f"/v1/jobs/{job_id}/attempts?limit=1")
+        assert [a["outcome"] for a in top["items"]] == ["succeeded"] and top["next_cursor"]
+        status, after = await get(
+            daemon.base_url, f"/v1/jobs/{job_id}/attempts?limit=1&cursor={top['next_cursor']}"
+        )
+        assert (status, [a["attempt"] for a in after["items"]]) == (200, [2])
 
         # a job never attempted has an empty history; an unknown one is a 404 problem
         assert await get(daemon.base_url, f"/v1/jobs/{waiting}/attempts") == (
