@@ -1342,6 +1342,9 @@ DECLARE
     notice   text;
     new_id   bigint;
 BEGIN
+    IF OLD.state = 'dead' THEN
+        RETURN NULL;  -- not a death (the trigger's condition tests the new state only)
+    END IF;
     SELECT * INTO j FROM dispatcher.jobs WHERE id = NEW.id;
     IF j.dead_letter_of IS NOT NULL THEN
         RETURN NULL;  -- a notification that died: visible as a dead letter, never notified
@@ -2179,6 +2182,10 @@ DECLARE
     cb_key   text;
     new_id   bigint;
 BEGIN
+    -- the trigger's condition is the flag alone (see below): the ending is tested here
+    IF NEW.state NOT IN ('succeeded', 'dead') OR OLD.state IS NOT DISTINCT FROM NEW.state THEN
+        RETURN NULL;
+    END IF;
     SELECT * INTO i FROM dispatcher.intents WHERE id = NEW.id;
     target := CASE NEW.state WHEN 'succeeded' THEN i.on_success ELSE i.on_failure END;
     IF target IS NULL OR i.callback_of IS NOT NULL THEN
@@ -3363,13 +3370,13 @@ CREATE TRIGGER intents_size_bytes BEFORE INSERT ON dispatcher.intents FOR EACH R
 
 CREATE TRIGGER intents_size_bytes_changed BEFORE UPDATE OF payload, target ON dispatcher.intents FOR EACH ROW EXECUTE FUNCTION dispatcher.intent_bytes();
 
-CREATE TRIGGER job_state_callback AFTER UPDATE OF state ON dispatcher.job_state FOR EACH ROW WHEN (new.has_callback AND (new.state = ANY (ARRAY['succeeded'::text, 'dead'::text])) AND old.state IS DISTINCT FROM new.state) EXECUTE FUNCTION dispatcher.job_callback();
+CREATE TRIGGER job_state_callback AFTER UPDATE OF state ON dispatcher.job_state FOR EACH ROW WHEN (new.has_callback) EXECUTE FUNCTION dispatcher.job_callback();
 
 CREATE TRIGGER job_state_key_running AFTER UPDATE ON dispatcher.job_state REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION dispatcher.key_running_moved();
 
 CREATE TRIGGER job_state_key_running_deleted AFTER DELETE ON dispatcher.job_state REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION dispatcher.key_running_moved();
 
-CREATE TRIGGER jobs_dead_letter_notice AFTER UPDATE OF state ON dispatcher.job_state FOR EACH ROW WHEN (new.state = 'dead'::text AND old.state IS DISTINCT FROM 'dead'::text) EXECUTE FUNCTION dispatcher.dead_letter_notice();
+CREATE TRIGGER jobs_dead_letter_notice AFTER UPDATE OF state ON dispatcher.job_state FOR EACH ROW WHEN (new.state = 'dead'::text) EXECUTE FUNCTION dispatcher.dead_letter_notice();
 
 CREATE TRIGGER jobs_view_write INSTEAD OF INSERT OR DELETE OR UPDATE ON dispatcher.jobs FOR EACH ROW EXECUTE FUNCTION dispatcher.jobs_view_write();
 

@@ -343,3 +343,34 @@ async def test_the_sql_door_takes_a_contract_refuses_bad_ones_and_compares_repla
         with pytest.raises(Exception, match=words):
             await repo.pool.fetchval(bad)
     assert await repo.pool.fetchval("SELECT count(*) FROM dispatcher.intents") == 1
+
+
+async def test_an_update_that_keeps_an_ending_reports_it_no_second_time(
+    registry: JobRepository,
+) -> None:
+    # The two ending triggers test only the flag and the new state; their functions test that
+    # the state changed. A row already dead or succeeded, written again with its state, must
+    # push no second callback and no second dead-letter notice.
+    repo = registry
+    await repo.pool.execute(
+        "UPDATE dispatcher.queues SET on_dead_target = $1::jsonb WHERE name = 'default'",
+        '{"url": "https://hooks.example/dead"}',
+    )
+    dies = await enqueue(repo, "dies", max_attempts=1)
+    works = await enqueue(repo, "works")
+    for job_id in (dies, works):
+        await set_contract(repo, job_id, on_success=SUCCESS, on_failure=FAILURE)
+    jobs = {j.id: j for j in await claim(repo)}
+    await repo.record_failure(
+        jobs[dies], OWNER, permanent=True, delay_s=0, error="bad", reason="invalid"
+    )
+    assert await repo.complete([works], [jobs[works].attempt], [None], OWNER) == {(works, 1)}
+    notices = "SELECT count(*) FROM dispatcher.intents WHERE dead_letter_of IS NOT NULL"
+    assert (len(await callbacks(repo)), await repo.pool.fetchval(notices)) == (2, 1)
+    await repo.pool.execute(
+        # a new end time: a second push would get a key of its own (the keys carry it)
+        "UPDATE dispatcher.job_state SET state = state, finished_at = now() + interval '1 s'"
+        " WHERE id = ANY ($1::bigint[])",
+        [dies, works],
+    )
+    assert (len(await callbacks(repo)), await repo.pool.fetchval(notices)) == (2, 1)

@@ -15,6 +15,9 @@ DECLARE
     notice   text;
     new_id   bigint;
 BEGIN
+    IF OLD.state = 'dead' THEN
+        RETURN NULL;  -- not a death (the trigger's condition tests the new state only)
+    END IF;
     SELECT * INTO j FROM dispatcher.jobs WHERE id = NEW.id;
     IF j.dead_letter_of IS NOT NULL THEN
         RETURN NULL;  -- a notification that died: visible as a dead letter, never notified
@@ -66,8 +69,10 @@ BEGIN
 END
 $$;
 
+-- The condition is the new state alone; the function tests the old one (why: the callback
+-- trigger's comment, 30_job_callback.sql).
 CREATE OR REPLACE TRIGGER jobs_dead_letter_notice
     AFTER UPDATE OF state ON dispatcher.job_state
     FOR EACH ROW
-    WHEN (NEW.state = 'dead' AND OLD.state IS DISTINCT FROM 'dead')
+    WHEN (NEW.state = 'dead')
     EXECUTE FUNCTION dispatcher.dead_letter_notice();

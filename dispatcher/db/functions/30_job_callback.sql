@@ -21,6 +21,10 @@ DECLARE
     cb_key   text;
     new_id   bigint;
 BEGIN
+    -- the trigger's condition is the flag alone (see below): the ending is tested here
+    IF NEW.state NOT IN ('succeeded', 'dead') OR OLD.state IS NOT DISTINCT FROM NEW.state THEN
+        RETURN NULL;
+    END IF;
     SELECT * INTO i FROM dispatcher.intents WHERE id = NEW.id;
     target := CASE NEW.state WHEN 'succeeded' THEN i.on_success ELSE i.on_failure END;
     IF target IS NULL OR i.callback_of IS NOT NULL THEN
@@ -75,10 +79,13 @@ END
 $$;
 
 -- Only jobs that named a target reach the function: the flag is on the state row, so every
--- other ending costs one boolean test.
+-- other job's state change costs one boolean test. The condition is the flag alone, and the
+-- function tests the ending: a trigger's condition is read back from its stored node text and
+-- prepared again by every statement that changes a state (a claim of one job included), and
+-- the whole condition here and the dead-letter trigger's cost a claim of one job 78,000
+-- PostgreSQL instructions (6 %), the two single tests 22,000 (bench_instructions).
 CREATE OR REPLACE TRIGGER job_state_callback
     AFTER UPDATE OF state ON dispatcher.job_state
     FOR EACH ROW
-    WHEN (NEW.has_callback AND NEW.state IN ('succeeded', 'dead')
-          AND OLD.state IS DISTINCT FROM NEW.state)
+    WHEN (NEW.has_callback)
     EXECUTE FUNCTION dispatcher.job_callback();
