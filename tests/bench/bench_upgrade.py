@@ -20,7 +20,7 @@ import asyncpg
 from dispatcher.db import schema
 from tests.bench.bench_claim_plan import fill
 from tests.bench.common import Bench, Figure, register_handler, run
-from tests.db.test_checks_as_domains import STORAGE
+from tests.db.test_checks_as_domains import STORAGE, functions_of_the_version
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -30,8 +30,7 @@ async def main(args: argparse.Namespace) -> None:
         conn = await asyncpg.connect(dsn, server_settings={"jit": "off"})
         try:
             await schema.migrate(conn, upto=before)
-            for _, sql, _ in schema.function_files():  # the views and functions it runs with
-                await conn.execute(sql)
+            await functions_of_the_version(conn)  # the views and functions it runs with
             await register_handler(dsn, "noop")
             await fill(conn, args.rows)
             size = await conn.fetchval(
