@@ -792,7 +792,11 @@ DELETE FROM dispatcher.limit_groups g
 -- Keep the SQL door's past-due tolerance ($1 s) as configured (the database cannot read the
 -- daemon's configuration), and whether ready jobs get outbox rows ($2: a relay transport). A
 -- relay finds a row for every ready job (those that became ready without one get it here); the
--- in-process transport claims from the state rows and leaves no outbox row behind. $3: the
+-- in-process transport claims from the state rows and leaves no outbox row behind. A ready job
+-- a message already carries (its record in outbox_messages, for the attempt it is ready after)
+-- gets none: the lease deleted its row when it made the message, and a row here would publish
+-- it a second time at every daemon's start (each waiting message then delivered twice: counted
+-- duplicates). A message the broker lost is the relay's sweep's to publish again. $3: the
 -- largest payload and target one job may carry (limits.max_payload_bytes, migration 029).
 WITH settings AS (
     INSERT INTO dispatcher.intake_settings AS s
@@ -805,11 +809,17 @@ WITH settings AS (
      WHERE (s.due_at_past_tolerance_s, s.ready_outbox, s.max_payload_bytes)
            IS DISTINCT FROM (excluded.due_at_past_tolerance_s, excluded.ready_outbox,
                              excluded.max_payload_bytes)
+), carried AS MATERIALIZED (  -- the jobs of messages out (in the broker, or being consumed)
+    SELECT j.id, j.attempt
+      FROM dispatcher.outbox_messages m
+     CROSS JOIN LATERAL unnest(m.job_ids, m.attempts) AS j(id, attempt)
+     WHERE $2
 ), backfilled AS (
     INSERT INTO dispatcher.outbox (job_id, queue, tenant, capability, priority)
     SELECT s.id, s.queue, s.tenant, s.capability, s.priority FROM dispatcher.job_state s
      WHERE $2 AND s.state = 'ready' AND s.due_at <= now()
        AND NOT EXISTS (SELECT 1 FROM dispatcher.outbox o WHERE o.job_id = s.id)
+       AND NOT EXISTS (SELECT 1 FROM carried c WHERE c.id = s.id AND c.attempt = s.attempt)
 ), unmoved AS (
     -- jobs an in-process due-scan moved ahead of their due time (scan_due): a relay would
     -- deliver them at once, so they wait as scheduled and a due-scan moves them when due

@@ -608,3 +608,31 @@ async def test_the_relay_and_its_sweep_never_scan_the_job_tables(
     ):
         text = await plan(pool, name, *args)
         assert "outbox_messages_queue" in text, (name, text)
+
+
+async def test_a_daemons_start_gives_an_outbox_row_only_to_ready_jobs_no_message_carries(
+    repo: JobRepository, relay: RelayRepository
+) -> None:
+    """A RabbitMQ daemon's start writes the intake settings, which give each ready job without
+    an outbox row one (a switch from the in-process transport). A job a message carries has
+    none (the lease deleted it when it made the message) and must get none: each start would
+    publish every waiting message's jobs a second time (seen as duplicate deliveries after a
+    SIGTERM and a restart). A record of the job's earlier attempt does not carry it."""
+    carried, retried, bare = await enqueue(repo, ["carried", "retried", "bare"])
+    await lease(relay, 10, "r1")
+    assert await to_publish(repo.pool) == []
+    # `retried` is ready again for its next attempt: its message is for the one before
+    await repo.pool.execute(
+        "UPDATE dispatcher.job_state SET attempt = 1 WHERE id = $1", retried
+    )  # fmt: skip
+    # `bare` became ready without a row (an in-process daemon's due-scan, say)
+    await repo.pool.execute("DELETE FROM dispatcher.outbox_messages WHERE $1 = ANY (job_ids)", bare)
+    for _ in range(2):  # a start, then a restart
+        await repo.sync_registry(
+            {"default": (3, 3600)},
+            {"work": ("python", 1)},
+            due_at_past_tolerance_s=300.0,
+            ready_outbox=True,
+        )
+    assert await to_publish(repo.pool) == [retried, bare]
+    assert carried not in await to_publish(repo.pool)
