@@ -220,9 +220,9 @@ async def test_a_drain_release_records_the_number_the_next_attempt_carries_again
     )
 
 
-async def test_the_history_pages_newest_first(registry: JobRepository) -> None:
-    repo = registry
-    job = await claim_one(repo, "paged", max_attempts=3)
+async def succeeded_third_time(repo: JobRepository, key: str) -> Job:
+    """A job whose first two attempts failed (retried) and whose third succeeded."""
+    job = await claim_one(repo, key, max_attempts=3)
     for _ in range(2):
         await repo.record_failure(
             job, OWNER, permanent=False, delay_s=0, error="again", reason="transient"
@@ -230,6 +230,12 @@ async def test_the_history_pages_newest_first(registry: JobRepository) -> None:
         await repo.scan_due(10)
         [job] = (await repo.claim("default", 10, CAPABILITIES, OWNER, 60))[0]
     await repo.complete([job.id], [job.attempt], [None], OWNER)
+    return job
+
+
+async def test_the_history_pages_newest_first(registry: JobRepository) -> None:
+    repo = registry
+    job = await succeeded_third_time(repo, "paged")
     rows = await repo.attempts(job.id, limit=2)
     assert [r["attempt"] for r in rows] == [3, 2]
     rest = await repo.attempts(job.id, before_id=rows[-1]["id"], limit=2)

@@ -9,21 +9,12 @@ import asyncpg
 import pytest
 
 from dispatcher.db.jobs import JobRepository
-from dispatcher.model import Job, NewJob
+from tests.db.test_attempts import OWNER, claim_one, succeeded_third_time
 from tests.db.test_checks_as_domains import STORAGE, jobs_at_version, upgrade_to
 
 pytestmark = pytest.mark.registry({"default": (3, 3600)}, {"work": ("python", 1)})
 
-OWNER = "host:1:abc"
-CAPABILITIES = ["work:1"]
 HISTORY_ROWS = "SELECT count(*) FROM dispatcher.attempts WHERE job_id = $1"
-
-
-async def claim_one(repo: JobRepository, key: str, **fields: object) -> Job:
-    await repo.enqueue_many([NewJob(key=key, handler="work", payload={}, **fields)])
-    jobs, _ = await repo.claim("default", 10, CAPABILITIES, OWNER, 60)
-    [job] = [j for j in jobs if j.key == key]
-    return job
 
 
 async def test_a_success_is_written_on_its_state_row_and_read_as_history(
@@ -53,14 +44,7 @@ async def test_pages_walk_from_the_success_to_the_attempts_before_it(
     registry: JobRepository,
 ) -> None:
     repo = registry
-    job = await claim_one(repo, "third-time", max_attempts=3)
-    for _ in range(2):
-        await repo.record_failure(
-            job, OWNER, permanent=False, delay_s=0, error="again", reason="transient"
-        )
-        await repo.scan_due(10)
-        [job] = (await repo.claim("default", 10, CAPABILITIES, OWNER, 60))[0]
-    await repo.complete([job.id], [job.attempt], [None], OWNER)
+    job = await succeeded_third_time(repo, "third-time")
     assert await repo.pool.fetchval(HISTORY_ROWS, job.id) == 2  # the two failures only
     seen, cursor = [], None
     while page := await repo.attempts(job.id, before_id=cursor, limit=1):
