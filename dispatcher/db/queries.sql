@@ -243,9 +243,10 @@ SELECT (coalesce((SELECT sum(republished) FROM messages), 0)
 SELECT * FROM dispatcher.claim_ready($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
 -- name: complete_succeeded
--- Record successful attempts, each one's history on its state row (db/functions/
--- 10_complete_succeeded.sql, a function for its kept plan): ids $1, attempts $2, results $3 (JSON text), owner $4, HTTP
--- statuses $5, latencies $6, excerpts $7; returns (id, attempt) of each attempt recorded.
+-- Record successful attempts, each one's history on its state row (a function for its kept
+-- plan, db/functions/10_complete_succeeded.sql): ids $1, attempts $2, results $3 (JSON text),
+-- owner $4, HTTP statuses $5, latencies $6, excerpts $7; returns (id, attempt) of each attempt
+-- recorded.
 SELECT * FROM dispatcher.complete_succeeded($1, $2, $3, $4, $5, $6, $7);
 
 -- name: record_failure

@@ -6,10 +6,10 @@
 -- 73,704 PostgreSQL instructions a job, tests/bench/bench_instructions.py, docs/performance):
 -- a heap row, its primary key entry and a sequence number, for every job that ever succeeded.
 --
--- Readers see one history: the view dispatcher.attempt_history
--- (db/functions/20_attempt_history.sql) puts the kept
--- success after the attempts rows of its job. Successes recorded before this migration keep
--- their attempts row and leave these columns empty, so each attempt is shown once.
+-- Readers see one history: the view dispatcher.attempt_history (db/functions/
+-- 20_attempt_history.sql) puts the kept success after the attempts rows of its job. Successes
+-- recorded before this migration keep their attempts row and leave these columns empty, so
+-- each attempt is shown once.
 --
 -- Columns without a default: adding them rewrites nothing (a catalogue change only).
 ALTER TABLE dispatcher.job_state
