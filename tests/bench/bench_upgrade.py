@@ -30,7 +30,7 @@ async def main(args: argparse.Namespace) -> None:
         conn = await asyncpg.connect(dsn, server_settings={"jit": "off"})
         try:
             await schema.migrate(conn, upto=before)
-            await functions_of_the_version(conn)  # the views and functions it runs with
+            await functions_of_the_version(conn, before)  # the views and functions it runs with
             await register_handler(dsn, "noop")
             await fill(conn, args.rows)
             size = await conn.fetchval(

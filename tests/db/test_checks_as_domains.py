@@ -53,23 +53,26 @@ SELECT conname,
 """
 
 
-async def functions_of_the_version(conn: asyncpg.Connection) -> None:
-    """Today's function and view files, as a full migrate applies them, less those that name
-    a column or object a later migration adds (the attempt history's view reads 062's
-    columns): a daemon of that version ran with its own files, which had no such reader."""
+async def functions_of_the_version(conn: asyncpg.Connection, version: int) -> None:
+    """Today's function and view files, as a full migrate applies them; below the latest
+    version, less those that name a column or object a later migration adds (the attempt
+    history's view reads 062's columns): a daemon of that version ran with its own files,
+    which had no such reader. At the latest version every file must apply."""
+    older = version < schema.latest_version()
     for _, sql, _ in schema.function_files():
         try:
             async with conn.transaction():
                 await conn.execute(sql)
         except (asyncpg.UndefinedColumnError, asyncpg.UndefinedTableError):
-            continue
+            if not older:
+                raise
 
 
 async def jobs_at_version(conn: asyncpg.Connection, version: int) -> list[int]:
     """The schema migrated up to `version`, with the views and functions it runs with, the
     no-op handler and three scheduled jobs (their ids): the start of a migration's test."""
     await schema.migrate(conn, upto=version)
-    await functions_of_the_version(conn)
+    await functions_of_the_version(conn, version)
     await conn.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
     return [await conn.fetchval(ENQUEUE, f"before-{n}") for n in range(3)]
 
@@ -78,7 +81,7 @@ async def upgrade_to(conn: asyncpg.Connection, version: int) -> list[str]:
     """Migrate up to `version` and put the views and functions back, as a full migrate does;
     the migrations applied."""
     applied = await schema.migrate(conn, upto=version)
-    await functions_of_the_version(conn)
+    await functions_of_the_version(conn, version)
     return [name for name in applied if not name.startswith("functions/")]
 
 
