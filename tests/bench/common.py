@@ -543,6 +543,49 @@ class CpuMeter:
         }
 
 
+class ServerCpu:
+    """PostgreSQL's own CPU seconds, every process of the server: the postmaster, each live
+    child (backends, WAL writer, checkpointer, autovacuum) and every child it has reaped, whose
+    time the kernel adds to the postmaster's `cutime`/`cstime`. Unlike sampling backends, a
+    connection that opens and closes between two samples is counted whole. Only for a server on
+    this machine, readable in /proc (a private cluster: another database's load counts too)."""
+
+    def __init__(self, postmaster: int):
+        self.postmaster = postmaster
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    @classmethod
+    async def of(cls, dsn: str) -> ServerCpu | None:
+        """The meter of the server behind `dsn`, or None when its processes are not readable."""
+        conn = await asyncpg.connect(dsn)
+        try:
+            backend = await conn.fetchval("SELECT pg_backend_pid()")
+            try:  # read while the backend lives
+                stat = Path(f"/proc/{backend}/stat").read_text()  # noqa: ASYNC240 (procfs)
+                fields = stat.rsplit(")", 1)[1].split()
+            except OSError:
+                return None
+        finally:
+            await conn.close()
+        return cls(int(fields[1]))  # the backend's parent: the postmaster
+
+    def seconds(self) -> float:
+        ticks = 0
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone meanwhile: reaped, so counted in the postmaster's children
+            pid, parent = int(entry.name), int(fields[1])
+            if pid == self.postmaster:
+                ticks += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+            elif parent == self.postmaster:
+                ticks += int(fields[11]) + int(fields[12])
+        return ticks / self._tick
+
+
 def peak_rss_mb(pid: int) -> float:
     """The process's highest resident set size since it started (VmHWM), in MiB; 0 if gone."""
     try:

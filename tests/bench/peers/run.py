@@ -17,10 +17,14 @@ database of its own. Workloads (full sizes; `--quick`: one repetition, smaller c
       and the moment no unfinished job is left, both after T
 
 Times come from one clock: the machine's wall clock, read in the handler on entry (each system
-records its handler's start) and by the enqueuing client; "finished" is when the database shows
-no unfinished job (polled). The medians of the repetitions are printed with each system's ratio
-to dispatcher, and written to `tests/bench/results/peers.json`. Every workload is bounded in
-time; a system that does not finish in time is reported as not keeping up.
+records its handler's start) and by the enqueuing client; "finished" is when the database shows no
+unfinished job (polled). With the server on this machine (its processes readable in /proc),
+PostgreSQL's CPU per job is measured too: every server process's CPU time, reaped connections
+included, over W1's bulk call and over W2 from the worker's start to its stop; their sum is a job's
+whole life in PostgreSQL (run on a private server: any other database's load would count). The
+medians of the repetitions are printed with each system's ratio to dispatcher, and written to
+`tests/bench/results/peers.json`. Every workload is bounded in time; a system that does not finish
+in time is reported as not keeping up.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from tests.bench.common import (
     RESULTS_DIR,
     ROOT,
     Server,
+    ServerCpu,
     daemon,
     describe_machine,
     machine_info,
@@ -131,10 +136,13 @@ METRICS = [
     Metric("latency_p99", "W3 start latency p99", "ms", False),
     Metric("burst_last_start", "W4 burst: last started", "ms after T", False),
     Metric("burst_last_finish", "W4 burst: last finished", "ms after T", False),
+    Metric("pg_cpu_bulk", "PostgreSQL CPU per job, W1 bulk", "us", False),
+    Metric("pg_cpu_drain", "PostgreSQL CPU per job, W2 drain", "us", False),
+    Metric("pg_cpu_lifecycle", "PostgreSQL CPU per job, bulk + drain", "us", False),
 ]
 WORKLOAD_METRICS = {
-    "W1": ["enqueue_bulk", "enqueue_single"],
-    "W2": ["drain"],
+    "W1": ["enqueue_bulk", "enqueue_single", "pg_cpu_bulk"],
+    "W2": ["drain", "pg_cpu_drain"],
     "W3": ["latency_p50", "latency_p95", "latency_p99"],
     "W4": ["burst_last_start", "burst_last_finish"],
 }
@@ -179,9 +187,19 @@ class System:
     done_sql: str  # true when no job is unfinished
     remaining_sql: str  # how many are unfinished
 
-    def __init__(self, server: Server, tmp: Path):
+    def __init__(self, server: Server, tmp: Path, cpu: ServerCpu | None = None):
         self.server = server
         self.tmp = tmp
+        self.cpu = cpu  # PostgreSQL's CPU meter, when its processes are readable here
+
+    @contextlib.asynccontextmanager
+    async def pg_cpu(self, figures: dict[str, float], key: str, jobs: int) -> AsyncIterator[None]:
+        """PostgreSQL's CPU per job (us) over the block, into `figures[key]`; nothing when the
+        server is not on this machine."""
+        before = self.cpu.seconds() if self.cpu else 0.0
+        yield
+        if self.cpu:
+            figures[key] = (self.cpu.seconds() - before) / jobs * 1e6
 
     @contextlib.asynccontextmanager
     async def database(self) -> AsyncIterator[str]:
@@ -370,8 +388,8 @@ class NodePeer(Peer):
 
     script: str
 
-    def __init__(self, server: Server, tmp: Path):
-        super().__init__(server, tmp)
+    def __init__(self, server: Server, tmp: Path, cpu: ServerCpu | None = None):
+        super().__init__(server, tmp, cpu)
         self.env = {"NODE_PATH": str(tmp / self.name / "node_modules")}
 
     def argv(self) -> list[str]:
@@ -547,14 +565,17 @@ async def quiet(sizes: Sizes) -> float:
 
 
 async def w1_enqueue(system: System, sizes: Sizes) -> dict[str, float]:
+    figures: dict[str, float] = {}
     async with system.database() as dsn:
         await quiet(sizes)
-        bulk = await system.bulk(dsn, sizes.bulk)
+        async with system.pg_cpu(figures, "pg_cpu_bulk", sizes.bulk):
+            bulk = await system.bulk(dsn, sizes.bulk)
         await quiet(sizes)
         one = await system.single(dsn, sizes.single, sizes.clients)
     return {
         "enqueue_bulk": bulk["n"] / bulk["elapsed_s"],
         "enqueue_single": one["n"] / one["elapsed_s"],
+        **figures,
     }
 
 
@@ -564,12 +585,14 @@ async def w2_drain(system: System, sizes: Sizes) -> dict[str, float]:
         await system.bulk(dsn, n)
         await vacuum(dsn)
         await quiet(sizes)
-        async with system.worker(dsn) as records:
+        figures: dict[str, float] = {}
+        # the worker's start and stop are inside: each system's own cost of a drain
+        async with system.pg_cpu(figures, "pg_cpu_drain", n), system.worker(dsn) as records:
             done = await wait_done(dsn, system, 150, n)
     started = len(records.starts)
     if started < n:
         raise Failed(f"only {started:,} of {n:,} handler starts recorded")
-    return {"drain": n / (done - min(records.starts)), **records.memory()}
+    return {"drain": n / (done - min(records.starts)), **figures, **records.memory()}
 
 
 async def warm_up(system: System, dsn: str) -> None:
@@ -776,7 +799,10 @@ async def main(args: argparse.Namespace) -> int:
             "pg-boss": PgBoss,
             "procrastinate": Procrastinate,
         }
-        runnable = [kinds[s](server, tmp) for s in systems if s not in blocked]
+        cpu = await ServerCpu.of(server.url)
+        if cpu is None:
+            print("PostgreSQL's processes are not readable here: no CPU per job figures")
+        runnable = [kinds[s](server, tmp, cpu) for s in systems if s not in blocked]
         cells = {m.key: {s: Cell() for s in systems} for m in METRICS}
         extras: dict[str, Any] = {}
         for s, why in blocked.items():
@@ -794,6 +820,10 @@ async def main(args: argparse.Namespace) -> int:
                 for workload in workloads:
                     await run_workload(system, workload, sizes, cells, extras)
 
+        for s in systems:  # one job's whole life: the medians of its two workloads
+            bulk, drain = cells["pg_cpu_bulk"][s].median, cells["pg_cpu_drain"][s].median
+            if bulk is not None and drain is not None:
+                cells["pg_cpu_lifecycle"][s].runs.append(bulk + drain)
         print_table(cells, systems, sizes.repetitions)
         report = {
             "benchmark": "peers",
