@@ -97,6 +97,9 @@ async def test_a_claim_late_in_a_drain_steps_over_no_claimed_job(
     for scan in scans:
         # what the walk read and threw away: jobs claimed before (their running versions)
         assert scan.get("Rows Removed by Filter", 0) < BATCH, json.dumps(scan, indent=1)
+    # and the start reads each job's state row by its key: a plan kept from the drain's start
+    # joined them by merge, reading the primary key from the first job to the last claimed
+    assert_jobs_read_by_index(plans)
 
 
 JOB_TABLES = ("job_state", "intents")  # the claim reads a job's state row, then its intent
