@@ -234,3 +234,67 @@ async def test_plans_kept_from_an_empty_table_read_many_small_tenants_once(
     text = json.dumps(plans, indent=1)
     assert any("claim_firsts" in json.dumps(p) or "row_at" in json.dumps(p) for p in plans), text
     assert_nothing_reread(plans)
+
+
+async def drain_start(pool: asyncpg.Pool, jobs: int, tenants: int = 0) -> None:
+    """`jobs` ready no-op jobs (over `tenants` tenants, when given), analyzed as a drain finds
+    them: every one ready, statistics that nothing updates meanwhile."""
+    await pool.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
+    tenant_list = (
+        f", tenants => (SELECT array_agg('t' || g % {tenants}) FROM generate_series(1, {jobs}) g)"
+        if tenants
+        else ""
+    )
+    await pool.execute(f"""
+        SELECT count(*) FROM dispatcher.enqueue_many(
+               (SELECT array_agg('d-' || g) FROM generate_series(1, {jobs}) g),
+               array_fill('noop'::text, ARRAY[{jobs}]),
+               array_fill('{{}}'::jsonb, ARRAY[{jobs}]){tenant_list})""")
+    await pool.execute("ALTER TABLE dispatcher.job_state SET (autovacuum_enabled = false)")
+    await pool.execute("ALTER TABLE dispatcher.intents SET (autovacuum_enabled = false)")
+    await pool.execute("VACUUM ANALYZE dispatcher.intents, dispatcher.job_state")
+
+
+async def test_the_turns_claim_late_in_a_drain_reads_its_jobs_by_key(pool: asyncpg.Pool) -> None:
+    """The claim's other statement (tenants taking turns) keeps its plan per connection too,
+    made at a drain's start on a full table: a late claim must still reach each job it starts
+    by its key, not join the state rows by a merge or hash that reads the table from its
+    first row (the plain case's start did, 2026-12-07)."""
+    await drain_start(pool, JOBS, tenants=50)
+    args = ("default", BATCH, ["noop:1"], "owner", 60.0, 2**62, True)
+    async with pool.acquire() as conn:
+        cursor: tuple[int | None, str | None] = (None, None)
+        for _ in range(CLAIMS_BEFORE):  # the plan is made by the first and kept
+            rows = await conn.fetch(query("claim_ready"), *args, *cursor)
+            assert len(rows) == BATCH + 1
+            cursor = (rows[-1]["cursor_priority"], rows[-1]["cursor_tenant"])
+        async with nested_plans(conn) as plans:
+            rows = await conn.fetch(query("claim_ready"), *args, *cursor)
+    assert len(rows) == BATCH + 1
+    assert len({r["tenant"] for r in rows[:-1]}) == 50  # the turns' statement, not the plain one
+    assert_jobs_read_by_index(plans)
+    assert_nothing_reread(plans)
+
+
+async def test_a_completion_late_in_a_drain_reads_its_jobs_by_key(pool: asyncpg.Pool) -> None:
+    """complete_succeeded's plan, kept per connection, made by a drain's first completion on a
+    full table: a late completion still reads only the jobs it completes."""
+    await drain_start(pool, JOBS)
+    complete = query("complete_succeeded")
+    claim = query("claim_ready")
+    args = ("default", BATCH, ["noop:1"], "owner", 60.0, 2**62, True, None, None)
+    async with pool.acquire() as conn:
+        for round_ in range(CLAIMS_BEFORE + 1):
+            ids = [r["id"] for r in await conn.fetch(claim, *args) if r["id"] is not None]
+            assert len(ids) == BATCH
+            n = len(ids)
+            if round_ < CLAIMS_BEFORE:
+                done = await conn.fetch(
+                    complete, ids, [1] * n, ["{}"] * n, "owner", None, None, None
+                )
+                assert len(done) == BATCH
+        async with nested_plans(conn) as plans:
+            done = await conn.fetch(complete, ids, [1] * n, ["{}"] * n, "owner", None, None, None)
+    assert len(done) == BATCH
+    assert_jobs_read_by_index(plans)
+    assert_nothing_reread(plans)
