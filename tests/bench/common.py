@@ -444,6 +444,15 @@ async def target_process() -> AsyncIterator[tuple[str, int]]:
         await proc.wait()
 
 
+def proc_stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state, ppid, ..., utime at 11,
+    stime 12, cutime 13, cstime 14), or None when the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 class CpuMeter:
     """CPU use over an interval, in % of one core: named processes, the PostgreSQL backends
     serving `database`, and everything else on the machine ("others": other users' load, which
@@ -463,11 +472,8 @@ class CpuMeter:
 
     @staticmethod
     def _proc(pid: int) -> int:
-        try:
-            parts = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0
-        return int(parts[11]) + int(parts[12])  # utime + stime, in ticks
+        parts = proc_stat(pid)
+        return int(parts[11]) + int(parts[12]) if parts else 0  # utime + stime, in ticks
 
     def _backends(self) -> dict[int, int]:
         if not self.database:
@@ -559,24 +565,18 @@ class ServerCpu:
         """The meter of the server behind `dsn`, or None when its processes are not readable."""
         conn = await asyncpg.connect(dsn)
         try:
-            backend = await conn.fetchval("SELECT pg_backend_pid()")
-            try:  # read while the backend lives
-                stat = Path(f"/proc/{backend}/stat").read_text()  # noqa: ASYNC240 (procfs)
-                fields = stat.rsplit(")", 1)[1].split()
-            except OSError:
-                return None
+            fields = proc_stat(await conn.fetchval("SELECT pg_backend_pid()"))  # while it lives
         finally:
             await conn.close()
-        return cls(int(fields[1]))  # the backend's parent: the postmaster
+        return cls(int(fields[1])) if fields else None  # the backend's parent: the postmaster
 
     def seconds(self) -> float:
         ticks = 0
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
+            fields = proc_stat(entry.name)
+            if fields is None:
                 continue  # gone meanwhile: reaped, so counted in the postmaster's children
             pid, parent = int(entry.name), int(fields[1])
             if pid == self.postmaster:
