@@ -1,4 +1,4 @@
-"""Table shapes: the WAL a job's life writes (intake, claim, completion) in three shapes of table,
+"""Table shapes: the WAL a job's life writes (intake, claim, completion) in four shapes of table,
 so a redesign of the job tables can be priced before it is built.
 
   split      today's: an intent row (primary key, the key's unique index, the handler's index)
@@ -6,6 +6,9 @@ so a redesign of the job tables can be priced before it is built.
   one_row    the same columns and indexes in one table
   graphile   graphile-worker's shape: one row, its claim index on available jobs, no key; the
              completion deletes the row (it keeps no outcome)
+  kept       graphile-worker's shape keeping what the dispatcher must: every job has a key (its
+             unique index) and the completion writes the outcome on the row instead of deleting
+             it (no other index: the least a design that keeps key and outcome could write)
 
 Each shape gets 20,000 finished jobs first (a table with history), then, round by round,
 batches of 1,000: an intake, a claim (walk, lock, update, the job's payload returned) and a
@@ -70,6 +73,16 @@ CREATE TABLE graphile.jobs (
     is_available boolean GENERATED ALWAYS AS (locked_at IS NULL) STORED);
 CREATE UNIQUE INDEX ON graphile.jobs (key) WHERE key IS NOT NULL;
 CREATE INDEX ON graphile.jobs (priority, run_at, id) WHERE is_available;
+
+CREATE SCHEMA kept;
+CREATE TABLE kept.jobs (
+    id bigint PRIMARY KEY, key text NOT NULL, queue text NOT NULL, handler text NOT NULL,
+    payload jsonb, priority smallint NOT NULL DEFAULT 0, run_at timestamptz NOT NULL,
+    attempts int NOT NULL DEFAULT 0, max_attempts int, locked_at timestamptz, locked_by text,
+    finished_at timestamptz, result jsonb,
+    is_available boolean GENERATED ALWAYS AS (locked_at IS NULL AND finished_at IS NULL) STORED);
+CREATE UNIQUE INDEX ON kept.jobs (key);
+CREATE INDEX ON kept.jobs (priority, run_at, id) WHERE is_available;
 """
 
 # $1, $2: the first and last id of the batch
@@ -90,6 +103,10 @@ INTAKE = {
     "graphile": """
         INSERT INTO graphile.jobs (id, key, queue, handler, payload, run_at, max_attempts)
         SELECT g, NULL, 'default', 'noop', '{}', now(), 25
+          FROM generate_series($1::bigint, $2::bigint) g""",
+    "kept": """
+        INSERT INTO kept.jobs (id, key, queue, handler, payload, run_at, max_attempts)
+        SELECT g, 'k-' || g, 'default', 'noop', '{}', now(), 25
           FROM generate_series($1::bigint, $2::bigint) g""",
 }
 # the walk of the claim index, the row locks, the update, and what a worker needs back
@@ -117,13 +134,16 @@ CLAIM = {
                lease_expires_at = now() + interval '60 s', started_at = now()
           FROM p WHERE s.id = ANY (ARRAY[p.id])
         RETURNING s.id, s.key, s.payload""",
-    "graphile": """
+    **{
+        shape: f"""
         WITH p AS MATERIALIZED (
-            SELECT id FROM graphile.jobs WHERE is_available AND run_at <= now()
+            SELECT id FROM {shape}.jobs WHERE is_available AND run_at <= now()
              ORDER BY priority, run_at, id LIMIT 1000 FOR UPDATE SKIP LOCKED)
-        UPDATE graphile.jobs s SET locked_at = now(), locked_by = 'o', attempts = attempts + 1
+        UPDATE {shape}.jobs s SET locked_at = now(), locked_by = 'o', attempts = attempts + 1
           FROM p WHERE s.id = ANY (ARRAY[p.id])
-        RETURNING s.id, s.key, s.payload""",
+        RETURNING s.id, s.key, s.payload"""
+        for shape in ("graphile", "kept")
+    },
 }
 # $1: the ids claimed
 COMPLETE = {
@@ -132,7 +152,12 @@ COMPLETE = {
                lease_expires_at = NULL
          WHERE id = ANY ($1::bigint[]) AND state = 'running'"""
     for shape in ("split", "one_row")
-} | {"graphile": "DELETE FROM graphile.jobs WHERE id = ANY ($1::bigint[])"}
+} | {
+    "graphile": "DELETE FROM graphile.jobs WHERE id = ANY ($1::bigint[])",
+    "kept": """
+        UPDATE kept.jobs SET finished_at = now(), result = 'null', locked_by = NULL
+         WHERE id = ANY ($1::bigint[]) AND locked_by = 'o'""",
+}
 STEPS = ("intake", "claim", "completion")
 
 
