@@ -32,38 +32,37 @@ from tests.bench.common import Bench, Figure, run
 BATCH = 1_000
 HISTORY = 20_000
 
-SCHEMA = """
-CREATE SCHEMA split;
-CREATE TABLE split.intents (
-    id bigint PRIMARY KEY, key text NOT NULL, queue text NOT NULL, tenant text NOT NULL DEFAULT '',
-    handler text NOT NULL, payload jsonb, target jsonb, max_attempts int, size_bytes bigint);
-CREATE UNIQUE INDEX ON split.intents (key text_pattern_ops) INCLUDE (id);
-CREATE INDEX ON split.intents (handler COLLATE "C", id);
-CREATE TABLE split.jobs (
-    id bigint PRIMARY KEY, queue text NOT NULL, tenant text NOT NULL DEFAULT '',
+# what an intent holds and how it is found (its key, its handler), and what the state row
+# holds and how it is found (the claim, the running jobs, the ended ones, those at rest)
+INTENT_COLUMNS = """
+    key text NOT NULL, queue text NOT NULL, tenant text NOT NULL DEFAULT '',
+    handler text NOT NULL, payload jsonb, target jsonb, max_attempts int, size_bytes bigint"""
+STATE_COLUMNS = """
     capability text NOT NULL, state text NOT NULL, due_at timestamptz NOT NULL,
     attempt int NOT NULL DEFAULT 0, priority smallint NOT NULL DEFAULT 0, lease_owner text,
-    lease_expires_at timestamptz, started_at timestamptz, finished_at timestamptz, result jsonb);
-CREATE INDEX ON split.jobs (queue, priority, tenant, due_at, id) WHERE state = 'ready';
-CREATE INDEX ON split.jobs (queue, lease_expires_at) WHERE state = 'running';
-CREATE INDEX ON split.jobs (state, queue, finished_at)
+    lease_expires_at timestamptz, started_at timestamptz, finished_at timestamptz, result jsonb"""
+INTENT_INDEXES = """
+CREATE UNIQUE INDEX ON {table} (key text_pattern_ops) INCLUDE (id);
+CREATE INDEX ON {table} (handler COLLATE "C", id);"""
+STATE_INDEXES = """
+CREATE INDEX ON {table} (queue, priority, tenant, due_at, id) WHERE state = 'ready';
+CREATE INDEX ON {table} (queue, lease_expires_at) WHERE state = 'running';
+CREATE INDEX ON {table} (state, queue, finished_at)
     WHERE state IN ('succeeded', 'dead', 'cancelled');
-CREATE INDEX ON split.jobs (due_at, id) WHERE state NOT IN ('ready', 'running');
+CREATE INDEX ON {table} (due_at, id) WHERE state NOT IN ('ready', 'running');"""
+
+SCHEMA = f"""
+CREATE SCHEMA split;
+CREATE TABLE split.intents (id bigint PRIMARY KEY, {INTENT_COLUMNS});
+{INTENT_INDEXES.format(table="split.intents")}
+CREATE TABLE split.jobs (
+    id bigint PRIMARY KEY, queue text NOT NULL, tenant text NOT NULL DEFAULT '', {STATE_COLUMNS});
+{STATE_INDEXES.format(table="split.jobs")}
 
 CREATE SCHEMA one_row;
-CREATE TABLE one_row.jobs (
-    id bigint PRIMARY KEY, key text NOT NULL, queue text NOT NULL, tenant text NOT NULL DEFAULT '',
-    handler text NOT NULL, payload jsonb, target jsonb, max_attempts int, size_bytes bigint,
-    capability text NOT NULL, state text NOT NULL, due_at timestamptz NOT NULL,
-    attempt int NOT NULL DEFAULT 0, priority smallint NOT NULL DEFAULT 0, lease_owner text,
-    lease_expires_at timestamptz, started_at timestamptz, finished_at timestamptz, result jsonb);
-CREATE UNIQUE INDEX ON one_row.jobs (key text_pattern_ops) INCLUDE (id);
-CREATE INDEX ON one_row.jobs (handler COLLATE "C", id);
-CREATE INDEX ON one_row.jobs (queue, priority, tenant, due_at, id) WHERE state = 'ready';
-CREATE INDEX ON one_row.jobs (queue, lease_expires_at) WHERE state = 'running';
-CREATE INDEX ON one_row.jobs (state, queue, finished_at)
-    WHERE state IN ('succeeded', 'dead', 'cancelled');
-CREATE INDEX ON one_row.jobs (due_at, id) WHERE state NOT IN ('ready', 'running');
+CREATE TABLE one_row.jobs (id bigint PRIMARY KEY, {INTENT_COLUMNS}, {STATE_COLUMNS});
+{INTENT_INDEXES.format(table="one_row.jobs")}
+{STATE_INDEXES.format(table="one_row.jobs")}
 
 CREATE SCHEMA graphile;
 CREATE TABLE graphile.jobs (
