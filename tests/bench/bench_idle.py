@@ -36,6 +36,7 @@ from tests.bench.common import (
     Figure,
     daemon,
     db_name,
+    environment_only,
     percentile,
     register_handler,
     run,
@@ -140,4 +141,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    environment_only(__doc__)
     run(main)

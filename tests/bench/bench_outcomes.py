@@ -13,6 +13,7 @@ from typing import Any
 
 from dispatcher.core import jsoncodec
 from dispatcher.db.outcomes import result_json, storable_text
+from tests.bench.common import environment_only
 
 RESULTS: dict[str, Any] = {
     "http summary {'status': 200}": {"status": 200},
@@ -41,4 +42,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    environment_only(__doc__)
     main()

@@ -26,6 +26,7 @@ from tests.bench.common import (
     Bench,
     Figure,
     daemon,
+    environment_only,
     percentile,
     register_handler,
     run,
@@ -121,4 +122,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    environment_only(__doc__)
     run(main)

@@ -23,6 +23,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from dispatcher.runtime.timing import TimingEngine
+from tests.bench.common import environment_only, run
 
 WAKES = 2000
 SCHEDULES = 1000
@@ -146,9 +147,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        import uvloop
-
-        uvloop.run(main())
-    except ImportError:
-        asyncio.run(main())
+    environment_only(__doc__)
+    run(main)

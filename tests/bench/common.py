@@ -13,6 +13,7 @@ then go to results/<name>-experiment.json; BENCH_KEEP_LOGS keeps the daemon's lo
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -658,6 +659,15 @@ def histogram_quantile(q: float, before: dict[float, float], after: dict[float, 
             return prev_edge + (edge - prev_edge) * ((rank - prev_count) / span if span else 1)
         prev_edge, prev_count = edge, count
     return edges[-1]
+
+
+def environment_only(doc: str | None) -> None:
+    """For a benchmark configured by its environment alone: `--help` prints its description
+    (which names the variables it reads) and exits; any argument is refused, so a mistyped
+    option never starts a run of minutes."""
+    argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
 
 
 def run(main: Callable[[], Awaitable[Any]]) -> Any:

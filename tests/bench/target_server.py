@@ -12,8 +12,8 @@ job once the daemon's client got lean (~175-230 µs per request on the loaded 2-
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import sys
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 MAX_HEAD_BYTES = 65_536
@@ -90,7 +90,9 @@ def main() -> None:
         uvloop.install()
     except ImportError:  # pragma: no cover
         pass
-    asyncio.run(serve(int(sys.argv[1])))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("port", type=int, help="the loopback port to listen on")
+    asyncio.run(serve(parser.parse_args().port))
 
 
 if __name__ == "__main__":
