@@ -23,7 +23,7 @@ MODULES = sorted(
     if 'if __name__ == "__main__":' in path.read_text()
     and (module := ".".join(path.relative_to(ROOT).with_suffix("").parts)) not in HELPERS
 )
-DEADLINE_S = 60.0  # for all of them, four at a time: an import takes about a second
+DEADLINE_S = 60.0  # for each, four at a time: an import takes about a second
 
 
 async def answer(module: str, argument: str, slots: asyncio.Semaphore) -> tuple[int, str]:
