@@ -34,16 +34,22 @@ def command() -> list[str]:
 async def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> Result:
     """`dispatcher ARGS` in `cwd`, configured by `env` alone (no DISPATCHER_* of the shell)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHER_")}
+    return await run_program([*command(), *args], cwd=cwd, env={**base, **(env or {})})
+
+
+async def run_program(
+    argv: list[str], *, cwd: Path, env: dict[str, str], timeout_s: float = CLI_TIMEOUT_S
+) -> Result:
+    """`argv` run to its end; killed, and TimeoutError raised, past `timeout_s`."""
     proc = await asyncio.create_subprocess_exec(
-        *command(),
-        *args,
+        *argv,
         cwd=cwd,
-        env={**base, **(env or {})},
+        env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), CLI_TIMEOUT_S)
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     except TimeoutError:
         proc.kill()
         await proc.wait()

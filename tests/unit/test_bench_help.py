@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.commands import run_program
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "tests" / "bench"
 # programs the benchmarks run, not benchmarks: the daemon's own command line with candidate
@@ -29,24 +31,15 @@ DEADLINE_S = 60.0  # for each, four at a time: an import takes about a second
 async def answer(module: str, argument: str, slots: asyncio.Semaphore) -> tuple[int, str]:
     """The module run with one argument: its exit code and output (killed past the deadline,
     which a benchmark that ignored the argument and started measuring would reach)."""
+    argv = [sys.executable, "-m", module, argument]
     async with slots:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            module,
-            argument,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
         try:
-            out, _ = await asyncio.wait_for(proc.communicate(), DEADLINE_S)
+            done = await run_program(
+                argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout_s=DEADLINE_S
+            )
         except TimeoutError:
-            proc.kill()
-            await proc.wait()
             return -1, f"{module} {argument}: still running after {DEADLINE_S:.0f} s"
-        return proc.returncode or 0, out.decode()
+    return done.code, done.stdout + done.stderr
 
 
 async def answers(argument: str) -> dict[str, tuple[int, str]]:
