@@ -66,11 +66,7 @@ async def nested_plans(conn: asyncpg.Connection) -> AsyncIterator[list[dict[str,
 async def test_a_claim_late_in_a_drain_steps_over_no_claimed_job(
     pool: asyncpg.Pool, repo: JobRepository
 ) -> None:
-    await pool.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
-    await enqueue_noop_jobs(pool, "drain", JOBS)
-    # the statistics of a drain's start: every job ready; nothing analyzes them again meanwhile
-    await pool.execute("ALTER TABLE dispatcher.job_state SET (autovacuum_enabled = false)")
-    await pool.execute("VACUUM ANALYZE dispatcher.intents, dispatcher.job_state")
+    await drain_start(pool, JOBS)  # the statistics of a drain's start
     for _ in range(CLAIMS_BEFORE):
         jobs, _ = await repo.claim("default", BATCH, ["noop:1"], "owner", 60.0)
         assert len(jobs) == BATCH
@@ -240,16 +236,7 @@ async def drain_start(pool: asyncpg.Pool, jobs: int, tenants: int = 0) -> None:
     """`jobs` ready no-op jobs (over `tenants` tenants, when given), analyzed as a drain finds
     them: every one ready, statistics that nothing updates meanwhile."""
     await pool.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
-    tenant_list = (
-        f", tenants => (SELECT array_agg('t' || g % {tenants}) FROM generate_series(1, {jobs}) g)"
-        if tenants
-        else ""
-    )
-    await pool.execute(f"""
-        SELECT count(*) FROM dispatcher.enqueue_many(
-               (SELECT array_agg('d-' || g) FROM generate_series(1, {jobs}) g),
-               array_fill('noop'::text, ARRAY[{jobs}]),
-               array_fill('{{}}'::jsonb, ARRAY[{jobs}]){tenant_list})""")
+    await enqueue_noop_jobs(pool, "drain", jobs, tenants=tenants)
     await pool.execute("ALTER TABLE dispatcher.job_state SET (autovacuum_enabled = false)")
     await pool.execute("ALTER TABLE dispatcher.intents SET (autovacuum_enabled = false)")
     await pool.execute("VACUUM ANALYZE dispatcher.intents, dispatcher.job_state")
@@ -284,17 +271,17 @@ async def test_a_completion_late_in_a_drain_reads_its_jobs_by_key(pool: asyncpg.
     claim = query("claim_ready")
     args = ("default", BATCH, ["noop:1"], "owner", 60.0, 2**62, True, None, None)
     async with pool.acquire() as conn:
-        for round_ in range(CLAIMS_BEFORE + 1):
+
+        async def claim_and_complete() -> list[Any]:
             ids = [r["id"] for r in await conn.fetch(claim, *args) if r["id"] is not None]
             assert len(ids) == BATCH
             n = len(ids)
-            if round_ < CLAIMS_BEFORE:
-                done = await conn.fetch(
-                    complete, ids, [1] * n, ["{}"] * n, "owner", None, None, None
-                )
-                assert len(done) == BATCH
-        async with nested_plans(conn) as plans:
-            done = await conn.fetch(complete, ids, [1] * n, ["{}"] * n, "owner", None, None, None)
+            return await conn.fetch(complete, ids, [1] * n, ["{}"] * n, "owner", None, None, None)
+
+        for _ in range(CLAIMS_BEFORE):  # the plan is made by the first and kept
+            assert len(await claim_and_complete()) == BATCH
+        async with nested_plans(conn) as plans:  # (the claim's plans are read too)
+            done = await claim_and_complete()
     assert len(done) == BATCH
     assert_jobs_read_by_index(plans)
     assert_nothing_reread(plans)

@@ -12,15 +12,21 @@ from dispatcher.model import ListCursor
 
 
 async def enqueue_noop_jobs(
-    pool: asyncpg.Pool, prefix: str, count: int, due: str | None = None
+    pool: asyncpg.Pool, prefix: str, count: int, due: str | None = None, tenants: int = 0
 ) -> None:
-    """Enqueue `count` 'noop' jobs keyed `<prefix>-<n>` in one enqueue_many, due at SQL `due`."""
+    """Enqueue `count` 'noop' jobs keyed `<prefix>-<n>` in one enqueue_many, due at SQL `due`,
+    spread over `tenants` tenants ('t0', 't1', ...) when given."""
     due_times = "" if due is None else f", array_fill({due}, ARRAY[{count}])"
+    tenant_names = (
+        f", tenants => (SELECT array_agg('t' || g % {tenants}) FROM generate_series(1, {count}) g)"
+        if tenants
+        else ""
+    )
     await pool.execute(f"""
         SELECT count(*) FROM dispatcher.enqueue_many(
                (SELECT array_agg('{prefix}-' || g) FROM generate_series(1, {count}) g),
                array_fill('noop'::text, ARRAY[{count}]),
-               array_fill('{{}}'::jsonb, ARRAY[{count}]){due_times})""")
+               array_fill('{{}}'::jsonb, ARRAY[{count}]){due_times}{tenant_names})""")
 
 
 async def stored_job(pool: Any, job_id: int | None = None, *, key: str | None = None) -> Any:
