@@ -1001,32 +1001,63 @@ DECLARE
     cand_priorities smallint[];
     cand_tenants    text[];
     cand_turns      integer[];
+    -- the plain case's one job: the first ready job, when the one after it (`next_*`, in the
+    -- claim index's order) is another tenant's or priority's or there is none
+    one_id        bigint;
+    one_job       boolean;
+    next_priority smallint;
+    next_tenant   text;
+    one_expired   boolean;      -- its time to live passed: ended, not started
+    one_due       timestamptz;
+    picked_one    boolean := false;  -- locked (ready, runnable here, due)
+    taken_one     integer := 0;      -- within the memory budget: started or ended expired
+    started_one   integer := 0;
 BEGIN
-    SELECT f.plain, a.priority, a.tenant, b.priority IS DISTINCT FROM a.priority,
-           b.priority IS NOT NULL, pm.slot, pm.n
-      INTO plain, one_priority, one_tenant, single, beyond, slot_taken, slot_n
+    SELECT f.plain, a.priority, a.tenant, a.id, c.priority, c.tenant, pm.slot, pm.n
+      INTO plain, one_priority, one_tenant, one_id, next_priority, next_tenant, slot_taken,
+           slot_n
       FROM dispatcher.queues x
      CROSS JOIN LATERAL (SELECT NOT x.paused AND x.limit_group IS NULL
                                 AND x.key_max_inflight IS NULL AND x.key_rate_per_s IS NULL
                                 AND NOT EXISTS (SELECT 1 FROM dispatcher.key_limits o
                                                  WHERE o.queue = q) AS plain) f
+      LEFT JOIN LATERAL (SELECT s.priority, s.tenant, s.due_at, s.id
+                           FROM dispatcher.job_state s
+                          WHERE s.queue = q AND s.state = 'ready'
+                          ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id LIMIT 1) a ON true
+      -- the ready job after it: another tenant's or priority's, or none, makes the first the
+      -- plain case's one job (one descent of the claim index past the first)
       LEFT JOIN LATERAL (SELECT s.priority, s.tenant FROM dispatcher.job_state s
                           WHERE s.queue = q AND s.state = 'ready'
-                          ORDER BY s.queue, s.priority, s.tenant LIMIT 1) a ON true
-      -- the next (priority, tenant) with ready jobs: one descent past the first's jobs
-      LEFT JOIN LATERAL (SELECT s.priority FROM dispatcher.job_state s
-                          WHERE s.queue = q AND s.state = 'ready'
-                            AND (s.priority, s.tenant) > (a.priority, a.tenant)
-                          ORDER BY s.queue, s.priority, s.tenant LIMIT 1) b ON true
-      -- the plain case's grant (plain, something ready, single): the fullest slot of parked
-      -- permits no other claim holds, as claim_grant would take first; locked to commit, drawn
-      -- on for the jobs started only
+                            AND (s.priority, s.tenant, s.due_at, s.id)
+                                > (a.priority, a.tenant, a.due_at, a.id)
+                          ORDER BY s.queue, s.priority, s.tenant, s.due_at, s.id LIMIT 1) c ON true
+      -- the plain case's grant (plain, something ready, and no other tenant's job next at that
+      -- priority): the fullest slot of parked permits no other claim holds, as claim_grant
+      -- would take first; locked to commit, drawn on for the jobs started only
       LEFT JOIN LATERAL (SELECT p.slot, p.n FROM dispatcher.claim_permits p
                           WHERE p.queue = q AND p.n > 0 AND f.plain AND a.priority IS NOT NULL
-                            AND b.priority IS DISTINCT FROM a.priority
+                            AND NOT coalesce(c.priority = a.priority AND c.tenant <> a.tenant,
+                                         false)
                           ORDER BY p.n DESC, p.slot LIMIT 1
                             FOR UPDATE SKIP LOCKED) pm ON true
      WHERE x.name = q;  -- no row (a queue the daemon has not set up): the full claim
+    one_job := one_priority IS NULL OR next_priority IS DISTINCT FROM one_priority
+               OR next_tenant IS DISTINCT FROM one_tenant;
+    IF one_job THEN  -- nothing ready, or the first job's priority and tenant have no other
+        single := next_priority IS DISTINCT FROM one_priority;
+        beyond := next_priority IS NOT NULL;
+    ELSE  -- the first tenant has more jobs at that priority: the next tenant with ready jobs
+        SELECT s.priority INTO next_priority FROM dispatcher.job_state s
+         WHERE s.queue = q AND s.state = 'ready'
+           AND (s.priority, s.tenant) > (one_priority, one_tenant)
+         ORDER BY s.queue, s.priority, s.tenant LIMIT 1;  -- none: NULL
+        single := next_priority IS DISTINCT FROM one_priority;
+        beyond := next_priority IS NOT NULL;
+        IF NOT single THEN
+            slot_taken := NULL;  -- the turns take their grant from claim_grant (the same slot)
+        END IF;
+    END IF;
     fast := coalesce(plain AND single, false);
     IF plain AND one_priority IS NULL THEN  -- nothing ready: the marker alone
         RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::text,
@@ -1042,6 +1073,72 @@ BEGIN
     ELSE
         SELECT g.granted, g.wait_s INTO granted_n, grant_wait_s
           FROM dispatcher.claim_grant(q, wanted) g;
+    END IF;
+    IF fast AND one_job THEN
+        -- The plain case's one job: what the walk's statement below would do for it, in
+        -- statements of a few plan nodes each.
+        IF granted_n > 0 THEN
+            -- as the walk: still ready, runnable here, due; another claim's lock skips it
+            SELECT i.key, i.tenant, i.handler, i.handler_version, i.target, i.payload,
+                   i.max_attempts, i.traceparent, i.timeout_s,
+                   coalesce(i.size_bytes, dispatcher.stored_bytes(i.payload, i.target)),
+                   l.expires_at <= now()
+              INTO key, tenant, handler, handler_version, target, payload, max_attempts,
+                   traceparent, timeout_s, size_bytes, one_expired
+              FROM dispatcher.job_state l
+              JOIN dispatcher.intents i ON i.id = l.id
+             WHERE l.id = one_id AND l.state = 'ready' AND l.capability = ANY (caps)
+               AND l.due_at <= now()
+               FOR UPDATE OF l SKIP LOCKED;
+            picked_one := FOUND;
+        END IF;
+        IF picked_one AND (size_bytes <= byte_budget OR alone) THEN
+            taken_one := 1;
+            IF one_expired THEN  -- ended instead of started, as the walk's update would
+                UPDATE dispatcher.job_state s
+                   SET state = 'dead', lease_owner = NULL, lease_expires_at = NULL,
+                       dead_reason = 'expired', finished_at = now(),
+                       last_error = 'expired at ' || s.expires_at || ' before an attempt started'
+                 WHERE s.id = one_id;
+            ELSE
+                started_one := 1;
+                UPDATE dispatcher.job_state s
+                   SET state = 'running', attempt = s.attempt + 1, lease_owner = owner,
+                       lease_expires_at = now() + make_interval(secs => lease_s),
+                       started_at = now()
+                 WHERE s.id = one_id
+                RETURNING s.attempt, s.due_at, s.progress, s.run_key
+                     INTO attempt, one_due, progress, run_key;
+                IF slot_taken IS NOT NULL THEN
+                    UPDATE dispatcher.claim_permits p SET n = p.n - 1
+                     WHERE p.queue = q AND p.slot = slot_taken;
+                END IF;
+                id := one_id;
+                queue := q;
+                -- a due time out of range: as the statements below report it
+                due_at := least(greatest(one_due, lower(dispatcher.due_at_range())),
+                                upper(dispatcher.due_at_range()));
+                due_to_start_s := CASE WHEN one_due <@ dispatcher.due_at_range()
+                                       THEN extract(epoch FROM now() - one_due) ELSE 0 END;
+                RETURN NEXT;
+            END IF;
+        END IF;
+        -- the marker row, as the walk's statement writes it
+        id := NULL; key := NULL; queue := NULL; tenant := NULL; handler := NULL;
+        handler_version := NULL; target := NULL; payload := NULL; attempt := NULL;
+        max_attempts := NULL; due_at := NULL; progress := NULL; run_key := NULL;
+        due_to_start_s := NULL; traceparent := NULL; size_bytes := NULL; timeout_s := NULL;
+        taken_count := taken_one;
+        wait_s := CASE WHEN slot_taken IS NULL
+                       THEN dispatcher.claim_settle(q, granted_n, started_one, grant_wait_s) END;
+        held_back := picked_one AND taken_one = 0;
+        cursor_priority := CASE WHEN taken_one > 0 THEN one_priority END;
+        cursor_tenant := CASE WHEN taken_one > 0 THEN one_tenant END;
+        key_throttled := false;
+        expired_count := taken_one - started_one;
+        drained := NOT beyond AND picked_one::int < granted_n AND NOT held_back;
+        RETURN NEXT;
+        RETURN;
     END IF;
     IF fast THEN
         -- The plain case in one statement of its own: the walk of the tenant's jobs at that

@@ -6,6 +6,10 @@ claim what the full claim would; each test below puts a queue just inside or jus
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+import asyncpg
+
 from dispatcher.db.jobs import JobRepository
 from dispatcher.db.registry import Limits
 from dispatcher.model import ByteGrant, NewJob
@@ -223,3 +227,150 @@ async def test_one_tenant_at_the_lowest_priority_is_the_plain_case_up_to_its_end
     # two tenants at the lowest priority: the turns (the full claim)
     await repo.enqueue_many([job("x-1", "acme", -9), job("y-1", "bravo", -9)])
     assert (await functions_called(repo, 2))["claim_pick"] == 1
+
+
+# The plain case's one job (the first ready job, when the next is another tenant's or
+# priority's, or there is none) is claimed in statements of its own: each test below holds it
+# to what the walk's statement does for the same job.
+
+_CLAIM_ROWS = (
+    "SELECT * FROM dispatcher.claim_ready('default', $1, $2, 'd0', 60, $3, $4, NULL, NULL)"
+)
+_STATE_ROW = (
+    "SELECT s.state, s.attempt, s.lease_owner, s.lease_expires_at - s.started_at AS lease,"
+    "       s.started_at = now() AS started_now, s.dead_reason, s.last_error, s.finished_at"
+    "  FROM dispatcher.job_state s JOIN dispatcher.intents i ON i.id = s.id WHERE i.key = $1"
+)
+
+
+FINISH_READY = "UPDATE dispatcher.job_state SET state = 'succeeded', finished_at = now()"
+
+
+def rich(key: str) -> NewJob:
+    """A job with every column the claim returns set to something of its own."""
+    return NewJob(
+        key=key,
+        handler="work",
+        payload={"n": 1, "s": "é"},
+        tenant="acme",
+        max_attempts=7,
+        traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        timeout_s=12.5,
+    )
+
+
+async def claimed_alone_and_walked(repo: JobRepository) -> tuple[list, list]:
+    """The rows of one job claimed alone (the one-job case) and of the same job claimed with
+    a second job of its tenant behind it (the walk), and their state rows, in one transaction
+    each (now() is the claim's)."""
+    await setup(repo, [rich("alone")])
+    results = []
+    for keys in (["alone"], ["walked", "behind"]):
+        await repo.enqueue_many([rich(k) for k in keys if k != "alone"])
+        async with repo.pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(_CLAIM_ROWS, 10, CAPS, 2**62, False)
+            state = await conn.fetchrow(_STATE_ROW, keys[0])
+        results.append((rows, state))
+    return results[0], results[1]
+
+
+def job_columns(row: asyncpg.Record) -> dict:
+    """A job row's columns but its id, key and times (each job's own)."""
+    skip = {"id", "key", "due_at", "due_to_start_s"}
+    return {k: v for k, v in dict(row).items() if k not in skip}
+
+
+async def test_the_one_job_is_claimed_as_the_walk_claims_it(repo: JobRepository) -> None:
+    (alone, alone_state), (walked, walked_state) = await claimed_alone_and_walked(repo)
+    assert [r["key"] for r in alone] == ["alone", None]
+    assert [r["key"] for r in walked] == ["walked", "behind", None]
+    assert job_columns(alone[0]) == job_columns(walked[0])
+    assert alone[0]["attempt"] == 1 and alone[0]["max_attempts"] == 7
+    assert 0 <= alone[0]["due_to_start_s"] < 60
+    assert dict(alone_state) == dict(walked_state)
+    assert alone_state["state"] == "running" and alone_state["lease"] == timedelta(seconds=60)
+    assert alone_state["started_now"]
+    # the markers: one taken, the cursor its tenant's, and nothing left (drained)
+    marker = dict(alone[-1])
+    assert (marker["taken_count"], marker["held_back"], marker["expired_count"]) == (1, False, 0)
+    assert (marker["cursor_priority"], marker["cursor_tenant"]) == (0, "acme")
+    assert marker["drained"] and not marker["key_throttled"]
+    assert walked[-1]["drained"]  # the walk took both: fewer than asked, nothing else ready
+
+
+async def test_the_one_job_expired_is_ended_and_draws_no_permit(repo: JobRepository) -> None:
+    await setup(repo, [job("gone")], limits=(1000.0, 100, 1000))
+    await repo.pool.execute(
+        "UPDATE dispatcher.job_state SET expires_at = now() - interval '1 second'"
+    )
+    await repo.claim_limited("default", 10, ["none:1"], "d0", 60)  # parks a slot, takes nothing
+    parked = await repo.pool.fetchval("SELECT sum(n) FROM dispatcher.claim_permits")
+    assert parked > 0
+    claimed = await repo.claim_limited("default", 10, CAPS, "d0", 60)
+    assert (claimed.jobs, claimed.consumed, claimed.expired) == ([], 1, 1)
+    assert claimed.drained and not claimed.held_back
+    gone = await repo.pool.fetchrow(_STATE_ROW, "gone")
+    assert (gone["state"], gone["dead_reason"], gone["lease_owner"]) == ("dead", "expired", None)
+    assert gone["last_error"].startswith("expired at ") and gone["finished_at"] is not None
+    assert await repo.pool.fetchval("SELECT sum(n) FROM dispatcher.claim_permits") == parked
+
+
+async def test_the_one_job_draws_one_permit_and_waits_for_a_token(repo: JobRepository) -> None:
+    await setup(repo, [job("a-1")], limits=(1000.0, 100, 1000))
+    await repo.claim_limited("default", 10, ["none:1"], "d0", 60)  # parks a slot
+    parked = await repo.pool.fetchval("SELECT sum(n) FROM dispatcher.claim_permits")
+    assert await claim(repo, 10) == ["a-1"]
+    assert await repo.pool.fetchval("SELECT sum(n) FROM dispatcher.claim_permits") == parked - 1
+    # a bucket of one token (a change of limits fills it): the next job takes it, and the one
+    # after is not picked; the loop is told when to look again
+    await repo.pool.execute(
+        "UPDATE dispatcher.queues SET rate_per_s = 0.001, burst = 1, permits_parked = 0"
+        " WHERE name = 'default'"
+    )
+    await repo.pool.execute("DELETE FROM dispatcher.claim_permits")
+    await repo.enqueue_many([job("a-2")])
+    assert await claim(repo, 10) == ["a-2"]
+    await repo.enqueue_many([job("a-3")])
+    held = await repo.claim_limited("default", 10, CAPS, "d0", 60)
+    assert held.jobs == [] and held.wait_s is not None and held.wait_s > 100
+    assert not held.drained  # a job is ready: only the limit holds it back
+
+
+async def test_the_one_job_over_the_budget_is_held_back_unless_alone(repo: JobRepository) -> None:
+    big = NewJob(key="big", handler="work", payload={"blob": "x" * 2_000}, tenant="acme")
+    await setup(repo, [big])
+    rows = await repo.pool.fetch(_CLAIM_ROWS, 10, CAPS, 1_000, False)
+    assert [r["key"] for r in rows] == [None]
+    assert rows[0]["held_back"] and not rows[0]["drained"] and rows[0]["taken_count"] == 0
+    assert (await repo.pool.fetchrow(_STATE_ROW, "big"))["state"] == "ready"
+    rows = await repo.pool.fetch(_CLAIM_ROWS, 10, CAPS, 1_000, True)  # the daemon holds nothing
+    assert [r["key"] for r in rows] == ["big", None] and rows[0]["size_bytes"] > 2_000
+
+
+async def test_the_one_job_locked_by_another_claim_is_passed_over(repo: JobRepository) -> None:
+    await setup(repo, [job("a-1")])
+    async with repo.pool.acquire() as other, other.transaction():
+        await other.execute("SELECT 1 FROM dispatcher.job_state WHERE state = 'ready' FOR UPDATE")
+        passed = await repo.claim_limited("default", 10, CAPS, "d0", 60)
+        assert passed.jobs == [] and passed.consumed == 0  # not waited for
+    assert await claim(repo, 10) == ["a-1"]  # the other let go
+
+
+async def test_the_one_job_runs_only_where_the_walk_would_take_it(repo: JobRepository) -> None:
+    """Not this worker's handler, or moved ahead of its due time by the due-scan: it stays
+    ready; one job each of two tenants: the turns."""
+    other = NewJob(key="other-1", handler="other", payload={}, tenant="acme")
+    await setup(repo, [other])
+    claimed = await repo.claim_limited("default", 10, CAPS, "d0", 60)
+    assert claimed.jobs == [] and claimed.drained
+    await repo.pool.execute(FINISH_READY)
+    await repo.enqueue_many([job("later")])
+    await repo.pool.execute(
+        "UPDATE dispatcher.job_state SET due_at = now() + interval '1 minute' WHERE state = 'ready'"
+    )
+    assert await claim(repo, 10) == []
+    assert (await repo.pool.fetchrow(_STATE_ROW, "later"))["state"] == "ready"
+    await repo.pool.execute(FINISH_READY)
+    await repo.enqueue_many([job("a-1"), job("b-1", tenant="bravo")])
+    called = await functions_called(repo, 2)
+    assert called["claim_pick"] == 1  # two tenants' one job each: the turns

@@ -285,3 +285,41 @@ async def test_a_completion_late_in_a_drain_reads_its_jobs_by_key(pool: asyncpg.
     assert len(done) == BATCH
     assert_jobs_read_by_index(plans)
     assert_nothing_reread(plans)
+
+
+async def test_a_steady_streams_claim_of_one_job_starts_few_plan_nodes(
+    pool: asyncpg.Pool,
+) -> None:
+    """A steady stream's claim finds the one job just enqueued: claim_ready's one-job case
+    (10_claim_ready.sql) claims it in statements of a few plan nodes, as most of such a claim's
+    cost is starting its plans. Kept from an empty table and run after a burst was claimed, they
+    read the job by key, and they start fewer than half the plan nodes of the walk's claim of
+    two jobs."""
+    await pool.execute("INSERT INTO dispatcher.handlers (name, kind) VALUES ('noop', 'python')")
+    await pool.execute("ALTER TABLE dispatcher.job_state SET (autovacuum_enabled = false)")
+    await pool.execute("ALTER TABLE dispatcher.intents SET (autovacuum_enabled = false)")
+    await pool.execute("VACUUM ANALYZE dispatcher.intents, dispatcher.job_state")
+    args = ("default", BATCH, ["noop:1"], "owner", 60.0, 2**62, True, None, None)
+    async with pool.acquire() as conn:
+        for _ in range(KEPT_FROM_EMPTY):
+            assert len(await conn.fetch(query("claim_ready"), *args)) == 1  # the marker alone
+        await enqueue_noop_jobs(pool, "burst", JOBS)
+        while len(await conn.fetch(query("claim_ready"), *args)) > 1:
+            pass  # the burst claimed: its rows stay running behind the stream
+        await enqueue_noop_jobs(pool, "one", 1)
+        async with nested_plans(conn) as one:
+            assert len(await conn.fetch(query("claim_ready"), *args)) == 2
+        await enqueue_noop_jobs(pool, "two", 2)
+        async with nested_plans(conn) as two:
+            assert len(await conn.fetch(query("claim_ready"), *args)) == 3
+    text = json.dumps(one, indent=1)
+    for plan in one:
+        for node in walk(plan):
+            if node.get("Relation Name") in JOB_TABLES:
+                assert node["Node Type"] != "Seq Scan", text
+                assert node["Actual Rows"] * node["Actual Loops"] <= 2, text
+    # the probe (the first statement, the same in both) aside: the one job's statements start
+    # a few nodes each, and fewer than half of the walk's in all
+    after_probe = {"one": [len(walk(p)) for p in one[1:]], "two": [len(walk(p)) for p in two[1:]]}
+    assert max(after_probe["one"]) <= 4 < max(after_probe["two"]), after_probe
+    assert 2 * sum(after_probe["one"]) < sum(after_probe["two"]), after_probe
