@@ -31,7 +31,12 @@ from pathlib import Path
 import asyncpg
 
 from dispatcher.db.embedded import EmbeddedPostgres
-from tests.bench.bench_instructions import database_url, parse_variants, prepare
+from tests.bench.bench_instructions import (
+    add_variant_arguments,
+    database_url,
+    parse_variants,
+    prepare,
+)
 from tests.bench.common import Figure, machine_info, percentile, print_table
 from tests.bench.common import save_results as save
 
@@ -167,20 +172,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10, help="blocks per variant (default 10)")
     parser.add_argument("--claims", type=int, default=500, help="claims per block (default 500)")
-    parser.add_argument(
-        "--without",
-        action="append",
-        default=[],
-        metavar="INDEX",
-        help="a variant without this index of the dispatcher schema (repeatable)",
-    )
-    parser.add_argument(
-        "--variant",
-        action="append",
-        default=[],
-        metavar="NAME=SQL",
-        help="a variant with these statements run after the migration (repeatable)",
-    )
+    add_variant_arguments(parser)
     parsed = parser.parse_args()
     if parsed.rounds < 1 or parsed.claims < 1:
         parser.error("--rounds and --claims take a positive number")

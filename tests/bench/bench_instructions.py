@@ -301,6 +301,24 @@ class SingleUser:
         return (counts[1] - counts[0]) / workload.jobs
 
 
+def add_variant_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--without INDEX` and `--variant NAME=SQL`, read by `parse_variants`."""
+    parser.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="INDEX",
+        help="a variant without this index of the dispatcher schema (repeatable)",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=SQL",
+        help="a variant with these statements run after the migration (repeatable)",
+    )
+
+
 def parse_variants(args: argparse.Namespace) -> dict[str, list[str]]:
     variants: dict[str, list[str]] = {"as_migrated": []}
     for index in args.without:
@@ -371,20 +389,7 @@ if __name__ == "__main__":
         default="minimal,bulk_now,bulk_later,one_call",
         help="comma-separated subset of " + ",".join(WORKLOADS) + " (minimal first: the ratios)",
     )
-    parser.add_argument(
-        "--without",
-        action="append",
-        default=[],
-        metavar="INDEX",
-        help="a variant without this index of the dispatcher schema (repeatable)",
-    )
-    parser.add_argument(
-        "--variant",
-        action="append",
-        default=[],
-        metavar="NAME=SQL",
-        help="a variant with these statements run after the migration (repeatable)",
-    )
+    add_variant_arguments(parser)
     parser.add_argument(
         "--profiles",
         type=Path,
