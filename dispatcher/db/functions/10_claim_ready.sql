@@ -45,9 +45,10 @@
 -- and when it is another tenant's or priority's (or there is none) the first is the only one
 -- the walk could take. It is locked and read with its intent by id, started by an update with
 -- no branches, and the rows are returned from variables. The plans' start is most of a claim of
--- one job (44 % of its instructions, callgrind): this case starts seven plan nodes where the
--- walk's statement started about thirty. 1.32 M -> 1.06 M PostgreSQL instructions a claim of one
--- job (claim_one_limited, tests/bench/bench_instructions.py).
+-- one job (44 % of its instructions, callgrind): this case's statements start at most four plan
+-- nodes each where the walk's statement starts 25 (tests/db/test_claim_plan.py). 1.32 M -> 1.06 M
+-- PostgreSQL instructions a claim of one job (claim_one_limited,
+-- tests/bench/bench_instructions.py).
 CREATE OR REPLACE FUNCTION dispatcher.claim_ready(
     q text, wanted integer, caps text[], owner text, lease_s float8, byte_budget bigint,
     alone boolean, after_priority integer, after_tenant text)
