@@ -107,9 +107,11 @@ class Stream:
 
 async def measure(dsn: str, variants: dict[str, list[str]], args: argparse.Namespace) -> None:
     names = {variant: f"claim_one_{variant}" for variant in variants}
-    await prepare(dsn, {names[v]: statements for v, statements in variants.items()})
-    streams = {v: await Stream.open(database_url(dsn, names[v])) for v in variants}
-    try:
+    streams: dict[str, Stream] = {}
+    try:  # the databases are dropped whatever fails, their creation included
+        await prepare(dsn, {names[v]: statements for v, statements in variants.items()})
+        for variant in variants:  # each kept as it opens, so the end closes it
+            streams[variant] = await Stream.open(database_url(dsn, names[variant]))
         for variant, stream in streams.items():  # plans kept, caches warm
             await stream.block(f"warm-{variant}", 300, timed=False)
             if stream.counted:

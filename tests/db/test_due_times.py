@@ -212,6 +212,20 @@ async def test_claims_of_the_queue_go_on_past_bad_rows(
     )
 
 
+@pytest.mark.parametrize("due", [due for due in OUT_OF_RANGE if due not in LATER])
+async def test_a_bad_row_claimed_alone_is_reported_in_range(
+    conn: asyncpg.Connection, repo: JobRepository, due: str
+) -> None:
+    """A steady stream's claim finds one ready job, which claim_ready takes in statements of
+    its own (its one-job case): a bad due time must not fail that claim either."""
+    await conn.execute("ALTER TABLE dispatcher.job_state DROP CONSTRAINT job_state_due_at_in_range")
+    await insert_raw(conn, "alone", "ready", due)
+    jobs, taken = await repo.claim("default", 10, ["http:1"], OWNER, 30)
+    assert [j.key for j in jobs] == ["alone"] and taken == 1
+    assert jobs[0].due_to_start_s == 0
+    assert EARLIEST_INSTANT <= jobs[0].due_at <= LATEST_INSTANT
+
+
 async def test_a_big_claim_takes_good_and_bad_rows_together(
     conn: asyncpg.Connection, repo: JobRepository, poisoned: list[str]
 ) -> None:

@@ -124,19 +124,16 @@ BEGIN
      WHERE x.name = q;  -- no row (a queue the daemon has not set up): the full claim
     one_job := one_priority IS NULL OR next_priority IS DISTINCT FROM one_priority
                OR next_tenant IS DISTINCT FROM one_tenant;
-    IF one_job THEN  -- nothing ready, or the first job's priority and tenant have no other
-        single := next_priority IS DISTINCT FROM one_priority;
-        beyond := next_priority IS NOT NULL;
-    ELSE  -- the first tenant has more jobs at that priority: the next tenant with ready jobs
+    IF NOT one_job THEN  -- the first tenant has more jobs at that priority: the next tenant's
         SELECT s.priority INTO next_priority FROM dispatcher.job_state s
          WHERE s.queue = q AND s.state = 'ready'
            AND (s.priority, s.tenant) > (one_priority, one_tenant)
          ORDER BY s.queue, s.priority, s.tenant LIMIT 1;  -- none: NULL
-        single := next_priority IS DISTINCT FROM one_priority;
-        beyond := next_priority IS NOT NULL;
-        IF NOT single THEN
-            slot_taken := NULL;  -- the turns take their grant from claim_grant (the same slot)
-        END IF;
+    END IF;
+    single := next_priority IS DISTINCT FROM one_priority;
+    beyond := next_priority IS NOT NULL;
+    IF NOT single THEN
+        slot_taken := NULL;  -- the turns take their grant from claim_grant (the same slot)
     END IF;
     fast := coalesce(plain AND single, false);
     IF plain AND one_priority IS NULL THEN  -- nothing ready: the marker alone
