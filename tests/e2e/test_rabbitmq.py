@@ -268,15 +268,21 @@ async def test_a_daemon_with_its_broker_down_starts_and_says_it_is_degraded(
         await daemon.stop()
 
 
-async def ready_count(prefix: str) -> int:
+async def ready_count(prefix: str) -> int | None:
     """Messages ready in this test's queue, from the queue itself (a passive declare): the
-    counts `rabbitmqctl list_queues` shows are statistics refreshed only every few seconds."""
+    counts `rabbitmqctl list_queues` shows are statistics refreshed only every few seconds.
+    None while the daemon has not declared the queue yet (on a slow machine the first look can
+    come before it): a wait goes on, an assertion of a count fails."""
     import aio_pika
+    import aiormq
 
     connection = await aio_pika.connect(BROKER)
     async with connection:
         channel = await connection.channel()
-        declared = await channel.declare_queue(prefix + "default", passive=True)
+        try:
+            declared = await channel.declare_queue(prefix + "default", passive=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return None
         return int(declared.declaration_result.message_count or 0)
 
 
@@ -359,7 +365,7 @@ async def test_messages_lost_in_the_broker_are_published_again_and_run_once(
         await enqueue(db_url, 50, target.url)
 
         async def waiting_in_the_broker() -> bool:
-            return await ready_count(prefix) >= 30
+            return (await ready_count(prefix) or 0) >= 30
 
         await wait_until(waiting_in_the_broker, timeout_s=30, what="messages in the broker")
         purged = await purge(prefix)
